@@ -1,0 +1,496 @@
+//! The per-node agent: polls this VM's IMDS once a second, mirrors every
+//! event into its `ScheduledEvent` (server-side apply, field manager
+//! `forewarn-agent`), records the VM name on its own Node, and carries out
+//! approvals the controller decided.
+//!
+//! It writes to the API server only when its IMDS document changes, and
+//! watches `ScheduledEvent`s only while its document lists a `Scheduled`
+//! event, so an idle cluster costs the API server nothing per poll.
+
+pub mod mirror;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use backon::{ExponentialBuilder, Retryable};
+use chrono::Utc;
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use prometheus::Registry;
+use serde_json::json;
+use tokio::time::MissedTickBehavior;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use crate::cli::AgentArgs;
+use crate::crd::{AGENT_MANAGER, ScheduledEvent, ScheduledEventSpec, VM_NAME_ANNOTATION};
+use crate::imds::client::Client as ImdsClient;
+use crate::imds::model::{Document, Event, EventStatus, EventType};
+use crate::metrics::AgentMetrics;
+use crate::server::{self, Readiness};
+
+/// Errors of the agent's Kubernetes side.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Reading a `ScheduledEvent` failed.
+    #[error("failed to get ScheduledEvent {name}: {source}")]
+    GetEvent {
+        /// Object name.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Writing a `ScheduledEvent` failed.
+    #[error("failed to apply ScheduledEvent {name}: {source}")]
+    ApplyEvent {
+        /// Object name.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Listing `ScheduledEvent`s failed.
+    #[error("failed to list ScheduledEvents: {source}")]
+    ListEvents {
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Writing the approval result failed.
+    #[error("failed to record the approval of {name}: {source}")]
+    RecordApproval {
+        /// Object name.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Annotating this node with its VM name failed.
+    #[error("failed to annotate node {node}: {source}")]
+    AnnotateNode {
+        /// Node name.
+        node: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// `Result` with this module's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An event whose stored object is older than this and which names this VM
+/// but is absent from this VM's document is taken as finished at start-up.
+/// The age guard keeps a freshly created object (another VM's document can
+/// change a moment before ours) from being completed by mistake.
+const STALE_AFTER: chrono::TimeDelta = chrono::TimeDelta::seconds(30);
+/// Minimum time between two approval attempts for one event.
+const APPROVAL_RETRY: Duration = Duration::from_secs(5);
+
+/// Runs the agent until SIGTERM.
+///
+/// # Errors
+/// When the Kubernetes client or the metrics server cannot start; everything
+/// after start-up is retried, never fatal.
+pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let client = Client::try_default().await?;
+    let registry = Registry::new();
+    let metrics = AgentMetrics::register(&registry)?;
+    let ready = Readiness::default();
+    server::spawn(args.metrics_addr, registry, ready.clone()).await?;
+    let imds = ImdsClient::new(&args.imds_url, args.imds_timeout)?;
+
+    let shutdown = crate::cli::shutdown_signal();
+    tokio::pin!(shutdown);
+
+    // The first request may take up to two minutes while IMDS enables
+    // Scheduled Events for the VM; keep asking, with backoff, until SIGTERM.
+    let compute = tokio::select! {
+        _ = &mut shutdown => return Ok(()),
+        c = (|| imds.fetch_compute())
+            .retry(ExponentialBuilder::default().with_max_delay(Duration::from_secs(30)).without_max_times())
+            .notify(|e, d| warn!(error = %e, retry_in = ?d, "IMDS compute metadata not available yet")) => c?,
+    };
+    info!(node = %args.node_name, vm = %compute.name, "Agent started");
+
+    let mut agent = Agent {
+        api: Api::all(client.clone()),
+        nodes: Api::all(client),
+        imds,
+        node: args.node_name.clone(),
+        vm: compute.name,
+        metrics,
+        fallback: args.approval_fallback,
+        mirrored: None,
+        swept: false,
+        annotated: false,
+        watch: None,
+        attempts: HashMap::new(),
+    };
+
+    let mut tick = tokio::time::interval(args.poll_interval);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            _ = tick.tick() => {}
+        }
+        if !agent.annotated {
+            match agent.annotate_node().await {
+                Ok(()) => agent.annotated = true,
+                Err(e) => warn!(error = %e, "Could not record the VM name on the node yet"),
+            }
+        }
+        let span = info_span!("poll", node = %agent.node);
+        agent.poll().instrument(span).await;
+        ready.set(agent.annotated && agent.mirrored.is_some());
+    }
+    info!("Agent stopped");
+    Ok(())
+}
+
+/// A reflector of `ScheduledEvent`s, aborted when dropped.
+struct EventWatch {
+    store: Store<ScheduledEvent>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for EventWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Agent {
+    api: Api<ScheduledEvent>,
+    nodes: Api<Node>,
+    imds: ImdsClient,
+    node: String,
+    vm: String,
+    metrics: AgentMetrics,
+    fallback: Duration,
+    /// The last document whose events were all written successfully.
+    mirrored: Option<Document>,
+    /// Whether the start-up sweep of stale objects has run.
+    swept: bool,
+    annotated: bool,
+    watch: Option<EventWatch>,
+    /// Last approval attempt per object name.
+    attempts: HashMap<String, Instant>,
+}
+
+impl Agent {
+    async fn poll(&mut self) {
+        let doc = match self.imds.fetch_events().await {
+            Ok(doc) => doc,
+            Err(e) => {
+                let result = match e {
+                    crate::imds::client::Error::ParseEvents { .. } => "parse_error",
+                    _ => "error",
+                };
+                self.metrics.polls.with_label_values(&[result]).inc();
+                // Keep the last good state; try again on the next tick.
+                warn!(error = %e, "IMDS poll failed; keeping the last good document");
+                return;
+            }
+        };
+        self.metrics.events.set(doc.events.len() as i64);
+        let unchanged = self
+            .mirrored
+            .as_ref()
+            .is_some_and(|m| m.incarnation == doc.incarnation && mirror::same_events(m, &doc));
+        self.metrics
+            .polls
+            .with_label_values(&[if unchanged { "unchanged" } else { "ok" }])
+            .inc();
+        if !unchanged {
+            info!(
+                incarnation = doc.incarnation,
+                events = doc.events.len(),
+                "IMDS document changed"
+            );
+            match self.mirror(&doc).await {
+                Ok(()) => {
+                    self.metrics.mirror_writes.with_label_values(&["ok"]).inc();
+                    self.mirrored = Some(doc.clone());
+                }
+                Err(e) => {
+                    self.metrics
+                        .mirror_writes
+                        .with_label_values(&["error"])
+                        .inc();
+                    // Not recorded as mirrored: the next tick writes it again.
+                    error!(error = %e, "Could not mirror the IMDS document; will retry");
+                }
+            }
+        }
+        if !self.swept && self.mirrored.is_some() {
+            match self.sweep_stale(&doc).await {
+                Ok(()) => self.swept = true,
+                Err(e) => warn!(error = %e, "Start-up sweep of finished events failed; will retry"),
+            }
+        }
+        self.approve(&doc).await;
+    }
+
+    /// Writes every event of `doc` forward, and completes the ones that left it.
+    async fn mirror(&mut self, doc: &Document) -> Result<()> {
+        for ev in &doc.events {
+            let name = ev.object_name();
+            let stored = self
+                .api
+                .get_opt(&name)
+                .await
+                .map_err(|source| Error::GetEvent {
+                    name: name.clone(),
+                    source,
+                })?;
+            let rv = stored
+                .as_ref()
+                .and_then(|o| o.meta().resource_version.clone());
+            if let Some(spec) =
+                mirror::merge_forward(stored.as_ref().map(|o| &o.spec), mirror::spec_for(ev))
+            {
+                self.apply_spec(&name, &spec, rv).await?;
+                info!(event = %name, r#type = %spec.event_type, status = %spec.event_status, resources = ?spec.resources, "Mirrored event");
+            }
+        }
+        if let Some(prev) = &self.mirrored {
+            for name in mirror::vanished(prev, doc) {
+                self.complete(&name).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn complete(&self, name: &str) -> Result<()> {
+        let stored = self
+            .api
+            .get_opt(name)
+            .await
+            .map_err(|source| Error::GetEvent {
+                name: name.into(),
+                source,
+            })?;
+        if let Some(obj) = stored {
+            if let Some(spec) = mirror::completed(&obj.spec) {
+                self.apply_spec(name, &spec, obj.meta().resource_version.clone())
+                    .await?;
+                info!(event = %name, "Event left the IMDS document; marked Completed");
+            }
+        }
+        Ok(())
+    }
+
+    /// Server-side apply of the spec. With `resource_version` the write only
+    /// succeeds if nobody wrote since it was read, so a lagging agent cannot
+    /// overwrite a newer status (the 409 is retried on the next tick).
+    async fn apply_spec(
+        &self,
+        name: &str,
+        spec: &ScheduledEventSpec,
+        resource_version: Option<String>,
+    ) -> Result<()> {
+        let mut meta = json!({ "name": name });
+        if let Some(rv) = resource_version {
+            meta["resourceVersion"] = json!(rv);
+        }
+        let body = json!({
+            "apiVersion": ScheduledEvent::api_version(&()),
+            "kind": ScheduledEvent::kind(&()),
+            "metadata": meta,
+            "spec": spec,
+        });
+        self.api
+            .patch(
+                name,
+                &PatchParams::apply(AGENT_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map_err(|source| Error::ApplyEvent {
+                name: name.into(),
+                source,
+            })?;
+        Ok(())
+    }
+
+    /// After a restart the agent has no memory of its previous document:
+    /// objects that name this VM, are not finished, and are absent from its
+    /// document have left IMDS while it was away (IMDS delivers an event to
+    /// every VM it names).
+    async fn sweep_stale(&self, doc: &Document) -> Result<()> {
+        let all = self
+            .api
+            .list(&ListParams::default())
+            .await
+            .map_err(|source| Error::ListEvents { source })?;
+        let now = Utc::now();
+        for obj in all {
+            let name = obj.meta().name.clone().unwrap_or_default();
+            let listed = doc.events.iter().any(|e| e.object_name() == name);
+            let names_me = obj
+                .spec
+                .resources
+                .iter()
+                .any(|r| r.eq_ignore_ascii_case(&self.vm));
+            let old = obj
+                .meta()
+                .creation_timestamp
+                .as_ref()
+                .is_some_and(|t| now.timestamp() - t.0.as_second() > STALE_AFTER.num_seconds());
+            if names_me && !listed && old {
+                self.complete(&name).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn annotate_node(&self) -> Result<()> {
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": { "name": self.node, "annotations": { VM_NAME_ANNOTATION: self.vm } },
+        });
+        self.nodes
+            .patch(
+                &self.node,
+                &PatchParams::apply(AGENT_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map_err(|source| Error::AnnotateNode {
+                node: self.node.clone(),
+                source,
+            })?;
+        info!(node = %self.node, vm = %self.vm, "Recorded the VM name on the node");
+        Ok(())
+    }
+
+    /// Carries out approvals the controller decided (DESIGN.md rule 3): only
+    /// for events this VM's document lists as `Scheduled`; the agent of a VM
+    /// the event names goes first, others step in after `fallback`; a
+    /// `Terminate` is approved only by the VM it names (Azure's advice).
+    async fn approve(&mut self, doc: &Document) {
+        let scheduled: Vec<&Event> = doc
+            .events
+            .iter()
+            .filter(|e| e.event_status == EventStatus::Scheduled)
+            .collect();
+        if scheduled.is_empty() {
+            self.watch = None;
+            self.attempts.clear();
+            return;
+        }
+        let store = self.ensure_watch();
+        if store.wait_until_ready().now_or_never().is_none() {
+            return;
+        }
+        let now = Utc::now();
+        for ev in scheduled {
+            let name = ev.object_name();
+            let Some(obj) = store.get(&ObjectRef::new(&name)) else {
+                continue;
+            };
+            let Some(approval) = obj.status.as_ref().and_then(|s| s.approval.as_ref()) else {
+                continue;
+            };
+            let Some(decided) = approval.decided_at else {
+                continue;
+            };
+            if approval.result.as_deref() == Some("Accepted") {
+                continue;
+            }
+            let mine = ev.names_vm(&self.vm);
+            if ev.event_type == EventType::Terminate && !mine {
+                continue;
+            }
+            let waited = (now - decided).to_std().unwrap_or_default();
+            if !mine && waited < self.fallback {
+                continue;
+            }
+            if self
+                .attempts
+                .get(&name)
+                .is_some_and(|t| t.elapsed() < APPROVAL_RETRY)
+            {
+                continue;
+            }
+            self.attempts.insert(name.clone(), Instant::now());
+            let result = match self.imds.approve(std::slice::from_ref(&ev.event_id)).await {
+                Ok(()) => {
+                    self.metrics.approvals.with_label_values(&["ok"]).inc();
+                    info!(event = %name, "Approved the event with IMDS (StartRequests)");
+                    "Accepted".to_string()
+                }
+                Err(e) => {
+                    self.metrics.approvals.with_label_values(&["error"]).inc();
+                    warn!(event = %name, error = %e, "IMDS refused or missed the approval; will retry");
+                    format!("Failed: {e}")
+                }
+            };
+            if let Err(e) = self.record_approval(&name, &result).await {
+                warn!(error = %e, "Could not record the approval result");
+            }
+        }
+    }
+
+    fn ensure_watch(&mut self) -> Store<ScheduledEvent> {
+        if let Some(w) = &self.watch {
+            if !w.task.is_finished() {
+                return w.store.clone();
+            }
+        }
+        let (store, writer) = reflector::store();
+        let stream = reflector::reflector(
+            writer,
+            watcher(self.api.clone(), watcher::Config::default()),
+        )
+        .default_backoff()
+        .applied_objects();
+        let task = tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(item) = stream.next().await {
+                if let Err(e) = item {
+                    debug!(error = %e, "ScheduledEvent watch error (retrying)");
+                }
+            }
+        });
+        debug!("Watching ScheduledEvents while events are scheduled");
+        self.watch = Some(EventWatch {
+            store: store.clone(),
+            task,
+        });
+        store
+    }
+
+    async fn record_approval(&self, name: &str, result: &str) -> Result<()> {
+        let body = json!({
+            "apiVersion": ScheduledEvent::api_version(&()),
+            "kind": ScheduledEvent::kind(&()),
+            "metadata": { "name": name },
+            "status": { "approval": {
+                "sentAt": Utc::now(),
+                "sentBy": self.node,
+                "result": result,
+            }},
+        });
+        self.api
+            .patch_status(
+                name,
+                &PatchParams::apply(AGENT_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map_err(|source| Error::RecordApproval {
+                name: name.into(),
+                source,
+            })?;
+        Ok(())
+    }
+}

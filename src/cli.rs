@@ -1,0 +1,139 @@
+//! Command-line interface: flags with environment fallbacks.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// forewarn: Azure Scheduled Events -> cordon, drain, approve, uncordon.
+#[derive(Debug, Parser)]
+#[command(name = "forewarn", version, about)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, env = "FOREWARN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true)]
+    pub log_format: LogFormat,
+    /// Log filter in `EnvFilter` syntax (`RUST_LOG` wins when set).
+    #[arg(
+        long,
+        env = "FOREWARN_LOG_LEVEL",
+        default_value = "info",
+        global = true
+    )]
+    pub log_level: String,
+    /// The role to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Plain,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The roles.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Per-node agent: mirror this VM's IMDS Scheduled Events into ScheduledEvent objects.
+    Agent(AgentArgs),
+    /// Controller: cordon, drain, decide approvals, uncordon.
+    Controller(ControllerArgs),
+    /// Print the ScheduledEvent CustomResourceDefinition as YAML.
+    Crd,
+    /// Serve a scenario-driven imitation of IMDS (demos, tests, game days).
+    ImdsMock(ImdsMockArgs),
+}
+
+/// Flags of `forewarn agent`.
+#[derive(Debug, Clone, Args)]
+pub struct AgentArgs {
+    /// This node's Kubernetes name (from the downward API `spec.nodeName`).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// IMDS base URL; the mock serves each VM at `http://<addr>/vm/<name>`.
+    #[arg(long, env = "FOREWARN_IMDS_URL", default_value = crate::imds::client::DEFAULT_BASE_URL)]
+    pub imds_url: String,
+    /// Interval between IMDS polls (Azure recommends once a second).
+    #[arg(long, env = "FOREWARN_POLL_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]
+    pub poll_interval: Duration,
+    /// Timeout of one IMDS request.
+    #[arg(long, env = "FOREWARN_IMDS_TIMEOUT", value_parser = humantime::parse_duration, default_value = "2s")]
+    pub imds_timeout: Duration,
+    /// How long an agent on a node the event does not name waits, after the
+    /// approval was decided, before sending it itself (the affected node's
+    /// agent goes first).
+    #[arg(long, env = "FOREWARN_APPROVAL_FALLBACK", value_parser = humantime::parse_duration, default_value = "5s")]
+    pub approval_fallback: Duration,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "FOREWARN_METRICS_ADDR", default_value = "127.0.0.1:9101")]
+    pub metrics_addr: SocketAddr,
+}
+
+/// Flags of `forewarn controller`.
+#[derive(Debug, Clone, Args)]
+pub struct ControllerArgs {
+    /// Policy file (YAML); without it the built-in defaults apply.
+    #[arg(long, env = "FOREWARN_POLICY_FILE")]
+    pub policy_file: Option<PathBuf>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "FOREWARN_METRICS_ADDR", default_value = "127.0.0.1:9102")]
+    pub metrics_addr: SocketAddr,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(
+        long,
+        env = "FOREWARN_LEASE_NAME",
+        default_value = "forewarn-controller"
+    )]
+    pub lease_name: String,
+    /// This replica's identity in the Lease (default: the host name and process id).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Evictions in flight at once on one node.
+    #[arg(long, env = "FOREWARN_MAX_EVICTIONS_PER_NODE", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_evictions_per_node: u16,
+}
+
+/// Flags of `forewarn imds-mock`.
+#[derive(Debug, Clone, Args)]
+pub struct ImdsMockArgs {
+    /// Scenario file (YAML); see the format in `forewarn::imds::scenario`.
+    #[arg(long, env = "FOREWARN_SCENARIO")]
+    pub scenario: String,
+    /// Address to listen on (port 0 picks a free port, printed on stdout).
+    #[arg(long, default_value = "127.0.0.1:8089")]
+    pub listen: SocketAddr,
+    /// Wait for `POST /mock/start` before starting the scenario's clock.
+    #[arg(long)]
+    pub hold: bool,
+}
+
+/// Resolves on SIGTERM or SIGINT (Ctrl-C).
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {},
+                    _ = tokio::signal::ctrl_c() => {},
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    tracing::info!("Shutdown signal received");
+}

@@ -1,0 +1,167 @@
+//! Nodes as the controller sees them: which node an entry of `Resources`
+//! names, and who holds a node's cordon.
+
+use k8s_openapi::api::core::v1::Node;
+
+use crate::crd::{CORDONED_FOR_ANNOTATION, VM_NAME_ANNOTATION};
+
+/// The VM name an Azure `providerID` stands for, as it appears in `Resources`.
+///
+/// `azure:///subscriptions/<sub>/resourceGroups/<rg>/providers/Microsoft.Compute/virtualMachineScaleSets/<vmss>/virtualMachines/<id>`
+/// gives `<vmss>_<id>`; `.../virtualMachines/<name>` gives `<name>`
+/// (AKS and cloud-provider-azure formats). Anything else gives `None`.
+pub fn vm_name_from_provider_id(provider_id: &str) -> Option<String> {
+    let rest = provider_id.strip_prefix("azure://")?;
+    let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
+    let pos = |key: &str| parts.iter().position(|p| p.eq_ignore_ascii_case(key));
+    let vm = parts.get(pos("virtualMachines")? + 1)?;
+    match pos("virtualMachineScaleSets") {
+        Some(i) => Some(format!("{}_{}", parts.get(i + 1)?, vm)),
+        None => Some((*vm).to_string()),
+    }
+}
+
+/// The VM name of a node: the agent's annotation, else its `providerID`.
+pub fn vm_name(node: &Node) -> Option<String> {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(VM_NAME_ANNOTATION))
+        .filter(|v| !v.is_empty())
+        .cloned()
+        .or_else(|| {
+            node.spec
+                .as_ref()
+                .and_then(|s| s.provider_id.as_deref())
+                .and_then(vm_name_from_provider_id)
+        })
+}
+
+/// Maps each entry of `resources` to a node, comparing ignoring case.
+/// Returns `(vm, node name)` pairs for the mapped ones and the unmapped VM names.
+pub fn map_resources<'a>(
+    resources: &[String],
+    nodes: impl IntoIterator<Item = &'a Node>,
+) -> (Vec<(String, String)>, Vec<String>) {
+    let known: Vec<(String, String)> = nodes
+        .into_iter()
+        .filter_map(|n| Some((vm_name(n)?.to_ascii_lowercase(), n.metadata.name.clone()?)))
+        .collect();
+    let mut mapped = Vec::new();
+    let mut unmapped = Vec::new();
+    for vm in resources {
+        match known.iter().find(|(k, _)| k.eq_ignore_ascii_case(vm)) {
+            Some((_, node)) => mapped.push((vm.clone(), node.clone())),
+            None => unmapped.push(vm.clone()),
+        }
+    }
+    (mapped, unmapped)
+}
+
+/// The `ScheduledEvent` names for which forewarn holds the node's cordon.
+pub fn holds(node: &Node) -> Vec<String> {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CORDONED_FOR_ANNOTATION))
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether the node is cordoned (`spec.unschedulable`).
+pub fn is_cordoned(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::NodeSpec;
+    use kube::api::ObjectMeta;
+
+    fn node(name: &str, annotation: Option<&str>, provider_id: Option<&str>) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                annotations: annotation
+                    .map(|a| [(VM_NAME_ANNOTATION.to_string(), a.to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                provider_id: provider_id.map(String::from),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    #[test]
+    fn provider_id_of_scale_set_and_standalone_vm() {
+        assert_eq!(
+            vm_name_from_provider_id(
+                "azure:///subscriptions/s/resourceGroups/mc_rg/providers/Microsoft.Compute/virtualMachineScaleSets/aks-pool-123-vmss/virtualMachines/10"
+            ),
+            Some("aks-pool-123-vmss_10".into())
+        );
+        assert_eq!(
+            vm_name_from_provider_id(
+                "azure:///subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/worker-1"
+            ),
+            Some("worker-1".into())
+        );
+        assert_eq!(vm_name_from_provider_id("kwok://node-0"), None);
+        assert_eq!(vm_name_from_provider_id(""), None);
+    }
+
+    #[test]
+    fn annotation_wins_over_provider_id_and_mapping_ignores_case() {
+        let nodes = [
+            node("aks-pool-00000a", Some("AKS-Pool-vmss_10"), None),
+            node(
+                "worker-1",
+                None,
+                Some(
+                    "azure:///subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/Worker-1",
+                ),
+            ),
+            node("fresh", None, None),
+        ];
+        let (mapped, unmapped) = map_resources(
+            &[
+                "aks-pool-vmss_10".into(),
+                "worker-1".into(),
+                "other-vm".into(),
+            ],
+            &nodes,
+        );
+        assert_eq!(
+            mapped,
+            vec![
+                (
+                    "aks-pool-vmss_10".to_string(),
+                    "aks-pool-00000a".to_string()
+                ),
+                ("worker-1".to_string(), "worker-1".to_string())
+            ]
+        );
+        assert_eq!(unmapped, vec!["other-vm".to_string()]);
+    }
+
+    #[test]
+    fn holds_parse_the_annotation() {
+        let mut n = node("n", None, None);
+        assert!(holds(&n).is_empty());
+        n.metadata.annotations =
+            Some([(CORDONED_FOR_ANNOTATION.to_string(), "a, b,".to_string())].into());
+        assert_eq!(holds(&n), vec!["a".to_string(), "b".to_string()]);
+    }
+}

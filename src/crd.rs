@@ -1,0 +1,338 @@
+//! The `ScheduledEvent` custom resource: one per Azure `EventId`, its `spec`
+//! mirrored from IMDS by the agents, its `status` written by the controller
+//! (and the approval result by the agent that sent it).
+
+use chrono::{DateTime, Utc};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Field manager of the agents' server-side applies.
+pub const AGENT_MANAGER: &str = "forewarn-agent";
+/// Field manager of the controller's server-side applies.
+pub const CONTROLLER_MANAGER: &str = "forewarn-controller";
+/// Node annotation with the VM name (`compute.name`) the agent read from IMDS.
+pub const VM_NAME_ANNOTATION: &str = "forewarn.dev/vm-name";
+/// Node annotation listing, comma-separated, the `ScheduledEvent`s for which
+/// forewarn cordoned the node. Present only when forewarn did the cordon.
+pub const CORDONED_FOR_ANNOTATION: &str = "forewarn.dev/cordoned-for";
+
+/// An Azure Scheduled Event as IMDS announces it to the VMs it concerns.
+///
+/// The object name is the `EventId` in lower case.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "forewarn.dev",
+    version = "v1alpha1",
+    kind = "ScheduledEvent",
+    plural = "scheduledevents",
+    shortname = "sev",
+    status = "ScheduledEventStatus",
+    doc = "An Azure Scheduled Event (IMDS) and what forewarn did about it: cordon, drain, approval, uncordon.",
+    printcolumn(
+        name = "Type",
+        type_ = "string",
+        json_path = ".spec.eventType",
+        description = "EventType: Freeze, Reboot, Redeploy, Preempt, Terminate"
+    ),
+    printcolumn(
+        name = "Azure",
+        type_ = "string",
+        json_path = ".spec.eventStatus",
+        description = "EventStatus as IMDS reports it (Completed: no longer listed)"
+    ),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "What forewarn is doing"
+    ),
+    printcolumn(
+        name = "Drained",
+        type_ = "string",
+        json_path = ".status.nodesDrained",
+        description = "Affected nodes drained / affected nodes"
+    ),
+    printcolumn(
+        name = "NotBefore",
+        type_ = "string",
+        json_path = ".spec.notBefore",
+        description = "Earliest start (UTC); empty once started"
+    ),
+    printcolumn(
+        name = "Resources",
+        type_ = "string",
+        json_path = ".spec.resources",
+        priority = "1",
+        description = "VM names the event affects"
+    ),
+    printcolumn(
+        name = "Source",
+        type_ = "string",
+        json_path = ".spec.eventSource",
+        priority = "1",
+        description = "Platform or User"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduledEventSpec {
+    /// `EventId` as IMDS spells it (a GUID, often upper case). Compare ignoring case.
+    pub event_id: String,
+    /// `EventType`: `Freeze`, `Reboot`, `Redeploy`, `Preempt`, `Terminate`, or a newer value kept verbatim.
+    pub event_type: String,
+    /// `EventStatus`: `Scheduled`, then `Started`, then `Completed` once IMDS no
+    /// longer lists the event (finished or cancelled). Only ever moves forward.
+    pub event_status: String,
+    /// `EventSource`: `Platform` or `User`.
+    #[serde(default)]
+    pub event_source: String,
+    /// `ResourceType`: `VirtualMachine`.
+    #[serde(default)]
+    pub resource_type: String,
+    /// `Resources`: names of the VMs the event affects (`compute.name`; for a
+    /// scale set `{scale-set}_{instance-id}`).
+    #[serde(default)]
+    pub resources: Vec<String>,
+    /// `NotBefore` in RFC 3339 (UTC): the platform starts the event at this
+    /// time at the latest unless approved earlier. Absent once started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<DateTime<Utc>>,
+    /// `DurationInSeconds`: expected interruption, seconds; `0` none, `-1` unknown.
+    #[serde(default = "minus_one")]
+    pub duration_seconds: i64,
+    /// `Description`: free text from Azure.
+    #[serde(default)]
+    pub description: String,
+}
+
+fn minus_one() -> i64 {
+    -1
+}
+
+/// What forewarn did about an event. Written by the controller, except
+/// `approval.sentAt`/`sentBy`/`result`, which the agent that sent it writes.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduledEventStatus {
+    /// `Pending`, `Draining`, `Drained`, `Approved`, `Started`, then
+    /// `Completed` or `Cancelled` (gone before it started); `Ignored` when the
+    /// policy says to do nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The policy action chosen: `Ignore`, `Approve`, `Cordon`, `Drain` or `DrainAndApprove`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    /// Affected nodes drained over affected nodes in this cluster, e.g. `1/2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes_drained: Option<String>,
+    /// Per-node progress for each entry of `Resources` that maps to a node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<Vec<NodeProgress>>,
+    /// Entries of `Resources` that map to no node of this cluster (other VMs
+    /// of the placement group, or nodes not yet registered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unmapped_resources: Option<Vec<String>>,
+    /// The approval: decided by the controller, sent by an agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Approval>,
+    /// When the controller first saw the event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_seen: Option<DateTime<Utc>>,
+    /// When the controller first saw the event `Started`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    /// When the controller saw the event `Completed` and released its nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Standard conditions: `Drained`, `DrainBlocked`, `DrainIncomplete`, `Approved`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<Condition>>,
+}
+
+/// Progress on one affected node.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeProgress {
+    /// The Kubernetes node name.
+    pub name: String,
+    /// The VM name from `Resources` that maps to it.
+    pub vm_name: String,
+    /// Whether forewarn cordoned the node for this event (false when someone
+    /// else had already cordoned it, or the policy does not cordon).
+    #[serde(default)]
+    pub cordoned_by_us: bool,
+    /// Whether the node was already cordoned by someone else; forewarn leaves it so.
+    #[serde(default)]
+    pub already_cordoned: bool,
+    /// Pods still to leave the node (DaemonSet, mirror and finished pods excluded).
+    #[serde(default)]
+    pub pods_remaining: i32,
+    /// Why the drain is stuck, e.g. `PodDisruptionBudget default/web`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked_by: Option<String>,
+    /// When the node was first seen with no pods left to evict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drained_at: Option<DateTime<Utc>>,
+}
+
+/// The approval ("start the event now") of a `Scheduled` event.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Approval {
+    /// When the controller decided the event may be approved (controller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_at: Option<DateTime<Utc>>,
+    /// Why it was decided, e.g. `all 1 affected nodes drained` (controller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When an agent sent the `StartRequests` POST to IMDS (agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_at: Option<DateTime<Utc>>,
+    /// The node whose agent sent it (agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_by: Option<String>,
+    /// `Accepted`, or the error IMDS returned (agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+}
+
+/// A standard Kubernetes condition.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// Condition type in PascalCase, e.g. `DrainBlocked`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// Machine-readable reason in PascalCase.
+    pub reason: String,
+    /// Human-readable detail.
+    #[serde(default)]
+    pub message: String,
+    /// When `status` last changed.
+    pub last_transition_time: DateTime<Utc>,
+}
+
+/// The lifecycle phases, in order (see [`ScheduledEventStatus::phase`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Seen, nothing done yet.
+    Pending,
+    /// Cordoned, evicting pods.
+    Draining,
+    /// Every affected node drained; waiting for approval or `NotBefore`.
+    Drained,
+    /// The approval was decided (and sent by an agent).
+    Approved,
+    /// Azure started the event.
+    Started,
+    /// The event ran and left IMDS; nodes released.
+    Completed,
+    /// The event left IMDS without starting; nodes released.
+    Cancelled,
+    /// The policy says to do nothing.
+    Ignored,
+}
+
+impl Phase {
+    /// The name used in `status.phase`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Draining => "Draining",
+            Phase::Drained => "Drained",
+            Phase::Approved => "Approved",
+            Phase::Started => "Started",
+            Phase::Completed => "Completed",
+            Phase::Cancelled => "Cancelled",
+            Phase::Ignored => "Ignored",
+        }
+    }
+
+    /// Whether nothing more will happen to the event.
+    pub fn is_final(self) -> bool {
+        matches!(self, Phase::Completed | Phase::Cancelled)
+    }
+}
+
+/// The CRD as YAML, as `forewarn crd` prints it and `crds/` holds it.
+///
+/// # Errors
+/// Only if serialization fails, which would be a bug.
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    use kube::CustomResourceExt;
+    let crd = ScheduledEvent::crd();
+    Ok(format!(
+        "# Generated by `forewarn crd`; do not edit. Regenerate with `make generate`.\n{}",
+        serde_yaml::to_string(&crd)?
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn crd_is_cluster_scoped_with_short_name_and_status() {
+        let crd = ScheduledEvent::crd();
+        assert_eq!(crd.spec.scope, "Cluster");
+        assert_eq!(
+            crd.spec.names.short_names.as_deref(),
+            Some(&["sev".to_string()][..])
+        );
+        let v = &crd.spec.versions[0];
+        assert!(v.subresources.as_ref().unwrap().status.is_some());
+        let cols: Vec<_> = v
+            .additional_printer_columns
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(
+            cols,
+            [
+                "Type",
+                "Azure",
+                "Phase",
+                "Drained",
+                "NotBefore",
+                "Resources",
+                "Source",
+                "Age"
+            ]
+        );
+    }
+
+    #[test]
+    fn every_schema_property_is_documented() {
+        let crd = serde_json::to_value(ScheduledEvent::crd()).unwrap();
+        let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        let mut missing = Vec::new();
+        fn walk(v: &serde_json::Value, path: &str, missing: &mut Vec<String>) {
+            if let Some(props) = v.get("properties").and_then(|p| p.as_object()) {
+                for (k, p) in props {
+                    let here = format!("{path}.{k}");
+                    if !matches!(k.as_str(), "apiVersion" | "kind" | "metadata")
+                        && p.get("description").is_none()
+                    {
+                        missing.push(here.clone());
+                    }
+                    walk(p, &here, missing);
+                    if let Some(items) = p.get("items") {
+                        walk(items, &here, missing);
+                    }
+                }
+            }
+        }
+        walk(schema, "", &mut missing);
+        assert!(missing.is_empty(), "undocumented fields: {missing:?}");
+    }
+}

@@ -1,0 +1,234 @@
+//! HTTP client for the VM's Instance Metadata Service.
+//!
+//! Every request carries `Metadata: true` and `api-version`, never goes
+//! through a proxy (IMDS is link-local; Azure docs require bypassing
+//! `HTTP(S)_PROXY`), never follows a redirect, and has an explicit timeout so
+//! one slow answer cannot stall the once-a-second loop.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+
+use super::model::{Compute, Document, ParseError, StartRequest, StartRequests, parse_document};
+
+/// The address of IMDS inside every Azure VM.
+pub const DEFAULT_BASE_URL: &str = "http://169.254.169.254";
+/// The Scheduled Events API version used (the newest GA; `Terminate` needs 2019-01-01+).
+pub const SCHEDULED_EVENTS_API_VERSION: &str = "2020-07-01";
+/// The instance metadata API version used for `compute.name`.
+pub const COMPUTE_API_VERSION: &str = "2021-02-01";
+
+/// Errors from talking to IMDS.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The HTTP client could not be built (TLS back end, bad settings).
+    #[error("failed to build the IMDS HTTP client: {source}")]
+    BuildClient {
+        /// The underlying error.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The request did not complete: connection refused, timeout, reset.
+    #[error("failed to {what} at {url}: {source}")]
+    Request {
+        /// What was being done, e.g. "fetch scheduled events".
+        what: &'static str,
+        /// The full URL.
+        url: String,
+        /// The underlying error.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// IMDS answered with a non-success status (429, 410, 500 ... are retried by the caller).
+    #[error("failed to {what}: IMDS answered {status}: {body}")]
+    Status {
+        /// What was being done.
+        what: &'static str,
+        /// The HTTP status.
+        status: StatusCode,
+        /// The start of the body, for the log.
+        body: String,
+    },
+    /// IMDS answered 200 with a body that is not a scheduled events document.
+    #[error("failed to parse scheduled events document ({len} bytes: {body:?}): {source}")]
+    ParseEvents {
+        /// Body length in bytes.
+        len: usize,
+        /// The start of the body, for the log.
+        body: String,
+        /// The parse error.
+        #[source]
+        source: ParseError,
+    },
+    /// IMDS answered 200 with a compute document that does not parse.
+    #[error("failed to parse instance compute metadata: {source}")]
+    ParseCompute {
+        /// The decode error.
+        #[source]
+        source: reqwest::Error,
+    },
+}
+
+/// `Result` with this module's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A client for one VM's IMDS.
+#[derive(Clone, Debug)]
+pub struct Client {
+    http: reqwest::Client,
+    base_url: String,
+}
+
+/// How much of an odd body to keep in an error message.
+const BODY_EXCERPT: usize = 512;
+
+fn excerpt(bytes: &[u8]) -> String {
+    let s = String::from_utf8_lossy(&bytes[..bytes.len().min(BODY_EXCERPT)]);
+    s.into_owned()
+}
+
+impl Client {
+    /// A client for IMDS at `base_url` (e.g. `http://169.254.169.254`, or a
+    /// `forewarn imds-mock` VM URL such as `http://127.0.0.1:8080/vm/vmss_0`),
+    /// with `timeout` for each whole request.
+    ///
+    /// # Errors
+    /// [`Error::BuildClient`] if the HTTP stack cannot be set up.
+    pub fn new(base_url: &str, timeout: Duration) -> Result<Self> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(2)))
+            .build()
+            .map_err(|source| Error::BuildClient { source })?;
+        Ok(Client {
+            http,
+            base_url: base_url.trim_end_matches('/').to_string(),
+        })
+    }
+
+    fn events_url(&self) -> String {
+        format!(
+            "{}/metadata/scheduledevents?api-version={SCHEDULED_EVENTS_API_VERSION}",
+            self.base_url
+        )
+    }
+
+    /// `GET /metadata/scheduledevents`: the current document.
+    ///
+    /// # Errors
+    /// [`Error::Request`], [`Error::Status`] or [`Error::ParseEvents`]; the
+    /// caller keeps its last good document and tries again on the next tick.
+    pub async fn fetch_events(&self) -> Result<Document> {
+        const WHAT: &str = "fetch scheduled events";
+        let url = self.events_url();
+        let resp = self
+            .http
+            .get(&url)
+            .header("Metadata", "true")
+            .send()
+            .await
+            .map_err(|source| Error::Request {
+                what: WHAT,
+                url: url.clone(),
+                source,
+            })?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|source| Error::Request {
+            what: WHAT,
+            url,
+            source,
+        })?;
+        if !status.is_success() {
+            return Err(Error::Status {
+                what: WHAT,
+                status,
+                body: excerpt(&bytes),
+            });
+        }
+        parse_document(&bytes).map_err(|source| Error::ParseEvents {
+            len: bytes.len(),
+            body: excerpt(&bytes),
+            source,
+        })
+    }
+
+    /// `GET /metadata/instance/compute`: this VM's identity.
+    ///
+    /// # Errors
+    /// [`Error::Request`], [`Error::Status`] or [`Error::ParseCompute`].
+    pub async fn fetch_compute(&self) -> Result<Compute> {
+        const WHAT: &str = "fetch instance compute metadata";
+        let url = format!(
+            "{}/metadata/instance/compute?api-version={COMPUTE_API_VERSION}",
+            self.base_url
+        );
+        let resp = self
+            .http
+            .get(&url)
+            .header("Metadata", "true")
+            .send()
+            .await
+            .map_err(|source| Error::Request {
+                what: WHAT,
+                url: url.clone(),
+                source,
+            })?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = resp.bytes().await.map(|b| excerpt(&b)).unwrap_or_default();
+            return Err(Error::Status {
+                what: WHAT,
+                status,
+                body,
+            });
+        }
+        resp.json::<Compute>()
+            .await
+            .map_err(|source| Error::ParseCompute { source })
+    }
+
+    /// `POST /metadata/scheduledevents` with `StartRequests`: approves the
+    /// events so that they may start before `NotBefore`.
+    ///
+    /// Idempotent on the Azure side: 200 for a valid id even if another VM
+    /// already approved it.
+    ///
+    /// # Errors
+    /// [`Error::Request`] or [`Error::Status`] (400 for a malformed body).
+    pub async fn approve(&self, event_ids: &[String]) -> Result<()> {
+        const WHAT: &str = "approve scheduled events";
+        let url = self.events_url();
+        let body = StartRequests {
+            start_requests: event_ids
+                .iter()
+                .map(|id| StartRequest {
+                    event_id: id.clone(),
+                })
+                .collect(),
+        };
+        let resp = self
+            .http
+            .post(&url)
+            .header("Metadata", "true")
+            .json(&body)
+            .send()
+            .await
+            .map_err(|source| Error::Request {
+                what: WHAT,
+                url: url.clone(),
+                source,
+            })?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = resp.bytes().await.map(|b| excerpt(&b)).unwrap_or_default();
+            return Err(Error::Status {
+                what: WHAT,
+                status,
+                body,
+            });
+        }
+        Ok(())
+    }
+}

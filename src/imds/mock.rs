@@ -1,0 +1,362 @@
+//! `forewarn imds-mock`: an imitation of IMDS for demos, tests and game days.
+//!
+//! It plays a [`Scenario`] for every VM of one placement group at once, each
+//! VM under its own path prefix: `/vm/<name>/metadata/scheduledevents` and
+//! `/vm/<name>/metadata/instance/compute`, so an agent's IMDS base URL is
+//! `http://<listen>/vm/<name>`. Like the real service it answers 400 to a
+//! request without `Metadata: true`, without `api-version`, or with
+//! `X-Forwarded-For`; an approval `POST` moves a `Scheduled` event to
+//! `Started` keeping its `EventId`, and `DocumentIncarnation` increases at
+//! every change of a VM's document.
+//!
+//! Control endpoints for harnesses: `POST /mock/start` starts the clock when
+//! run with `--hold`; `GET /mock/log` returns what happened (approvals and
+//! every status change, with times).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::model::{RawDocument, RawEvent, StartRequests};
+use super::scenario::{FaultKind, Phase, Scenario};
+
+/// One line of the mock's log, as served by `GET /mock/log`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogEntry {
+    /// When it happened.
+    pub time: DateTime<Utc>,
+    /// The `EventId`.
+    pub event_id: String,
+    /// `Approved` (a valid `StartRequests` entry), or the event's new phase
+    /// (`Scheduled`, `Started`, `Finished`, `Cancelled`).
+    pub what: String,
+    /// For `Approved`: the VM whose IMDS received the POST.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm: Option<String>,
+}
+
+struct Clock {
+    /// Monotonic start, and the wall-clock time it stands for.
+    started: Option<(Instant, DateTime<Utc>)>,
+}
+
+struct VmDoc {
+    incarnation: i64,
+    last: Vec<RawEvent>,
+}
+
+struct Inner {
+    scenario: Scenario,
+    clock: Clock,
+    /// First approval of each event, as an offset from the start.
+    approvals: HashMap<String, Duration>,
+    /// Last phase logged for each event.
+    phases: HashMap<String, Phase>,
+    docs: HashMap<String, VmDoc>,
+    log: Vec<LogEntry>,
+}
+
+/// The mock's shared state.
+#[derive(Clone)]
+pub struct Mock {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl Mock {
+    /// A mock for `scenario`; its clock starts now unless `hold` is set, in
+    /// which case it starts at `POST /mock/start`.
+    pub fn new(scenario: Scenario, hold: bool) -> Self {
+        let docs = scenario
+            .vms
+            .iter()
+            .map(|v| {
+                (
+                    v.name.to_ascii_lowercase(),
+                    VmDoc {
+                        incarnation: 1,
+                        last: Vec::new(),
+                    },
+                )
+            })
+            .collect();
+        let clock = Clock {
+            started: (!hold).then(|| (Instant::now(), Utc::now())),
+        };
+        Mock {
+            inner: Arc::new(Mutex::new(Inner {
+                scenario,
+                clock,
+                approvals: HashMap::new(),
+                phases: HashMap::new(),
+                docs,
+                log: Vec::new(),
+            })),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the state half-written
+        // in a way that matters to a mock; keep serving.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The HTTP routes.
+    pub fn router(self) -> Router {
+        Router::new()
+            .route(
+                "/vm/{vm}/metadata/scheduledevents",
+                get(get_events).post(post_approval),
+            )
+            .route("/vm/{vm}/metadata/instance/compute", get(get_compute))
+            .route("/mock/start", post(start_clock))
+            .route("/mock/log", get(get_log))
+            .with_state(self)
+    }
+}
+
+impl Inner {
+    fn elapsed(&self) -> Option<(Duration, DateTime<Utc>)> {
+        self.clock.started.map(|(i, origin)| (i.elapsed(), origin))
+    }
+
+    /// Brings the log up to date with every event's phase.
+    fn advance(&mut self, elapsed: Duration) {
+        for ev in &self.scenario.events {
+            let phase = ev.phase_at(elapsed, self.approvals.get(&ev.id).copied());
+            let last = self.phases.get(&ev.id).copied().unwrap_or(Phase::NotYet);
+            if phase != last {
+                self.phases.insert(ev.id.clone(), phase);
+                self.log.push(LogEntry {
+                    time: Utc::now(),
+                    event_id: ev.id.clone(),
+                    what: format!("{phase:?}"),
+                    vm: None,
+                });
+            }
+        }
+    }
+
+    fn document(&mut self, vm: &str) -> RawDocument {
+        let events: Vec<RawEvent> = match self.elapsed() {
+            None => Vec::new(),
+            Some((elapsed, origin)) => {
+                self.advance(elapsed);
+                self.scenario
+                    .events
+                    .iter()
+                    .filter(|e| e.delivered_to(vm))
+                    .filter_map(|e| {
+                        e.render(
+                            e.phase_at(elapsed, self.approvals.get(&e.id).copied()),
+                            origin,
+                        )
+                    })
+                    .collect()
+            }
+        };
+        let doc = self.docs.entry(vm.to_ascii_lowercase()).or_insert(VmDoc {
+            incarnation: 1,
+            last: Vec::new(),
+        });
+        if doc.last != events {
+            doc.incarnation += 1;
+            doc.last = events.clone();
+        }
+        RawDocument {
+            document_incarnation: doc.incarnation,
+            events,
+        }
+    }
+}
+
+fn bad_request(msg: &str) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        Json(serde_json::json!({"error": msg})),
+    )
+        .into_response()
+}
+
+/// Checks what real IMDS checks before anything else.
+fn check_request(headers: &HeaderMap, query: &HashMap<String, String>) -> Option<Response> {
+    let metadata_ok = headers
+        .get("Metadata")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    if !metadata_ok {
+        return Some(bad_request(
+            "Bad request. Required metadata header not specified",
+        ));
+    }
+    if headers.contains_key("X-Forwarded-For") {
+        return Some(bad_request(
+            "Bad request. X-Forwarded-For header is not allowed",
+        ));
+    }
+    if !query.contains_key("api-version") {
+        return Some(bad_request(
+            "Bad request. api-version was not specified in the request.",
+        ));
+    }
+    None
+}
+
+async fn get_events(
+    State(mock): State<Mock>,
+    Path(vm): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(r) = check_request(&headers, &query) {
+        return r;
+    }
+    let fault = {
+        let mut inner = mock.lock();
+        if inner.scenario.vm(&vm).is_none() {
+            return (StatusCode::NOT_FOUND, "no such VM in the scenario").into_response();
+        }
+        let fault = inner
+            .elapsed()
+            .and_then(|(e, _)| inner.scenario.fault_at(&vm, e));
+        if fault.is_none() {
+            return Json(inner.document(&vm)).into_response();
+        }
+        fault
+    };
+    match fault {
+        Some(FaultKind::Status500) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error").into_response()
+        }
+        Some(FaultKind::Status429) => {
+            (StatusCode::TOO_MANY_REQUESTS, "Too many requests").into_response()
+        }
+        Some(FaultKind::Garbage) => {
+            (StatusCode::OK, "{\"DocumentIncarnation\": <html>garbage").into_response()
+        }
+        Some(FaultKind::Hang) | None => {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            (StatusCode::GATEWAY_TIMEOUT, "hung").into_response()
+        }
+    }
+}
+
+async fn post_approval(
+    State(mock): State<Mock>,
+    Path(vm): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(r) = check_request(&headers, &query) {
+        return r;
+    }
+    let Ok(req) = serde_json::from_slice::<StartRequests>(&body) else {
+        return bad_request("Bad request. Malformed StartRequests body");
+    };
+    let mut inner = mock.lock();
+    if inner.scenario.vm(&vm).is_none() {
+        return (StatusCode::NOT_FOUND, "no such VM in the scenario").into_response();
+    }
+    let Some((elapsed, _)) = inner.elapsed() else {
+        return bad_request("Bad request. No such event");
+    };
+    inner.advance(elapsed);
+    for r in &req.start_requests {
+        let Some(ev) = inner
+            .scenario
+            .events
+            .iter()
+            .find(|e| e.id.eq_ignore_ascii_case(&r.event_id))
+            .cloned()
+        else {
+            return bad_request(&format!("Bad request. Unknown EventId {}", r.event_id));
+        };
+        let phase = ev.phase_at(elapsed, inner.approvals.get(&ev.id).copied());
+        if !ev.delivered_to(&vm) || !matches!(phase, Phase::Scheduled | Phase::Started) {
+            return bad_request(&format!("Bad request. Unknown EventId {}", r.event_id));
+        }
+        inner.approvals.entry(ev.id.clone()).or_insert(elapsed);
+        inner.log.push(LogEntry {
+            time: Utc::now(),
+            event_id: ev.id.clone(),
+            what: "Approved".into(),
+            vm: Some(vm.clone()),
+        });
+    }
+    inner.advance(elapsed);
+    StatusCode::OK.into_response()
+}
+
+async fn get_compute(
+    State(mock): State<Mock>,
+    Path(vm): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(r) = check_request(&headers, &query) {
+        return r;
+    }
+    let inner = mock.lock();
+    match inner.scenario.vm(&vm) {
+        None => (StatusCode::NOT_FOUND, "no such VM in the scenario").into_response(),
+        Some(v) => {
+            let scale_set = v.name.rsplit_once('_').map(|(s, _)| s).unwrap_or("");
+            Json(serde_json::json!({
+                "name": v.name,
+                "vmScaleSetName": scale_set,
+                "platformFaultDomain": v.fault_domain.to_string(),
+                "azEnvironment": "AzurePublicCloud",
+            }))
+            .into_response()
+        }
+    }
+}
+
+async fn start_clock(State(mock): State<Mock>) -> StatusCode {
+    let mut inner = mock.lock();
+    if inner.clock.started.is_none() {
+        inner.clock.started = Some((Instant::now(), Utc::now()));
+    }
+    StatusCode::OK
+}
+
+async fn get_log(State(mock): State<Mock>) -> Json<Vec<LogEntry>> {
+    let mut inner = mock.lock();
+    if let Some((elapsed, _)) = inner.elapsed() {
+        inner.advance(elapsed);
+    }
+    Json(inner.log.clone())
+}
+
+/// Serves `scenario` on `listen` until `shutdown` resolves. Prints
+/// `listening on http://<addr>` on stdout once bound (port 0 picks a free one).
+///
+/// # Errors
+/// When the address cannot be bound or the server fails.
+pub async fn serve(
+    scenario: Scenario,
+    listen: SocketAddr,
+    hold: bool,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let addr = listener.local_addr()?;
+    println!("listening on http://{addr}");
+    tracing::info!(%addr, vms = scenario.vms.len(), events = scenario.events.len(), hold, "IMDS mock listening");
+    let app = Mock::new(scenario, hold).router();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,35 @@
+//! `forewarn`: wiring only. Parse the command line, start logging, run the role.
+#![forbid(unsafe_code)]
+
+use anyhow::Context as _;
+use clap::Parser;
+use forewarn::cli::{Cli, Command};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    if let Command::Crd = cli.command {
+        print!(
+            "{}",
+            forewarn::crd::crd_yaml().context("failed to render the CRD")?
+        );
+        return Ok(());
+    }
+    forewarn::telemetry::init(cli.log_format, &cli.log_level)?;
+    match cli.command {
+        Command::Agent(args) => forewarn::agent::run(args).await,
+        Command::Controller(args) => forewarn::controller::run(args).await,
+        Command::ImdsMock(args) => {
+            let scenario = forewarn::imds::scenario::Scenario::load(&args.scenario)?;
+            forewarn::imds::mock::serve(
+                scenario,
+                args.listen,
+                args.hold,
+                forewarn::cli::shutdown_signal(),
+            )
+            .await
+            .with_context(|| format!("IMDS mock on {} failed", args.listen))
+        }
+        Command::Crd => Ok(()),
+    }
+}

@@ -1,0 +1,142 @@
+//! Prometheus metrics. Each component registers its own collectors on the
+//! one `Registry` built at start; names are `forewarn_<component>_<thing>_<unit>`
+//! and labels come from small closed sets only (never a pod, node or event id).
+
+use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+
+/// Metrics of the agent.
+#[derive(Clone)]
+pub struct AgentMetrics {
+    /// IMDS polls by `result`: `ok`, `unchanged`, `error`, `parse_error`.
+    pub polls: IntCounterVec,
+    /// Writes of `ScheduledEvent` objects by `result`: `ok`, `error`.
+    pub mirror_writes: IntCounterVec,
+    /// Approval POSTs by `result`: `ok`, `error`.
+    pub approvals: IntCounterVec,
+    /// Events in the last good IMDS document.
+    pub events: IntGauge,
+}
+
+impl AgentMetrics {
+    /// Creates and registers the agent's collectors.
+    ///
+    /// # Errors
+    /// When a collector with the same name is already registered.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let m = AgentMetrics {
+            polls: IntCounterVec::new(
+                Opts::new(
+                    "forewarn_agent_imds_polls_total",
+                    "IMDS scheduled events polls, by result",
+                ),
+                &["result"],
+            )?,
+            mirror_writes: IntCounterVec::new(
+                Opts::new(
+                    "forewarn_agent_mirror_writes_total",
+                    "ScheduledEvent writes by the agent, by result",
+                ),
+                &["result"],
+            )?,
+            approvals: IntCounterVec::new(
+                Opts::new(
+                    "forewarn_agent_approvals_total",
+                    "Approval (StartRequests) POSTs to IMDS, by result",
+                ),
+                &["result"],
+            )?,
+            events: IntGauge::new(
+                "forewarn_agent_imds_events",
+                "Events in the last good IMDS document",
+            )?,
+        };
+        registry.register(Box::new(m.polls.clone()))?;
+        registry.register(Box::new(m.mirror_writes.clone()))?;
+        registry.register(Box::new(m.approvals.clone()))?;
+        registry.register(Box::new(m.events.clone()))?;
+        Ok(m)
+    }
+}
+
+/// Metrics of the controller.
+#[derive(Clone)]
+pub struct ControllerMetrics {
+    /// Reconciles by `result`: `ok`, `error`.
+    pub reconciles: IntCounterVec,
+    /// Evictions by `result`: `evicted`, `blocked`, `gone`, `error`.
+    pub evictions: IntCounterVec,
+    /// Cordon and uncordon writes by `action`: `cordon`, `uncordon`.
+    pub node_writes: IntCounterVec,
+    /// Approvals decided, by event `type`.
+    pub approvals_decided: IntCounterVec,
+    /// Events whose drain did not finish before they started.
+    pub drains_incomplete: IntCounterVec,
+}
+
+impl ControllerMetrics {
+    /// Creates and registers the controller's collectors.
+    ///
+    /// # Errors
+    /// When a collector with the same name is already registered.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let m = ControllerMetrics {
+            reconciles: IntCounterVec::new(
+                Opts::new(
+                    "forewarn_controller_reconciles_total",
+                    "ScheduledEvent reconciles, by result",
+                ),
+                &["result"],
+            )?,
+            evictions: IntCounterVec::new(
+                Opts::new(
+                    "forewarn_controller_evictions_total",
+                    "Pod evictions through the Eviction API, by result",
+                ),
+                &["result"],
+            )?,
+            node_writes: IntCounterVec::new(
+                Opts::new(
+                    "forewarn_controller_node_writes_total",
+                    "Cordon and uncordon writes, by action",
+                ),
+                &["action"],
+            )?,
+            approvals_decided: IntCounterVec::new(
+                Opts::new(
+                    "forewarn_controller_approvals_decided_total",
+                    "Approvals decided, by event type",
+                ),
+                &["type"],
+            )?,
+            drains_incomplete: IntCounterVec::new(
+                Opts::new(
+                    "forewarn_controller_drains_incomplete_total",
+                    "Events that started before their nodes were drained, by event type",
+                ),
+                &["type"],
+            )?,
+        };
+        for c in [
+            &m.reconciles,
+            &m.evictions,
+            &m.node_writes,
+            &m.approvals_decided,
+            &m.drains_incomplete,
+        ] {
+            registry.register(Box::new(c.clone()))?;
+        }
+        Ok(m)
+    }
+}
+
+/// Bounds the label value for an event type to the known set.
+pub fn type_label(event_type: &str) -> &'static str {
+    match event_type {
+        "Freeze" => "Freeze",
+        "Reboot" => "Reboot",
+        "Redeploy" => "Redeploy",
+        "Preempt" => "Preempt",
+        "Terminate" => "Terminate",
+        _ => "Other",
+    }
+}

@@ -1,0 +1,302 @@
+//! The policy: what to do about an event, by type, source and duration.
+//!
+//! Loaded from a YAML file (a ConfigMap in the chart), validated at start.
+//! Without a file, [`Policy::default`] applies the defaults of the design:
+//! a `Freeze` with `0 <= DurationInSeconds <= 10` is approved at once, every
+//! other event (including unknown types, which Azure's docs say to treat as
+//! impactful) is drained and approved once its nodes are drained.
+//!
+//! ```yaml
+//! rules:                       # first match wins
+//!   - eventType: Freeze        # optional, ignoring case
+//!     eventSource: Platform    # optional, ignoring case
+//!     minDurationSeconds: 0    # optional, DurationInSeconds >= this
+//!     maxDurationSeconds: 10   # optional, DurationInSeconds <= this
+//!     action: Approve          # Ignore | Approve | Cordon | Drain | DrainAndApprove
+//! defaultAction: DrainAndApprove
+//! drainMarginSeconds: 5        # drain deadline = NotBefore - margin
+//! approveForeignVms: false     # approve although Resources names VMs outside this cluster
+//! retention: 24h               # how long finished ScheduledEvents are kept
+//! ```
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::imds::model::EventType;
+
+/// What forewarn does about an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Action {
+    /// Record only.
+    Ignore,
+    /// Approve at once; no cordon, no drain.
+    Approve,
+    /// Cordon the affected nodes; no drain, no approval.
+    Cordon,
+    /// Cordon and drain; let `NotBefore` pass without approving.
+    Drain,
+    /// Cordon and drain; approve when every affected node is drained.
+    DrainAndApprove,
+}
+
+impl Action {
+    /// Its name, as in the policy file and `status.action`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Ignore => "Ignore",
+            Action::Approve => "Approve",
+            Action::Cordon => "Cordon",
+            Action::Drain => "Drain",
+            Action::DrainAndApprove => "DrainAndApprove",
+        }
+    }
+
+    /// Whether the action cordons the affected nodes.
+    pub fn cordons(self) -> bool {
+        matches!(
+            self,
+            Action::Cordon | Action::Drain | Action::DrainAndApprove
+        )
+    }
+
+    /// Whether the action evicts the affected nodes' pods.
+    pub fn drains(self) -> bool {
+        matches!(self, Action::Drain | Action::DrainAndApprove)
+    }
+}
+
+/// One rule; every field given must match.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Rule {
+    /// `EventType` to match, ignoring case.
+    #[serde(default)]
+    pub event_type: Option<String>,
+    /// `EventSource` to match, ignoring case.
+    #[serde(default)]
+    pub event_source: Option<String>,
+    /// Lowest `DurationInSeconds` matched (inclusive).
+    #[serde(default)]
+    pub min_duration_seconds: Option<i64>,
+    /// Highest `DurationInSeconds` matched (inclusive).
+    #[serde(default)]
+    pub max_duration_seconds: Option<i64>,
+    /// What to do.
+    pub action: Action,
+}
+
+/// The whole policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Policy {
+    /// Rules, first match wins.
+    #[serde(default)]
+    pub rules: Vec<Rule>,
+    /// Action when no rule matches.
+    #[serde(default = "drain_and_approve")]
+    pub default_action: Action,
+    /// Seconds before `NotBefore` by which the drain should be done; eviction
+    /// grace periods are clipped to end by then.
+    #[serde(default = "five")]
+    pub drain_margin_seconds: u64,
+    /// Approve even when `Resources` names VMs that are no node of this
+    /// cluster (an approval starts the impact for all of them). Off by default.
+    #[serde(default)]
+    pub approve_foreign_vms: bool,
+    /// How long finished `ScheduledEvent`s are kept as history.
+    #[serde(default = "one_day", with = "humantime_serde")]
+    pub retention: Duration,
+}
+
+fn drain_and_approve() -> Action {
+    Action::DrainAndApprove
+}
+fn five() -> u64 {
+    5
+}
+fn one_day() -> Duration {
+    Duration::from_secs(24 * 3600)
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            rules: vec![Rule {
+                event_type: Some("Freeze".into()),
+                event_source: None,
+                min_duration_seconds: Some(0),
+                max_duration_seconds: Some(10),
+                action: Action::Approve,
+            }],
+            default_action: Action::DrainAndApprove,
+            drain_margin_seconds: 5,
+            approve_foreign_vms: false,
+            retention: one_day(),
+        }
+    }
+}
+
+/// A policy file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file could not be read.
+    #[error("failed to read policy file {path}: {source}")]
+    Read {
+        /// The path given.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The YAML is not a policy (unknown field, unknown action, wrong type).
+    #[error("failed to parse policy file {path}: {source}")]
+    Parse {
+        /// The path given.
+        path: String,
+        /// The YAML error, with line and column.
+        #[source]
+        source: serde_yaml::Error,
+    },
+    /// A rule that can never match.
+    #[error("invalid policy file {path}: rule {index}: {reason}")]
+    Invalid {
+        /// The path given.
+        path: String,
+        /// The rule's position, from 0.
+        index: usize,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl Policy {
+    /// Reads and validates a policy file.
+    ///
+    /// # Errors
+    /// [`Error::Read`], [`Error::Parse`] (with line and column) or [`Error::Invalid`].
+    pub fn load(path: &str) -> Result<Self, Error> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.into(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and validates policy YAML; `path` is only for messages.
+    ///
+    /// # Errors
+    /// As [`Policy::load`].
+    pub fn parse(text: &str, path: &str) -> Result<Self, Error> {
+        let p: Policy = serde_yaml::from_str(text).map_err(|source| Error::Parse {
+            path: path.into(),
+            source,
+        })?;
+        for (index, r) in p.rules.iter().enumerate() {
+            if let (Some(lo), Some(hi)) = (r.min_duration_seconds, r.max_duration_seconds) {
+                if lo > hi {
+                    return Err(Error::Invalid {
+                        path: path.into(),
+                        index,
+                        reason: format!(
+                            "minDurationSeconds {lo} is greater than maxDurationSeconds {hi}"
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(p)
+    }
+
+    /// The action for an event of `event_type` from `source` with `duration_seconds`.
+    pub fn decide(&self, event_type: &EventType, source: &str, duration_seconds: i64) -> Action {
+        let type_name = event_type.to_string();
+        self.rules
+            .iter()
+            .find(|r| {
+                r.event_type
+                    .as_ref()
+                    .is_none_or(|t| t.eq_ignore_ascii_case(&type_name))
+                    && r.event_source
+                        .as_ref()
+                        .is_none_or(|s| s.eq_ignore_ascii_case(source))
+                    && r.min_duration_seconds
+                        .is_none_or(|lo| duration_seconds >= lo)
+                    && r.max_duration_seconds
+                        .is_none_or(|hi| duration_seconds <= hi)
+            })
+            .map_or(self.default_action, |r| r.action)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_freeze_is_approved_at_once_by_default() {
+        let p = Policy::default();
+        assert_eq!(p.decide(&EventType::Freeze, "Platform", 5), Action::Approve);
+        assert_eq!(p.decide(&EventType::Freeze, "Platform", 0), Action::Approve);
+        assert_eq!(
+            p.decide(&EventType::Freeze, "Platform", 10),
+            Action::Approve
+        );
+    }
+
+    #[test]
+    fn long_or_unknown_duration_freeze_is_drained_by_default() {
+        let p = Policy::default();
+        assert_eq!(
+            p.decide(&EventType::Freeze, "Platform", 30),
+            Action::DrainAndApprove
+        );
+        assert_eq!(
+            p.decide(&EventType::Freeze, "Platform", -1),
+            Action::DrainAndApprove
+        );
+    }
+
+    #[test]
+    fn impactful_and_unknown_types_are_drained_by_default() {
+        let p = Policy::default();
+        for t in [
+            EventType::Reboot,
+            EventType::Redeploy,
+            EventType::Preempt,
+            EventType::Terminate,
+            EventType::Other("Hibernate".into()),
+        ] {
+            assert_eq!(p.decide(&t, "Platform", -1), Action::DrainAndApprove, "{t}");
+        }
+    }
+
+    #[test]
+    fn first_matching_rule_wins_and_source_matches_ignoring_case() {
+        let p = Policy::parse(
+            "rules:\n- {eventSource: user, action: Approve}\n- {eventType: reboot, action: Cordon}\ndefaultAction: Ignore\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(p.decide(&EventType::Reboot, "User", -1), Action::Approve);
+        assert_eq!(p.decide(&EventType::Reboot, "Platform", -1), Action::Cordon);
+        assert_eq!(
+            p.decide(&EventType::Redeploy, "Platform", -1),
+            Action::Ignore
+        );
+        assert_eq!(p.retention, Duration::from_secs(86400));
+    }
+
+    #[test]
+    fn bad_policy_files_fail_with_a_clear_message() {
+        let e = Policy::parse("rules:\n- {action: Reboot}\n", "p.yaml").unwrap_err();
+        assert!(e.to_string().contains("p.yaml"), "{e}");
+        assert!(Policy::parse("defaultActoin: Ignore\n", "p").is_err());
+        let e = Policy::parse(
+            "rules:\n- {minDurationSeconds: 5, maxDurationSeconds: 1, action: Ignore}\n",
+            "p",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("rule 0"), "{e}");
+    }
+}
