@@ -31,6 +31,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${FOREWARN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/forewarn}
 export KWOK_WORKDIR=${FOREWARN_KWOK_WORKDIR:-$cache/kwok}
+# kubectl (ours and the one kwokctl runs) would otherwise cache in ~/.kube/cache.
+export KUBECACHEDIR=$KWOK_WORKDIR/kubectl-cache
 step_timeout=${FOREWARN_UP_TIMEOUT:-180}
 
 log() { echo "[cluster] $*" >&2; }
@@ -67,16 +69,19 @@ cmd_down() {
   [[ -e "$dir" ]] || { log "cluster '$name' is absent"; return 0; }
   [[ -n "${bin:-}" ]] || use_binaries
   log "deleting cluster '$name'"
-  # --kubeconfig "": leave ~/.kube/config alone.
-  timeout "$step_timeout" kwokctl --name "$name" delete cluster --kubeconfig "" >/dev/null 2>&1 ||
+  # kwokctl delete removes the cluster's context from a kubeconfig file; by
+  # default ~/.kube/config, and it rejects --kubeconfig "" ("empty path"). Give
+  # it a file that does not exist inside the directory it is about to delete.
+  timeout "$step_timeout" kwokctl --name "$name" delete cluster --kubeconfig "$dir/.no-kubeconfig" >/dev/null 2>&1 ||
     log "kwokctl delete cluster failed; cleaning up from the pid files"
   # A run killed half-way can leave processes or a directory kwokctl does not
-  # recognise: stop whatever the pid files still name, then remove the dir.
+  # recognise: kill (-9, as kwokctl does) whatever the pid files still name,
+  # then remove the dir.
   for pidfile in "$dir"/pids/*.pid; do
     [[ -f "$pidfile" ]] || continue
     pid=$(<"$pidfile")
     if [[ "$pid" =~ ^[0-9]+$ ]] && grep -qF -- "$dir" "/proc/$pid/cmdline" 2>/dev/null; then
-      kill "$pid" 2>/dev/null || true
+      kill -KILL "$pid" 2>/dev/null || true
     fi
   done
   rm -rf "$dir"
@@ -124,15 +129,18 @@ YAML
   timeout "$step_timeout" kwokctl --name "$name" scale node --replicas "$nodes" >/dev/null 2>&1 ||
     die "kwokctl scale node --replicas $nodes failed or timed out after ${step_timeout}s"
 
-  # kwok marks nodes Ready within a second or two; poll instead of
-  # `kubectl wait --all`, which would not notice a node that was never created.
+  # Wait until every node is Ready *and* untainted: kube-controller-manager
+  # puts node.kubernetes.io/not-ready:NoSchedule on new nodes and lifts it a
+  # moment after kwok reports Ready; until then nothing schedules there.
   local deadline=$((SECONDS + step_timeout))
   while :; do
     ready=$(kubectl --kubeconfig "$kubeconfig" get nodes --no-headers \
-      -o 'custom-columns=R:.status.conditions[?(@.type=="Ready")].status' 2>/dev/null | grep -c '^True$' || true)
+      -o 'custom-columns=R:.status.conditions[?(@.type=="Ready")].status,T:.spec.taints' 2>/dev/null |
+      grep -cE '^True +<none>$' || true)
     [[ "$ready" -eq "$nodes" ]] && break
-    ((SECONDS < deadline)) || die "only $ready of $nodes nodes Ready after ${step_timeout}s (logs: $dir/logs/)"
-    sleep 1
+    ((SECONDS < deadline)) ||
+      die "only $ready of $nodes nodes Ready and untainted after ${step_timeout}s (logs: $dir/logs/)"
+    sleep 0.5
   done
   log "cluster '$name' is up: $nodes node(s) Ready in $((SECONDS - started))s"
   echo "$kubeconfig"

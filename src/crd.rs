@@ -20,6 +20,8 @@ pub const CORDONED_FOR_ANNOTATION: &str = "forewarn.dev/cordoned-for";
 /// An Azure Scheduled Event as IMDS announces it to the VMs it concerns.
 ///
 /// The object name is the `EventId` in lower case.
+// The repeated `type_` of the printer columns trips a lint meant for real attributes.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "forewarn.dev",
@@ -308,6 +310,15 @@ mod tests {
                 "Source",
                 "Age"
             ]
+        );
+    }
+
+    #[test]
+    fn checked_in_crd_matches_the_rust_types() {
+        let checked_in = include_str!("../crds/scheduledevents.forewarn.dev.yaml");
+        assert!(
+            crd_yaml().unwrap() == checked_in,
+            "crds/scheduledevents.forewarn.dev.yaml is stale: run `make generate`"
         );
     }
 

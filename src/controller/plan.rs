@@ -148,12 +148,10 @@ pub fn drain_budget(
 }
 
 fn was_started(ev: &ScheduledEvent, spec_status: &EventStatus) -> bool {
-    let status = ev.status.as_ref();
+    // An accepted approval is not proof of a start: the platform may wait
+    // for the host's other tenants, and the event may still be cancelled.
     *spec_status == EventStatus::Started
-        || status.is_some_and(|s| s.started_at.is_some())
-        || status
-            .and_then(|s| s.approval.as_ref())
-            .is_some_and(|a| a.result.as_deref() == Some("Accepted"))
+        || ev.status.as_ref().is_some_and(|s| s.started_at.is_some())
 }
 
 fn approval_decided(ev: &ScheduledEvent) -> bool {

@@ -24,6 +24,12 @@
 //!     cancelAt: 10s             # optional: leaves the document at this time if still Scheduled
 //!     notBeforeFormat: rfc1123  # rfc1123 (default, like Azure) or rfc3339 (like some fakes)
 //!     deliverTo: all            # all (default: every VM of the group) or resources (only the VMs named)
+//!     approvalStartsAfter: 0s   # delay from approval to start (the platform may wait for other tenants)
+//!     expect:                   # optional, read by the demo and the tests, ignored by the mock
+//!       phase: Completed        # the ScheduledEvent's final status.phase
+//!       approved: true          # an approval must reach IMDS (false: must not; absent: either)
+//!       approvedBy: [aks-pool-vmss_1]  # optional: the only VMs whose IMDS may receive it
+//!       drained: true           # the named VMs' nodes must be cordoned and emptied (false: left alone)
 //! faults:                  # optional: IMDS misbehaving for a while
 //!   - at: 3s
 //!     for: 2s
@@ -147,6 +153,28 @@ pub struct ScenarioEvent {
     /// Which VMs see the event.
     #[serde(default)]
     pub deliver_to: DeliverTo,
+    /// Delay from the first approval to the start.
+    #[serde(with = "humantime_serde", default)]
+    pub approval_starts_after: Duration,
+    /// What forewarn must do about the event (for the demo and tests).
+    #[serde(default)]
+    pub expect: Option<Expect>,
+}
+
+/// What forewarn must do about an event; checked by the demo and the tests.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Expect {
+    /// The `ScheduledEvent`'s final `status.phase`.
+    pub phase: String,
+    /// Whether an approval must reach IMDS (`false`: must not; absent: either).
+    #[serde(default)]
+    pub approved: Option<bool>,
+    /// The only VMs whose IMDS may receive the approval (empty: any).
+    #[serde(default)]
+    pub approved_by: Vec<String>,
+    /// Whether the named VMs' nodes must be cordoned and drained (`false`: left alone).
+    pub drained: bool,
 }
 
 fn platform() -> String {
@@ -334,7 +362,7 @@ impl ScenarioEvent {
             InitialStatus::Scheduled => {
                 let nb = self.at + self.notice;
                 match approved {
-                    Some(a) => a.max(self.at).min(nb),
+                    Some(a) => (a.max(self.at) + self.approval_starts_after).min(nb),
                     None => nb,
                 }
             }
@@ -501,6 +529,24 @@ faults:
         assert_eq!(s.fault_at("vmss_1", secs(6)), Some(FaultKind::Garbage));
         assert_eq!(s.fault_at("vmss_0", secs(6)), None);
         assert_eq!(s.fault_at("vmss_1", secs(7)), None);
+    }
+
+    #[test]
+    fn every_fixture_parses_and_states_its_expectations() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+        let mut n = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let s = Scenario::load(&path.to_string_lossy()).unwrap();
+            assert!(s.vms.iter().all(|v| v.node.is_some()), "{}", path.display());
+            assert!(
+                s.events.iter().all(|e| e.expect.is_some()),
+                "{}",
+                path.display()
+            );
+            n += 1;
+        }
+        assert!(n >= 7, "only {n} fixtures");
     }
 
     #[test]

@@ -1,0 +1,34 @@
+# forewarn: the two commands a fresh machine needs are `make demo` and `make test`.
+CARGO ?= cargo
+SCENARIO ?= tests/fixtures/platform-redeploy.yaml
+
+.PHONY: demo test lint unit generate cluster-up cluster-down clean-cache
+
+## demo: local cluster + Azure scenario + agents + controller, with a live timeline (SCENARIO=path to pick another)
+demo:
+	$(CARGO) build --features harness --bin forewarn --example demo
+	./target/debug/examples/demo --scenario $(SCENARIO)
+
+## test: formatting, lints, unit tests and the end-to-end tests on a local control plane
+test: lint
+	$(CARGO) build --features harness --bin forewarn
+	status=0; $(CARGO) test --features harness || status=$$?; \
+	  bash hack/cluster.sh down --name forewarn-test >/dev/null 2>&1 || true; exit $$status
+
+## lint: cargo fmt --check and clippy with warnings as errors
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --all-targets --features harness -- -D warnings
+
+## unit: the unit tests only (no cluster)
+unit:
+	$(CARGO) test --lib
+
+## generate: regenerate crds/ from the Rust types
+generate:
+	$(CARGO) run --quiet -- crd > crds/scheduledevents.forewarn.dev.yaml
+
+cluster-up:
+	bash hack/cluster.sh up
+cluster-down:
+	bash hack/cluster.sh down

@@ -1,0 +1,823 @@
+//! Plays one scenario end to end on a local cluster: a Deployment with a
+//! PodDisruptionBudget, the IMDS mock, one agent per node and the
+//! controller; prints a timeline; checks the rules of DESIGN.md from the
+//! outside (nodes, pods and the mock's own log, never forewarn's word).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::events::v1::Event as KubeEvent;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use super::cluster::Cluster;
+use super::procs::{Proc, free_port, read_mock_address, wait_ready};
+use crate::crd::{CONTROLLER_MANAGER, CORDONED_FOR_ANNOTATION, ScheduledEvent, VM_NAME_ANNOTATION};
+use crate::imds::mock::LogEntry;
+use crate::imds::scenario::Scenario;
+
+/// How to play a scenario.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The scenario file.
+    pub scenario: PathBuf,
+    /// The `forewarn` binary.
+    pub forewarn_bin: PathBuf,
+    /// Give up (and fail) after this long.
+    pub timeout: Duration,
+    /// Print timeline lines as they happen.
+    pub live: bool,
+    /// Where the processes' logs go.
+    pub log_dir: PathBuf,
+    /// Namespace of the workload.
+    pub namespace: String,
+    /// Replicas of the workload's Deployment.
+    pub replicas: i32,
+    /// The PodDisruptionBudget's `minAvailable`.
+    pub min_available: i32,
+}
+
+impl RunOptions {
+    /// Defaults for `scenario`: 6 replicas over the nodes, `minAvailable: 5`.
+    pub fn new(scenario: PathBuf, forewarn_bin: PathBuf) -> Self {
+        let stem = scenario
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "scenario".into());
+        RunOptions {
+            log_dir: super::cluster::repo_root()
+                .join("target/forewarn-runs")
+                .join(&stem),
+            scenario,
+            forewarn_bin,
+            timeout: Duration::from_secs(180),
+            live: false,
+            namespace: "shop".into(),
+            replicas: 6,
+            min_available: 5,
+        }
+    }
+}
+
+/// What happened, and whether the rules held.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Timeline lines, `[+  4.2s] who  what`.
+    pub timeline: Vec<String>,
+    /// Rules broken or expectations missed; empty when all is well.
+    pub violations: Vec<String>,
+    /// Whether every event reached its end and every node was released.
+    pub finished: bool,
+    /// Fewest ready workload pods seen at any sample.
+    pub min_ready: i32,
+    /// The PodDisruptionBudget's `minAvailable`.
+    pub min_available: i32,
+    /// Approvals IMDS received (from the mock's log).
+    pub approvals: Vec<LogEntry>,
+    /// Nodes seen cordoned at some point.
+    pub cordoned: Vec<String>,
+    /// `kubectl get scheduledevents -o wide` at the end.
+    pub sev_table: String,
+    /// Seconds from the scenario's start to the end.
+    pub elapsed: f64,
+    /// Where the processes' logs are.
+    pub log_dir: PathBuf,
+}
+
+impl Report {
+    /// Whether the scenario completed and every rule held.
+    pub fn ok(&self) -> bool {
+        self.finished && self.violations.is_empty()
+    }
+}
+
+struct Timeline {
+    start: Instant,
+    live: bool,
+    lines: Vec<String>,
+}
+
+impl Timeline {
+    fn say(&mut self, who: &str, what: impl AsRef<str>) {
+        let line = format!(
+            "[+{:6.1}s] {who:<10} {}",
+            self.start.elapsed().as_secs_f64(),
+            what.as_ref()
+        );
+        if self.live {
+            println!("{line}");
+        }
+        self.lines.push(line);
+    }
+}
+
+fn short(id: &str) -> &str {
+    id.get(..8).unwrap_or(id)
+}
+
+/// Removes what earlier runs left: ScheduledEvents, forewarn's marks on
+/// nodes, cordons, and the workload namespace.
+async fn reset(client: &Client, namespace: &str) -> anyhow::Result<()> {
+    let sevs: Api<ScheduledEvent> = Api::all(client.clone());
+    sevs.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .context("failed to delete old ScheduledEvents")?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    for n in nodes.list(&ListParams::default()).await? {
+        let patch = json!({
+            "metadata": {"annotations": {CORDONED_FOR_ANNOTATION: null, VM_NAME_ANNOTATION: null}},
+            "spec": {"unschedulable": null},
+        });
+        nodes
+            .patch(
+                &n.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+    }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if namespaces.get_opt(namespace).await?.is_some() {
+        let _ = namespaces.delete(namespace, &DeleteParams::default()).await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while namespaces.get_opt(namespace).await?.is_some() {
+            if Instant::now() > deadline {
+                bail!("namespace {namespace} from an earlier run was not deleted within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Creates the workload: a Deployment `web` spread over the nodes and a
+/// PodDisruptionBudget `web`; waits until every replica is ready.
+async fn deploy_workload(client: &Client, opts: &RunOptions) -> anyhow::Result<()> {
+    let ns = &opts.namespace;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+        )
+        .await?;
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": ns},
+        "spec": {
+            "replicas": opts.replicas,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 30,
+                    "topologySpreadConstraints": [{
+                        "maxSkew": 1,
+                        "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "ScheduleAnyway",
+                        "labelSelector": {"matchLabels": {"app": "web"}},
+                    }],
+                    "containers": [{"name": "web", "image": "registry.k8s.io/pause:3.10"}],
+                },
+            },
+        },
+    }))?;
+    Api::<Deployment>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &deployment)
+        .await?;
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": ns},
+        "spec": {"minAvailable": opts.min_available, "selector": {"matchLabels": {"app": "web"}}},
+    }))?;
+    Api::<PodDisruptionBudget>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pdb)
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let ready = ready_pods(client, ns).await?;
+        let pdb = Api::<PodDisruptionBudget>::namespaced(client.clone(), ns)
+            .get("web")
+            .await?;
+        let allowed = pdb.status.and_then(|s| s.disruptions_allowed).unwrap_or(0);
+        if ready >= opts.replicas && allowed > 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "workload not ready within 90 s ({ready}/{} ready, PDB allows {allowed})",
+                opts.replicas
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+fn is_ready(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status.as_ref().is_some_and(|s| {
+            s.phase.as_deref() == Some("Running")
+                && s.conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+}
+
+async fn ready_pods(client: &Client, ns: &str) -> anyhow::Result<i32> {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels("app=web"))
+        .await?;
+    Ok(i32::try_from(pods.items.iter().filter(|p| is_ready(p)).count()).unwrap_or(i32::MAX))
+}
+
+async fn fetch_mock_log(http: &reqwest::Client, addr: &str) -> anyhow::Result<Vec<LogEntry>> {
+    Ok(http
+        .get(format!("{addr}/mock/log"))
+        .send()
+        .await?
+        .json()
+        .await?)
+}
+
+/// Plays `opts.scenario` on `cluster` and checks the outcome.
+///
+/// # Errors
+/// When the run cannot be set up (workload, processes); a run that breaks a
+/// rule is not an error but a [`Report`] with violations.
+pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Result<Report> {
+    let scenario = Scenario::load(&opts.scenario.to_string_lossy())?;
+    let client = cluster.client().await?;
+    std::fs::create_dir_all(&opts.log_dir)?;
+    reset(&client, &opts.namespace).await?;
+    deploy_workload(&client, opts).await?;
+
+    let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
+    let env = [
+        ("KUBECONFIG", kubeconfig.as_str()),
+        ("RUST_LOG", "info,kube=warn,tower=warn,hyper=warn"),
+    ];
+    let bin = &opts.forewarn_bin;
+    let mut procs: Vec<Proc> = Vec::new();
+
+    let (mock, stdout) = Proc::spawn(
+        "imds-mock",
+        bin,
+        &[
+            "imds-mock".into(),
+            "--scenario".into(),
+            opts.scenario.to_string_lossy().into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--hold".into(),
+        ],
+        &env,
+        &opts.log_dir,
+        "imds-mock",
+    )?;
+    let mock_log = mock.log.clone();
+    procs.push(mock);
+    let addr = read_mock_address(stdout.context("mock stdout")?, mock_log).await?;
+
+    let mut ports = Vec::new();
+    let run_id = std::process::id();
+    let cport = free_port()?;
+    let (controller, _) = Proc::spawn(
+        "controller",
+        bin,
+        &[
+            "controller".into(),
+            "--metrics-addr".into(),
+            format!("127.0.0.1:{cport}"),
+            "--lease-namespace".into(),
+            "default".into(),
+            "--lease-name".into(),
+            format!(
+                "forewarn-{run_id}-{}",
+                opts.log_dir
+                    .file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            ),
+        ],
+        &env,
+        &opts.log_dir,
+        "controller",
+    )?;
+    procs.push(controller);
+    ports.push(cport);
+    for vm in &scenario.vms {
+        let Some(node) = &vm.node else { continue };
+        let port = free_port()?;
+        let (agent, _) = Proc::spawn(
+            &format!("agent {node}"),
+            bin,
+            &[
+                "agent".into(),
+                "--node-name".into(),
+                node.clone(),
+                "--imds-url".into(),
+                format!("{addr}/vm/{}", vm.name),
+                "--metrics-addr".into(),
+                format!("127.0.0.1:{port}"),
+            ],
+            &env,
+            &opts.log_dir,
+            &format!("agent-{node}"),
+        )?;
+        procs.push(agent);
+        ports.push(port);
+    }
+    for (p, port) in procs.iter().skip(1).zip(&ports) {
+        if let Err(e) = wait_ready(*port, Duration::from_secs(60)).await {
+            bail!(
+                "{} did not become ready: {e}\n--- last log lines ({}) ---\n{}",
+                p.name,
+                p.log.display(),
+                p.log_tail(30)
+            );
+        }
+    }
+
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    http.post(format!("{addr}/mock/start"))
+        .send()
+        .await?
+        .error_for_status()?;
+    let mut tl = Timeline {
+        start: Instant::now(),
+        live: opts.live,
+        lines: Vec::new(),
+    };
+    tl.say(
+        "harness",
+        format!(
+            "{} agents and the controller are ready; scenario started: {}",
+            ports.len() - 1,
+            scenario.description.trim()
+        ),
+    );
+
+    let report = observe(&client, &http, &addr, &scenario, opts, &mut tl, &mut procs).await;
+
+    let mut stop_problems = Vec::new();
+    for p in procs.iter_mut().rev() {
+        match p.terminate(Duration::from_secs(15)).await {
+            Ok(s) if s.success() => {}
+            Ok(s) => stop_problems.push(format!(
+                "{} exited with {s} on SIGTERM (log: {})",
+                p.name,
+                p.log.display()
+            )),
+            Err(e) => stop_problems.push(e.to_string()),
+        }
+    }
+    let mut report = report?;
+    report.violations.extend(stop_problems);
+    report.timeline = tl.lines;
+    report.sev_table = cluster
+        .kubectl(&["get", "scheduledevents", "-o", "wide"])
+        .unwrap_or_else(|e| e.to_string());
+    report.log_dir = opts.log_dir.clone();
+    Ok(report)
+}
+
+/// Per-event bookkeeping of the observer.
+#[derive(Default)]
+struct SevSeen {
+    spec_status: String,
+    phase: String,
+    drained: String,
+    decided: bool,
+    sent: Option<String>,
+}
+
+#[allow(clippy::too_many_lines)]
+async fn observe(
+    client: &Client,
+    http: &reqwest::Client,
+    addr: &str,
+    scenario: &Scenario,
+    opts: &RunOptions,
+    tl: &mut Timeline,
+    procs: &mut [Proc],
+) -> anyhow::Result<Report> {
+    let ns = &opts.namespace;
+    let sevs: Api<ScheduledEvent> = Api::all(client.clone());
+    let nodes_api: Api<Node> = Api::all(client.clone());
+    let events_api: Api<KubeEvent> = Api::all(client.clone());
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let vm_node: HashMap<String, String> = scenario
+        .vms
+        .iter()
+        .filter_map(|v| Some((v.name.to_ascii_lowercase(), v.node.clone()?)))
+        .collect();
+    let affected = |id: &str| -> Vec<String> {
+        scenario
+            .events
+            .iter()
+            .find(|e| e.id.eq_ignore_ascii_case(id))
+            .map(|e| {
+                e.resources
+                    .iter()
+                    .filter_map(|r| vm_node.get(&r.to_ascii_lowercase()).cloned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let initial_uids: HashMap<String, HashSet<String>> = {
+        let mut m: HashMap<String, HashSet<String>> = HashMap::new();
+        for p in pods_api.list(&ListParams::default()).await? {
+            if let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) {
+                m.entry(node)
+                    .or_default()
+                    .insert(p.uid().unwrap_or_default());
+            }
+        }
+        m
+    };
+
+    let mut report = Report {
+        min_ready: i32::MAX,
+        min_available: opts.min_available,
+        ..Default::default()
+    };
+    let mut seen_log = 0usize;
+    let mut seen_events: HashSet<String> = HashSet::new();
+    let mut sev_state: BTreeMap<String, SevSeen> = BTreeMap::new();
+    let mut cordoned_now: HashSet<String> = HashSet::new();
+    let mut cordoned_ever: HashSet<String> = HashSet::new();
+    let mut left_nodes: HashSet<String> = HashSet::new();
+    let mut mock_phase: HashMap<String, String> = HashMap::new();
+    let deadline = Instant::now() + opts.timeout;
+
+    loop {
+        // IMDS side, from the mock's own log.
+        let log = fetch_mock_log(http, addr).await.unwrap_or_default();
+        for entry in log.iter().skip(seen_log) {
+            let id = short(&entry.event_id);
+            let ev = scenario.events.iter().find(|e| e.id == entry.event_id);
+            let ty = ev.map(|e| e.event_type.as_str()).unwrap_or("?");
+            match entry.what.as_str() {
+                "Approved" => {
+                    let vm = entry.vm.clone().unwrap_or_default();
+                    tl.say(
+                        "imds",
+                        format!("{ty} {id} approved (StartRequests POST via {vm})"),
+                    );
+                    let expect_drained = ev
+                        .and_then(|e| e.expect.as_ref())
+                        .is_some_and(|x| x.drained);
+                    if expect_drained {
+                        for node in affected(&entry.event_id) {
+                            let on_node = pods_api
+                                .list(
+                                    &ListParams::default().fields(&format!("spec.nodeName={node}")),
+                                )
+                                .await?
+                                .items
+                                .len();
+                            if on_node > 0 {
+                                report.violations.push(format!(
+                                    "rule 2: {ty} {id} was approved while {node} still had {on_node} workload pods"
+                                ));
+                            }
+                        }
+                    }
+                    report.approvals.push(entry.clone());
+                }
+                phase => {
+                    mock_phase.insert(entry.event_id.clone(), phase.to_string());
+                    let extra = match phase {
+                        "Scheduled" => ev
+                            .map(|e| format!(" (notice {:?})", e.notice))
+                            .unwrap_or_default(),
+                        _ => String::new(),
+                    };
+                    let what = match phase {
+                        "Finished" => "finished: gone from IMDS".to_string(),
+                        "Cancelled" => "cancelled: gone from IMDS without starting".to_string(),
+                        other => other.to_string(),
+                    };
+                    tl.say("imds", format!("{ty} {id} {what}{extra}"));
+                }
+            }
+        }
+        seen_log = log.len();
+
+        // forewarn's objects.
+        for sev in sevs.list(&ListParams::default()).await? {
+            let name = sev.name_any();
+            let st = sev_state.entry(name.clone()).or_default();
+            let id = short(&name).to_string();
+            if sev.spec.event_status != st.spec_status {
+                if st.spec_status.is_empty() {
+                    tl.say(
+                        "agent",
+                        format!(
+                            "{} {id} mirrored as ScheduledEvent/{name} ({})",
+                            sev.spec.event_type, sev.spec.event_status
+                        ),
+                    );
+                } else {
+                    tl.say(
+                        "agent",
+                        format!(
+                            "{} {id} Azure status {} -> {}",
+                            sev.spec.event_type, st.spec_status, sev.spec.event_status
+                        ),
+                    );
+                }
+                st.spec_status = sev.spec.event_status.clone();
+            }
+            let status = sev.status.clone().unwrap_or_default();
+            let phase = status.phase.clone().unwrap_or_default();
+            if phase != st.phase && !phase.is_empty() {
+                tl.say(
+                    "controller",
+                    format!(
+                        "{} {id} phase {}{}",
+                        sev.spec.event_type,
+                        if st.phase.is_empty() {
+                            String::new()
+                        } else {
+                            format!("{} -> ", st.phase)
+                        },
+                        phase
+                    ),
+                );
+                st.phase = phase;
+            }
+            let drained = status.nodes_drained.clone().unwrap_or_default();
+            if drained != st.drained && !drained.is_empty() {
+                st.drained = drained;
+            }
+            let approval = status.approval.clone().unwrap_or_default();
+            if approval.decided_at.is_some() && !st.decided {
+                st.decided = true;
+                let undrained: Vec<String> = status
+                    .nodes
+                    .iter()
+                    .flatten()
+                    .filter(|n| n.drained_at.is_none_or(|d| Some(d) > approval.decided_at))
+                    .map(|n| n.name.clone())
+                    .collect();
+                let needs_drain = status.action.as_deref() == Some("DrainAndApprove");
+                if needs_drain && !undrained.is_empty() {
+                    report.violations.push(format!(
+                        "rule 2: {id} approval decided before {} drained",
+                        undrained.join(", ")
+                    ));
+                }
+            }
+            if let (Some(by), Some(result)) = (&approval.sent_by, &approval.result) {
+                let sent = format!("{by}: {result}");
+                if st.sent.as_deref() != Some(sent.as_str()) {
+                    tl.say(
+                        "agent",
+                        format!(
+                            "{} {id} approval sent to IMDS by the agent on {by} ({result})",
+                            sev.spec.event_type
+                        ),
+                    );
+                    st.sent = Some(sent);
+                }
+            }
+        }
+
+        // The controller's Kubernetes Events.
+        let mut fresh: Vec<KubeEvent> = events_api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| e.reporting_controller.as_deref() == Some(CONTROLLER_MANAGER))
+            .filter(|e| {
+                e.regarding
+                    .as_ref()
+                    .is_some_and(|r| r.kind.as_deref() == Some("ScheduledEvent"))
+            })
+            .filter(|e| seen_events.insert(e.name_any()))
+            .collect();
+        fresh.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+        for e in fresh {
+            let reason = e.reason.clone().unwrap_or_default();
+            if matches!(
+                reason.as_str(),
+                "Cordoned"
+                    | "CordonShared"
+                    | "Evicted"
+                    | "EvictionBlocked"
+                    | "Drained"
+                    | "ApprovalDecided"
+                    | "Uncordoned"
+                    | "CordonReleased"
+                    | "DrainIncomplete"
+            ) {
+                tl.say(
+                    "controller",
+                    format!("{reason}: {}", e.note.clone().unwrap_or_default()),
+                );
+            }
+        }
+
+        // Nodes, from the API server.
+        for n in nodes_api.list(&ListParams::default()).await? {
+            let name = n.name_any();
+            let cordoned = n
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false);
+            if cordoned && cordoned_now.insert(name.clone()) {
+                cordoned_ever.insert(name);
+            } else if !cordoned && cordoned_now.remove(&name) {
+                left_nodes.insert(name);
+            }
+        }
+
+        // The workload, against its PodDisruptionBudget (rule 6).
+        let ready = ready_pods(client, ns).await?;
+        if ready < report.min_ready {
+            report.min_ready = ready;
+        }
+        if ready < opts.min_available {
+            report.violations.push(format!(
+                "rule 6: only {ready} ready pods, below the PodDisruptionBudget's minAvailable {}",
+                opts.min_available
+            ));
+        }
+
+        for p in procs.iter_mut() {
+            if let Some(status) = p.exited() {
+                report.violations.push(format!(
+                    "{} exited unexpectedly ({status}); log: {}",
+                    p.name,
+                    p.log.display()
+                ));
+                bail!(
+                    "{} exited unexpectedly ({status})\n--- last log lines ---\n{}",
+                    p.name,
+                    p.log_tail(30)
+                );
+            }
+        }
+
+        let events_over = scenario.events.iter().all(|e| {
+            matches!(
+                mock_phase.get(&e.id).map(String::as_str),
+                Some("Finished" | "Cancelled")
+            )
+        });
+        let sevs_over = !sev_state.is_empty()
+            && sev_state
+                .values()
+                .all(|s| matches!(s.phase.as_str(), "Completed" | "Cancelled" | "Ignored"));
+        let nodes_released = cordoned_now.is_empty()
+            && nodes_api
+                .list(&ListParams::default())
+                .await?
+                .iter()
+                .all(|n| !n.annotations().contains_key(CORDONED_FOR_ANNOTATION));
+        if events_over && sevs_over && nodes_released {
+            report.finished = true;
+            break;
+        }
+        if Instant::now() > deadline {
+            report.violations.push(format!(
+                "time bound of {:?} reached: events over {events_over}, ScheduledEvents final {sevs_over}, nodes released {nodes_released}",
+                opts.timeout
+            ));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    report.elapsed = tl.start.elapsed().as_secs_f64();
+    for n in &left_nodes {
+        tl.say("check", format!("{n} is schedulable again"));
+    }
+
+    // Expectations written in the scenario.
+    for ev in &scenario.events {
+        let Some(x) = &ev.expect else { continue };
+        let id = short(&ev.id);
+        let name = ev.id.to_ascii_lowercase();
+        let phase = sev_state
+            .get(&name)
+            .map(|s| s.phase.clone())
+            .unwrap_or_default();
+        if phase != x.phase {
+            report.violations.push(format!(
+                "{} {id}: final phase {phase:?}, expected {:?}",
+                ev.event_type, x.phase
+            ));
+        }
+        let approvals: Vec<&LogEntry> = report
+            .approvals
+            .iter()
+            .filter(|a| a.event_id == ev.id)
+            .collect();
+        match x.approved {
+            Some(true) if approvals.is_empty() => report
+                .violations
+                .push(format!("{} {id}: no approval reached IMDS", ev.event_type)),
+            Some(false) if !approvals.is_empty() => report
+                .violations
+                .push(format!("{} {id}: approved, but must not be", ev.event_type)),
+            _ => {}
+        }
+        if !x.approved_by.is_empty() {
+            for a in &approvals {
+                let vm = a.vm.clone().unwrap_or_default();
+                if !x.approved_by.iter().any(|v| v.eq_ignore_ascii_case(&vm)) {
+                    report.violations.push(format!(
+                        "{} {id}: approved through {vm}, only {:?} may",
+                        ev.event_type, x.approved_by
+                    ));
+                }
+            }
+        }
+        for node in affected(&ev.id) {
+            let was_cordoned = cordoned_ever.contains(&node);
+            let remaining: HashSet<String> = pods_api
+                .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+                .await?
+                .items
+                .iter()
+                .filter_map(|p| p.uid())
+                .collect();
+            let original = initial_uids.get(&node).cloned().unwrap_or_default();
+            if x.drained {
+                if !was_cordoned {
+                    report
+                        .violations
+                        .push(format!("{} {id}: {node} was never cordoned", ev.event_type));
+                }
+                if let Some(left) = original.intersection(&remaining).next() {
+                    report.violations.push(format!(
+                        "{} {id}: pod {left} was never evicted from {node}",
+                        ev.event_type
+                    ));
+                }
+            } else {
+                if was_cordoned {
+                    report.violations.push(format!(
+                        "{} {id}: {node} was cordoned, but must be left alone",
+                        ev.event_type
+                    ));
+                }
+                if original != remaining {
+                    report.violations.push(format!(
+                        "{} {id}: pods on {node} were disturbed, but must be left alone",
+                        ev.event_type
+                    ));
+                }
+            }
+        }
+    }
+    report.cordoned = cordoned_ever.into_iter().collect();
+    report.cordoned.sort();
+    Ok(report)
+}
+
+/// Renders the report's ending: the table and the verdict.
+pub fn summary(report: &Report) -> String {
+    let mut s = String::new();
+    s.push_str("\n$ kubectl get scheduledevents -o wide\n");
+    s.push_str(&report.sev_table);
+    s.push_str(&format!(
+        "\nfewest ready replicas during the run: {} (PodDisruptionBudget minAvailable {})\n",
+        report.min_ready, report.min_available
+    ));
+    if report.ok() {
+        s.push_str(&format!("PASS: scenario completed in {:.1}s; no PodDisruptionBudget violated, approvals only after drains, every node released\n", report.elapsed));
+    } else {
+        s.push_str("FAIL:\n");
+        for v in &report.violations {
+            s.push_str(&format!("  - {v}\n"));
+        }
+        s.push_str(&format!("logs: {}\n", report.log_dir.display()));
+    }
+    s
+}
+
+/// Path of the `forewarn` binary next to the running executable
+/// (`target/<profile>/forewarn` for `target/<profile>/examples/demo`).
+pub fn sibling_forewarn_bin() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    let dir: &Path = if dir.ends_with("examples") || dir.ends_with("deps") {
+        dir.parent()?
+    } else {
+        dir
+    };
+    let bin = dir.join("forewarn");
+    bin.is_file().then_some(bin)
+}

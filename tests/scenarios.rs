@@ -1,0 +1,140 @@
+//! End-to-end tests: every scenario under `tests/fixtures/` played on a real
+//! local control plane (etcd, kube-apiserver, kube-controller-manager,
+//! kube-scheduler, KWOK) with the real `forewarn` binary as agents,
+//! controller and IMDS mock. They fail, never skip, when the cluster cannot
+//! start.
+#![cfg(feature = "harness")]
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use forewarn::harness::cluster::{Cluster, repo_root};
+use forewarn::harness::run::{Report, RunOptions, run_scenario, summary};
+
+/// One cluster for the whole test binary; scenarios take turns on it.
+fn cluster() -> Cluster {
+    static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+    CLUSTER
+        .get_or_init(|| Cluster::start("forewarn-test", 3).map_err(|e| format!("{e:#}")))
+        .clone()
+        .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"))
+}
+
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn play(file: &str) -> Report {
+    let _turn = TURN.lock().await;
+    let cluster = tokio::task::spawn_blocking(cluster)
+        .await
+        .expect("cluster start panicked");
+    let mut opts = RunOptions::new(
+        repo_root().join("tests/fixtures").join(file),
+        PathBuf::from(env!("CARGO_BIN_EXE_forewarn")),
+    );
+    opts.timeout = Duration::from_secs(150);
+    let report = run_scenario(&cluster, &opts)
+        .await
+        .unwrap_or_else(|e| panic!("{file}: could not run: {e:#}"));
+    println!("{}\n{}", report.timeline.join("\n"), summary(&report));
+    assert!(
+        report.ok(),
+        "{file}:\n{}\n{}",
+        report.timeline.join("\n"),
+        summary(&report)
+    );
+    assert!(
+        report.min_ready >= report.min_available,
+        "PodDisruptionBudget violated: {} ready",
+        report.min_ready
+    );
+    report
+}
+
+fn approved_via(r: &Report) -> Vec<String> {
+    r.approvals.iter().filter_map(|a| a.vm.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn platform_redeploy_drains_then_approves_then_uncordons() {
+    let r = play("platform-redeploy.yaml").await;
+    assert_eq!(r.cordoned, ["node-000001"]);
+    assert!(!r.approvals.is_empty());
+    assert!(
+        r.timeline.iter().any(|l| l.contains("Evicted")),
+        "no eviction in the timeline"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn short_freeze_of_two_vms_is_approved_without_cordon() {
+    let r = play("freeze-two-vms.yaml").await;
+    assert!(r.cordoned.is_empty(), "cordoned {:?}", r.cordoned);
+    assert!(!r.approvals.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn long_freeze_of_two_vms_waits_for_both_drains() {
+    let r = play("freeze-long-two-vms.yaml").await;
+    assert_eq!(r.cordoned, ["node-000000", "node-000002"]);
+    assert!(!r.approvals.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn user_reboot_is_drained_and_approved() {
+    let r = play("user-reboot.yaml").await;
+    assert_eq!(r.cordoned, ["node-000002"]);
+    assert!(!r.approvals.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancelled_maintenance_uncordons_the_node() {
+    let r = play("cancelled-maintenance.yaml").await;
+    assert_eq!(r.cordoned, ["node-000000"]);
+    assert!(
+        r.timeline
+            .iter()
+            .any(|l| l.contains("cancelled: gone from IMDS"))
+    );
+    assert!(r.timeline.iter().any(|l| l.contains("Uncordoned")));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hardware_failure_cordons_at_once_with_no_approval() {
+    let r = play("hardware-failure.yaml").await;
+    assert_eq!(r.cordoned, ["node-000002"]);
+    assert!(r.approvals.is_empty(), "approved: {:?}", r.approvals);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn spot_preempt_with_thirty_seconds_notice_is_drained_and_approved() {
+    let r = play("spot-preempt.yaml").await;
+    assert_eq!(r.cordoned, ["node-000000"]);
+    assert!(!r.approvals.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scale_set_terminate_is_approved_only_by_the_vm_it_deletes() {
+    let r = play("scaleset-terminate.yaml").await;
+    assert_eq!(r.cordoned, ["node-000002"]);
+    let via = approved_via(&r);
+    assert!(!via.is_empty());
+    assert!(
+        via.iter().all(|v| v == "aks-nodepool1-27351046-vmss_2"),
+        "approved via {via:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn event_naming_a_foreign_vm_is_drained_but_never_approved() {
+    let r = play("foreign-vm.yaml").await;
+    assert_eq!(r.cordoned, ["node-000001"]);
+    assert!(r.approvals.is_empty(), "approved: {:?}", r.approvals);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agents_ride_out_garbage_errors_and_hangs_from_imds() {
+    let r = play("imds-faults.yaml").await;
+    assert_eq!(r.cordoned, ["node-000001"]);
+    assert!(!r.approvals.is_empty());
+}
