@@ -193,16 +193,16 @@ impl Policy {
             source,
         })?;
         for (index, r) in p.rules.iter().enumerate() {
-            if let (Some(lo), Some(hi)) = (r.min_duration_seconds, r.max_duration_seconds) {
-                if lo > hi {
-                    return Err(Error::Invalid {
-                        path: path.into(),
-                        index,
-                        reason: format!(
-                            "minDurationSeconds {lo} is greater than maxDurationSeconds {hi}"
-                        ),
-                    });
-                }
+            if let (Some(lo), Some(hi)) = (r.min_duration_seconds, r.max_duration_seconds)
+                && lo > hi
+            {
+                return Err(Error::Invalid {
+                    path: path.into(),
+                    index,
+                    reason: format!(
+                        "minDurationSeconds {lo} is greater than maxDurationSeconds {hi}"
+                    ),
+                });
             }
         }
         Ok(p)

@@ -277,12 +277,12 @@ impl Agent {
                 name: name.into(),
                 source,
             })?;
-        if let Some(obj) = stored {
-            if let Some(spec) = mirror::completed(&obj.spec) {
-                self.apply_spec(name, &spec, obj.meta().resource_version.clone())
-                    .await?;
-                info!(event = %name, "Event left the IMDS document; marked Completed");
-            }
+        if let Some(obj) = stored
+            && let Some(spec) = mirror::completed(&obj.spec)
+        {
+            self.apply_spec(name, &spec, obj.meta().resource_version.clone())
+                .await?;
+            info!(event = %name, "Event left the IMDS document; marked Completed");
         }
         Ok(())
     }
@@ -441,10 +441,10 @@ impl Agent {
     }
 
     fn ensure_watch(&mut self) -> Store<ScheduledEvent> {
-        if let Some(w) = &self.watch {
-            if !w.task.is_finished() {
-                return w.store.clone();
-            }
+        if let Some(w) = &self.watch
+            && !w.task.is_finished()
+        {
+            return w.store.clone();
         }
         let (store, writer) = reflector::store();
         let stream = reflector::reflector(

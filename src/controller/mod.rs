@@ -574,11 +574,10 @@ async fn publish(
     if let Err(e) = ctx.recorder.publish(&event, &ev.object_ref(&())).await {
         warn!(error = %e, reason, "Could not publish an Event");
     }
-    if let Some(node) = node {
-        if let Some(n) = ctx.nodes.get(&reflector::ObjectRef::new(node)) {
-            if let Err(e) = ctx.recorder.publish(&event, &n.object_ref(&())).await {
-                warn!(error = %e, reason, "Could not publish an Event on the node");
-            }
-        }
+    if let Some(node) = node
+        && let Some(n) = ctx.nodes.get(&reflector::ObjectRef::new(node))
+        && let Err(e) = ctx.recorder.publish(&event, &n.object_ref(&())).await
+    {
+        warn!(error = %e, reason, "Could not publish an Event on the node");
     }
 }

@@ -178,7 +178,7 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
     let release = |nodes: &[ObservedNode]| -> Vec<NodeWrite> {
         nodes
             .iter()
-            .filter(|n| n.holds.iter().any(|h| *h == me))
+            .filter(|n| n.holds.contains(&me))
             .map(|n| {
                 let holds: Vec<String> = n.holds.iter().filter(|h| **h != me).cloned().collect();
                 NodeWrite::Release {
@@ -265,7 +265,7 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         now,
     );
     for n in &mapped {
-        let held = n.holds.iter().any(|h| *h == me);
+        let held = n.holds.contains(&me);
         if !held {
             let mut holds = n.holds.clone();
             holds.push(me.clone());
@@ -388,7 +388,7 @@ pub fn next_status(
 
     let mut nodes = Vec::new();
     for n in seen.nodes.iter().filter(|n| !n.vm_name.is_empty()) {
-        let held_now = (n.holds.iter().any(|h| *h == me)
+        let held_now = (n.holds.contains(&me)
             || plan
                 .node_writes
                 .iter()

@@ -139,10 +139,10 @@ pub async fn wait_ready(port: u16, within: Duration) -> anyhow::Result<()> {
     let url = format!("http://127.0.0.1:{port}/readyz");
     let deadline = tokio::time::Instant::now() + within;
     loop {
-        if let Ok(r) = http.get(&url).send().await {
-            if r.status().is_success() {
-                return Ok(());
-            }
+        if let Ok(r) = http.get(&url).send().await
+            && r.status().is_success()
+        {
+            return Ok(());
         }
         if tokio::time::Instant::now() > deadline {
             bail!("{url} was not ready within {within:?}");

@@ -244,7 +244,7 @@ impl From<RawEvent> for Event {
     fn from(raw: RawEvent) -> Self {
         let not_before = match parse_not_before(&raw.not_before) {
             Ok(t) => t,
-            Err(()) => {
+            Err(_) => {
                 tracing::warn!(event = %raw.event_id, not_before = %raw.not_before, "Ignoring NotBefore in an unknown format");
                 None
             }
@@ -263,9 +263,11 @@ impl From<RawEvent> for Event {
     }
 }
 
-/// Parses a `NotBefore` value: `Ok(None)` for the empty string, `Err(())` for
-/// a value in neither RFC 1123 nor RFC 3339.
-pub fn parse_not_before(s: &str) -> Result<Option<DateTime<Utc>>, ()> {
+/// Parses a `NotBefore` value: `Ok(None)` for the empty string.
+///
+/// # Errors
+/// The RFC 3339 parser's complaint for a value in neither RFC 1123 nor RFC 3339.
+pub fn parse_not_before(s: &str) -> Result<Option<DateTime<Utc>>, chrono::ParseError> {
     let s = s.trim();
     if s.is_empty() {
         return Ok(None);
@@ -273,7 +275,6 @@ pub fn parse_not_before(s: &str) -> Result<Option<DateTime<Utc>>, ()> {
     DateTime::parse_from_rfc2822(s)
         .or_else(|_| DateTime::parse_from_rfc3339(s))
         .map(|t| Some(t.with_timezone(&Utc)))
-        .map_err(|_| ())
 }
 
 /// Formats a time as IMDS does for `NotBefore` (RFC 1123, GMT).

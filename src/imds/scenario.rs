@@ -367,10 +367,10 @@ impl ScenarioEvent {
                 }
             }
         };
-        if let Some(cancel) = self.cancel_at {
-            if cancel <= start {
-                return None;
-            }
+        if let Some(cancel) = self.cancel_at
+            && cancel <= start
+        {
+            return None;
         }
         (elapsed >= start).then_some(start)
     }
