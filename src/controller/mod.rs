@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
@@ -390,7 +390,15 @@ async fn act(
         };
         ctx.metrics.node_writes.with_label_values(&[action]).inc();
         info!(node, reason, "{note}");
-        publish(ctx, ev, Some(node), KubeEventType::Normal, reason, note).await;
+        publish(
+            ctx,
+            ev,
+            Subject::Node(node),
+            KubeEventType::Normal,
+            reason,
+            note,
+        )
+        .await;
     }
     let outcomes = drain::evict_all(&ctx.evict_client, &plan.evictions, ctx.per_node).await;
     for (node, pod, outcome) in &outcomes {
@@ -413,7 +421,7 @@ async fn act(
                 publish(
                     ctx,
                     ev,
-                    None,
+                    Subject::Pod(ns, pod),
                     KubeEventType::Normal,
                     "Evicted",
                     format!("Evicted {ns}/{pod} from {node}"),
@@ -425,7 +433,7 @@ async fn act(
                 publish(
                     ctx,
                     ev,
-                    None,
+                    Subject::Pod(ns, pod),
                     KubeEventType::Warning,
                     "EvictionBlocked",
                     format!("Eviction of {ns}/{pod} from {node} blocked: {why}"),
@@ -487,7 +495,7 @@ async fn report(
             publish(
                 ctx,
                 ev,
-                Some(&n.name),
+                Subject::Node(&n.name),
                 KubeEventType::Normal,
                 "Drained",
                 format!("{} drained for {} {name}", n.name, ev.spec.event_type),
@@ -505,7 +513,7 @@ async fn report(
         publish(
             ctx,
             ev,
-            None,
+            Subject::Event,
             KubeEventType::Normal,
             "ApprovalDecided",
             format!("Approval of {name} decided: {reason}; an agent will send it to IMDS"),
@@ -530,7 +538,7 @@ async fn report(
                 publish(
                     ctx,
                     ev,
-                    None,
+                    Subject::Event,
                     KubeEventType::Warning,
                     "DrainIncomplete",
                     format!("{name} started before its nodes were drained"),
@@ -541,7 +549,7 @@ async fn report(
                 publish(
                     ctx,
                     ev,
-                    None,
+                    Subject::Event,
                     KubeEventType::Normal,
                     phase,
                     format!("{} {name} is {}", ev.spec.event_type, phase.to_lowercase()),
@@ -556,28 +564,57 @@ async fn report(
 
 /// Publishes a Kubernetes Event on the `ScheduledEvent`, and on the node if given.
 /// Events are best effort: a failure is logged, never fails the reconcile.
+/// What an Event is about besides the `ScheduledEvent` itself.
+enum Subject<'a> {
+    /// Only the `ScheduledEvent`.
+    Event,
+    /// A node: the Event goes on the node too, each naming the other as related.
+    Node(&'a str),
+    /// A pod (namespace, name), named as related so that each pod's Events
+    /// are kept apart instead of folded into one series.
+    Pod(&'a str, &'a str),
+}
+
 async fn publish(
     ctx: &Context,
     ev: &ScheduledEvent,
-    node: Option<&str>,
+    subject: Subject<'_>,
     type_: KubeEventType,
     reason: &str,
     note: String,
 ) {
+    let node = match subject {
+        Subject::Node(name) => ctx.nodes.get(&reflector::ObjectRef::new(name)),
+        _ => None,
+    };
+    let related = match subject {
+        Subject::Event => None,
+        Subject::Node(_) => node.as_ref().map(|n| n.object_ref(&())),
+        Subject::Pod(namespace, name) => Some(ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(namespace.into()),
+            name: Some(name.into()),
+            ..ObjectReference::default()
+        }),
+    };
     let event = KubeEvent {
         type_,
         reason: reason.into(),
         note: Some(note),
         action: reason.into(),
-        secondary: None,
+        secondary: related,
     };
     if let Err(e) = ctx.recorder.publish(&event, &ev.object_ref(&())).await {
         warn!(error = %e, reason, "Could not publish an Event");
     }
-    if let Some(node) = node
-        && let Some(n) = ctx.nodes.get(&reflector::ObjectRef::new(node))
-        && let Err(e) = ctx.recorder.publish(&event, &n.object_ref(&())).await
-    {
-        warn!(error = %e, reason, "Could not publish an Event on the node");
+    if let Some(n) = node {
+        let on_node = KubeEvent {
+            secondary: Some(ev.object_ref(&())),
+            ..event
+        };
+        if let Err(e) = ctx.recorder.publish(&on_node, &n.object_ref(&())).await {
+            warn!(error = %e, reason, "Could not publish an Event on the node");
+        }
     }
 }

@@ -118,6 +118,8 @@ impl Cluster {
     pub fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
         let out = Command::new(self.kubectl_path())
             .env("KUBECONFIG", &self.kubeconfig)
+            // Keep kubectl's discovery cache out of ~/.kube.
+            .env("KUBECACHEDIR", self.bin_dir.join("../kubectl-cache"))
             .args(args)
             .output()
             .context("failed to run kubectl")?;

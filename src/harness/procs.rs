@@ -47,8 +47,6 @@ impl Proc {
         let mut cmd = Command::new(bin);
         cmd.args(args)
             .envs(env.iter().copied())
-            .env_remove("HTTP_PROXY")
-            .env_remove("HTTPS_PROXY")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(err))

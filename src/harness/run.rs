@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use chrono::{DateTime, Utc};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::events::v1::Event as KubeEvent;
@@ -97,24 +98,70 @@ impl Report {
     }
 }
 
+/// Timeline lines, printed in the order things happened: each line carries
+/// the time of the fact it reports (the mock's log, an Event's time, a status
+/// timestamp), and lines wait a moment so that late observations sort in.
 struct Timeline {
-    start: Instant,
+    origin: DateTime<Utc>,
     live: bool,
     lines: Vec<String>,
+    pending: Vec<(DateTime<Utc>, String)>,
 }
 
+/// How long a line waits for earlier facts observed later.
+const REORDER_WINDOW: chrono::TimeDelta = chrono::TimeDelta::milliseconds(1500);
+
 impl Timeline {
-    fn say(&mut self, who: &str, what: impl AsRef<str>) {
-        let line = format!(
-            "[+{:6.1}s] {who:<10} {}",
-            self.start.elapsed().as_secs_f64(),
-            what.as_ref()
-        );
-        if self.live {
-            println!("{line}");
+    fn new(live: bool) -> Self {
+        Timeline {
+            origin: Utc::now(),
+            live,
+            lines: Vec::new(),
+            pending: Vec::new(),
         }
-        self.lines.push(line);
     }
+
+    fn elapsed(&self) -> f64 {
+        (Utc::now() - self.origin).as_seconds_f64()
+    }
+
+    fn at(&mut self, when: DateTime<Utc>, who: &str, what: impl AsRef<str>) {
+        let secs = (when - self.origin).as_seconds_f64().max(0.0);
+        self.pending
+            .push((when, format!("[+{secs:6.1}s] {who:<10} {}", what.as_ref())));
+    }
+
+    fn say(&mut self, who: &str, what: impl AsRef<str>) {
+        self.at(Utc::now(), who, what);
+    }
+
+    /// Emits the lines older than the reorder window (all with `all`).
+    fn flush(&mut self, all: bool) {
+        let cutoff = Utc::now() - REORDER_WINDOW;
+        self.pending.sort_by_key(|(t, _)| *t);
+        let n = if all {
+            self.pending.len()
+        } else {
+            self.pending
+                .iter()
+                .take_while(|(t, _)| *t <= cutoff)
+                .count()
+        };
+        for (_, line) in self.pending.drain(..n) {
+            if self.live {
+                println!("{line}");
+            }
+            self.lines.push(line);
+        }
+    }
+}
+
+fn chrono_time(t: &k8s_openapi::jiff::Timestamp) -> DateTime<Utc> {
+    DateTime::from_timestamp(
+        t.as_second(),
+        u32::try_from(t.subsec_nanosecond()).unwrap_or(0),
+    )
+    .unwrap_or_else(Utc::now)
 }
 
 fn short(id: &str) -> &str {
@@ -257,7 +304,13 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
     deploy_workload(&client, opts).await?;
 
     let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
+    // The proxy variables point nowhere and exempt only the API server's
+    // address: IMDS (the mock, on 127.0.0.2) must be reached directly, never
+    // through a proxy (Azure docs), so the agents must ignore them.
     let env = [
+        ("HTTP_PROXY", "http://127.0.0.1:9"),
+        ("HTTPS_PROXY", "http://127.0.0.1:9"),
+        ("NO_PROXY", "127.0.0.1,localhost"),
         ("KUBECONFIG", kubeconfig.as_str()),
         ("RUST_LOG", "info,kube=warn,tower=warn,hyper=warn"),
     ];
@@ -272,7 +325,7 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
             "--scenario".into(),
             opts.scenario.to_string_lossy().into(),
             "--listen".into(),
-            "127.0.0.1:0".into(),
+            "127.0.0.2:0".into(),
             "--hold".into(),
         ],
         &env,
@@ -351,11 +404,7 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         .send()
         .await?
         .error_for_status()?;
-    let mut tl = Timeline {
-        start: Instant::now(),
-        live: opts.live,
-        lines: Vec::new(),
-    };
+    let mut tl = Timeline::new(opts.live);
     tl.say(
         "harness",
         format!(
@@ -366,6 +415,7 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
     );
 
     let report = observe(&client, &http, &addr, &scenario, opts, &mut tl, &mut procs).await;
+    tl.flush(true);
 
     let mut stop_problems = Vec::new();
     for p in procs.iter_mut().rev() {
@@ -397,6 +447,7 @@ struct SevSeen {
     drained: String,
     decided: bool,
     sent: Option<String>,
+    drained_nodes: HashSet<String>,
 }
 
 #[allow(clippy::too_many_lines)]
@@ -468,7 +519,8 @@ async fn observe(
             match entry.what.as_str() {
                 "Approved" => {
                     let vm = entry.vm.clone().unwrap_or_default();
-                    tl.say(
+                    tl.at(
+                        entry.time,
                         "imds",
                         format!("{ty} {id} approved (StartRequests POST via {vm})"),
                     );
@@ -506,7 +558,7 @@ async fn observe(
                         "Cancelled" => "cancelled: gone from IMDS without starting".to_string(),
                         other => other.to_string(),
                     };
-                    tl.say("imds", format!("{ty} {id} {what}{extra}"));
+                    tl.at(entry.time, "imds", format!("{ty} {id} {what}{extra}"));
                 }
             }
         }
@@ -560,8 +612,32 @@ async fn observe(
                 st.drained = drained;
             }
             let approval = status.approval.clone().unwrap_or_default();
-            if approval.decided_at.is_some() && !st.decided {
+            for n in status.nodes.iter().flatten() {
+                if let Some(at) = n.drained_at
+                    && st.drained_nodes.insert(n.name.clone())
+                    && status
+                        .action
+                        .as_deref()
+                        .is_some_and(|a| a.starts_with("Drain"))
+                {
+                    tl.at(
+                        at,
+                        "controller",
+                        format!("{} drained ({} {id})", n.name, sev.spec.event_type),
+                    );
+                }
+            }
+            if let Some(decided_at) = approval.decided_at.filter(|_| !st.decided) {
                 st.decided = true;
+                tl.at(
+                    decided_at,
+                    "controller",
+                    format!(
+                        "{} {id} approval decided: {}",
+                        sev.spec.event_type,
+                        approval.reason.clone().unwrap_or_default()
+                    ),
+                );
                 let undrained: Vec<String> = status
                     .nodes
                     .iter()
@@ -580,7 +656,8 @@ async fn observe(
             if let (Some(by), Some(result)) = (&approval.sent_by, &approval.result) {
                 let sent = format!("{by}: {result}");
                 if st.sent.as_deref() != Some(sent.as_str()) {
-                    tl.say(
+                    tl.at(
+                        approval.sent_at.unwrap_or_else(Utc::now),
                         "agent",
                         format!(
                             "{} {id} approval sent to IMDS by the agent on {by} ({result})",
@@ -593,7 +670,7 @@ async fn observe(
         }
 
         // The controller's Kubernetes Events.
-        let mut fresh: Vec<KubeEvent> = events_api
+        let fresh: Vec<KubeEvent> = events_api
             .list(&ListParams::default())
             .await?
             .items
@@ -606,22 +683,25 @@ async fn observe(
             })
             .filter(|e| seen_events.insert(e.name_any()))
             .collect();
-        fresh.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
         for e in fresh {
             let reason = e.reason.clone().unwrap_or_default();
+            // Drained and ApprovalDecided come from the status timestamps above.
             if matches!(
                 reason.as_str(),
                 "Cordoned"
                     | "CordonShared"
                     | "Evicted"
                     | "EvictionBlocked"
-                    | "Drained"
-                    | "ApprovalDecided"
                     | "Uncordoned"
                     | "CordonReleased"
                     | "DrainIncomplete"
             ) {
-                tl.say(
+                let when = e
+                    .event_time
+                    .as_ref()
+                    .map_or_else(Utc::now, |t| chrono_time(&t.0));
+                tl.at(
+                    when,
                     "controller",
                     format!("{reason}: {}", e.note.clone().unwrap_or_default()),
                 );
@@ -697,9 +777,10 @@ async fn observe(
             ));
             break;
         }
+        tl.flush(false);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    report.elapsed = tl.start.elapsed().as_secs_f64();
+    report.elapsed = tl.elapsed();
     for n in &left_nodes {
         tl.say("check", format!("{n} is schedulable again"));
     }

@@ -1,0 +1,151 @@
+//! The IMDS client against `forewarn imds-mock`'s server, in process on
+//! loopback: the request rules real IMDS enforces, approval, incarnations.
+
+use std::time::Duration;
+
+use forewarn::imds::client::Client;
+use forewarn::imds::mock::{LogEntry, Mock};
+use forewarn::imds::model::{EventStatus, EventType};
+use forewarn::imds::scenario::Scenario;
+
+const SCENARIO: &str = r#"
+vms:
+  - {name: vmss_0}
+  - {name: vmss_1}
+events:
+  - id: AAAAAAAA-0000-4000-8000-000000000001
+    type: Redeploy
+    resources: [vmss_1]
+    at: 0s
+    notice: 10m
+    runFor: 1h
+  - id: BBBBBBBB-0000-4000-8000-000000000002
+    type: Reboot
+    resources: [vmss_1]
+    at: 0s
+    status: Started
+    runFor: 1h
+    deliverTo: resources
+"#;
+
+async fn serve(scenario: &str) -> String {
+    let mock = Mock::new(Scenario::parse(scenario).unwrap(), false);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, mock.router()).await.unwrap() });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn client_reads_the_placement_groups_events_per_vm() {
+    let base = serve(SCENARIO).await;
+    let vm0 = Client::new(&format!("{base}/vm/vmss_0"), Duration::from_secs(2)).unwrap();
+    let vm1 = Client::new(&format!("{base}/vm/vmss_1"), Duration::from_secs(2)).unwrap();
+    let d0 = vm0.fetch_events().await.unwrap();
+    let d1 = vm1.fetch_events().await.unwrap();
+    assert_eq!(d0.events.len(), 1, "vmss_0 sees only the group-wide event");
+    assert_eq!(d1.events.len(), 2);
+    let redeploy = &d1.events[0];
+    assert_eq!(redeploy.event_type, EventType::Redeploy);
+    assert_eq!(redeploy.event_status, EventStatus::Scheduled);
+    assert!(redeploy.not_before.is_some());
+    let reboot = &d1.events[1];
+    assert_eq!(reboot.event_status, EventStatus::Started);
+    assert_eq!(reboot.not_before, None, "NotBefore is empty once started");
+    assert_eq!(vm1.fetch_compute().await.unwrap().name, "vmss_1");
+}
+
+#[tokio::test]
+async fn approval_starts_the_event_and_bumps_the_incarnation() {
+    let base = serve(SCENARIO).await;
+    let vm0 = Client::new(&format!("{base}/vm/vmss_0"), Duration::from_secs(2)).unwrap();
+    let before = vm0.fetch_events().await.unwrap();
+    let unchanged = vm0.fetch_events().await.unwrap();
+    assert_eq!(before.incarnation, unchanged.incarnation);
+    let id = before.events[0].event_id.clone();
+    vm0.approve(std::slice::from_ref(&id)).await.unwrap();
+    vm0.approve(std::slice::from_ref(&id)).await.unwrap(); // idempotent, like Azure
+    let after = vm0.fetch_events().await.unwrap();
+    assert!(after.incarnation > before.incarnation);
+    assert_eq!(after.events[0].event_id, id, "the EventId is kept");
+    assert_eq!(after.events[0].event_status, EventStatus::Started);
+
+    let log: Vec<LogEntry> = reqwest::get(format!("{base}/mock/log"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(log.iter().filter(|e| e.what == "Approved").count(), 2);
+    assert!(log.iter().any(|e| e.what == "Started" && e.event_id == id));
+}
+
+#[tokio::test]
+async fn approval_of_an_unknown_event_is_refused() {
+    let base = serve(SCENARIO).await;
+    let vm0 = Client::new(&format!("{base}/vm/vmss_0"), Duration::from_secs(2)).unwrap();
+    let err = vm0.approve(&["not-an-event".into()]).await.unwrap_err();
+    assert!(err.to_string().contains("400"), "{err}");
+}
+
+#[tokio::test]
+async fn mock_answers_400_like_imds_without_metadata_header_or_api_version() {
+    let base = serve(SCENARIO).await;
+    let http = reqwest::Client::new();
+    let url = format!("{base}/vm/vmss_0/metadata/scheduledevents");
+    let no_header = http
+        .get(format!("{url}?api-version=2020-07-01"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(no_header.status(), 400);
+    let no_version = http
+        .get(&url)
+        .header("Metadata", "true")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(no_version.status(), 400);
+    let forwarded = http
+        .get(format!("{url}?api-version=2020-07-01"))
+        .header("Metadata", "true")
+        .header("X-Forwarded-For", "10.0.0.1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forwarded.status(), 400);
+    let ok = http
+        .get(format!("{url}?api-version=2020-07-01"))
+        .header("Metadata", "true")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+}
+
+#[tokio::test]
+async fn garbage_500_and_hang_are_errors_not_panics() {
+    let base = serve(
+        r#"
+vms: [{name: a}, {name: b}, {name: c}]
+faults:
+  - {at: 0s, for: 1h, kind: garbage, vms: [a]}
+  - {at: 0s, for: 1h, kind: status500, vms: [b]}
+  - {at: 0s, for: 1h, kind: hang, vms: [c]}
+"#,
+    )
+    .await;
+    let client =
+        |vm: &str| Client::new(&format!("{base}/vm/{vm}"), Duration::from_millis(500)).unwrap();
+    let garbage = client("a").fetch_events().await.unwrap_err();
+    assert!(garbage.to_string().contains("failed to parse"), "{garbage}");
+    let status = client("b").fetch_events().await.unwrap_err();
+    assert!(status.to_string().contains("500"), "{status}");
+    let started = std::time::Instant::now();
+    let hang = client("c").fetch_events().await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "timeout not honoured"
+    );
+    assert!(hang.to_string().contains("failed to fetch"), "{hang}");
+}
