@@ -7,6 +7,7 @@
 //! watches `ScheduledEvent`s only while its document lists a `Scheduled`
 //! event, so an idle cluster costs the API server nothing per poll.
 
+pub mod approval;
 pub mod mirror;
 
 use std::collections::HashMap;
@@ -28,7 +29,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::cli::AgentArgs;
 use crate::crd::{AGENT_MANAGER, ScheduledEvent, ScheduledEventSpec, VM_NAME_ANNOTATION};
 use crate::imds::client::Client as ImdsClient;
-use crate::imds::model::{Document, Event, EventStatus, EventType};
+use crate::imds::model::{Document, Event, EventStatus};
 use crate::metrics::AgentMetrics;
 use crate::server::{self, Readiness};
 
@@ -397,21 +398,8 @@ impl Agent {
             let Some(obj) = store.get(&ObjectRef::new(&name)) else {
                 continue;
             };
-            let Some(approval) = obj.status.as_ref().and_then(|s| s.approval.as_ref()) else {
-                continue;
-            };
-            let Some(decided) = approval.decided_at else {
-                continue;
-            };
-            if approval.result.as_deref() == Some("Accepted") {
-                continue;
-            }
-            let mine = ev.names_vm(&self.vm);
-            if ev.event_type == EventType::Terminate && !mine {
-                continue;
-            }
-            let waited = (now - decided).to_std().unwrap_or_default();
-            if !mine && waited < self.fallback {
+            let approval = obj.status.as_ref().and_then(|s| s.approval.as_ref());
+            if !approval::should_send(ev, approval, &self.vm, now, self.fallback) {
                 continue;
             }
             if self
@@ -426,7 +414,7 @@ impl Agent {
                 Ok(()) => {
                     self.metrics.approvals.with_label_values(&["ok"]).inc();
                     info!(event = %name, "Approved the event with IMDS (StartRequests)");
-                    "Accepted".to_string()
+                    approval::ACCEPTED.to_string()
                 }
                 Err(e) => {
                     self.metrics.approvals.with_label_values(&["error"]).inc();

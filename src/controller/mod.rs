@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use chrono::Utc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
@@ -125,14 +126,23 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let shutdown = crate::cli::shutdown_signal();
     tokio::pin!(shutdown);
 
-    let lease = LeaseManagerBuilder::new(client.clone(), &args.lease_name)
-        .with_namespace(&args.lease_namespace)
-        .with_identity(&identity)
-        .with_duration(15)
-        .with_grace(5)
-        .with_field_manager(CONTROLLER_MANAGER)
-        .build()
-        .await?;
+    // The API server may not answer yet (a restarting control plane): keep
+    // trying instead of crash-looping.
+    let build_lease = || {
+        LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+            .with_namespace(&args.lease_namespace)
+            .with_identity(&identity)
+            .with_duration(15)
+            .with_grace(5)
+            .with_field_manager(CONTROLLER_MANAGER)
+            .build()
+    };
+    let lease = tokio::select! {
+        _ = &mut shutdown => return Ok(()),
+        lease = build_lease
+            .retry(ExponentialBuilder::default().with_max_delay(Duration::from_secs(30)).without_max_times())
+            .notify(|e, d| warn!(error = %e, retry_in = ?d, "Cannot set up the leader-election Lease yet")) => lease?,
+    };
     let (mut leader, lease_task) = lease.watch().await;
     info!(%identity, lease = %args.lease_name, namespace = %args.lease_namespace, "Waiting for leadership");
     loop {
