@@ -24,6 +24,10 @@ fn cluster() -> Cluster {
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn play(file: &str) -> Report {
+    play_with(file, |_| {}).await
+}
+
+async fn play_with(file: &str, adjust: impl FnOnce(&mut RunOptions)) -> Report {
     let _turn = TURN.lock().await;
     let cluster = tokio::task::spawn_blocking(cluster)
         .await
@@ -33,6 +37,7 @@ async fn play(file: &str) -> Report {
         PathBuf::from(env!("CARGO_BIN_EXE_forewarn")),
     );
     opts.timeout = Duration::from_secs(150);
+    adjust(&mut opts);
     let report = run_scenario(&cluster, &opts)
         .await
         .unwrap_or_else(|e| panic!("{file}: could not run: {e:#}"));
@@ -132,9 +137,56 @@ async fn event_naming_a_foreign_vm_is_drained_but_never_approved() {
     assert!(r.approvals.is_empty(), "approved: {:?}", r.approvals);
 }
 
+/// The counter value of `metric` with `label` in a Prometheus text exposition.
+fn counter(text: &str, metric: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(metric) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn agents_ride_out_garbage_errors_and_hangs_from_imds() {
     let r = play("imds-faults.yaml").await;
     assert_eq!(r.cordoned, ["node-000001"]);
     assert!(!r.approvals.is_empty());
+    let agents: Vec<&(String, String)> = r
+        .metrics
+        .iter()
+        .filter(|(n, _)| n.starts_with("agent"))
+        .collect();
+    assert_eq!(agents.len(), 3);
+    for (name, text) in agents {
+        let parse_errors = counter(
+            text,
+            "forewarn_agent_imds_polls_total",
+            "result=\"parse_error\"",
+        );
+        assert!(
+            parse_errors >= 1.0,
+            "{name} counted no unparsable document:\n{text}"
+        );
+    }
+    let failures: f64 = r
+        .metrics
+        .iter()
+        .map(|(_, t)| counter(t, "forewarn_agent_imds_polls_total", "result=\"error\""))
+        .sum();
+    assert!(failures >= 2.0, "the 500s and the hang were not counted");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_cordoned_by_an_administrator_stays_cordoned_after_the_event() {
+    let r = play_with("platform-redeploy.yaml", |o| {
+        o.precordoned = vec!["node-000001".into()];
+    })
+    .await;
+    assert_eq!(r.cordoned, ["node-000001"]);
+    assert!(!r.approvals.is_empty(), "drained and approved all the same");
+    assert!(
+        r.timeline.iter().any(|l| l.contains("stays cordoned")),
+        "{}",
+        r.timeline.join("\n")
+    );
+    assert!(!r.timeline.iter().any(|l| l.contains("Uncordoned")));
 }

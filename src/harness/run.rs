@@ -42,6 +42,9 @@ pub struct RunOptions {
     pub replicas: i32,
     /// The PodDisruptionBudget's `minAvailable`.
     pub min_available: i32,
+    /// Nodes an "administrator" cordons before the scenario starts; forewarn
+    /// must leave them cordoned (DESIGN.md rule 4).
+    pub precordoned: Vec<String>,
 }
 
 impl RunOptions {
@@ -62,6 +65,7 @@ impl RunOptions {
             namespace: "shop".into(),
             replicas: 6,
             min_available: 5,
+            precordoned: Vec::new(),
         }
     }
 }
@@ -89,6 +93,8 @@ pub struct Report {
     pub elapsed: f64,
     /// Where the processes' logs are.
     pub log_dir: PathBuf,
+    /// Each process's `/metrics` text at the end, by process name.
+    pub metrics: Vec<(String, String)>,
 }
 
 impl Report {
@@ -302,6 +308,14 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
     std::fs::create_dir_all(&opts.log_dir)?;
     reset(&client, &opts.namespace).await?;
     deploy_workload(&client, opts).await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    for node in &opts.precordoned {
+        let cordon = json!({"spec": {"unschedulable": true}});
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&cordon))
+            .await
+            .with_context(|| format!("failed to cordon {node} as an administrator would"))?;
+    }
 
     let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
     // The proxy variables point nowhere and exempt only the API server's
@@ -417,6 +431,18 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
     let report = observe(&client, &http, &addr, &scenario, opts, &mut tl, &mut procs).await;
     tl.flush(true);
 
+    let mut metrics = Vec::new();
+    for (p, port) in procs.iter().skip(1).zip(&ports) {
+        let text = match http
+            .get(format!("http://127.0.0.1:{port}/metrics"))
+            .send()
+            .await
+        {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(e) => format!("unreachable: {e}"),
+        };
+        metrics.push((p.name.clone(), text));
+    }
     let mut stop_problems = Vec::new();
     for p in procs.iter_mut().rev() {
         match p.terminate(Duration::from_secs(15)).await {
@@ -436,6 +462,7 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         .kubectl(&["get", "scheduledevents", "-o", "wide"])
         .unwrap_or_else(|e| e.to_string());
     report.log_dir = opts.log_dir.clone();
+    report.metrics = metrics;
     Ok(report)
 }
 
@@ -681,6 +708,12 @@ async fn observe(
                     .as_ref()
                     .is_some_and(|r| r.kind.as_deref() == Some("ScheduledEvent"))
             })
+            // Events of earlier runs on the same cluster are not this run's.
+            .filter(|e| {
+                e.event_time
+                    .as_ref()
+                    .is_some_and(|t| chrono_time(&t.0) >= tl.origin)
+            })
             .filter(|e| seen_events.insert(e.name_any()))
             .collect();
         for e in fresh {
@@ -760,7 +793,7 @@ async fn observe(
             && sev_state
                 .values()
                 .all(|s| matches!(s.phase.as_str(), "Completed" | "Cancelled" | "Ignored"));
-        let nodes_released = cordoned_now.is_empty()
+        let nodes_released = cordoned_now.iter().all(|n| opts.precordoned.contains(n))
             && nodes_api
                 .list(&ListParams::default())
                 .await?
@@ -783,6 +816,18 @@ async fn observe(
     report.elapsed = tl.elapsed();
     for n in &left_nodes {
         tl.say("check", format!("{n} is schedulable again"));
+    }
+    for n in &opts.precordoned {
+        if cordoned_now.contains(n) {
+            tl.say(
+                "check",
+                format!("{n} stays cordoned, as its administrator left it"),
+            );
+        } else {
+            report.violations.push(format!(
+                "rule 4: {n} was cordoned by an administrator and forewarn uncordoned it"
+            ));
+        }
     }
 
     // Expectations written in the scenario.
