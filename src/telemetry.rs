@@ -16,6 +16,7 @@ pub fn init(format: LogFormat, level: &str) -> anyhow::Result<()> {
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Plain => builder.try_init(),

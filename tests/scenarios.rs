@@ -190,3 +190,19 @@ async fn node_cordoned_by_an_administrator_stays_cordoned_after_the_event() {
     );
     assert!(!r.timeline.iter().any(|l| l.contains("Uncordoned")));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cordon_held_for_a_deleted_scheduled_event_is_released() {
+    let r = play_with("freeze-two-vms.yaml", |o| {
+        o.orphaned_holds = vec!["node-000002".into()];
+    })
+    .await;
+    // The controller releases it at start, before the scenario begins.
+    assert!(
+        r.timeline
+            .iter()
+            .any(|l| l.contains("node-000002's hold for a deleted ScheduledEvent was released")),
+        "{}",
+        r.timeline.join("\n")
+    );
+}

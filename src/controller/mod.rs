@@ -8,7 +8,7 @@ pub mod drain;
 pub mod nodes;
 pub mod plan;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use backon::{ExponentialBuilder, Retryable};
 use chrono::Utc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
@@ -203,13 +203,15 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let controller = Controller::new(
         Api::<ScheduledEvent>::all(client),
         watcher::Config::default(),
-    )
-    .run(reconcile, error_policy, ctx)
-    .for_each(|r| async move {
-        if let Err(e) = r {
-            warn!(error = %e, "Reconcile failed");
-        }
-    });
+    );
+    let sweep = tokio::spawn(sweep_orphaned_holds(ctx.clone()));
+    let controller = controller
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                warn!(error = %e, "Reconcile failed");
+            }
+        });
     let outcome = tokio::select! {
         _ = &mut shutdown => Ok(()),
         leader = lost => {
@@ -219,10 +221,81 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         _ = controller => Ok(()),
     };
     node_task.abort();
+    sweep.abort();
     ready.set(false);
     let _ = lease_task.await;
     info!("Controller stopped");
     outcome
+}
+
+/// How often nodes are checked for holds of deleted `ScheduledEvent`s.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Releases cordons held for `ScheduledEvent`s that no longer exist (deleted
+/// by hand before they completed), at start and then every [`SWEEP_INTERVAL`]:
+/// forewarn never leaves a node cordoned that nothing will release.
+///
+/// It lists `ScheduledEvent`s from the API server rather than reading the
+/// controller's cache: kube-runtime's `Store::wait_until_ready` keeps only one
+/// waiter's waker, and the controller itself waits on that store.
+async fn sweep_orphaned_holds(ctx: Arc<Context>) {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let events: Api<ScheduledEvent> = Api::all(ctx.client.clone());
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    loop {
+        tick.tick().await;
+        if !ctx
+            .nodes
+            .state()
+            .iter()
+            .any(|n| !nodes::holds(n).is_empty())
+        {
+            continue;
+        }
+        let existing: HashSet<String> = match events.list_metadata(&ListParams::default()).await {
+            Ok(list) => list.items.iter().map(ResourceExt::name_any).collect(),
+            Err(e) => {
+                warn!(error = %e, "Could not list ScheduledEvents to find orphaned holds; will retry");
+                continue;
+            }
+        };
+        for node in ctx.nodes.state() {
+            let holds = nodes::holds(&node);
+            let orphaned = nodes::orphaned_holds(&holds, |h| existing.contains(h));
+            if orphaned.is_empty() {
+                continue;
+            }
+            let name = node.name_any();
+            let keep: Vec<&String> = holds.iter().filter(|h| !orphaned.contains(h)).collect();
+            let mut body = json!({
+                "metadata": {
+                    "resourceVersion": node.resource_version().unwrap_or_default(),
+                    "annotations": {
+                        CORDONED_FOR_ANNOTATION: if keep.is_empty() { json!(null) } else { json!(keep.iter().map(|h| h.as_str()).collect::<Vec<_>>().join(",")) },
+                    },
+                }
+            });
+            if keep.is_empty() && nodes::is_cordoned(&node) {
+                body["spec"] = json!({ "unschedulable": false });
+            }
+            match api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
+                .await
+            {
+                Ok(_) => {
+                    ctx.metrics
+                        .node_writes
+                        .with_label_values(&["uncordon"])
+                        .inc();
+                    info!(node = %name, events = ?orphaned, uncordoned = keep.is_empty(), "Released holds of ScheduledEvents that no longer exist");
+                }
+                // 409: the node changed; the next sweep looks again.
+                Err(e) => {
+                    warn!(node = %name, error = %e, "Could not release orphaned holds; will retry")
+                }
+            }
+        }
+    }
 }
 
 fn error_policy(ev: Arc<ScheduledEvent>, err: &Error, ctx: Arc<Context>) -> Requeue {

@@ -74,6 +74,12 @@ pub fn holds(node: &Node) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The holds on a node that name no existing `ScheduledEvent` (deleted by
+/// hand while the node was held): nothing would ever release them.
+pub fn orphaned_holds(holds: &[String], exists: impl Fn(&str) -> bool) -> Vec<String> {
+    holds.iter().filter(|h| !exists(h)).cloned().collect()
+}
+
 /// Whether the node is cordoned (`spec.unschedulable`).
 pub fn is_cordoned(node: &Node) -> bool {
     node.spec
@@ -154,6 +160,16 @@ mod tests {
             ]
         );
         assert_eq!(unmapped, vec!["other-vm".to_string()]);
+    }
+
+    #[test]
+    fn holds_of_deleted_events_are_orphaned() {
+        let holds = vec!["gone".to_string(), "live".to_string()];
+        assert_eq!(
+            orphaned_holds(&holds, |h| h == "live"),
+            vec!["gone".to_string()]
+        );
+        assert!(orphaned_holds(&holds, |_| true).is_empty());
     }
 
     #[test]

@@ -45,6 +45,9 @@ pub struct RunOptions {
     /// Nodes an "administrator" cordons before the scenario starts; forewarn
     /// must leave them cordoned (DESIGN.md rule 4).
     pub precordoned: Vec<String>,
+    /// Nodes left cordoned by forewarn for a `ScheduledEvent` that was then
+    /// deleted by hand; forewarn must release them.
+    pub orphaned_holds: Vec<String>,
 }
 
 impl RunOptions {
@@ -66,6 +69,7 @@ impl RunOptions {
             replicas: 6,
             min_available: 5,
             precordoned: Vec::new(),
+            orphaned_holds: Vec::new(),
         }
     }
 }
@@ -315,6 +319,16 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
             .patch(node, &PatchParams::default(), &Patch::Merge(&cordon))
             .await
             .with_context(|| format!("failed to cordon {node} as an administrator would"))?;
+    }
+    for node in &opts.orphaned_holds {
+        let held = json!({
+            "metadata": {"annotations": {CORDONED_FOR_ANNOTATION: "deleted-by-hand"}},
+            "spec": {"unschedulable": true},
+        });
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&held))
+            .await
+            .with_context(|| format!("failed to leave a stale hold on {node}"))?;
     }
 
     let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
@@ -817,6 +831,20 @@ async fn observe(
     for n in &left_nodes {
         tl.say("check", format!("{n} is schedulable again"));
     }
+    for n in &opts.orphaned_holds {
+        let node = nodes_api.get(n).await?;
+        let held = n_is_held(&node);
+        if held {
+            report.violations.push(format!(
+                "{n} is still cordoned for a ScheduledEvent that no longer exists"
+            ));
+        } else {
+            tl.say(
+                "check",
+                format!("{n}'s hold for a deleted ScheduledEvent was released"),
+            );
+        }
+    }
     for n in &opts.precordoned {
         if cordoned_now.contains(n) {
             tl.say(
@@ -911,6 +939,15 @@ async fn observe(
     report.cordoned = cordoned_ever.into_iter().collect();
     report.cordoned.sort();
     Ok(report)
+}
+
+/// Whether forewarn still holds the node (cordoned, or a hold annotation).
+fn n_is_held(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+        || node.annotations().contains_key(CORDONED_FOR_ANNOTATION)
 }
 
 /// Renders the report's ending: the table and the verdict.
