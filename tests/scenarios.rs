@@ -206,3 +206,18 @@ async fn cordon_held_for_a_deleted_scheduled_event_is_released() {
         r.timeline.join("\n")
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn controller_killed_during_the_event_is_replaced_and_its_successor_uncordons() {
+    // Killed once the event has started; the event then completes while no
+    // controller leads (the Lease has not expired yet), and the successor
+    // must release the node from the hold recorded on it.
+    let r = play_with("platform-redeploy.yaml", |o| {
+        o.kill_controller_on_start = true;
+    })
+    .await;
+    assert!(r.timeline.iter().any(|l| l.contains("controller killed")));
+    assert_eq!(r.cordoned, ["node-000001"]);
+    assert!(!r.approvals.is_empty());
+    assert!(r.timeline.iter().any(|l| l.contains("Uncordoned")));
+}

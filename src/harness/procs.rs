@@ -85,6 +85,11 @@ impl Proc {
         }
     }
 
+    /// Kills the process at once (SIGKILL) and reaps it.
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+
     /// Whether the process has exited, and how.
     pub fn exited(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().ok().flatten()

@@ -48,6 +48,9 @@ pub struct RunOptions {
     /// Nodes left cordoned by forewarn for a `ScheduledEvent` that was then
     /// deleted by hand; forewarn must release them.
     pub orphaned_holds: Vec<String>,
+    /// SIGKILL the controller as soon as an event is seen `Started`, and
+    /// start a new one (DESIGN.md: any process may die at any moment).
+    pub kill_controller_on_start: bool,
 }
 
 impl RunOptions {
@@ -70,6 +73,7 @@ impl RunOptions {
             min_available: 5,
             precordoned: Vec::new(),
             orphaned_holds: Vec::new(),
+            kill_controller_on_start: false,
         }
     }
 }
@@ -366,29 +370,39 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
 
     let mut ports = Vec::new();
     let run_id = std::process::id();
-    let cport = free_port()?;
-    let (controller, _) = Proc::spawn(
-        "controller",
-        bin,
-        &[
-            "controller".into(),
-            "--metrics-addr".into(),
-            format!("127.0.0.1:{cport}"),
-            "--lease-namespace".into(),
-            "default".into(),
-            "--lease-name".into(),
-            format!(
-                "forewarn-{run_id}-{}",
-                opts.log_dir
-                    .file_name()
-                    .map(|f| f.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            ),
-        ],
-        &env,
-        &opts.log_dir,
-        "controller",
-    )?;
+    let lease = format!(
+        "forewarn-{run_id}-{}",
+        opts.log_dir
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    );
+    let spawn_controller = |generation: u32| -> anyhow::Result<(Proc, u16)> {
+        let port = free_port()?;
+        let file = if generation == 0 {
+            "controller".to_string()
+        } else {
+            format!("controller-{generation}")
+        };
+        let (proc, _) = Proc::spawn(
+            "controller",
+            bin,
+            &[
+                "controller".into(),
+                "--metrics-addr".into(),
+                format!("127.0.0.1:{port}"),
+                "--lease-namespace".into(),
+                "default".into(),
+                "--lease-name".into(),
+                lease.clone(),
+            ],
+            &env,
+            &opts.log_dir,
+            &file,
+        )?;
+        Ok((proc, port))
+    };
+    let (controller, cport) = spawn_controller(0)?;
     procs.push(controller);
     ports.push(cport);
     for vm in &scenario.vms {
@@ -442,7 +456,18 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         ),
     );
 
-    let report = observe(&client, &http, &addr, &scenario, opts, &mut tl, &mut procs).await;
+    let report = observe(
+        &client,
+        &http,
+        &addr,
+        &scenario,
+        opts,
+        &mut tl,
+        &mut procs,
+        &mut ports,
+        &spawn_controller,
+    )
+    .await;
     tl.flush(true);
 
     let mut metrics = Vec::new();
@@ -491,7 +516,9 @@ struct SevSeen {
     drained_nodes: HashSet<String>,
 }
 
-#[allow(clippy::too_many_lines)]
+// One observer with everything it watches and may restart; splitting it
+// would only move the arguments into a struct used once.
+#[allow(clippy::too_many_lines, clippy::too_many_arguments)]
 async fn observe(
     client: &Client,
     http: &reqwest::Client,
@@ -500,6 +527,8 @@ async fn observe(
     opts: &RunOptions,
     tl: &mut Timeline,
     procs: &mut [Proc],
+    ports: &mut [u16],
+    spawn_controller: &dyn Fn(u32) -> anyhow::Result<(Proc, u16)>,
 ) -> anyhow::Result<Report> {
     let ns = &opts.namespace;
     let sevs: Api<ScheduledEvent> = Api::all(client.clone());
@@ -548,6 +577,7 @@ async fn observe(
     let mut cordoned_ever: HashSet<String> = HashSet::new();
     let mut left_nodes: HashSet<String> = HashSet::new();
     let mut mock_phase: HashMap<String, String> = HashMap::new();
+    let mut killed = false;
     let deadline = Instant::now() + opts.timeout;
 
     loop {
@@ -768,6 +798,21 @@ async fn observe(
             } else if !cordoned && cordoned_now.remove(&name) {
                 left_nodes.insert(name);
             }
+        }
+
+        // A controller killed while the event runs: its successor must release
+        // the node from what is stored in the API server (rule 4's record).
+        let started = sev_state.values().any(|s| s.spec_status == "Started");
+        if opts.kill_controller_on_start && !killed && started {
+            killed = true;
+            procs[1].kill().await;
+            let (successor, port) = spawn_controller(1)?;
+            procs[1] = successor;
+            ports[0] = port;
+            tl.say(
+                "harness",
+                "controller killed (SIGKILL) mid-drain; a new one started, it waits for the Lease",
+            );
         }
 
         // The workload, against its PodDisruptionBudget (rule 6).
