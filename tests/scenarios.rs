@@ -221,3 +221,24 @@ async fn controller_killed_during_the_event_is_replaced_and_its_successor_uncord
     assert!(!r.approvals.is_empty());
     assert!(r.timeline.iter().any(|l| l.contains("Uncordoned")));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_restarted_after_its_event_left_imds_marks_it_completed() {
+    // Only the named VM sees this event; its agent is down when the event
+    // leaves IMDS, so the new agent must work out from the stored object and
+    // its own empty document that the event is over, and the node is released.
+    let r = play_with("gpu-reboot-own-events.yaml", |o| {
+        o.agent_down_across_finish = Some("node-000001".into());
+    })
+    .await;
+    assert!(r.timeline.iter().any(|l| l.contains("started again")));
+    assert_eq!(r.cordoned, ["node-000001"]);
+    assert!(r.timeline.iter().any(|l| l.contains("Uncordoned")));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn event_delivered_only_to_the_vm_it_names_is_handled() {
+    let r = play("gpu-reboot-own-events.yaml").await;
+    assert_eq!(r.cordoned, ["node-000001"]);
+    assert_eq!(approved_via(&r), ["aks-gpupool-41220931-vmss_1"]);
+}

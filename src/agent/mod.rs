@@ -89,6 +89,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// The age guard keeps a freshly created object (another VM's document can
 /// change a moment before ours) from being completed by mistake.
 const STALE_AFTER: chrono::TimeDelta = chrono::TimeDelta::seconds(30);
+/// Time between start-up sweeps while some objects are too young to judge.
+const SWEEP_RETRY: Duration = Duration::from_secs(5);
 /// Minimum time between two approval attempts for one event.
 const APPROVAL_RETRY: Duration = Duration::from_secs(5);
 
@@ -128,6 +130,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         fallback: args.approval_fallback,
         mirrored: None,
         swept: false,
+        next_sweep: Instant::now(),
         annotated: false,
         watch: None,
         attempts: HashMap::new(),
@@ -177,8 +180,10 @@ struct Agent {
     fallback: Duration,
     /// The last document whose events were all written successfully.
     mirrored: Option<Document>,
-    /// Whether the start-up sweep of stale objects has run.
+    /// Whether the start-up sweep of stale objects is done.
     swept: bool,
+    /// Earliest time of the next sweep attempt.
+    next_sweep: Instant,
     annotated: bool,
     watch: Option<EventWatch>,
     /// Last approval attempt per object name.
@@ -230,9 +235,10 @@ impl Agent {
                 }
             }
         }
-        if !self.swept && self.mirrored.is_some() {
+        if !self.swept && self.mirrored.is_some() && Instant::now() >= self.next_sweep {
+            self.next_sweep = Instant::now() + SWEEP_RETRY;
             match self.sweep_stale(&doc).await {
-                Ok(()) => self.swept = true,
+                Ok(deferred) => self.swept = !deferred,
                 Err(e) => warn!(error = %e, "Start-up sweep of finished events failed; will retry"),
             }
         }
@@ -324,14 +330,16 @@ impl Agent {
     /// After a restart the agent has no memory of its previous document:
     /// objects that name this VM, are not finished, and are absent from its
     /// document have left IMDS while it was away (IMDS delivers an event to
-    /// every VM it names).
-    async fn sweep_stale(&self, doc: &Document) -> Result<()> {
+    /// every VM it names). Returns whether some were too young to judge and
+    /// the sweep must run again later.
+    async fn sweep_stale(&self, doc: &Document) -> Result<bool> {
         let all = self
             .api
             .list(&ListParams::default())
             .await
             .map_err(|source| Error::ListEvents { source })?;
         let now = Utc::now();
+        let mut deferred = false;
         for obj in all {
             let name = obj.meta().name.clone().unwrap_or_default();
             let listed = doc.events.iter().any(|e| e.object_name() == name);
@@ -340,16 +348,23 @@ impl Agent {
                 .resources
                 .iter()
                 .any(|r| r.eq_ignore_ascii_case(&self.vm));
+            let finished =
+                EventStatus::from(obj.spec.event_status.as_str()) == EventStatus::Completed;
+            if !names_me || listed || finished {
+                continue;
+            }
             let old = obj
                 .meta()
                 .creation_timestamp
                 .as_ref()
                 .is_some_and(|t| now.timestamp() - t.0.as_second() > STALE_AFTER.num_seconds());
-            if names_me && !listed && old {
+            if old {
                 self.complete(&name).await?;
+            } else {
+                deferred = true;
             }
         }
-        Ok(())
+        Ok(deferred)
     }
 
     async fn annotate_node(&self) -> Result<()> {

@@ -153,3 +153,214 @@ pub async fn wait_ready(port: u16, within: Duration) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// What it takes to start forewarn processes for one run.
+struct Launch {
+    bin: PathBuf,
+    env: Vec<(String, String)>,
+    log_dir: PathBuf,
+    imds_base: String,
+    lease: String,
+}
+
+impl Launch {
+    fn spawn(&self, name: &str, args: &[String], file: &str) -> anyhow::Result<Proc> {
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        Ok(Proc::spawn(name, &self.bin, args, &env, &self.log_dir, file)?.0)
+    }
+
+    fn controller(&self, file: &str) -> anyhow::Result<(Proc, u16)> {
+        let port = free_port()?;
+        let args = [
+            "controller".to_string(),
+            "--metrics-addr".into(),
+            format!("127.0.0.1:{port}"),
+            "--lease-namespace".into(),
+            "default".into(),
+            "--lease-name".into(),
+            self.lease.clone(),
+        ];
+        Ok((self.spawn("controller", &args, file)?, port))
+    }
+
+    fn agent(&self, node: &str, vm: &str, file: &str) -> anyhow::Result<(Proc, u16)> {
+        let port = free_port()?;
+        let args = [
+            "agent".to_string(),
+            "--node-name".into(),
+            node.into(),
+            "--imds-url".into(),
+            format!("{}/vm/{vm}", self.imds_base),
+            "--metrics-addr".into(),
+            format!("127.0.0.1:{port}"),
+        ];
+        Ok((self.spawn(&format!("agent {node}"), &args, file)?, port))
+    }
+}
+
+/// One agent of a [`Fleet`].
+pub struct Agent {
+    /// Node name.
+    pub node: String,
+    /// VM name it plays.
+    pub vm: String,
+    /// The process.
+    pub proc: Proc,
+    /// Its metrics port.
+    pub port: u16,
+}
+
+/// The forewarn processes of one run: the IMDS mock, the controller and one
+/// agent per node, with what it takes to start each again.
+pub struct Fleet {
+    launch: Launch,
+    /// The IMDS mock.
+    pub mock: Proc,
+    /// The controller.
+    pub controller: Proc,
+    controller_port: u16,
+    /// The agents.
+    pub agents: Vec<Agent>,
+    restarts: u32,
+}
+
+impl Fleet {
+    /// Starts the mock (held until `POST /mock/start`) for `scenario` on
+    /// `listen`, then the controller (Lease `lease`) and one agent per
+    /// `(node, vm)`.
+    ///
+    /// # Errors
+    /// When a process cannot start or the mock prints no address.
+    pub async fn start(
+        bin: &Path,
+        env: &[(&str, &str)],
+        log_dir: &Path,
+        scenario: &Path,
+        listen: &str,
+        lease: &str,
+        vms: &[(String, String)],
+    ) -> anyhow::Result<Self> {
+        let (mock, stdout) = Proc::spawn(
+            "imds-mock",
+            bin,
+            &[
+                "imds-mock".into(),
+                "--scenario".into(),
+                scenario.to_string_lossy().into(),
+                "--listen".into(),
+                listen.into(),
+                "--hold".into(),
+            ],
+            env,
+            log_dir,
+            "imds-mock",
+        )?;
+        let imds_base = read_mock_address(stdout.context("mock stdout")?, mock.log.clone()).await?;
+        let launch = Launch {
+            bin: bin.to_path_buf(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect(),
+            log_dir: log_dir.to_path_buf(),
+            imds_base,
+            lease: lease.into(),
+        };
+        let (controller, controller_port) = launch.controller("controller")?;
+        let mut agents = Vec::new();
+        for (node, vm) in vms {
+            let (proc, port) = launch.agent(node, vm, &format!("agent-{node}"))?;
+            agents.push(Agent {
+                node: node.clone(),
+                vm: vm.clone(),
+                proc,
+                port,
+            });
+        }
+        Ok(Fleet {
+            launch,
+            mock,
+            controller,
+            controller_port,
+            agents,
+            restarts: 0,
+        })
+    }
+
+    /// The mock's base URL, `http://ADDR`.
+    pub fn imds_base(&self) -> &str {
+        &self.launch.imds_base
+    }
+
+    /// Waits until the controller and every agent answer `/readyz`.
+    ///
+    /// # Errors
+    /// When one is not ready within `within`; the message has its log's tail.
+    pub async fn wait_ready(&self, within: Duration) -> anyhow::Result<()> {
+        let all = std::iter::once((&self.controller, self.controller_port))
+            .chain(self.agents.iter().map(|a| (&a.proc, a.port)));
+        for (p, port) in all {
+            if let Err(e) = wait_ready(port, within).await {
+                bail!(
+                    "{} did not become ready: {e}\n--- last log lines ({}) ---\n{}",
+                    p.name,
+                    p.log.display(),
+                    p.log_tail(30)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// SIGKILLs the controller and starts a new one.
+    ///
+    /// # Errors
+    /// When the new one cannot start.
+    pub async fn restart_controller(&mut self) -> anyhow::Result<()> {
+        self.controller.kill().await;
+        self.restarts += 1;
+        (self.controller, self.controller_port) = self
+            .launch
+            .controller(&format!("controller-{}", self.restarts))?;
+        Ok(())
+    }
+
+    /// SIGKILLs the agent of `node`; it stays down until [`Fleet::start_agent`].
+    pub async fn kill_agent(&mut self, node: &str) {
+        if let Some(a) = self.agents.iter_mut().find(|a| a.node == node) {
+            a.proc.kill().await;
+        }
+    }
+
+    /// Starts the agent of `node` again after [`Fleet::kill_agent`].
+    ///
+    /// # Errors
+    /// When there is no such agent or it cannot start.
+    pub fn start_agent(&mut self, node: &str) -> anyhow::Result<()> {
+        self.restarts += 1;
+        let file = format!("agent-{node}-{}", self.restarts);
+        let Some(a) = self.agents.iter_mut().find(|a| a.node == node) else {
+            bail!("no agent for {node}");
+        };
+        (a.proc, a.port) = self.launch.agent(node, &a.vm, &file)?;
+        Ok(())
+    }
+
+    /// Every process (mock first).
+    pub fn all_mut(&mut self) -> impl Iterator<Item = &mut Proc> {
+        std::iter::once(&mut self.mock)
+            .chain(std::iter::once(&mut self.controller))
+            .chain(self.agents.iter_mut().map(|a| &mut a.proc))
+    }
+
+    /// Process names with their metrics ports (controller first).
+    pub fn metrics_ports(&self) -> Vec<(String, u16)> {
+        std::iter::once((self.controller.name.clone(), self.controller_port))
+            .chain(self.agents.iter().map(|a| (a.proc.name.clone(), a.port)))
+            .collect()
+    }
+}

@@ -18,7 +18,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::cluster::Cluster;
-use super::procs::{Proc, free_port, read_mock_address, wait_ready};
+use super::procs::{Fleet, Proc};
 use crate::crd::{CONTROLLER_MANAGER, CORDONED_FOR_ANNOTATION, ScheduledEvent, VM_NAME_ANNOTATION};
 use crate::imds::mock::LogEntry;
 use crate::imds::scenario::Scenario;
@@ -51,6 +51,10 @@ pub struct RunOptions {
     /// SIGKILL the controller as soon as an event is seen `Started`, and
     /// start a new one (DESIGN.md: any process may die at any moment).
     pub kill_controller_on_start: bool,
+    /// SIGKILL this node's agent as soon as an event is seen `Started`, and
+    /// start it again once every event has left IMDS: the new agent must
+    /// notice, with no memory, that its events are over.
+    pub agent_down_across_finish: Option<String>,
 }
 
 impl RunOptions {
@@ -74,6 +78,7 @@ impl RunOptions {
             precordoned: Vec::new(),
             orphaned_holds: Vec::new(),
             kill_controller_on_start: false,
+            agent_down_across_finish: None,
         }
     }
 }
@@ -346,102 +351,34 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         ("KUBECONFIG", kubeconfig.as_str()),
         ("RUST_LOG", "info,kube=warn,tower=warn,hyper=warn"),
     ];
-    let bin = &opts.forewarn_bin;
-    let mut procs: Vec<Proc> = Vec::new();
-
-    let (mock, stdout) = Proc::spawn(
-        "imds-mock",
-        bin,
-        &[
-            "imds-mock".into(),
-            "--scenario".into(),
-            opts.scenario.to_string_lossy().into(),
-            "--listen".into(),
-            "127.0.0.2:0".into(),
-            "--hold".into(),
-        ],
+    let stem = opts
+        .log_dir
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let lease = format!("forewarn-{}-{stem}", std::process::id());
+    let vms: Vec<(String, String)> = scenario
+        .vms
+        .iter()
+        .filter_map(|v| Some((v.node.clone()?, v.name.clone())))
+        .collect();
+    let mut fleet = Fleet::start(
+        &opts.forewarn_bin,
         &env,
         &opts.log_dir,
-        "imds-mock",
-    )?;
-    let mock_log = mock.log.clone();
-    procs.push(mock);
-    let addr = read_mock_address(stdout.context("mock stdout")?, mock_log).await?;
-
-    let mut ports = Vec::new();
-    let run_id = std::process::id();
-    let lease = format!(
-        "forewarn-{run_id}-{}",
-        opts.log_dir
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    );
-    let spawn_controller = |generation: u32| -> anyhow::Result<(Proc, u16)> {
-        let port = free_port()?;
-        let file = if generation == 0 {
-            "controller".to_string()
-        } else {
-            format!("controller-{generation}")
-        };
-        let (proc, _) = Proc::spawn(
-            "controller",
-            bin,
-            &[
-                "controller".into(),
-                "--metrics-addr".into(),
-                format!("127.0.0.1:{port}"),
-                "--lease-namespace".into(),
-                "default".into(),
-                "--lease-name".into(),
-                lease.clone(),
-            ],
-            &env,
-            &opts.log_dir,
-            &file,
-        )?;
-        Ok((proc, port))
-    };
-    let (controller, cport) = spawn_controller(0)?;
-    procs.push(controller);
-    ports.push(cport);
-    for vm in &scenario.vms {
-        let Some(node) = &vm.node else { continue };
-        let port = free_port()?;
-        let (agent, _) = Proc::spawn(
-            &format!("agent {node}"),
-            bin,
-            &[
-                "agent".into(),
-                "--node-name".into(),
-                node.clone(),
-                "--imds-url".into(),
-                format!("{addr}/vm/{}", vm.name),
-                "--metrics-addr".into(),
-                format!("127.0.0.1:{port}"),
-            ],
-            &env,
-            &opts.log_dir,
-            &format!("agent-{node}"),
-        )?;
-        procs.push(agent);
-        ports.push(port);
-    }
-    for (p, port) in procs.iter().skip(1).zip(&ports) {
-        if let Err(e) = wait_ready(*port, Duration::from_secs(60)).await {
-            bail!(
-                "{} did not become ready: {e}\n--- last log lines ({}) ---\n{}",
-                p.name,
-                p.log.display(),
-                p.log_tail(30)
-            );
-        }
-    }
+        &opts.scenario,
+        "127.0.0.2:0",
+        &lease,
+        &vms,
+    )
+    .await?;
+    fleet.wait_ready(Duration::from_secs(60)).await?;
 
     let http = reqwest::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(5))
         .build()?;
+    let addr = fleet.imds_base().to_string();
     http.post(format!("{addr}/mock/start"))
         .send()
         .await?
@@ -451,27 +388,16 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         "harness",
         format!(
             "{} agents and the controller are ready; scenario started: {}",
-            ports.len() - 1,
+            fleet.agents.len(),
             scenario.description.trim()
         ),
     );
 
-    let report = observe(
-        &client,
-        &http,
-        &addr,
-        &scenario,
-        opts,
-        &mut tl,
-        &mut procs,
-        &mut ports,
-        &spawn_controller,
-    )
-    .await;
+    let report = observe(&client, &http, &scenario, opts, &mut tl, &mut fleet).await;
     tl.flush(true);
 
     let mut metrics = Vec::new();
-    for (p, port) in procs.iter().skip(1).zip(&ports) {
+    for (name, port) in fleet.metrics_ports() {
         let text = match http
             .get(format!("http://127.0.0.1:{port}/metrics"))
             .send()
@@ -480,10 +406,11 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
             Ok(r) => r.text().await.unwrap_or_default(),
             Err(e) => format!("unreachable: {e}"),
         };
-        metrics.push((p.name.clone(), text));
+        metrics.push((name, text));
     }
     let mut stop_problems = Vec::new();
-    for p in procs.iter_mut().rev() {
+    let procs: Vec<&mut Proc> = fleet.all_mut().collect();
+    for p in procs.into_iter().rev() {
         match p.terminate(Duration::from_secs(15)).await {
             Ok(s) if s.success() => {}
             Ok(s) => stop_problems.push(format!(
@@ -516,21 +443,18 @@ struct SevSeen {
     drained_nodes: HashSet<String>,
 }
 
-// One observer with everything it watches and may restart; splitting it
-// would only move the arguments into a struct used once.
-#[allow(clippy::too_many_lines, clippy::too_many_arguments)]
+#[allow(clippy::too_many_lines)]
 async fn observe(
     client: &Client,
     http: &reqwest::Client,
-    addr: &str,
     scenario: &Scenario,
     opts: &RunOptions,
     tl: &mut Timeline,
-    procs: &mut [Proc],
-    ports: &mut [u16],
-    spawn_controller: &dyn Fn(u32) -> anyhow::Result<(Proc, u16)>,
+    fleet: &mut Fleet,
 ) -> anyhow::Result<Report> {
     let ns = &opts.namespace;
+    let addr = fleet.imds_base().to_string();
+    let addr = addr.as_str();
     let sevs: Api<ScheduledEvent> = Api::all(client.clone());
     let nodes_api: Api<Node> = Api::all(client.clone());
     let events_api: Api<KubeEvent> = Api::all(client.clone());
@@ -578,6 +502,8 @@ async fn observe(
     let mut left_nodes: HashSet<String> = HashSet::new();
     let mut mock_phase: HashMap<String, String> = HashMap::new();
     let mut killed = false;
+    let mut agent_down = false;
+    let mut agent_back = false;
     let deadline = Instant::now() + opts.timeout;
 
     loop {
@@ -805,14 +731,35 @@ async fn observe(
         let started = sev_state.values().any(|s| s.spec_status == "Started");
         if opts.kill_controller_on_start && !killed && started {
             killed = true;
-            procs[1].kill().await;
-            let (successor, port) = spawn_controller(1)?;
-            procs[1] = successor;
-            ports[0] = port;
+            fleet.restart_controller().await?;
             tl.say(
                 "harness",
                 "controller killed (SIGKILL) mid-drain; a new one started, it waits for the Lease",
             );
+        }
+
+        if let Some(node) = &opts.agent_down_across_finish {
+            let over = scenario.events.iter().all(|e| {
+                matches!(
+                    mock_phase.get(&e.id).map(String::as_str),
+                    Some("Finished" | "Cancelled")
+                )
+            });
+            if started && !agent_down {
+                agent_down = true;
+                fleet.kill_agent(node).await;
+                tl.say(
+                    "harness",
+                    format!("agent on {node} killed (SIGKILL) while the event runs"),
+                );
+            } else if agent_down && !agent_back && over {
+                agent_back = true;
+                fleet.start_agent(node)?;
+                tl.say(
+                    "harness",
+                    format!("agent on {node} started again, after the event left IMDS"),
+                );
+            }
         }
 
         // The workload, against its PodDisruptionBudget (rule 6).
@@ -827,7 +774,15 @@ async fn observe(
             ));
         }
 
-        for p in procs.iter_mut() {
+        let down = opts
+            .agent_down_across_finish
+            .as_ref()
+            .filter(|_| agent_down && !agent_back)
+            .map(|n| format!("agent {n}"));
+        for p in fleet.all_mut() {
+            if down.as_deref() == Some(p.name.as_str()) {
+                continue;
+            }
             if let Some(status) = p.exited() {
                 report.violations.push(format!(
                     "{} exited unexpectedly ({status}); log: {}",
