@@ -432,7 +432,7 @@ pub fn next_status(
         }
     }
 
-    let drained = nodes.iter().filter(|n| n.pods_remaining == 0).count();
+    let drained = nodes.iter().filter(|n| n.drained_at.is_some()).count();
     let mut approval = prev.approval.clone().map(|a| Approval {
         sent_at: None,
         sent_by: None,

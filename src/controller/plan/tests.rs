@@ -281,6 +281,12 @@ fn short_freeze_is_approved_at_once_without_cordon() {
     assert!(p.node_writes.is_empty() && p.evictions.is_empty());
     assert!(p.decide_approval.is_some());
     assert_eq!(p.phase, Phase::Approved);
+    let st = next_status(&ev, &obs, &p, &[], now());
+    assert_eq!(
+        st.nodes_drained.as_deref(),
+        Some("0/1"),
+        "nothing was drained"
+    );
 }
 
 #[test]
