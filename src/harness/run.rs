@@ -9,11 +9,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use chrono::{DateTime, Utc};
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
@@ -432,6 +434,15 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
     Ok(report)
 }
 
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Per-event bookkeeping of the observer.
 #[derive(Default)]
 struct SevSeen {
@@ -456,6 +467,21 @@ async fn observe(
     let addr = fleet.imds_base().to_string();
     let addr = addr.as_str();
     let sevs: Api<ScheduledEvent> = Api::all(client.clone());
+    let (sev_tx, mut sev_rx) = tokio::sync::mpsc::unbounded_channel();
+    let sev_watch = tokio::spawn(async move {
+        let stream = watcher(sevs, watcher::Config::default())
+            .default_backoff()
+            .applied_objects();
+        futures::pin_mut!(stream);
+        while let Some(item) = stream.next().await {
+            if let Ok(sev) = item
+                && sev_tx.send((Utc::now(), sev)).is_err()
+            {
+                break;
+            }
+        }
+    });
+    let _abort_watch = AbortOnDrop(sev_watch);
     let nodes_api: Api<Node> = Api::all(client.clone());
     let events_api: Api<KubeEvent> = Api::all(client.clone());
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -561,14 +587,16 @@ async fn observe(
         }
         seen_log = log.len();
 
-        // forewarn's objects.
-        for sev in sevs.list(&ListParams::default()).await? {
+        // forewarn's objects, as the watch delivered them, with the time each
+        // version arrived (a poll would blur the order of fast steps).
+        while let Ok((seen_at, sev)) = sev_rx.try_recv() {
             let name = sev.name_any();
             let st = sev_state.entry(name.clone()).or_default();
             let id = short(&name).to_string();
             if sev.spec.event_status != st.spec_status {
                 if st.spec_status.is_empty() {
-                    tl.say(
+                    tl.at(
+                        seen_at,
                         "agent",
                         format!(
                             "{} {id} mirrored as ScheduledEvent/{name} ({})",
@@ -576,7 +604,8 @@ async fn observe(
                         ),
                     );
                 } else {
-                    tl.say(
+                    tl.at(
+                        seen_at,
                         "agent",
                         format!(
                             "{} {id} Azure status {} -> {}",
@@ -589,7 +618,8 @@ async fn observe(
             let status = sev.status.clone().unwrap_or_default();
             let phase = status.phase.clone().unwrap_or_default();
             if phase != st.phase && !phase.is_empty() {
-                tl.say(
+                tl.at(
+                    seen_at,
                     "controller",
                     format!(
                         "{} {id} phase {}{}",
