@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use reqwest::StatusCode;
 
 use super::model::{Compute, Document, ParseError, StartRequest, StartRequests, parse_document};
@@ -65,7 +66,7 @@ pub enum Error {
     ParseCompute {
         /// The decode error.
         #[source]
-        source: reqwest::Error,
+        source: serde_json::Error,
     },
 }
 
@@ -115,38 +116,47 @@ impl Client {
         )
     }
 
+    /// Sends `req` with `Metadata: true` and returns the body of a success.
+    async fn send(
+        &self,
+        what: &'static str,
+        url: String,
+        req: reqwest::RequestBuilder,
+    ) -> Result<Bytes> {
+        let resp = req
+            .header("Metadata", "true")
+            .send()
+            .await
+            .map_err(|source| Error::Request {
+                what,
+                url: url.clone(),
+                source,
+            })?;
+        let status = resp.status();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|source| Error::Request { what, url, source })?;
+        if !status.is_success() {
+            return Err(Error::Status {
+                what,
+                status,
+                body: excerpt(&bytes),
+            });
+        }
+        Ok(bytes)
+    }
+
     /// `GET /metadata/scheduledevents`: the current document.
     ///
     /// # Errors
     /// [`Error::Request`], [`Error::Status`] or [`Error::ParseEvents`]; the
     /// caller keeps its last good document and tries again on the next tick.
     pub async fn fetch_events(&self) -> Result<Document> {
-        const WHAT: &str = "fetch scheduled events";
         let url = self.events_url();
-        let resp = self
-            .http
-            .get(&url)
-            .header("Metadata", "true")
-            .send()
-            .await
-            .map_err(|source| Error::Request {
-                what: WHAT,
-                url: url.clone(),
-                source,
-            })?;
-        let status = resp.status();
-        let bytes = resp.bytes().await.map_err(|source| Error::Request {
-            what: WHAT,
-            url,
-            source,
-        })?;
-        if !status.is_success() {
-            return Err(Error::Status {
-                what: WHAT,
-                status,
-                body: excerpt(&bytes),
-            });
-        }
+        let bytes = self
+            .send("fetch scheduled events", url.clone(), self.http.get(&url))
+            .await?;
         parse_document(&bytes).map_err(|source| Error::ParseEvents {
             len: bytes.len(),
             body: excerpt(&bytes),
@@ -159,34 +169,18 @@ impl Client {
     /// # Errors
     /// [`Error::Request`], [`Error::Status`] or [`Error::ParseCompute`].
     pub async fn fetch_compute(&self) -> Result<Compute> {
-        const WHAT: &str = "fetch instance compute metadata";
         let url = format!(
             "{}/metadata/instance/compute?api-version={COMPUTE_API_VERSION}",
             self.base_url
         );
-        let resp = self
-            .http
-            .get(&url)
-            .header("Metadata", "true")
-            .send()
-            .await
-            .map_err(|source| Error::Request {
-                what: WHAT,
-                url: url.clone(),
-                source,
-            })?;
-        let status = resp.status();
-        if !status.is_success() {
-            let body = resp.bytes().await.map(|b| excerpt(&b)).unwrap_or_default();
-            return Err(Error::Status {
-                what: WHAT,
-                status,
-                body,
-            });
-        }
-        resp.json::<Compute>()
-            .await
-            .map_err(|source| Error::ParseCompute { source })
+        let bytes = self
+            .send(
+                "fetch instance compute metadata",
+                url.clone(),
+                self.http.get(&url),
+            )
+            .await?;
+        serde_json::from_slice(&bytes).map_err(|source| Error::ParseCompute { source })
     }
 
     /// `POST /metadata/scheduledevents` with `StartRequests`: approves the
@@ -198,7 +192,6 @@ impl Client {
     /// # Errors
     /// [`Error::Request`] or [`Error::Status`] (400 for a malformed body).
     pub async fn approve(&self, event_ids: &[String]) -> Result<()> {
-        const WHAT: &str = "approve scheduled events";
         let url = self.events_url();
         let body = StartRequests {
             start_requests: event_ids
@@ -208,27 +201,12 @@ impl Client {
                 })
                 .collect(),
         };
-        let resp = self
-            .http
-            .post(&url)
-            .header("Metadata", "true")
-            .json(&body)
-            .send()
-            .await
-            .map_err(|source| Error::Request {
-                what: WHAT,
-                url: url.clone(),
-                source,
-            })?;
-        let status = resp.status();
-        if !status.is_success() {
-            let body = resp.bytes().await.map(|b| excerpt(&b)).unwrap_or_default();
-            return Err(Error::Status {
-                what: WHAT,
-                status,
-                body,
-            });
-        }
+        self.send(
+            "approve scheduled events",
+            url.clone(),
+            self.http.post(&url).json(&body),
+        )
+        .await?;
         Ok(())
     }
 }
