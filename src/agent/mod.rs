@@ -17,7 +17,7 @@ use backon::{ExponentialBuilder, Retryable};
 use chrono::Utc;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
@@ -248,24 +248,7 @@ impl Agent {
     /// Writes every event of `doc` forward, and completes the ones that left it.
     async fn mirror(&mut self, doc: &Document) -> Result<()> {
         for ev in &doc.events {
-            let name = ev.object_name();
-            let stored = self
-                .api
-                .get_opt(&name)
-                .await
-                .map_err(|source| Error::GetEvent {
-                    name: name.clone(),
-                    source,
-                })?;
-            let rv = stored
-                .as_ref()
-                .and_then(|o| o.meta().resource_version.clone());
-            if let Some(spec) =
-                mirror::merge_forward(stored.as_ref().map(|o| &o.spec), mirror::spec_for(ev))
-            {
-                self.apply_spec(&name, &spec, rv).await?;
-                info!(event = %name, r#type = %spec.event_type, status = %spec.event_status, resources = ?spec.resources, "Mirrored event");
-            }
+            self.mirror_event(ev).await?;
         }
         if let Some(prev) = &self.mirrored {
             for name in mirror::vanished(prev, doc) {
@@ -275,42 +258,98 @@ impl Agent {
         Ok(())
     }
 
+    /// Marks an event that left the document `Completed` (if it is not yet).
     async fn complete(&self, name: &str) -> Result<()> {
-        let stored = self
-            .api
-            .get_opt(name)
-            .await
-            .map_err(|source| Error::GetEvent {
-                name: name.into(),
-                source,
-            })?;
-        if let Some(obj) = stored
-            && let Some(spec) = mirror::completed(&obj.spec)
-        {
-            self.apply_spec(name, &spec, obj.meta().resource_version.clone())
-                .await?;
+        let done = self
+            .write_forward(name, |stored| stored.and_then(mirror::completed))
+            .await?;
+        if done {
             info!(event = %name, "Event left the IMDS document; marked Completed");
         }
         Ok(())
     }
 
-    /// Server-side apply of the spec. With `resource_version` the write only
-    /// succeeds if nobody wrote since it was read, so a lagging agent cannot
-    /// overwrite a newer status (the 409 is retried on the next tick).
+    /// Mirrors one event of the document.
+    async fn mirror_event(&self, ev: &Event) -> Result<()> {
+        let name = ev.object_name();
+        let seen = mirror::spec_for(ev);
+        if self
+            .write_forward(&name, |stored| mirror::merge_forward(stored, seen.clone()))
+            .await?
+        {
+            info!(event = %name, r#type = %seen.event_type, status = %seen.event_status, resources = ?seen.resources, "Mirrored event");
+        }
+        Ok(())
+    }
+
+    /// Writes `next(stored spec)` when it is `Some`; returns whether it wrote.
+    ///
+    /// A new object is created (two agents creating it at once cannot
+    /// overwrite each other: the second gets a 409 and merges); an existing
+    /// one is applied only if nobody wrote it since it was read
+    /// (`resourceVersion`), so a lagging agent never moves its status back.
+    /// Conflicts, normal when several agents see one event, are re-read and
+    /// merged a few times, then left to the next tick.
+    async fn write_forward(
+        &self,
+        name: &str,
+        next: impl Fn(Option<&ScheduledEventSpec>) -> Option<ScheduledEventSpec>,
+    ) -> Result<bool> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let stored = self
+                .api
+                .get_opt(name)
+                .await
+                .map_err(|source| Error::GetEvent {
+                    name: name.into(),
+                    source,
+                })?;
+            let rv = stored
+                .as_ref()
+                .and_then(|o| o.meta().resource_version.clone());
+            let Some(spec) = next(stored.as_ref().map(|o| &o.spec)) else {
+                return Ok(false);
+            };
+            let written = match rv {
+                None => self
+                    .api
+                    .create(
+                        &PostParams {
+                            field_manager: Some(AGENT_MANAGER.into()),
+                            ..PostParams::default()
+                        },
+                        &ScheduledEvent::new(name, spec),
+                    )
+                    .await
+                    .map(|_| ()),
+                Some(rv) => self.apply_spec(name, &spec, rv).await,
+            };
+            match written {
+                Ok(()) => return Ok(true),
+                Err(kube::Error::Api(s)) if s.code == 409 && attempt < 3 => {}
+                Err(source) => {
+                    return Err(Error::ApplyEvent {
+                        name: name.into(),
+                        source,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Server-side apply of the spec, conditional on `resource_version`.
     async fn apply_spec(
         &self,
         name: &str,
         spec: &ScheduledEventSpec,
-        resource_version: Option<String>,
-    ) -> Result<()> {
-        let mut meta = json!({ "name": name });
-        if let Some(rv) = resource_version {
-            meta["resourceVersion"] = json!(rv);
-        }
+        resource_version: String,
+    ) -> Result<(), kube::Error> {
         let body = json!({
             "apiVersion": ScheduledEvent::api_version(&()),
             "kind": ScheduledEvent::kind(&()),
-            "metadata": meta,
+            "metadata": { "name": name, "resourceVersion": resource_version },
             "spec": spec,
         });
         self.api
@@ -320,11 +359,7 @@ impl Agent {
                 &Patch::Apply(&body),
             )
             .await
-            .map_err(|source| Error::ApplyEvent {
-                name: name.into(),
-                source,
-            })?;
-        Ok(())
+            .map(|_| ())
     }
 
     /// After a restart the agent has no memory of its previous document:
