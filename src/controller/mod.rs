@@ -333,7 +333,7 @@ pub async fn reconcile(ev: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result<Req
     }
     let outcomes = act(&ev, &plan, &versions, &ctx).await?;
     let status = plan::next_status(&ev, &seen, &plan, &outcomes, now);
-    report(&ev, &plan, &outcomes, &status, &ctx).await?;
+    report(&ev, &plan, &status, &ctx).await?;
     ctx.metrics.reconciles.with_label_values(&["ok"]).inc();
     Ok(Requeue::requeue(plan.requeue))
 }
@@ -536,7 +536,6 @@ async fn act(
 async fn report(
     ev: &ScheduledEvent,
     plan: &Plan,
-    _outcomes: &[(String, String, EvictionOutcome)],
     status: &ScheduledEventStatus,
     ctx: &Context,
 ) -> Result<()> {
