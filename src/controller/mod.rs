@@ -266,22 +266,14 @@ async fn sweep_orphaned_holds(ctx: Arc<Context>) {
                 continue;
             }
             let name = node.name_any();
-            let keep: Vec<&String> = holds.iter().filter(|h| !orphaned.contains(h)).collect();
-            let mut body = json!({
-                "metadata": {
-                    "resourceVersion": node.resource_version().unwrap_or_default(),
-                    "annotations": {
-                        CORDONED_FOR_ANNOTATION: if keep.is_empty() { json!(null) } else { json!(keep.iter().map(|h| h.as_str()).collect::<Vec<_>>().join(",")) },
-                    },
-                }
-            });
-            if keep.is_empty() && nodes::is_cordoned(&node) {
-                body["spec"] = json!({ "unschedulable": false });
-            }
-            match api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
-                .await
-            {
+            let keep: Vec<String> = holds
+                .iter()
+                .filter(|h| !orphaned.contains(h))
+                .cloned()
+                .collect();
+            let uncordon = (keep.is_empty() && nodes::is_cordoned(&node)).then_some(false);
+            let rv = node.resource_version().unwrap_or_default();
+            match write_holds(&api, &name, &rv, &keep, uncordon).await {
                 Ok(_) => {
                     ctx.metrics
                         .node_writes
@@ -296,6 +288,36 @@ async fn sweep_orphaned_holds(ctx: Arc<Context>) {
             }
         }
     }
+}
+
+/// Writes a node's hold list (`forewarn.dev/cordoned-for`; removed when
+/// empty) and, if given, `spec.unschedulable`, in one merge patch made
+/// conditional by `resource_version`: two writers editing one node's hold
+/// list cannot lose each other's entry (the loser gets a 409 and retries).
+async fn write_holds(
+    api: &Api<Node>,
+    node: &str,
+    resource_version: &str,
+    holds: &[String],
+    unschedulable: Option<bool>,
+) -> Result<(), kube::Error> {
+    let annotation = if holds.is_empty() {
+        json!(null)
+    } else {
+        json!(holds.join(","))
+    };
+    let mut body = json!({
+        "metadata": {
+            "resourceVersion": resource_version,
+            "annotations": { CORDONED_FOR_ANNOTATION: annotation },
+        }
+    });
+    if let Some(u) = unschedulable {
+        body["spec"] = json!({ "unschedulable": u });
+    }
+    api.patch(node, &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .map(|_| ())
 }
 
 fn error_policy(ev: Arc<ScheduledEvent>, err: &Error, ctx: Arc<Context>) -> Requeue {
@@ -412,28 +434,18 @@ async fn act(
                 holds, uncordon, ..
             } => (holds, uncordon.then_some(false)),
         };
-        let annotation = if holds.is_empty() {
-            json!(null)
-        } else {
-            json!(holds.join(","))
-        };
-        // resourceVersion makes the merge patch conditional: two events
-        // editing one node's hold list cannot lose each other's entry.
-        let mut body = json!({
-            "metadata": {
-                "resourceVersion": versions.get(node).cloned().unwrap_or_default(),
-                "annotations": { CORDONED_FOR_ANNOTATION: annotation },
-            }
-        });
-        if let Some(u) = unschedulable {
-            body["spec"] = json!({ "unschedulable": u });
-        }
-        api.patch(node, &PatchParams::default(), &Patch::Merge(&body))
-            .await
-            .map_err(|source| Error::PatchNode {
-                node: node.into(),
-                source,
-            })?;
+        write_holds(
+            &api,
+            node,
+            versions.get(node).map_or("", String::as_str),
+            holds,
+            unschedulable,
+        )
+        .await
+        .map_err(|source| Error::PatchNode {
+            node: node.into(),
+            source,
+        })?;
         let (action, reason, note) = match w {
             NodeWrite::Cordon { .. } => (
                 "cordon",

@@ -21,6 +21,7 @@ use serde_json::json;
 
 use super::cluster::Cluster;
 use super::procs::{Fleet, Proc};
+use crate::controller::nodes::{holds, is_cordoned};
 use crate::crd::{CONTROLLER_MANAGER, CORDONED_FOR_ANNOTATION, ScheduledEvent, VM_NAME_ANNOTATION};
 use crate::imds::mock::LogEntry;
 use crate::imds::scenario::Scenario;
@@ -742,13 +743,10 @@ async fn observe(
         }
 
         // Nodes, from the API server.
-        for n in nodes_api.list(&ListParams::default()).await? {
+        let nodes = nodes_api.list(&ListParams::default()).await?;
+        for n in &nodes {
             let name = n.name_any();
-            let cordoned = n
-                .spec
-                .as_ref()
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false);
+            let cordoned = is_cordoned(n);
             if cordoned && cordoned_now.insert(name.clone()) {
                 cordoned_ever.insert(name);
             } else if !cordoned && cordoned_now.remove(&name) {
@@ -838,11 +836,7 @@ async fn observe(
                 .values()
                 .all(|s| matches!(s.phase.as_str(), "Completed" | "Cancelled" | "Ignored"));
         let nodes_released = cordoned_now.iter().all(|n| opts.precordoned.contains(n))
-            && nodes_api
-                .list(&ListParams::default())
-                .await?
-                .iter()
-                .all(|n| !n.annotations().contains_key(CORDONED_FOR_ANNOTATION));
+            && nodes.iter().all(|n| holds(n).is_empty());
         if events_over && sevs_over && nodes_released {
             report.finished = true;
             break;
@@ -863,7 +857,7 @@ async fn observe(
     }
     for n in &opts.orphaned_holds {
         let node = nodes_api.get(n).await?;
-        let held = n_is_held(&node);
+        let held = is_cordoned(&node) || !holds(&node).is_empty();
         if held {
             report.violations.push(format!(
                 "{n} is still cordoned for a ScheduledEvent that no longer exists"
@@ -969,15 +963,6 @@ async fn observe(
     report.cordoned = cordoned_ever.into_iter().collect();
     report.cordoned.sort();
     Ok(report)
-}
-
-/// Whether forewarn still holds the node (cordoned, or a hold annotation).
-fn n_is_held(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.unschedulable)
-        .unwrap_or(false)
-        || node.annotations().contains_key(CORDONED_FOR_ANNOTATION)
 }
 
 /// Renders the report's ending: the table and the verdict.
