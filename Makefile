@@ -2,7 +2,7 @@
 CARGO ?= cargo
 SCENARIO ?= tests/fixtures/platform-redeploy.yaml
 
-.PHONY: demo test lint unit generate cluster-up cluster-down clean-cache
+.PHONY: demo test lint unit generate bench-drain cluster-up cluster-down clean-cache
 
 ## demo: local cluster + Azure scenario + agents + controller, with a live timeline (SCENARIO=path to pick another)
 demo:
@@ -14,6 +14,11 @@ test: lint
 	$(CARGO) build --features harness --bin forewarn
 	status=0; $(CARGO) test --features harness || status=$$?; \
 	  bash hack/cluster.sh down --name forewarn-test >/dev/null 2>&1 || true; exit $$status
+
+## bench-drain: forewarn vs `kubectl drain` on a 105-pod node with a PDB, medians and their ratio (a figure, not a test)
+bench-drain:
+	$(CARGO) build --release --features harness --bin forewarn --example bench_drain
+	./target/release/examples/bench_drain
 
 ## lint: cargo fmt --check and clippy with warnings as errors
 lint:

@@ -161,13 +161,19 @@ cmd_up() {
 
   # kwokctl binds every component to 0.0.0.0 unless told otherwise, and the
   # bind address has no flag: only the configuration file sets it.
+  # The Stages (hack/kwok-stages.yaml) make deleted pods honour their grace
+  # period, as a kubelet does.
   config="$KWOK_WORKDIR/$name.kwokctl.yaml"
-  cat >"$config" <<'YAML'
+  {
+    cat <<'YAML'
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokctlConfiguration
 options:
   bindAddress: 127.0.0.1
 YAML
+    echo "---"
+    cat "$here/kwok-stages.yaml"
+  } >"$config"
 
   # On failure, stop the processes but keep the directory for its logs/.
   trap 'on_up_exit $?' EXIT

@@ -98,6 +98,16 @@ pub struct ControllerArgs {
     /// Evictions in flight at once on one node.
     #[arg(long, env = "FOREWARN_MAX_EVICTIONS_PER_NODE", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_evictions_per_node: u16,
+    /// Controller-wide eviction rate budget: evictions per second, over all
+    /// events and nodes (the per-node bound applies too).
+    #[arg(long, env = "FOREWARN_EVICTION_QPS", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    pub eviction_qps: u32,
+    /// Evictions that may be sent at once above the rate before it applies.
+    #[arg(long, env = "FOREWARN_EVICTION_BURST", default_value_t = 40, value_parser = clap::value_parser!(u32).range(1..))]
+    pub eviction_burst: u32,
+    /// `ScheduledEvent`s reconciled at once.
+    #[arg(long, env = "FOREWARN_RECONCILE_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    pub reconcile_concurrency: u16,
 }
 
 /// Flags of `forewarn imds-mock`.

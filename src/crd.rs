@@ -151,7 +151,9 @@ pub struct ScheduledEventStatus {
     /// When the controller saw the event `Completed` and released its nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<DateTime<Utc>>,
-    /// Standard conditions: `Drained`, `DrainBlocked`, `DrainIncomplete`, `Approved`.
+    /// Standard conditions: `Drained`, `DrainBlocked`, `DrainIncomplete`
+    /// (the deadline passed or the event started or ended with pods left),
+    /// `PodsKept`, `ApprovalWithheld`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<Condition>>,
 }
@@ -171,13 +173,30 @@ pub struct NodeProgress {
     /// Whether the node was already cordoned by someone else; forewarn leaves it so.
     #[serde(default)]
     pub already_cordoned: bool,
-    /// Pods still to leave the node (DaemonSet, mirror and finished pods excluded).
+    /// Pods still to leave the node (DaemonSet, mirror and finished pods
+    /// excluded; pods kept on purpose and pods still terminating included).
+    /// Once the event is over, what was left when it ended.
     #[serde(default)]
     pub pods_remaining: i32,
-    /// Why the drain is stuck, e.g. `PodDisruptionBudget default/web`.
+    /// Why the drain is stuck, e.g. `PodDisruptionBudget shop/web: The
+    /// disruption budget web needs 5 healthy pods and has 5 currently`.
+    /// Once the event is over, the last blocker seen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocked_by: Option<String>,
-    /// When the node was first seen with no pods left to evict.
+    /// The PodDisruptionBudgets (`namespace/name`) that blocked an eviction
+    /// on this node in the last pass.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocking_budgets: Vec<String>,
+    /// Pods the drain leaves on the node on purpose, `namespace/name: reason`
+    /// (pods without a controller, as `kubectl drain` without `--force`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods_kept: Vec<String>,
+    /// Pods already terminating that the drain waits for, `namespace/name:
+    /// state` (e.g. `stuck terminating: finalizers [example.com/hold]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_for: Vec<String>,
+    /// When the node was first seen with no pod left that must leave it.
+    /// Absent when it never emptied, also after the event is over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drained_at: Option<DateTime<Utc>>,
 }
@@ -203,10 +222,13 @@ pub struct Approval {
     pub result: Option<String>,
 }
 
-/// A standard Kubernetes condition.
+/// A standard Kubernetes condition, in the shape of `metav1.Condition`.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
+    /// `metadata.generation` of the object when the condition was set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
     /// Condition type in PascalCase, e.g. `DrainBlocked`.
     #[serde(rename = "type")]
     pub type_: String,

@@ -63,14 +63,16 @@ impl AgentMetrics {
 pub struct ControllerMetrics {
     /// Reconciles by `result`: `ok`, `error`.
     pub reconciles: IntCounterVec,
-    /// Evictions by `result`: `evicted`, `blocked`, `gone`, `error`.
+    /// Evictions by `result`: `evicted`, `blocked`, `throttled`, `gone`, `error`.
     pub evictions: IntCounterVec,
     /// Cordon and uncordon writes by `action`: `cordon`, `uncordon`.
     pub node_writes: IntCounterVec,
     /// Approvals decided, by event `type`.
     pub approvals_decided: IntCounterVec,
-    /// Events whose drain did not finish before they started.
+    /// Events whose drain did not finish before its deadline, start or end.
     pub drains_incomplete: IntCounterVec,
+    /// 1 while this replica holds the leader-election Lease, else 0.
+    pub leader: IntGauge,
 }
 
 impl ControllerMetrics {
@@ -111,11 +113,16 @@ impl ControllerMetrics {
             drains_incomplete: IntCounterVec::new(
                 Opts::new(
                     "forewarn_controller_drains_incomplete_total",
-                    "Events that started before their nodes were drained, by event type",
+                    "Events whose drain did not finish before the deadline, the start or the end, by event type",
                 ),
                 &["type"],
             )?,
+            leader: IntGauge::new(
+                "forewarn_controller_leader",
+                "1 while this replica holds the leader-election Lease",
+            )?,
         };
+        registry.register(Box::new(m.leader.clone()))?;
         for c in [
             &m.reconciles,
             &m.evictions,

@@ -15,6 +15,10 @@
 //!     action: Approve          # Ignore | Approve | Cordon | Drain | DrainAndApprove
 //! defaultAction: DrainAndApprove
 //! drainMarginSeconds: 5        # drain deadline = NotBefore - margin
+//! minGraceSeconds: 5           # eviction grace floor (>= 1; a pod's own shorter grace is kept)
+//! evictUnmanagedPods: []       # event types whose pods without a controller are evicted too,
+//!                              # e.g. [Terminate, Preempt]: the VM is deleted, the pods are lost anyway
+//! releaseDelaySeconds: 3       # wait after an event ends before releasing its nodes
 //! approveForeignVms: false     # approve although Resources names VMs outside this cluster
 //! retention: 24h               # how long finished ScheduledEvents are kept
 //! ```
@@ -100,6 +104,24 @@ pub struct Policy {
     /// grace periods are clipped to end by then.
     #[serde(default = "five")]
     pub drain_margin_seconds: u64,
+    /// The shortest grace period an eviction asks for, seconds (at least 1:
+    /// a grace of 0 is a force delete). A pod whose own
+    /// `terminationGracePeriodSeconds` is shorter keeps its own.
+    #[serde(default = "five_i64")]
+    pub min_grace_seconds: i64,
+    /// Event types (ignoring case) for which pods without a controller are
+    /// evicted too. By default they are kept and reported, as `kubectl
+    /// drain` keeps them without `--force`: nothing would recreate them.
+    #[serde(default)]
+    pub evict_unmanaged_pods: Vec<String>,
+    /// Seconds between an event's end and the release of its nodes. When
+    /// one event leaves IMDS as the next for the same VM appears, every
+    /// agent sees the change within a poll or two; this gives the next
+    /// event time to be mirrored and claim the node, so that the node is
+    /// never schedulable in between (AZURE-SCHEDULED-EVENTS: domains follow
+    /// each other).
+    #[serde(default = "three")]
+    pub release_delay_seconds: u64,
     /// Approve even when `Resources` names VMs that are no node of this
     /// cluster (an approval starts the impact for all of them). Off by default.
     #[serde(default)]
@@ -115,6 +137,14 @@ fn drain_and_approve() -> Action {
 fn five() -> u64 {
     5
 }
+fn five_i64() -> i64 {
+    5
+}
+fn three() -> u64 {
+    3
+}
+/// The longest `retention` accepted: ten years.
+const MAX_RETENTION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 fn one_day() -> Duration {
     Duration::from_secs(24 * 3600)
 }
@@ -131,6 +161,9 @@ impl Default for Policy {
             }],
             default_action: Action::DrainAndApprove,
             drain_margin_seconds: 5,
+            min_grace_seconds: 5,
+            evict_unmanaged_pods: Vec::new(),
+            release_delay_seconds: 3,
             approve_foreign_vms: false,
             retention: one_day(),
         }
@@ -157,6 +190,14 @@ pub enum Error {
         /// The YAML error, with line and column.
         #[source]
         source: serde_yaml::Error,
+    },
+    /// A setting out of range.
+    #[error("invalid policy file {path}: {reason}")]
+    Setting {
+        /// The path given.
+        path: String,
+        /// What is wrong.
+        reason: String,
     },
     /// A rule that can never match.
     #[error("invalid policy file {path}: rule {index}: {reason}")]
@@ -205,7 +246,60 @@ impl Policy {
                 });
             }
         }
+        if p.min_grace_seconds < 1 {
+            return Err(Error::Setting {
+                path: path.into(),
+                reason: format!(
+                    "minGraceSeconds must be at least 1 (0 is a force delete), got {}",
+                    p.min_grace_seconds
+                ),
+            });
+        }
+        if p.retention > MAX_RETENTION {
+            return Err(Error::Setting {
+                path: path.into(),
+                reason: format!(
+                    "retention {} is longer than the 10 years allowed",
+                    humantime::format_duration(p.retention)
+                ),
+            });
+        }
+        if p.release_delay_seconds > 3600 {
+            return Err(Error::Setting {
+                path: path.into(),
+                reason: format!(
+                    "releaseDelaySeconds {} is longer than an hour; nodes would stay cordoned long after their event",
+                    p.release_delay_seconds
+                ),
+            });
+        }
+        if p.drain_margin_seconds > 7 * 24 * 3600 {
+            return Err(Error::Setting {
+                path: path.into(),
+                reason: format!(
+                    "drainMarginSeconds {} is longer than a week, the longest notice Azure gives",
+                    p.drain_margin_seconds
+                ),
+            });
+        }
         Ok(p)
+    }
+
+    /// Whether pods without a controller are evicted for events of `event_type`.
+    pub fn evicts_unmanaged(&self, event_type: &EventType) -> bool {
+        let name = event_type.to_string();
+        self.evict_unmanaged_pods
+            .iter()
+            .any(|t| t.eq_ignore_ascii_case(&name))
+    }
+
+    /// When an event that finished at `finished` is deleted: `finished`
+    /// plus `retention`, saturating (never panics on a huge retention).
+    pub fn expiry(&self, finished: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
+        chrono::Duration::from_std(self.retention)
+            .ok()
+            .and_then(|keep| finished.checked_add_signed(keep))
+            .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC)
     }
 
     /// The action for an event of `event_type` from `source` with `duration_seconds`.
@@ -298,5 +392,30 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("rule 0"), "{e}");
+        let e = Policy::parse("minGraceSeconds: 0\n", "p").unwrap_err();
+        assert!(e.to_string().contains("force delete"), "{e}");
+        let e = Policy::parse("retention: 1000000years\n", "p").unwrap_err();
+        assert!(e.to_string().contains("10 years"), "{e}");
+    }
+
+    #[test]
+    fn unmanaged_pods_are_kept_unless_the_policy_names_the_event_type() {
+        let p = Policy::default();
+        assert!(!p.evicts_unmanaged(&EventType::Terminate));
+        let p = Policy::parse("evictUnmanagedPods: [terminate, Preempt]\n", "p").unwrap();
+        assert!(p.evicts_unmanaged(&EventType::Terminate));
+        assert!(p.evicts_unmanaged(&EventType::Preempt));
+        assert!(!p.evicts_unmanaged(&EventType::Freeze));
+    }
+
+    #[test]
+    fn expiry_saturates_instead_of_overflowing() {
+        let mut p = Policy::default();
+        let t = chrono::DateTime::parse_from_rfc3339("2026-11-21T10:00:00Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        assert_eq!(p.expiry(t), t + chrono::Duration::hours(24));
+        p.retention = Duration::MAX;
+        assert_eq!(p.expiry(t), chrono::DateTime::<chrono::Utc>::MAX_UTC);
     }
 }

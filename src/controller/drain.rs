@@ -1,23 +1,35 @@
-//! Draining: which pods must leave a node, and evicting them through the
+//! Draining: which pods a node holds, and evicting them through the
 //! Eviction API so that PodDisruptionBudgets are honoured.
 //!
-//! Follows `kubectl drain` (k8s.io/kubectl `pkg/drain`): DaemonSet pods and
-//! mirror (static) pods stay, finished pods do not count, a 429 is "blocked
-//! by a PodDisruptionBudget, retry later" and never bypassed, a 404 means the
-//! pod is already gone. Unlike kubectl, pods with `emptyDir` and pods without
-//! a controller are evicted too: the VM is about to lose them anyway.
+//! Follows `kubectl drain --ignore-daemonsets --delete-emptydir-data`
+//! (k8s.io/kubectl `pkg/drain`): DaemonSet pods and mirror (static) pods
+//! stay, finished pods do not count, pods with `emptyDir` are evicted, pods
+//! without a controller are kept unless the policy says otherwise (see
+//! [`super::plan`]). A PodDisruptionBudget is never bypassed.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 use futures::StreamExt;
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, EvictParams, ListParams, Preconditions};
+use k8s_openapi::api::policy::v1::{Eviction as EvictionBody, PodDisruptionBudget};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, LabelSelector, Preconditions};
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::core::Status;
 use kube::{Client, ResourceExt};
 
-use super::plan::{Eviction, EvictionOutcome, PodInfo};
+use super::plan::{Eviction, EvictionOutcome, PodInfo, Terminating};
 
 /// Annotation the kubelet puts on mirror pods of static pods.
 const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 /// Kubernetes' default `terminationGracePeriodSeconds`.
 const DEFAULT_GRACE_SECONDS: i64 = 30;
+/// How long a PodDisruptionBudget may list a pod in `status.disruptedPods`
+/// before we call it wedged: the disruption controller itself drops entries
+/// after two minutes (`DeletionTimeout` in kube-controller-manager).
+const WEDGED_AFTER: chrono::TimeDelta = chrono::TimeDelta::minutes(2);
 
 /// Errors of the drain's reads.
 #[derive(Debug, thiserror::Error)]
@@ -36,10 +48,11 @@ pub enum Error {
 /// The pod as the drain sees it, or `None` when the pod stays on the node or
 /// does not count: owned by a DaemonSet, a mirror pod, or finished.
 pub fn classify_pod(pod: &Pod) -> Option<PodInfo> {
-    let daemonset = pod
+    let controller = pod
         .owner_references()
         .iter()
-        .any(|o| o.controller == Some(true) && o.kind == "DaemonSet");
+        .find(|o| o.controller == Some(true));
+    let daemonset = controller.is_some_and(|o| o.kind == "DaemonSet");
     let mirror = pod.annotations().contains_key(MIRROR_ANNOTATION);
     let finished = pod
         .status
@@ -53,7 +66,16 @@ pub fn classify_pod(pod: &Pod) -> Option<PodInfo> {
         namespace: pod.namespace().unwrap_or_default(),
         name: pod.name_any(),
         uid: pod.uid().unwrap_or_default(),
-        terminating: pod.metadata.deletion_timestamp.is_some(),
+        labels: pod.labels().clone(),
+        managed: controller.is_some(),
+        terminating: pod
+            .metadata
+            .deletion_timestamp
+            .as_ref()
+            .map(|t| Terminating {
+                deadline: chrono_time(&t.0),
+                finalizers: pod.finalizers().to_vec(),
+            }),
         grace_seconds: pod
             .spec
             .as_ref()
@@ -62,11 +84,19 @@ pub fn classify_pod(pod: &Pod) -> Option<PodInfo> {
     })
 }
 
-/// The pods that must leave `node`.
+fn chrono_time(t: &k8s_openapi::jiff::Timestamp) -> DateTime<Utc> {
+    DateTime::from_timestamp(
+        t.as_second(),
+        u32::try_from(t.subsec_nanosecond()).unwrap_or(0),
+    )
+    .unwrap_or_else(Utc::now)
+}
+
+/// The pods on `node` that the drain considers.
 ///
 /// # Errors
 /// [`Error::ListPods`] when the API server cannot be read.
-pub async fn pods_to_drain(client: &Client, node: &str) -> Result<Vec<PodInfo>, Error> {
+pub async fn pods_on(client: &Client, node: &str) -> Result<Vec<PodInfo>, Error> {
     let pods: Api<Pod> = Api::all(client.clone());
     let list = pods
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
@@ -78,44 +108,213 @@ pub async fn pods_to_drain(client: &Client, node: &str) -> Result<Vec<PodInfo>, 
     Ok(list.items.iter().filter_map(classify_pod).collect())
 }
 
-/// Requests one eviction. `client` must not retry 429s by itself (kube's
-/// default retry policy would hide a blocking PodDisruptionBudget for minutes).
-pub async fn evict(client: &Client, e: &Eviction) -> EvictionOutcome {
-    let api: Api<Pod> = Api::namespaced(client.clone(), &e.pod.namespace);
-    let params = EvictParams {
-        delete_options: Some(DeleteParams {
-            grace_period_seconds: Some(u32::try_from(e.grace_seconds.max(0)).unwrap_or(0)),
+/// The `policy/v1` Eviction we send: the grace period and the pod-UID
+/// precondition in `deleteOptions`.
+///
+/// Built here rather than with kube's `EvictParams`: kube-core 5.0.0
+/// serialises its options under the key `delete_options`, which the API
+/// server drops as an unknown field, so neither the grace nor the
+/// precondition would apply.
+pub fn eviction_body(e: &Eviction) -> EvictionBody {
+    EvictionBody {
+        metadata: ObjectMeta {
+            name: Some(e.pod.name.clone()),
+            namespace: Some(e.pod.namespace.clone()),
+            ..ObjectMeta::default()
+        },
+        delete_options: Some(DeleteOptions {
+            grace_period_seconds: Some(e.grace_seconds.max(1)),
             preconditions: Some(Preconditions {
                 uid: Some(e.pod.uid.clone()),
                 resource_version: None,
             }),
-            ..DeleteParams::default()
+            ..DeleteOptions::default()
         }),
-        post_options: Default::default(),
-    };
-    match api.evict(&e.pod.name, &params).await {
-        Ok(_) => EvictionOutcome::Evicted,
-        Err(kube::Error::Api(s)) if s.code == 429 => {
-            let cause = s
-                .details
-                .as_ref()
-                .and_then(|d| d.causes.iter().find(|c| c.reason == "DisruptionBudget"))
-                .map(|c| c.message.clone());
-            EvictionOutcome::Blocked(format!(
-                "PodDisruptionBudget: {}",
-                cause.unwrap_or_else(|| s.message.clone())
-            ))
-        }
-        // Gone, or recreated under the same name (UID precondition failed).
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => EvictionOutcome::Gone,
-        Err(err) => EvictionOutcome::Failed(err.to_string()),
     }
 }
 
+/// Classifies the API server's refusal of an eviction.
+pub fn classify_refusal(s: &Status) -> EvictionOutcome {
+    let msg = s.message.clone();
+    match s.code {
+        429 => {
+            let budgets: Vec<String> = s
+                .details
+                .iter()
+                .flat_map(|d| &d.causes)
+                .filter(|c| c.reason == "DisruptionBudget")
+                .filter_map(|c| budget_name(&c.message))
+                .collect();
+            let has_cause = s
+                .details
+                .iter()
+                .flat_map(|d| &d.causes)
+                .any(|c| c.reason == "DisruptionBudget");
+            if has_cause {
+                EvictionOutcome::Blocked {
+                    budgets,
+                    message: s
+                        .details
+                        .iter()
+                        .flat_map(|d| &d.causes)
+                        .find(|c| c.reason == "DisruptionBudget")
+                        .map_or(msg, |c| c.message.clone()),
+                }
+            } else {
+                EvictionOutcome::Throttled {
+                    retry_after_seconds: s
+                        .details
+                        .as_ref()
+                        .map_or(1, |d| d.retry_after_seconds)
+                        .max(1),
+                }
+            }
+        }
+        404 => EvictionOutcome::Gone,
+        409 if msg.contains("Precondition failed") || msg.contains("UID in precondition") => {
+            EvictionOutcome::Gone
+        }
+        500 if msg.contains("more than one PodDisruptionBudget") => EvictionOutcome::Blocked {
+            budgets: Vec::new(), // named by the caller, which can list them
+            message: msg,
+        },
+        _ => EvictionOutcome::Retry(format!("{} {}: {msg}", s.code, s.reason)),
+    }
+}
+
+/// The budget's name in the API server's cause message, e.g. `web` in
+/// "The disruption budget web needs 5 healthy pods and has 5 currently".
+fn budget_name(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("The disruption budget ")?;
+    rest.split_whitespace().next().map(String::from)
+}
+
+/// Whether `selector` selects a pod with `labels` (matchLabels and
+/// matchExpressions, as in `metav1.LabelSelectorAsSelector`).
+pub fn selects(
+    selector: &LabelSelector,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let labels_ok = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let exprs_ok = selector.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.clone().unwrap_or_default();
+        match e.operator.as_str() {
+            "In" => labels.get(&e.key).is_some_and(|v| values.contains(v)),
+            "NotIn" => labels.get(&e.key).is_none_or(|v| !values.contains(v)),
+            "Exists" => labels.contains_key(&e.key),
+            "DoesNotExist" => !labels.contains_key(&e.key),
+            _ => false,
+        }
+    });
+    labels_ok && exprs_ok
+}
+
+/// The PodDisruptionBudgets of `namespace` that select `pod`, `namespace/name`.
+async fn budgets_of(client: &Client, pod: &PodInfo) -> Vec<String> {
+    let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &pod.namespace);
+    match api.list(&ListParams::default()).await {
+        Ok(list) => list
+            .items
+            .iter()
+            .filter(|b| {
+                b.spec
+                    .as_ref()
+                    .and_then(|s| s.selector.as_ref())
+                    // An empty selector selects every pod of the namespace (policy/v1).
+                    .is_some_and(|sel| selects(sel, &pod.labels))
+            })
+            .map(|b| format!("{}/{}", pod.namespace, b.name_any()))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// A note when a budget has been wedged by a pod it still lists as
+/// disrupted long after the eviction (the pod never went away).
+async fn wedged_note(
+    client: &Client,
+    namespace: &str,
+    budget: &str,
+    now: DateTime<Utc>,
+) -> Option<String> {
+    let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), namespace);
+    let pdb = api.get_opt(budget).await.ok()??;
+    let stale: Vec<String> = pdb
+        .status?
+        .disrupted_pods?
+        .iter()
+        .filter(|(_, t)| now - chrono_time(&t.0) > WEDGED_AFTER)
+        .map(|(p, t)| format!("{p} (since {})", chrono_time(&t.0).to_rfc3339()))
+        .collect();
+    (!stale.is_empty()).then(|| {
+        format!(
+            "PodDisruptionBudget {namespace}/{budget} looks wedged: it still counts {} as disrupted",
+            stale.join(", ")
+        )
+    })
+}
+
+/// Requests one eviction and classifies the answer. `client` must not retry
+/// 429s by itself (kube's default retry policy would hide a blocking
+/// PodDisruptionBudget for minutes).
+pub async fn evict(client: &Client, e: &Eviction) -> EvictionOutcome {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &e.pod.namespace);
+    let body = eviction_body(e);
+    let outcome = match api
+        .create_subresource::<_, serde_json::Value>(
+            "eviction",
+            &e.pod.name,
+            &PostParams::default(),
+            &body,
+        )
+        .await
+    {
+        Ok(_) => EvictionOutcome::Evicted,
+        Err(kube::Error::Api(s)) => classify_refusal(&s),
+        Err(err) => EvictionOutcome::Retry(err.to_string()),
+    };
+    match outcome {
+        EvictionOutcome::Blocked { budgets, message } => {
+            let budgets = if budgets.is_empty() {
+                budgets_of(client, &e.pod).await
+            } else {
+                budgets
+                    .into_iter()
+                    .map(|b| format!("{}/{b}", e.pod.namespace))
+                    .collect()
+            };
+            let mut message = message;
+            for b in &budgets {
+                let name = b.rsplit('/').next().unwrap_or(b);
+                if let Some(note) = wedged_note(client, &e.pod.namespace, name, Utc::now()).await {
+                    message = format!("{message}; {note}");
+                }
+            }
+            EvictionOutcome::Blocked { budgets, message }
+        }
+        other => other,
+    }
+}
+
+/// The controller-wide eviction rate budget: a token bucket of `qps`
+/// evictions a second with bursts of `burst`, shared by every reconcile.
+pub fn rate_limiter(qps: u32, burst: u32) -> Arc<DefaultDirectRateLimiter> {
+    let qps = std::num::NonZeroU32::new(qps.max(1)).unwrap_or(std::num::NonZeroU32::MIN);
+    let burst = std::num::NonZeroU32::new(burst.max(1)).unwrap_or(std::num::NonZeroU32::MIN);
+    Arc::new(RateLimiter::direct(
+        Quota::per_second(qps).allow_burst(burst),
+    ))
+}
+
 /// Requests `evictions` concurrently, at most `per_node` at once per node,
-/// and returns `(node, pod, outcome)` for each.
+/// each after a token of `limiter`, and returns `(node, pod, outcome)` for each.
 pub async fn evict_all(
     client: &Client,
+    limiter: &DefaultDirectRateLimiter,
     evictions: &[Eviction],
     per_node: usize,
 ) -> Vec<(String, String, EvictionOutcome)> {
@@ -127,21 +326,16 @@ pub async fn evict_all(
         }
     }
     let per_node = per_node.max(1);
-    let nodes = by_node.into_iter().map(|(_, list)| {
-        let client = client.clone();
-        async move {
-            futures::stream::iter(list)
-                .map(move |e| {
-                    let client = client.clone();
-                    async move {
-                        let outcome = evict(&client, &e).await;
-                        (e.node, e.pod.name, outcome)
-                    }
-                })
-                .buffer_unordered(per_node)
-                .collect::<Vec<_>>()
-                .await
-        }
+    let nodes = by_node.into_iter().map(|(_, list)| async move {
+        futures::stream::iter(list)
+            .map(|e| async move {
+                limiter.until_ready().await;
+                let outcome = evict(client, &e).await;
+                (e.node, e.pod.name, outcome)
+            })
+            .buffer_unordered(per_node)
+            .collect::<Vec<_>>()
+            .await
     });
     futures::future::join_all(nodes)
         .await
@@ -150,12 +344,27 @@ pub async fn evict_all(
         .collect()
 }
 
+/// The longest `Retry-After` among throttled evictions, if any.
+pub fn throttled_for(outcomes: &[(String, String, EvictionOutcome)]) -> Option<Duration> {
+    outcomes
+        .iter()
+        .filter_map(|(_, _, o)| match o {
+            EvictionOutcome::Throttled {
+                retry_after_seconds,
+            } => Some(Duration::from_secs(u64::from(*retry_after_seconds))),
+            _ => None,
+        })
+        .max()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-    use kube::api::ObjectMeta;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+        LabelSelectorRequirement, OwnerReference,
+    };
+    use kube::core::response::{StatusCause, StatusDetails};
 
     fn pod(owner_kind: Option<&str>, phase: &str) -> Pod {
         Pod {
@@ -187,11 +396,13 @@ mod tests {
     }
 
     #[test]
-    fn replicaset_and_bare_pods_must_leave() {
+    fn replicaset_pods_are_managed_and_bare_pods_are_not() {
         let info = classify_pod(&pod(Some("ReplicaSet"), "Running")).unwrap();
         assert_eq!((info.namespace.as_str(), info.grace_seconds), ("ns", 45));
-        assert!(!info.terminating);
-        assert!(classify_pod(&pod(None, "Running")).is_some());
+        assert!(info.managed);
+        assert!(info.terminating.is_none());
+        let bare = classify_pod(&pod(None, "Running")).unwrap();
+        assert!(!bare.managed);
     }
 
     #[test]
@@ -202,5 +413,151 @@ mod tests {
         let mut m = pod(None, "Running");
         m.metadata.annotations = Some([(MIRROR_ANNOTATION.to_string(), "x".to_string())].into());
         assert!(classify_pod(&m).is_none());
+    }
+
+    #[test]
+    fn eviction_body_carries_grace_and_uid_under_delete_options() {
+        let e = Eviction {
+            node: "n".into(),
+            pod: PodInfo {
+                namespace: "ns".into(),
+                name: "p".into(),
+                uid: "uid-1".into(),
+                ..PodInfo::default()
+            },
+            grace_seconds: 7,
+        };
+        let v = serde_json::to_value(eviction_body(&e)).unwrap();
+        assert_eq!(v["apiVersion"], "policy/v1");
+        assert_eq!(v["kind"], "Eviction");
+        assert_eq!(v["deleteOptions"]["gracePeriodSeconds"], 7);
+        assert_eq!(v["deleteOptions"]["preconditions"]["uid"], "uid-1");
+        assert!(v.get("delete_options").is_none());
+    }
+
+    fn status(code: u16, message: &str, causes: Vec<(&str, &str)>, retry: u32) -> Status {
+        Status {
+            code,
+            message: message.into(),
+            reason: "r".into(),
+            details: Some(StatusDetails {
+                causes: causes
+                    .into_iter()
+                    .map(|(r, m)| StatusCause {
+                        reason: r.into(),
+                        message: m.into(),
+                        field: String::new(),
+                    })
+                    .collect(),
+                retry_after_seconds: retry,
+                name: String::new(),
+                group: String::new(),
+                kind: String::new(),
+                uid: String::new(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn refusals_are_classified_from_the_answer() {
+        let pdb = status(
+            429,
+            "Cannot evict pod as it would violate the pod's disruption budget.",
+            vec![(
+                "DisruptionBudget",
+                "The disruption budget web needs 5 healthy pods and has 5 currently",
+            )],
+            10,
+        );
+        assert_eq!(
+            classify_refusal(&pdb),
+            EvictionOutcome::Blocked {
+                budgets: vec!["web".into()],
+                message: "The disruption budget web needs 5 healthy pods and has 5 currently"
+                    .into()
+            }
+        );
+        let apf = status(429, "Too many requests, please try again later.", vec![], 3);
+        assert_eq!(
+            classify_refusal(&apf),
+            EvictionOutcome::Throttled {
+                retry_after_seconds: 3
+            }
+        );
+        let uid = status(
+            409,
+            "Precondition failed: UID in precondition: a, UID in object meta: b",
+            vec![],
+            0,
+        );
+        assert_eq!(classify_refusal(&uid), EvictionOutcome::Gone);
+        let conflict = status(
+            409,
+            "Operation cannot be fulfilled on poddisruptionbudgets",
+            vec![],
+            0,
+        );
+        assert!(matches!(
+            classify_refusal(&conflict),
+            EvictionOutcome::Retry(_)
+        ));
+        let two = status(
+            500,
+            "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+            vec![],
+            0,
+        );
+        assert!(matches!(
+            classify_refusal(&two),
+            EvictionOutcome::Blocked { .. }
+        ));
+        assert_eq!(
+            classify_refusal(&status(404, "not found", vec![], 0)),
+            EvictionOutcome::Gone
+        );
+    }
+
+    #[test]
+    fn label_selectors_match_like_the_api_server() {
+        let labels = [
+            ("app".to_string(), "web".to_string()),
+            ("tier".to_string(), "a".to_string()),
+        ]
+        .into();
+        let sel = |ml: Option<Vec<(&str, &str)>>, ex: Vec<(&str, &str, Vec<&str>)>| LabelSelector {
+            match_labels: ml.map(|v| {
+                v.into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            }),
+            match_expressions: Some(
+                ex.into_iter()
+                    .map(|(k, op, vs)| LabelSelectorRequirement {
+                        key: k.into(),
+                        operator: op.into(),
+                        values: Some(vs.into_iter().map(String::from).collect()),
+                    })
+                    .collect(),
+            ),
+        };
+        assert!(selects(&sel(Some(vec![("app", "web")]), vec![]), &labels));
+        assert!(!selects(&sel(Some(vec![("app", "db")]), vec![]), &labels));
+        assert!(selects(
+            &sel(None, vec![("tier", "In", vec!["a", "b"])]),
+            &labels
+        ));
+        assert!(!selects(
+            &sel(None, vec![("tier", "NotIn", vec!["a"])]),
+            &labels
+        ));
+        assert!(selects(
+            &sel(None, vec![("zone", "DoesNotExist", vec![])]),
+            &labels
+        ));
+        assert!(
+            selects(&sel(None, vec![]), &labels),
+            "an empty selector selects every pod"
+        );
     }
 }

@@ -1,9 +1,87 @@
 //! Nodes as the controller sees them: which node an entry of `Resources`
-//! names, and who holds a node's cordon.
+//! names, who holds a node's cordon, and the one writer of forewarn's marks
+//! on a node (cordon, taint, hold list).
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
 
 use crate::crd::{CORDONED_FOR_ANNOTATION, VM_NAME_ANNOTATION};
+
+/// Key of the taint forewarn puts next to its cordon (effect `NoSchedule`),
+/// so that tools and people can tell why a node is cordoned. Owned like the
+/// cordon: present exactly while forewarn holds the node for some event.
+pub const TAINT_KEY: &str = "forewarn.dev/scheduled-event";
+
+/// The node's taints with forewarn's taint present (`held`) or absent, or
+/// `None` when they are already so. Other taints are never touched.
+pub fn taints_for(node: &Node, held: bool) -> Option<Vec<Taint>> {
+    let current: Vec<Taint> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    let has = current.iter().any(|t| t.key == TAINT_KEY);
+    if has == held {
+        return None;
+    }
+    let mut taints: Vec<Taint> = current.into_iter().filter(|t| t.key != TAINT_KEY).collect();
+    if held {
+        taints.push(Taint {
+            key: TAINT_KEY.into(),
+            value: Some("true".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        });
+    }
+    Some(taints)
+}
+
+/// Writes a node's hold list (`forewarn.dev/cordoned-for`; removed when
+/// empty), forewarn's taint (present while the list is not empty) and, if
+/// given, `spec.unschedulable`, in one merge patch made conditional on the
+/// `resourceVersion` of `node` as read: two writers editing one node's hold
+/// list or taints cannot lose each other's change (the loser gets a 409 and
+/// retries from a fresh read).
+///
+/// # Errors
+/// The API error; 409 when the node changed since it was read.
+pub async fn write_holds(
+    api: &Api<Node>,
+    node: &Node,
+    holds: &[String],
+    unschedulable: Option<bool>,
+) -> Result<(), kube::Error> {
+    let annotation = if holds.is_empty() {
+        json!(null)
+    } else {
+        json!(holds.join(","))
+    };
+    let mut body = json!({
+        "metadata": {
+            "resourceVersion": node.resource_version().unwrap_or_default(),
+            "annotations": { CORDONED_FOR_ANNOTATION: annotation },
+        }
+    });
+    let mut spec = serde_json::Map::new();
+    if let Some(u) = unschedulable {
+        spec.insert("unschedulable".into(), json!(u));
+    }
+    if let Some(taints) = taints_for(node, !holds.is_empty()) {
+        spec.insert("taints".into(), json!(taints));
+    }
+    if !spec.is_empty() {
+        body["spec"] = serde_json::Value::Object(spec);
+    }
+    api.patch(
+        &node.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&body),
+    )
+    .await
+    .map(|_| ())
+}
 
 /// The VM name an Azure `providerID` stands for, as it appears in `Resources`.
 ///
@@ -170,6 +248,26 @@ mod tests {
             vec!["gone".to_string()]
         );
         assert!(orphaned_holds(&holds, |_| true).is_empty());
+    }
+
+    #[test]
+    fn taint_follows_the_holds_and_other_taints_stay() {
+        let mut n = node("n", None, None);
+        let theirs = Taint {
+            key: "example.com/maintenance".into(),
+            value: None,
+            effect: "NoSchedule".into(),
+            time_added: None,
+        };
+        n.spec.as_mut().unwrap().taints = Some(vec![theirs.clone()]);
+        let added = taints_for(&n, true).unwrap();
+        assert_eq!(added.len(), 2);
+        assert_eq!(added[0], theirs);
+        assert_eq!(added[1].key, TAINT_KEY);
+        assert_eq!(taints_for(&n, false), None, "nothing of ours to remove");
+        n.spec.as_mut().unwrap().taints = Some(added);
+        assert_eq!(taints_for(&n, true), None, "already there");
+        assert_eq!(taints_for(&n, false), Some(vec![theirs]));
     }
 
     #[test]

@@ -1,33 +1,65 @@
 //! The pure heart of the controller: given an event and what the cluster
-//! looks like, what to do next, and what the status should say afterwards.
-//! No I/O here, so every rule of DESIGN.md is tested without a cluster.
+//! looks like, what to do next. No I/O here, so every rule of DESIGN.md is
+//! tested without a cluster; [`super::status`] then says what the status
+//! should record.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::crd::{Approval, Condition, NodeProgress, Phase, ScheduledEvent, ScheduledEventStatus};
+use crate::crd::{Phase, ScheduledEvent};
 use crate::imds::model::{EventStatus, EventType};
 use crate::policy::{Action, Policy};
 
-/// A pod that must leave a node for it to count as drained.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A pod that the drain has to consider on a node.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PodInfo {
     /// Namespace.
     pub namespace: String,
     /// Name.
     pub name: String,
-    /// UID, so that a pod recreated under the same name is not mistaken for it.
+    /// UID, sent as the eviction's precondition so that a pod recreated
+    /// under the same name is never evicted in its predecessor's place.
     pub uid: String,
-    /// Already being deleted: wait for it, do not evict again.
-    pub terminating: bool,
+    /// Labels, to find the PodDisruptionBudgets that select the pod.
+    pub labels: BTreeMap<String, String>,
+    /// Whether a controller (ReplicaSet, StatefulSet, Job, ...) owns the pod
+    /// and will recreate it elsewhere. `kubectl drain` refuses to delete
+    /// pods without one unless `--force`: nothing would bring them back.
+    pub managed: bool,
+    /// Set when the pod is already being deleted: wait for it, never evict again.
+    pub terminating: Option<Terminating>,
     /// `terminationGracePeriodSeconds` (Kubernetes default 30).
     pub grace_seconds: i64,
 }
 
+/// A pod being deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Terminating {
+    /// `metadata.deletionTimestamp`: the time by which the kubelet must have
+    /// stopped it (deletion time plus its grace period).
+    pub deadline: DateTime<Utc>,
+    /// `metadata.finalizers`: what keeps the object after its containers stopped.
+    pub finalizers: Vec<String>,
+}
+
+impl PodInfo {
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// How long after its `deletionTimestamp` a terminating pod is taken as
+/// stopped although its object remains (a finalizer, a lost kubelet): its
+/// containers have had their whole grace period, so the node no longer waits
+/// for it. The same idea as `kubectl drain --skip-wait-for-delete-timeout`.
+pub const STUCK_TERMINATING_AFTER: chrono::TimeDelta = chrono::TimeDelta::seconds(30);
+
 /// A node that matters to the event: mapped from `Resources`, or holding a
 /// cordon for it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ObservedNode {
     /// Node name.
     pub name: String,
@@ -38,7 +70,11 @@ pub struct ObservedNode {
     pub cordoned: bool,
     /// Events for which forewarn holds its cordon (annotation).
     pub holds: Vec<String>,
-    /// Pods still to leave (DaemonSet, mirror and finished pods excluded).
+    /// Other unfinished `ScheduledEvent`s that map to this node and whose
+    /// policy cordons it: a release hands the cordon over to them instead of
+    /// uncordoning, whether or not they have written their hold yet.
+    pub claimed_by: Vec<String>,
+    /// Pods on the node that are not DaemonSet, mirror or finished pods.
     pub pods: Vec<PodInfo>,
 }
 
@@ -51,10 +87,10 @@ pub struct Observed {
     pub unmapped: Vec<String>,
 }
 
-/// A write to a Node.
+/// A write to a Node's cordon, taint and hold list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeWrite {
-    /// Cordon the node and record the event as holding it.
+    /// Cordon and taint the node and record the event as holding it.
     Cordon {
         /// Node name.
         node: String,
@@ -68,13 +104,15 @@ pub enum NodeWrite {
         /// The hold list to write.
         holds: Vec<String>,
     },
-    /// Remove this event's hold; uncordon when no hold is left.
+    /// Remove this event's hold; uncordon and untaint when no hold is left.
     Release {
         /// Node name.
         node: String,
-        /// The hold list to write (empty: remove the annotation).
+        /// The hold list to write (empty: remove the annotation). Other
+        /// events that claim the node are in it even if they had not written
+        /// their hold yet, so the node is never schedulable in between.
         holds: Vec<String>,
-        /// Whether to uncordon (no other hold and the node is still cordoned).
+        /// Whether to uncordon (no hold left and the node is still cordoned).
         uncordon: bool,
     },
 }
@@ -88,6 +126,23 @@ impl NodeWrite {
             | NodeWrite::Release { node, .. } => node,
         }
     }
+
+    /// The hold list written.
+    pub fn holds(&self) -> &[String] {
+        match self {
+            NodeWrite::Cordon { holds, .. }
+            | NodeWrite::AddHold { holds, .. }
+            | NodeWrite::Release { holds, .. } => holds,
+        }
+    }
+
+    /// `spec.unschedulable` to write, if it changes.
+    pub fn unschedulable(&self) -> Option<bool> {
+        match self {
+            NodeWrite::Cordon { .. } | NodeWrite::AddHold { .. } => Some(true),
+            NodeWrite::Release { uncordon, .. } => uncordon.then_some(false),
+        }
+    }
 }
 
 /// One eviction to request.
@@ -97,8 +152,19 @@ pub struct Eviction {
     pub node: String,
     /// The pod.
     pub pod: PodInfo,
-    /// Grace period to ask for: the pod's own, clipped to end by the drain deadline.
+    /// Grace period to ask for, seconds: see [`eviction_grace`]. Never 0.
     pub grace_seconds: i64,
+}
+
+/// A pod the drain leaves on its node, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    /// Node the pod runs on.
+    pub node: String,
+    /// `namespace/name`.
+    pub pod: String,
+    /// Why, e.g. `no controller`.
+    pub reason: String,
 }
 
 /// What to do next for one event.
@@ -112,6 +178,10 @@ pub struct Plan {
     pub node_writes: Vec<NodeWrite>,
     /// Evictions to request.
     pub evictions: Vec<Eviction>,
+    /// Pods left on their nodes on purpose (no controller), reported.
+    pub kept: Vec<Kept>,
+    /// The drain deadline (`NotBefore` minus the margin), if the event has one.
+    pub deadline: Option<DateTime<Utc>>,
     /// `Some(reason)` when the approval is decided now.
     pub decide_approval: Option<String>,
     /// Why approval is withheld although the drain is done, if it is.
@@ -122,29 +192,56 @@ pub struct Plan {
     pub requeue: Duration,
 }
 
-/// How an eviction request ended.
+/// How an eviction request ended, classified from the API server's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EvictionOutcome {
-    /// Accepted: the pod is being deleted.
+    /// 201: accepted, the pod is being deleted with the grace asked for.
     Evicted,
-    /// 429: a PodDisruptionBudget does not allow it now; the text names it.
-    Blocked(String),
-    /// 404: the pod is already gone.
+    /// 429 with a `DisruptionBudget` cause, or 500 for a pod under more than
+    /// one PodDisruptionBudget (the Eviction API refuses those): blocked by
+    /// the budgets named (`namespace/name`), retried until the deadline.
+    Blocked {
+        /// The PodDisruptionBudgets that block it.
+        budgets: Vec<String>,
+        /// The API server's explanation.
+        message: String,
+    },
+    /// 429 without a budget cause: API Priority and Fairness throttled us;
+    /// wait `Retry-After` seconds.
+    Throttled {
+        /// Seconds to wait (the answer's `retryAfterSeconds`, at least 1).
+        retry_after_seconds: u32,
+    },
+    /// 404, or 409 because the UID precondition failed: the pod planned is
+    /// gone (perhaps replaced by a new pod of the same name, which is
+    /// planned afresh on the next pass).
     Gone,
-    /// Anything else; retried on the next pass.
-    Failed(String),
+    /// 409 for another reason (a PodDisruptionBudget update conflict), 5xx
+    /// or a transport error: retried on the next pass.
+    Retry(String),
 }
 
-/// Seconds the drain may still take: `NotBefore - margin - now`, or `None`
-/// without a `NotBefore` (the event has started; use the pods' own grace).
-pub fn drain_budget(
-    not_before: Option<DateTime<Utc>>,
-    margin: Duration,
-    now: DateTime<Utc>,
-) -> Option<i64> {
-    let nb = not_before?;
-    let margin = chrono::Duration::from_std(margin).unwrap_or_else(|_| chrono::Duration::zero());
-    Some((nb - margin - now).num_seconds().max(0))
+/// Seconds left until the drain deadline (`NotBefore` - margin - now), or
+/// `None` without a `NotBefore` (started, or a hardware failure): the pods'
+/// own grace periods apply. Negative once the deadline has passed.
+pub fn drain_budget(deadline: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Option<i64> {
+    deadline.map(|d| (d - now).num_seconds())
+}
+
+/// The grace period to ask for when evicting a pod whose own
+/// `terminationGracePeriodSeconds` is `own`, with `budget` seconds left until
+/// the drain deadline and a floor of `floor` seconds.
+///
+/// The pod's own grace, clipped so the pod can stop before the deadline, but
+/// never below `floor` (a pod gets at least that to run its preStop hook
+/// even when the deadline is near or past) and never raised above its own;
+/// and never 0, which the API server treats as a force delete (no preStop,
+/// no graceful stop, StatefulSet at-most-one broken). Like `kubectl delete
+/// --grace-period=0`, a pod that asks for 0 gets 1.
+pub fn eviction_grace(own: i64, budget: Option<i64>, floor: i64) -> i64 {
+    let own = own.max(0);
+    let clipped = budget.map_or(own, |b| own.min(b));
+    clipped.max(floor.min(own)).max(1)
 }
 
 fn was_started(ev: &ScheduledEvent, spec_status: &EventStatus) -> bool {
@@ -162,8 +259,142 @@ fn approval_decided(ev: &ScheduledEvent) -> bool {
 }
 
 /// The object's name.
-fn name_of(ev: &ScheduledEvent) -> String {
+pub(crate) fn name_of(ev: &ScheduledEvent) -> String {
     ev.metadata.name.clone().unwrap_or_default()
+}
+
+/// Releases `me`'s hold on every node that has it (DESIGN.md rules 4 and 5):
+/// the node stays cordoned while another event holds or claims it.
+fn release(me: &str, nodes: &[ObservedNode]) -> Vec<NodeWrite> {
+    nodes
+        .iter()
+        .filter(|n| n.holds.iter().any(|h| h == me))
+        .map(|n| {
+            let mut holds: Vec<String> = n.holds.iter().filter(|h| *h != me).cloned().collect();
+            for other in &n.claimed_by {
+                if other != me && !holds.contains(other) {
+                    holds.push(other.clone());
+                }
+            }
+            NodeWrite::Release {
+                node: n.name.clone(),
+                uncordon: holds.is_empty() && n.cordoned,
+                holds,
+            }
+        })
+        .collect()
+}
+
+/// The cordon writes for the mapped nodes (rule 4: a node cordoned by
+/// someone else is left so, and nothing is recorded on it).
+fn cordon(me: &str, mapped: &[&ObservedNode]) -> Vec<NodeWrite> {
+    let mut writes = Vec::new();
+    for n in mapped.iter().filter(|n| !n.holds.iter().any(|h| h == me)) {
+        let mut holds = n.holds.clone();
+        holds.push(me.to_string());
+        if !n.cordoned {
+            writes.push(NodeWrite::Cordon {
+                node: n.name.clone(),
+                holds,
+            });
+        } else if !n.holds.is_empty() {
+            writes.push(NodeWrite::AddHold {
+                node: n.name.clone(),
+                holds,
+            });
+        }
+    }
+    writes
+}
+
+/// Whether a pod still has to leave its node for the node to count as
+/// drained: any pod not yet deleted, and a terminating pod until its grace
+/// period (plus [`STUCK_TERMINATING_AFTER`]) is over.
+pub fn must_leave(pod: &PodInfo, now: DateTime<Utc>) -> bool {
+    pod.terminating
+        .as_ref()
+        .is_none_or(|t| now < t.deadline + STUCK_TERMINATING_AFTER)
+}
+
+/// Evictions and kept pods for the mapped nodes (`kubectl drain
+/// --ignore-daemonsets --delete-emptydir-data`: DaemonSet and mirror pods
+/// are not in `pods` at all; terminating pods are waited for; pods without a
+/// controller are kept unless the policy evicts them for this event type).
+fn plan_evictions(
+    mapped: &[&ObservedNode],
+    budget: Option<i64>,
+    floor: i64,
+    evict_unmanaged: bool,
+) -> (Vec<Eviction>, Vec<Kept>) {
+    let mut evictions = Vec::new();
+    let mut kept = Vec::new();
+    for n in mapped {
+        for pod in n.pods.iter().filter(|p| p.terminating.is_none()) {
+            if !pod.managed && !evict_unmanaged {
+                kept.push(Kept {
+                    node: n.name.clone(),
+                    pod: pod.key(),
+                    reason: "no controller: nothing would recreate it (the policy's evictUnmanagedPods does not name this event type)".into(),
+                });
+                continue;
+            }
+            evictions.push(Eviction {
+                node: n.name.clone(),
+                grace_seconds: eviction_grace(pod.grace_seconds, budget, floor),
+                pod: pod.clone(),
+            });
+        }
+    }
+    (evictions, kept)
+}
+
+/// Whether every mapped node has no pod left that must leave it.
+pub fn node_drained(n: &ObservedNode, now: DateTime<Utc>) -> bool {
+    !n.pods.iter().any(|p| must_leave(p, now))
+}
+
+/// The plan of an event that left IMDS (rules 5 and 8): release what it
+/// held, and delete the object once its retention is over.
+fn plan_finished(
+    p: &mut Plan,
+    ev: &ScheduledEvent,
+    seen: &Observed,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    started: bool,
+) {
+    let me = name_of(ev);
+    p.phase = if started {
+        Phase::Completed
+    } else {
+        Phase::Cancelled
+    };
+    let finished = ev
+        .status
+        .as_ref()
+        .and_then(|s| s.finished_at)
+        .unwrap_or(now);
+    let release_at = finished
+        + chrono::Duration::seconds(i64::try_from(policy.release_delay_seconds).unwrap_or(3600));
+    let writes = release(&me, &seen.nodes);
+    if !writes.is_empty() && now < release_at {
+        // Give an event that follows on the same nodes time to claim them.
+        p.requeue = (release_at - now)
+            .to_std()
+            .unwrap_or(Duration::from_secs(1));
+        return;
+    }
+    p.node_writes = writes;
+    let expires = policy.expiry(finished);
+    p.delete = p.node_writes.is_empty() && now >= expires;
+    p.requeue = if p.node_writes.is_empty() {
+        (expires - now)
+            .to_std()
+            .unwrap_or(Duration::from_secs(1))
+            .clamp(Duration::from_secs(1), Duration::from_secs(3600))
+    } else {
+        Duration::from_secs(1)
+    };
 }
 
 /// Plans the next step for `ev` (DESIGN.md, "Policy" and "Rules").
@@ -174,80 +405,56 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
     let action = policy.decide(&event_type, &ev.spec.event_source, ev.spec.duration_seconds);
     let started = was_started(ev, &spec_status);
     let decided = approval_decided(ev);
-
-    let release = |nodes: &[ObservedNode]| -> Vec<NodeWrite> {
-        nodes
-            .iter()
-            .filter(|n| n.holds.contains(&me))
-            .map(|n| {
-                let holds: Vec<String> = n.holds.iter().filter(|h| **h != me).cloned().collect();
-                NodeWrite::Release {
-                    node: n.name.clone(),
-                    uncordon: holds.is_empty() && n.cordoned,
-                    holds,
-                }
-            })
-            .collect()
-    };
+    let deadline = ev.spec.not_before.map(|nb| {
+        nb - chrono::Duration::seconds(
+            i64::try_from(policy.drain_margin_seconds).unwrap_or(i64::MAX / 2),
+        )
+    });
 
     let mut p = Plan {
         action,
         phase: Phase::Pending,
         node_writes: Vec::new(),
         evictions: Vec::new(),
+        kept: Vec::new(),
+        deadline,
         decide_approval: None,
         approval_withheld: None,
         delete: false,
         requeue: Duration::from_secs(5),
     };
 
-    // Rules 5 and 8: the event left IMDS; release what it held.
     if spec_status == EventStatus::Completed {
-        p.phase = if started {
-            Phase::Completed
-        } else {
-            Phase::Cancelled
-        };
-        p.node_writes = release(&seen.nodes);
-        let finished = ev
-            .status
-            .as_ref()
-            .and_then(|s| s.finished_at)
-            .unwrap_or(now);
-        let keep = chrono::Duration::from_std(policy.retention).unwrap_or(chrono::Duration::MAX);
-        let expires = finished + keep;
-        p.delete = p.node_writes.is_empty() && now >= expires;
-        p.requeue = if p.node_writes.is_empty() {
-            (expires - now)
-                .to_std()
-                .unwrap_or(Duration::from_secs(1))
-                .max(Duration::from_secs(1))
-        } else {
-            Duration::from_secs(1)
-        };
+        plan_finished(&mut p, ev, seen, policy, now, started);
         return p;
     }
 
     match action {
         Action::Ignore => {
             p.phase = Phase::Ignored;
-            p.node_writes = release(&seen.nodes);
+            p.node_writes = release(&me, &seen.nodes);
             p.requeue = Duration::from_secs(300);
             return p;
         }
         Action::Approve => {
             if !decided && spec_status == EventStatus::Scheduled {
-                p.decide_approval = Some(format!(
-                    "policy approves {} events of {}s at once",
-                    ev.spec.event_type, ev.spec.duration_seconds
-                ));
+                if seen.unmapped.is_empty() || policy.approve_foreign_vms {
+                    p.decide_approval = Some(format!(
+                        "policy approves {} events of {}s at once",
+                        ev.spec.event_type, ev.spec.duration_seconds
+                    ));
+                } else {
+                    p.approval_withheld = Some(foreign_message(&seen.unmapped));
+                }
             }
             p.phase = if started {
                 Phase::Started
-            } else {
+            } else if decided || p.decide_approval.is_some() {
                 Phase::Approved
+            } else {
+                Phase::Pending
             };
-            p.node_writes = release(&seen.nodes);
+            p.node_writes = release(&me, &seen.nodes);
             p.requeue = Duration::from_secs(10);
             return p;
         }
@@ -259,40 +466,7 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         .iter()
         .filter(|n| !n.vm_name.is_empty())
         .collect();
-    let budget = drain_budget(
-        ev.spec.not_before,
-        Duration::from_secs(policy.drain_margin_seconds),
-        now,
-    );
-    for n in &mapped {
-        let held = n.holds.contains(&me);
-        if !held {
-            let mut holds = n.holds.clone();
-            holds.push(me.clone());
-            if !n.cordoned {
-                p.node_writes.push(NodeWrite::Cordon {
-                    node: n.name.clone(),
-                    holds,
-                });
-            } else if !n.holds.is_empty() {
-                // Cordoned by forewarn for another event: share the hold.
-                p.node_writes.push(NodeWrite::AddHold {
-                    node: n.name.clone(),
-                    holds,
-                });
-            }
-            // Else cordoned by someone else (rule 4): leave it so, record nothing.
-        }
-        if action.drains() {
-            for pod in n.pods.iter().filter(|pod| !pod.terminating) {
-                p.evictions.push(Eviction {
-                    node: n.name.clone(),
-                    grace_seconds: budget.map_or(pod.grace_seconds, |b| pod.grace_seconds.min(b)),
-                    pod: pod.clone(),
-                });
-            }
-        }
-    }
+    p.node_writes = cordon(&me, &mapped);
     // Nodes that hold a cordon for the event but no longer map to it.
     let stray: Vec<ObservedNode> = seen
         .nodes
@@ -300,29 +474,22 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         .filter(|n| n.vm_name.is_empty())
         .cloned()
         .collect();
-    p.node_writes.extend(release(&stray));
-
-    let all_drained = !mapped.is_empty() && mapped.iter().all(|n| n.pods.is_empty());
-    let foreign_ok = seen.unmapped.is_empty() || policy.approve_foreign_vms;
-    if action == Action::DrainAndApprove && spec_status == EventStatus::Scheduled && !decided {
-        if all_drained && foreign_ok {
-            p.decide_approval = Some(format!("all {} affected nodes drained", mapped.len()));
-        } else if mapped.is_empty() && !seen.unmapped.is_empty() && policy.approve_foreign_vms {
-            p.decide_approval =
-                Some("no affected node in this cluster; policy approves foreign VMs".into());
-        } else if all_drained {
-            p.approval_withheld = Some(format!(
-                "Resources names VMs that are no node of this cluster: {}",
-                seen.unmapped.join(", ")
-            ));
-        } else if mapped.is_empty() {
-            p.approval_withheld = Some(format!(
-                "no entry of Resources maps to a node of this cluster: {}",
-                seen.unmapped.join(", ")
-            ));
-        }
+    p.node_writes.extend(release(&me, &stray));
+    if action.drains() {
+        let (evictions, kept) = plan_evictions(
+            &mapped,
+            drain_budget(deadline, now),
+            policy.min_grace_seconds,
+            policy.evicts_unmanaged(&event_type),
+        );
+        p.evictions = evictions;
+        p.kept = kept;
     }
 
+    let all_drained = !mapped.is_empty() && mapped.iter().all(|n| node_drained(n, now));
+    if action == Action::DrainAndApprove && spec_status == EventStatus::Scheduled && !decided {
+        decide_approval(&mut p, &mapped, seen, policy, all_drained);
+    }
     p.phase = if started {
         Phase::Started
     } else if decided || p.decide_approval.is_some() {
@@ -343,198 +510,44 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
     p
 }
 
-fn set_condition(
-    conditions: &mut Vec<Condition>,
-    prev: &[Condition],
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: String,
-    now: DateTime<Utc>,
-) {
-    let status = if status { "True" } else { "False" }.to_string();
-    let last_transition_time = prev
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
-        .map_or(now, |c| c.last_transition_time);
-    conditions.push(Condition {
-        type_: type_.into(),
-        status,
-        reason: reason.into(),
-        message,
-        last_transition_time,
-    });
+fn foreign_message(unmapped: &[String]) -> String {
+    format!(
+        "Resources names VMs that are no node of this cluster: {}",
+        unmapped.join(", ")
+    )
 }
 
-/// The status after `plan` was carried out with `outcomes`
-/// (`(node, pod name, outcome)` of each eviction).
-pub fn next_status(
-    ev: &ScheduledEvent,
+/// Rule 2: approve only when every affected node is drained and every VM
+/// named is a node of this cluster (unless the policy allows foreign VMs).
+fn decide_approval(
+    p: &mut Plan,
+    mapped: &[&ObservedNode],
     seen: &Observed,
-    plan: &Plan,
-    outcomes: &[(String, String, EvictionOutcome)],
-    now: DateTime<Utc>,
-) -> ScheduledEventStatus {
-    let me = name_of(ev);
-    let prev = ev.status.clone().unwrap_or_default();
-    let prev_nodes = prev.nodes.clone().unwrap_or_default();
-    let prev_conditions = prev.conditions.clone().unwrap_or_default();
-    let released: Vec<&str> = plan
-        .node_writes
-        .iter()
-        .filter(|w| matches!(w, NodeWrite::Release { .. }))
-        .map(NodeWrite::node)
-        .collect();
-
-    let mut nodes = Vec::new();
-    for n in seen.nodes.iter().filter(|n| !n.vm_name.is_empty()) {
-        let held_now = (n.holds.contains(&me)
-            || plan
-                .node_writes
+    policy: &Policy,
+    all_drained: bool,
+) {
+    let foreign_ok = seen.unmapped.is_empty() || policy.approve_foreign_vms;
+    if all_drained && foreign_ok {
+        p.decide_approval = Some(format!("all {} affected nodes drained", mapped.len()));
+    } else if mapped.is_empty() && !seen.unmapped.is_empty() && policy.approve_foreign_vms {
+        p.decide_approval =
+            Some("no affected node in this cluster; policy approves foreign VMs".into());
+    } else if all_drained {
+        p.approval_withheld = Some(foreign_message(&seen.unmapped));
+    } else if mapped.is_empty() {
+        p.approval_withheld = Some(format!(
+            "no entry of Resources maps to a node of this cluster: {}",
+            seen.unmapped.join(", ")
+        ));
+    } else if !p.kept.is_empty() {
+        p.approval_withheld = Some(format!(
+            "pods without a controller stay on their nodes, so the drain cannot finish: {}",
+            p.kept
                 .iter()
-                .any(|w| matches!(w, NodeWrite::Cordon { node, .. } | NodeWrite::AddHold { node, .. } if *node == n.name)))
-            && !released.contains(&n.name.as_str());
-        let blocked_by = outcomes
-            .iter()
-            .filter(|(node, _, _)| *node == n.name)
-            .find_map(|(_, _, o)| match o {
-                EvictionOutcome::Blocked(why) => Some(why.clone()),
-                _ => None,
-            });
-        let before = prev_nodes.iter().find(|p| p.name == n.name);
-        let drained_at = before
-            .and_then(|b| b.drained_at)
-            .or_else(|| (plan.action.drains() && n.pods.is_empty()).then_some(now));
-        nodes.push(NodeProgress {
-            name: n.name.clone(),
-            vm_name: n.vm_name.clone(),
-            cordoned_by_us: held_now,
-            already_cordoned: n.cordoned && n.holds.is_empty() && !held_now,
-            pods_remaining: i32::try_from(n.pods.len()).unwrap_or(i32::MAX),
-            blocked_by,
-            drained_at: if n.pods.is_empty() { drained_at } else { None },
-        });
-    }
-    // Keep the record of nodes that were released or left the mapping.
-    if plan.phase.is_final() || plan.phase == Phase::Ignored {
-        for p in &prev_nodes {
-            if !nodes.iter().any(|n| n.name == p.name) {
-                nodes.push(NodeProgress {
-                    cordoned_by_us: false,
-                    ..p.clone()
-                });
-            }
-        }
-        for n in &mut nodes {
-            if released.contains(&n.name.as_str()) {
-                n.cordoned_by_us = false;
-            }
-        }
-    }
-
-    let drained = nodes.iter().filter(|n| n.drained_at.is_some()).count();
-    let mut approval = prev.approval.clone().map(|a| Approval {
-        sent_at: None,
-        sent_by: None,
-        result: None,
-        ..a
-    });
-    if let Some(reason) = &plan.decide_approval {
-        approval = Some(Approval {
-            decided_at: Some(now),
-            reason: Some(reason.clone()),
-            ..Default::default()
-        });
-    }
-
-    let mut conditions = Vec::new();
-    if plan.action.drains() && !plan.phase.is_final() {
-        let pending: Vec<String> = nodes
-            .iter()
-            .filter(|n| n.pods_remaining > 0)
-            .map(|n| format!("{} ({} pods)", n.name, n.pods_remaining))
-            .collect();
-        set_condition(
-            &mut conditions,
-            &prev_conditions,
-            "Drained",
-            pending.is_empty() && !nodes.is_empty(),
-            if pending.is_empty() {
-                "AllNodesDrained"
-            } else {
-                "PodsRemaining"
-            },
-            if pending.is_empty() {
-                String::new()
-            } else {
-                pending.join(", ")
-            },
-            now,
-        );
-        let blocked: Vec<String> = nodes
-            .iter()
-            .filter_map(|n| n.blocked_by.as_ref().map(|b| format!("{}: {b}", n.name)))
-            .collect();
-        set_condition(
-            &mut conditions,
-            &prev_conditions,
-            "DrainBlocked",
-            !blocked.is_empty(),
-            if blocked.is_empty() {
-                "NotBlocked"
-            } else {
-                "PodDisruptionBudget"
-            },
-            blocked.join("; "),
-            now,
-        );
-        let incomplete = plan.phase == Phase::Started && !pending.is_empty();
-        set_condition(
-            &mut conditions,
-            &prev_conditions,
-            "DrainIncomplete",
-            incomplete,
-            if incomplete {
-                "StartedBeforeDrained"
-            } else {
-                "NotStarted"
-            },
-            if incomplete {
-                format!("event started with {} still draining", pending.join(", "))
-            } else {
-                String::new()
-            },
-            now,
-        );
-    }
-    if let Some(why) = &plan.approval_withheld {
-        set_condition(
-            &mut conditions,
-            &prev_conditions,
-            "ApprovalWithheld",
-            true,
-            "ForeignResources",
-            why.clone(),
-            now,
-        );
-    }
-
-    let spec_started = ev.spec.event_status == EventStatus::Started.to_string();
-    ScheduledEventStatus {
-        phase: Some(plan.phase.as_str().into()),
-        action: Some(plan.action.as_str().into()),
-        nodes_drained: Some(format!("{drained}/{}", nodes.len())),
-        nodes: Some(nodes),
-        unmapped_resources: Some(seen.unmapped.clone()),
-        approval,
-        first_seen: prev.first_seen.or(Some(now)),
-        started_at: prev.started_at.or_else(|| spec_started.then_some(now)),
-        finished_at: if plan.phase.is_final() {
-            prev.finished_at.or(Some(now))
-        } else {
-            None
-        },
-        conditions: Some(conditions),
+                .map(|k| k.pod.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
     }
 }
 

@@ -58,6 +58,23 @@ pub struct RunOptions {
     /// start it again once every event has left IMDS: the new agent must
     /// notice, with no memory, that its events are over.
     pub agent_down_across_finish: Option<String>,
+    /// The controller's policy file, as YAML text; `None`: the defaults.
+    pub policy: Option<String>,
+    /// More objects to create in the workload's namespace before the
+    /// scenario starts (Pods, Deployments, PodDisruptionBudgets...), as JSON.
+    pub extra_objects: Vec<serde_json::Value>,
+    /// `kubectl` commands (arguments) run this long after the scenario starts.
+    pub timed_kubectl: Vec<(Duration, Vec<String>)>,
+    /// The workload's `terminationGracePeriodSeconds`.
+    pub workload_grace_seconds: i64,
+    /// How long the workload's pods take to stop after their deletion, a
+    /// random time in this range (KWOK's Stages read the pod annotations
+    /// `forewarn.dev/stop-after`/`stop-before`); `None`: they use their
+    /// whole grace period, like a server that ignores SIGTERM.
+    pub workload_stops_within: Option<(String, String)>,
+    /// Count any pod deletion with a grace period of 0 (a force delete) as a
+    /// violation. Off only for tests that delete pods themselves.
+    pub forbid_force_delete: bool,
 }
 
 impl RunOptions {
@@ -82,6 +99,12 @@ impl RunOptions {
             orphaned_holds: Vec::new(),
             kill_controller_on_start: false,
             agent_down_across_finish: None,
+            policy: None,
+            extra_objects: Vec::new(),
+            timed_kubectl: Vec::new(),
+            workload_grace_seconds: 30,
+            workload_stops_within: Some(("300ms".into(), "1200ms".into())),
+            forbid_force_delete: true,
         }
     }
 }
@@ -111,6 +134,29 @@ pub struct Report {
     pub log_dir: PathBuf,
     /// Each process's `/metrics` text at the end, by process name.
     pub metrics: Vec<(String, String)>,
+    /// When the scenario's clock started (its events' `at` count from here).
+    pub started: DateTime<Utc>,
+    /// Every pod deletion seen during the run, as the API server recorded it.
+    pub deletions: Vec<PodDeletion>,
+    /// Every change of a node's `spec.unschedulable`, as a watch delivered
+    /// them: `(when seen, node, unschedulable)`.
+    pub node_changes: Vec<(DateTime<Utc>, String, bool)>,
+}
+
+/// A pod deletion as the API server applied it: the first version of the
+/// pod with a `deletionTimestamp`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodDeletion {
+    /// `namespace/name`.
+    pub pod: String,
+    /// The node it ran on.
+    pub node: String,
+    /// `metadata.deletionGracePeriodSeconds` (0 is a force delete).
+    pub grace_seconds: Option<i64>,
+    /// `metadata.deletionTimestamp`: deletion time plus the grace period.
+    pub deletion_timestamp: DateTime<Utc>,
+    /// When the watch delivered it.
+    pub seen_at: DateTime<Utc>,
 }
 
 impl Report {
@@ -201,7 +247,7 @@ async fn reset(client: &Client, namespace: &str) -> anyhow::Result<()> {
     for n in nodes.list(&ListParams::default()).await? {
         let patch = json!({
             "metadata": {"annotations": {CORDONED_FOR_ANNOTATION: null, VM_NAME_ANNOTATION: null}},
-            "spec": {"unschedulable": null},
+            "spec": {"unschedulable": null, "taints": null},
         });
         nodes
             .patch(
@@ -213,6 +259,21 @@ async fn reset(client: &Client, namespace: &str) -> anyhow::Result<()> {
     }
     let namespaces: Api<Namespace> = Api::all(client.clone());
     if namespaces.get_opt(namespace).await?.is_some() {
+        // Pods an earlier test left held by a finalizer would keep the
+        // namespace terminating forever.
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        for p in pods.list(&ListParams::default()).await? {
+            if !p.finalizers().is_empty() {
+                let drop_finalizers = json!({"metadata": {"finalizers": null}});
+                let _ = pods
+                    .patch(
+                        &p.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&drop_finalizers),
+                    )
+                    .await;
+            }
+        }
         let _ = namespaces.delete(namespace, &DeleteParams::default()).await;
         let deadline = Instant::now() + Duration::from_secs(60);
         while namespaces.get_opt(namespace).await?.is_some() {
@@ -242,9 +303,9 @@ async fn deploy_workload(client: &Client, opts: &RunOptions) -> anyhow::Result<(
             "replicas": opts.replicas,
             "selector": {"matchLabels": {"app": "web"}},
             "template": {
-                "metadata": {"labels": {"app": "web"}},
+                "metadata": {"labels": {"app": "web"}, "annotations": stop_annotations(opts)},
                 "spec": {
-                    "terminationGracePeriodSeconds": 30,
+                    "terminationGracePeriodSeconds": opts.workload_grace_seconds,
                     "topologySpreadConstraints": [{
                         "maxSkew": 1,
                         "topologyKey": "kubernetes.io/hostname",
@@ -284,6 +345,37 @@ async fn deploy_workload(client: &Client, opts: &RunOptions) -> anyhow::Result<(
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+/// The KWOK Stage annotations that make a pod stop a while after its
+/// deletion (see hack/kwok-stages.yaml).
+fn stop_annotations(opts: &RunOptions) -> serde_json::Value {
+    match &opts.workload_stops_within {
+        Some((after, before)) => {
+            json!({"forewarn.dev/stop-after": after, "forewarn.dev/stop-before": before})
+        }
+        None => json!({}),
+    }
+}
+
+/// Creates `opts.extra_objects` with `kubectl apply` (any kind, one call).
+fn create_extra_objects(cluster: &Cluster, opts: &RunOptions) -> anyhow::Result<()> {
+    if opts.extra_objects.is_empty() {
+        return Ok(());
+    }
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": opts.extra_objects});
+    let file = opts.log_dir.join("extra-objects.json");
+    std::fs::write(&file, serde_json::to_vec_pretty(&list)?)?;
+    cluster
+        .kubectl(&[
+            "apply",
+            "-n",
+            &opts.namespace,
+            "-f",
+            &file.to_string_lossy(),
+        ])
+        .context("failed to create the extra objects")?;
+    Ok(())
 }
 
 fn is_ready(p: &Pod) -> bool {
@@ -343,17 +435,26 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
             .with_context(|| format!("failed to leave a stale hold on {node}"))?;
     }
 
+    create_extra_objects(cluster, opts)?;
+    let policy_file = opts.log_dir.join("policy.yaml");
+    if let Some(policy) = &opts.policy {
+        std::fs::write(&policy_file, policy)?;
+    }
+    let policy_path = policy_file.to_string_lossy().into_owned();
     let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
     // The proxy variables point nowhere and exempt only the API server's
     // address: IMDS (the mock, on 127.0.0.2) must be reached directly, never
     // through a proxy (Azure docs), so the agents must ignore them.
-    let env = [
+    let mut env = vec![
         ("HTTP_PROXY", "http://127.0.0.1:9"),
         ("HTTPS_PROXY", "http://127.0.0.1:9"),
         ("NO_PROXY", "127.0.0.1,localhost"),
         ("KUBECONFIG", kubeconfig.as_str()),
         ("RUST_LOG", "info,kube=warn,tower=warn,hyper=warn"),
     ];
+    if opts.policy.is_some() {
+        env.push(("FOREWARN_POLICY_FILE", policy_path.as_str()));
+    }
     let stem = opts
         .log_dir
         .file_name()
@@ -396,7 +497,10 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         ),
     );
 
-    let report = observe(&client, &http, &scenario, opts, &mut tl, &mut fleet).await;
+    let report = observe(
+        cluster, &client, &http, &scenario, opts, &mut tl, &mut fleet,
+    )
+    .await;
     tl.flush(true);
 
     let mut metrics = Vec::new();
@@ -426,6 +530,7 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
     }
     let mut report = report?;
     report.violations.extend(stop_problems);
+    report.started = tl.origin;
     report.timeline = tl.lines;
     report.sev_table = cluster
         .kubectl(&["get", "scheduledevents", "-o", "wide"])
@@ -457,6 +562,7 @@ struct SevSeen {
 
 #[allow(clippy::too_many_lines)]
 async fn observe(
+    cluster: &Cluster,
     client: &Client,
     http: &reqwest::Client,
     scenario: &Scenario,
@@ -483,6 +589,44 @@ async fn observe(
         }
     });
     let _abort_watch = AbortOnDrop(sev_watch);
+    // Pod deletions and node cordons, from watches: every version, not samples.
+    let (pod_tx, mut pod_rx) = tokio::sync::mpsc::unbounded_channel();
+    let pods_all: Api<Pod> = Api::all(client.clone());
+    let _abort_pods = AbortOnDrop(tokio::spawn(async move {
+        let stream = watcher(pods_all, watcher::Config::default())
+            .default_backoff()
+            .applied_objects();
+        futures::pin_mut!(stream);
+        while let Some(item) = stream.next().await {
+            if let Ok(p) = item
+                && p.metadata.deletion_timestamp.is_some()
+                && pod_tx.send((Utc::now(), p)).is_err()
+            {
+                break;
+            }
+        }
+    }));
+    let (node_tx, mut node_rx) = tokio::sync::mpsc::unbounded_channel();
+    let nodes_all: Api<Node> = Api::all(client.clone());
+    let _abort_nodes = AbortOnDrop(tokio::spawn(async move {
+        let stream = watcher(nodes_all, watcher::Config::default())
+            .default_backoff()
+            .applied_objects();
+        futures::pin_mut!(stream);
+        while let Some(item) = stream.next().await {
+            if let Ok(n) = item
+                && node_tx
+                    .send((Utc::now(), n.name_any(), is_cordoned(&n)))
+                    .is_err()
+            {
+                break;
+            }
+        }
+    }));
+    let mut deleted: HashSet<String> = HashSet::new();
+    let mut unschedulable: HashMap<String, bool> = HashMap::new();
+    let mut timed: Vec<(Duration, Vec<String>)> = opts.timed_kubectl.clone();
+    let started_at = Instant::now();
     let nodes_api: Api<Node> = Api::all(client.clone());
     let events_api: Api<KubeEvent> = Api::all(client.clone());
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -789,6 +933,55 @@ async fn observe(
                 );
             }
         }
+
+        while let Ok((seen_at, p)) = pod_rx.try_recv() {
+            if p.namespace().as_deref() == Some("kube-system")
+                || !deleted.insert(p.uid().unwrap_or_default())
+            {
+                continue;
+            }
+            let d = PodDeletion {
+                pod: format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()),
+                node: p
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .unwrap_or_default(),
+                grace_seconds: p.metadata.deletion_grace_period_seconds,
+                deletion_timestamp: p
+                    .metadata
+                    .deletion_timestamp
+                    .as_ref()
+                    .map_or(seen_at, |t| chrono_time(&t.0)),
+                seen_at,
+            };
+            if opts.forbid_force_delete && d.grace_seconds.unwrap_or(0) <= 0 {
+                report.violations.push(format!(
+                    "pod {} on {} was deleted with grace {:?}: a force delete",
+                    d.pod, d.node, d.grace_seconds
+                ));
+            }
+            report.deletions.push(d);
+        }
+        while let Ok((seen_at, node, cordoned)) = node_rx.try_recv() {
+            if unschedulable.insert(node.clone(), cordoned) != Some(cordoned) {
+                report.node_changes.push((seen_at, node, cordoned));
+            }
+        }
+        let elapsed = started_at.elapsed();
+        for (_, args) in timed.iter().filter(|(at, _)| *at <= elapsed) {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            match cluster.kubectl(&args) {
+                Ok(out) => tl.say(
+                    "harness",
+                    format!("kubectl {}: {}", args.join(" "), out.trim()),
+                ),
+                Err(e) => report
+                    .violations
+                    .push(format!("kubectl {} failed: {e:#}", args.join(" "))),
+            }
+        }
+        timed.retain(|(at, _)| *at > elapsed);
 
         // The workload, against its PodDisruptionBudget (rule 6).
         let ready = ready_pods(client, ns).await?;

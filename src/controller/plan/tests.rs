@@ -1,5 +1,6 @@
 use super::*;
-use crate::crd::ScheduledEventSpec;
+use crate::controller::status::next_status;
+use crate::crd::{Approval, ScheduledEventSpec, ScheduledEventStatus};
 
 fn t(s: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
@@ -33,8 +34,9 @@ fn pod(name: &str) -> PodInfo {
         namespace: "default".into(),
         name: name.into(),
         uid: format!("uid-{name}"),
-        terminating: false,
+        managed: true,
         grace_seconds: 30,
+        ..PodInfo::default()
     }
 }
 
@@ -44,6 +46,7 @@ fn node(name: &str, vm: &str, cordoned: bool, holds: &[&str], pods: Vec<PodInfo>
         vm_name: vm.into(),
         cordoned,
         holds: holds.iter().map(|s| s.to_string()).collect(),
+        claimed_by: Vec::new(),
         pods,
     }
 }
@@ -58,6 +61,17 @@ fn seen(nodes: Vec<ObservedNode>, unmapped: &[&str]) -> Observed {
 fn with_status(mut ev: ScheduledEvent, status: ScheduledEventStatus) -> ScheduledEvent {
     ev.status = Some(status);
     ev
+}
+
+/// A `Completed` event that finished a minute ago (past the release delay).
+fn ended(type_: &str, resources: &[&str]) -> ScheduledEvent {
+    with_status(
+        event(type_, "Completed", resources),
+        ScheduledEventStatus {
+            finished_at: Some(now() - chrono::Duration::minutes(1)),
+            ..Default::default()
+        },
+    )
 }
 
 #[test]
@@ -141,7 +155,7 @@ fn node_cordoned_by_someone_else_is_drained_but_never_uncordoned() {
 
 #[test]
 fn cancelled_event_uncordons_what_it_cordoned() {
-    let ev = event("Reboot", "Completed", &["vm_1"]);
+    let ev = ended("Reboot", &["vm_1"]);
     let obs = seen(vec![node("node-1", "vm_1", true, &["ev-1"], vec![])], &[]);
     let p = plan(&ev, &obs, &Policy::default(), now());
     assert_eq!(p.phase, Phase::Cancelled);
@@ -171,7 +185,7 @@ fn completed_after_start_is_completed_not_cancelled() {
 
 #[test]
 fn node_held_by_two_events_stays_cordoned_until_the_last_completes() {
-    let ev = event("Reboot", "Completed", &["vm_1"]);
+    let ev = ended("Reboot", &["vm_1"]);
     let obs = seen(
         vec![node("node-1", "vm_1", true, &["ev-0", "ev-1"], vec![])],
         &[],
@@ -304,14 +318,20 @@ fn grace_is_clipped_to_end_before_the_drain_deadline() {
     );
     ev.spec.not_before = Some(now() - chrono::Duration::seconds(20));
     let p = plan(&ev, &obs, &Policy::default(), now());
-    assert_eq!(p.evictions[0].grace_seconds, 0);
+    assert_eq!(
+        p.evictions[0].grace_seconds, 5,
+        "past the deadline: the floor, never 0 (a force delete)"
+    );
 }
 
 #[test]
 fn terminating_pods_are_waited_for_not_evicted_again() {
     let ev = event("Redeploy", "Scheduled", &["vm_1"]);
     let mut a = pod("a");
-    a.terminating = true;
+    a.terminating = Some(Terminating {
+        deadline: now() + chrono::Duration::seconds(20),
+        finalizers: vec![],
+    });
     let obs = seen(vec![node("node-1", "vm_1", true, &["ev-1"], vec![a])], &[]);
     let p = plan(&ev, &obs, &Policy::default(), now());
     assert!(p.evictions.is_empty());
@@ -329,14 +349,21 @@ fn blocked_eviction_is_reported_as_a_condition_not_a_phase() {
     let outcomes = vec![(
         "node-1".to_string(),
         "a".to_string(),
-        EvictionOutcome::Blocked("PodDisruptionBudget default/web".into()),
+        EvictionOutcome::Blocked {
+            budgets: vec!["default/web".into()],
+            message: "The disruption budget web needs 5 healthy pods and has 5 currently".into(),
+        },
     )];
     let st = next_status(&ev, &obs, &p, &outcomes, now());
     assert_eq!(st.phase.as_deref(), Some("Draining"));
+    let n = &st.nodes.as_ref().unwrap()[0];
     assert_eq!(
-        st.nodes.unwrap()[0].blocked_by.as_deref(),
-        Some("PodDisruptionBudget default/web")
+        n.blocked_by.as_deref(),
+        Some(
+            "PodDisruptionBudget default/web: The disruption budget web needs 5 healthy pods and has 5 currently"
+        )
     );
+    assert_eq!(n.blocking_budgets, vec!["default/web".to_string()]);
     assert!(
         st.conditions
             .unwrap()
@@ -364,7 +391,11 @@ fn finished_event_is_deleted_after_retention() {
     );
     let p = plan(&fresh, &seen(vec![], &[]), &Policy::default(), now());
     assert!(!p.delete);
-    assert_eq!(p.requeue, Duration::from_secs(23 * 3600));
+    assert_eq!(
+        p.requeue,
+        Duration::from_secs(3600),
+        "looked at again hourly at most"
+    );
 }
 
 #[test]
@@ -388,4 +419,245 @@ fn controller_status_never_carries_the_agents_approval_fields() {
     let a = next_status(&ev, &obs, &p, &[], now()).approval.unwrap();
     assert_eq!(a.decided_at, Some(now()));
     assert!(a.sent_at.is_none() && a.sent_by.is_none() && a.result.is_none());
+}
+
+#[test]
+fn eviction_grace_is_the_pods_own_clipped_to_the_deadline_with_a_floor() {
+    // (own, seconds left, floor) -> grace asked for
+    let cases = [
+        (600, Some(25), 5, 25), // a long grace clipped to fit
+        (30, None, 5, 30),      // no deadline (started, hardware failure): own
+        (30, Some(60), 5, 30),  // never raised
+        (25, Some(2), 5, 5),    // near the deadline: the floor
+        (25, Some(-40), 5, 5),  // past the deadline: the floor, not 0
+        (3, Some(0), 5, 3),     // a shorter own grace is kept, not raised to the floor
+        (0, Some(10), 5, 1),    // 0 would be a force delete: 1, as kubectl does
+        (0, None, 1, 1),
+    ];
+    for (own, left, floor, want) in cases {
+        assert_eq!(
+            eviction_grace(own, left, floor),
+            want,
+            "own {own}, left {left:?}, floor {floor}"
+        );
+    }
+}
+
+#[test]
+fn thirty_second_preempt_gives_every_pod_a_nonzero_grace_ending_before_not_before() {
+    let mut ev = event("Preempt", "Scheduled", &["vm_1"]);
+    ev.spec.not_before = Some(now() + chrono::Duration::seconds(30));
+    let pods: Vec<PodInfo> = (0..20)
+        .map(|i| PodInfo {
+            grace_seconds: 25,
+            ..pod(&format!("p{i}"))
+        })
+        .collect();
+    let obs = seen(vec![node("node-1", "vm_1", false, &[], pods)], &[]);
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    assert_eq!(p.evictions.len(), 20);
+    for e in &p.evictions {
+        assert!(e.grace_seconds > 0 && e.grace_seconds <= 25, "{e:?}");
+        assert!(now() + chrono::Duration::seconds(e.grace_seconds) <= ev.spec.not_before.unwrap());
+    }
+}
+
+#[test]
+fn pods_without_a_controller_are_kept_and_reported_unless_the_policy_evicts_them() {
+    let ev = event("Terminate", "Scheduled", &["vm_1"]);
+    let bare = PodInfo {
+        managed: false,
+        ..pod("bare")
+    };
+    let obs = seen(
+        vec![node(
+            "node-1",
+            "vm_1",
+            true,
+            &["ev-1"],
+            vec![bare.clone(), pod("web")],
+        )],
+        &[],
+    );
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    assert_eq!(p.evictions.len(), 1);
+    assert_eq!(p.evictions[0].pod.name, "web");
+    assert_eq!(p.kept.len(), 1);
+    assert_eq!(p.kept[0].pod, "default/bare");
+    let st = next_status(&ev, &obs, &p, &[], now());
+    let n = &st.nodes.as_ref().unwrap()[0];
+    assert!(
+        n.pods_kept[0].starts_with("default/bare: no controller"),
+        "{:?}",
+        n.pods_kept
+    );
+    assert!(
+        st.conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|c| c.type_ == "PodsKept" && c.status == "True")
+    );
+
+    // Only the bare pod is left: still not drained, approval withheld and says why.
+    let obs = seen(
+        vec![node("node-1", "vm_1", true, &["ev-1"], vec![bare])],
+        &[],
+    );
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    assert_eq!(p.decide_approval, None);
+    assert!(
+        p.approval_withheld
+            .as_deref()
+            .unwrap()
+            .contains("default/bare")
+    );
+    assert_eq!(p.phase, Phase::Draining);
+
+    let forceful = Policy::parse("evictUnmanagedPods: [Terminate]\n", "p").unwrap();
+    let p = plan(&ev, &obs, &forceful, now());
+    assert_eq!(p.evictions.len(), 1);
+    assert!(p.kept.is_empty());
+}
+
+#[test]
+fn release_hands_the_cordon_over_to_another_event_that_claims_the_node() {
+    let ev = ended("Reboot", &["vm_1"]);
+    let mut n = node("node-1", "vm_1", true, &["ev-1"], vec![]);
+    n.claimed_by = vec!["ev-2".into()];
+    let p = plan(&ev, &seen(vec![n], &[]), &Policy::default(), now());
+    assert_eq!(
+        p.node_writes,
+        vec![NodeWrite::Release {
+            node: "node-1".into(),
+            holds: vec!["ev-2".into()],
+            uncordon: false
+        }],
+        "the next event has not written its hold yet; the node must stay cordoned"
+    );
+}
+
+#[test]
+fn finished_event_keeps_the_record_of_a_drain_that_never_finished() {
+    // Live: the PDB blocks the last pod.
+    let ev = event("Redeploy", "Scheduled", &["vm_1"]);
+    let obs = seen(
+        vec![node("node-1", "vm_1", true, &["ev-1"], vec![pod("a")])],
+        &[],
+    );
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    let outcomes = vec![(
+        "node-1".to_string(),
+        "a".to_string(),
+        EvictionOutcome::Blocked {
+            budgets: vec!["default/web".into()],
+            message: "needs 5".into(),
+        },
+    )];
+    let live = next_status(&ev, &obs, &p, &outcomes, now());
+    // The event ends; observe no longer lists pods for a recorded node.
+    let mut done = with_status(event("Redeploy", "Completed", &["vm_1"]), live);
+    done.status.as_mut().unwrap().started_at = Some(now());
+    done.status.as_mut().unwrap().finished_at = Some(now());
+    let obs = seen(vec![node("node-1", "vm_1", true, &["ev-1"], vec![])], &[]);
+    let later = now() + chrono::Duration::minutes(10);
+    let p = plan(&done, &obs, &Policy::default(), later);
+    assert_eq!(p.phase, Phase::Completed);
+    let st = next_status(&done, &obs, &p, &[], later);
+    assert_eq!(st.nodes_drained.as_deref(), Some("0/1"));
+    let n = &st.nodes.as_ref().unwrap()[0];
+    assert_eq!(n.pods_remaining, 1);
+    assert!(n.drained_at.is_none());
+    assert_eq!(n.blocking_budgets, vec!["default/web".to_string()]);
+    assert!(!n.cordoned_by_us, "released");
+    let c = st.conditions.unwrap();
+    assert!(
+        c.iter().any(|c| c.type_ == "DrainIncomplete"
+            && c.status == "True"
+            && c.reason == "EndedBeforeDrained"),
+        "{c:?}"
+    );
+}
+
+#[test]
+fn drain_incomplete_once_the_deadline_passes_with_pods_left() {
+    let mut ev = event("Redeploy", "Scheduled", &["vm_1"]);
+    ev.spec.not_before = Some(now() + chrono::Duration::seconds(3));
+    let obs = seen(
+        vec![node("node-1", "vm_1", true, &["ev-1"], vec![pod("a")])],
+        &[],
+    );
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    let st = next_status(&ev, &obs, &p, &[], now());
+    let c = st.conditions.unwrap();
+    assert!(
+        c.iter().any(|c| c.type_ == "DrainIncomplete"
+            && c.status == "True"
+            && c.reason == "DeadlinePassed"),
+        "{c:?}"
+    );
+    assert_eq!(p.decide_approval, None);
+}
+
+#[test]
+fn a_pod_stuck_terminating_past_its_grace_no_longer_blocks_the_drain() {
+    let ev = event("Redeploy", "Scheduled", &["vm_1"]);
+    let mut a = pod("a");
+    a.terminating = Some(Terminating {
+        deadline: now() - chrono::Duration::seconds(31),
+        finalizers: vec!["example.com/hold".into()],
+    });
+    let obs = seen(vec![node("node-1", "vm_1", true, &["ev-1"], vec![a])], &[]);
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    assert!(p.evictions.is_empty());
+    assert!(p.decide_approval.is_some());
+    let st = next_status(&ev, &obs, &p, &[], now());
+    let n = &st.nodes.unwrap()[0];
+    assert_eq!(n.pods_remaining, 0);
+    assert!(
+        n.waiting_for[0].contains("stuck terminating")
+            && n.waiting_for[0].contains("example.com/hold"),
+        "{:?}",
+        n.waiting_for
+    );
+}
+
+#[test]
+fn approve_action_obeys_rule_two_for_foreign_vms() {
+    let mut ev = event("Freeze", "Scheduled", &["vm_1", "elsewhere_1"]);
+    ev.spec.duration_seconds = 5;
+    let obs = seen(
+        vec![node("node-1", "vm_1", false, &[], vec![])],
+        &["elsewhere_1"],
+    );
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    assert_eq!(p.action, Action::Approve);
+    assert_eq!(p.decide_approval, None);
+    assert!(p.approval_withheld.is_some());
+    assert_eq!(p.phase, Phase::Pending);
+}
+
+#[test]
+fn nodes_are_released_only_after_the_release_delay() {
+    let ev = event("Reboot", "Completed", &["vm_1"]);
+    let obs = seen(vec![node("node-1", "vm_1", true, &["ev-1"], vec![])], &[]);
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    assert!(
+        p.node_writes.is_empty(),
+        "just ended: wait for a following event to claim the node"
+    );
+    assert_eq!(p.requeue, Duration::from_secs(3));
+    let st = next_status(&ev, &obs, &p, &[], now());
+    assert_eq!(st.finished_at, Some(now()));
+    let later = with_status(event("Reboot", "Completed", &["vm_1"]), st);
+    let p = plan(
+        &later,
+        &obs,
+        &Policy::default(),
+        now() + chrono::Duration::seconds(3),
+    );
+    assert!(matches!(
+        p.node_writes[..],
+        [NodeWrite::Release { uncordon: true, .. }]
+    ));
 }

@@ -1,0 +1,302 @@
+//! One reconcile of one `ScheduledEvent`: observe (from the caches and a
+//! pod list per affected node), plan (pure), act (node writes and
+//! evictions), report (status and Events).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use chrono::Utc;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams};
+use kube::runtime::controller::Action as Requeue;
+use kube::runtime::events::EventType as KubeEventType;
+use tracing::{info, instrument, warn};
+
+use super::plan::{self, EvictionOutcome, NodeWrite, Observed, ObservedNode, Plan};
+use super::report::{self, Subject};
+use super::status::{self, Outcome};
+use super::{Context, Error, Result, drain, nodes};
+use crate::crd::ScheduledEvent;
+use crate::imds::model::EventStatus;
+
+/// Node writes in flight at once for one event.
+const NODE_WRITE_CONCURRENCY: usize = 16;
+
+/// One pass over one event: observe -> plan -> act -> report.
+///
+/// # Errors
+/// Any failed read or write; the controller retries with backoff.
+#[instrument(skip_all, fields(event = %ev.name_any()))]
+pub async fn reconcile(ev: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result<Requeue> {
+    let now = Utc::now();
+    let (seen, snapshots) = observe(&ev, &ctx).await?;
+    let plan = plan::plan(&ev, &seen, &ctx.policy, now);
+    if plan.delete {
+        let name = ev.name_any();
+        Api::<ScheduledEvent>::all(ctx.client.clone())
+            .delete(&name, &DeleteParams::default())
+            .await
+            .map_err(|source| Error::DeleteEvent {
+                name: name.clone(),
+                source,
+            })?;
+        info!("Deleted ScheduledEvent past its retention");
+        return Ok(Requeue::await_change());
+    }
+    write_nodes(&ev, &plan, &snapshots, &ctx).await?;
+    let outcomes = evict(&ev, &plan, &ctx).await;
+    let status = status::next_status(&ev, &seen, &plan, &outcomes, now);
+    report::report(&ev, &plan, &status, &ctx).await?;
+    ctx.metrics.reconciles.with_label_values(&["ok"]).inc();
+    ctx.failures
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .remove(&ev.name_any());
+    let requeue = drain::throttled_for(&outcomes).map_or(plan.requeue, |t| t.max(plan.requeue));
+    Ok(Requeue::requeue(requeue))
+}
+
+/// The other unfinished events that map to each node and whose policy
+/// cordons it, from the controller's cache of `ScheduledEvent`s.
+fn claims(me: &str, ctx: &Context, cached: &[Arc<Node>]) -> HashMap<String, Vec<String>> {
+    let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
+    for other in ctx.events.state() {
+        let name = other.name_any();
+        if name == me
+            || EventStatus::from(other.spec.event_status.as_str()) == EventStatus::Completed
+        {
+            continue;
+        }
+        let action = ctx.policy.decide(
+            &other.spec.event_type.as_str().into(),
+            &other.spec.event_source,
+            other.spec.duration_seconds,
+        );
+        if !action.cordons() {
+            continue;
+        }
+        let (mapped, _) =
+            nodes::map_resources(&other.spec.resources, cached.iter().map(AsRef::as_ref));
+        for (_, node) in mapped {
+            by_node.entry(node).or_default().push(name.clone());
+        }
+    }
+    by_node
+}
+
+/// Reads, from the node cache, the nodes the event maps to and those that
+/// still hold a cordon for it, and lists the pods of the mapped ones. Node
+/// writes are conditional on the `resourceVersion` read here, so a stale
+/// cache costs a 409 and a retry, never a wrong write.
+async fn observe(
+    ev: &ScheduledEvent,
+    ctx: &Context,
+) -> Result<(Observed, HashMap<String, Arc<Node>>)> {
+    let me = ev.name_any();
+    let cached = ctx.nodes.state();
+    let (mapped, unmapped) =
+        nodes::map_resources(&ev.spec.resources, cached.iter().map(AsRef::as_ref));
+    let completed = EventStatus::from(ev.spec.event_status.as_str()) == EventStatus::Completed;
+    let recorded = ev
+        .status
+        .as_ref()
+        .and_then(|s| s.nodes.as_ref())
+        .is_some_and(|n| !n.is_empty());
+    let action = ctx.policy.decide(
+        &ev.spec.event_type.as_str().into(),
+        &ev.spec.event_source,
+        ev.spec.duration_seconds,
+    );
+    let claims = claims(&me, ctx, &cached);
+    let mut wanted: Vec<(String, String)> =
+        mapped.into_iter().map(|(vm, node)| (node, vm)).collect();
+    for n in cached.iter().filter(|n| nodes::holds(n).contains(&me)) {
+        let name = n.name_any();
+        if !wanted.iter().any(|(w, _)| *w == name) {
+            wanted.push((name, String::new()));
+        }
+    }
+    let mut seen = Observed {
+        nodes: Vec::new(),
+        unmapped,
+    };
+    let mut snapshots = HashMap::new();
+    for (name, vm) in wanted {
+        let Some(node) = cached.iter().find(|n| n.name_any() == name).cloned() else {
+            continue; // gone: nothing to drain or release
+        };
+        // A finished event's record is frozen; pods are read only for nodes
+        // it never recorded, so that the record says what was there.
+        let pods = if action.drains() && !vm.is_empty() && (!completed || !recorded) {
+            drain::pods_on(&ctx.client, &name).await?
+        } else {
+            Vec::new()
+        };
+        seen.nodes.push(ObservedNode {
+            cordoned: nodes::is_cordoned(&node),
+            holds: nodes::holds(&node),
+            claimed_by: claims.get(&name).cloned().unwrap_or_default(),
+            name: name.clone(),
+            vm_name: vm,
+            pods,
+        });
+        snapshots.insert(name, node);
+    }
+    Ok((seen, snapshots))
+}
+
+/// The Event reason, metric label and note of a node write.
+fn describe(ev: &ScheduledEvent, w: &NodeWrite) -> (&'static str, &'static str, String) {
+    let node = w.node();
+    let (ty, name) = (&ev.spec.event_type, ev.name_any());
+    match w {
+        NodeWrite::Cordon { .. } => (
+            "cordon",
+            "Cordoned",
+            format!("Cordoned and tainted {node} for {ty} {name}"),
+        ),
+        NodeWrite::AddHold { .. } => (
+            "cordon",
+            "CordonShared",
+            format!("{node} stays cordoned, now also for {ty} {name}"),
+        ),
+        NodeWrite::Release { uncordon: true, .. } => (
+            "uncordon",
+            "Uncordoned",
+            format!("Uncordoned {node}: {ty} {name} is over"),
+        ),
+        NodeWrite::Release { holds, .. } => (
+            "release",
+            "CordonReleased",
+            format!(
+                "Released {name}'s hold on {node}; it stays cordoned for {}",
+                holds.join(", ")
+            ),
+        ),
+    }
+}
+
+/// Carries out the plan's node writes, several nodes at once.
+async fn write_nodes(
+    ev: &ScheduledEvent,
+    plan: &Plan,
+    snapshots: &HashMap<String, Arc<Node>>,
+    ctx: &Context,
+) -> Result<()> {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let mut writes = Vec::new();
+    for w in &plan.node_writes {
+        let Some(node) = snapshots.get(w.node()).cloned() else {
+            continue;
+        };
+        let (api, w) = (api.clone(), w.clone());
+        writes.push(async move {
+            let r = nodes::write_holds(&api, &node, w.holds(), w.unschedulable()).await;
+            (w, r)
+        });
+    }
+    let results: Vec<(NodeWrite, std::result::Result<(), kube::Error>)> =
+        futures::stream::iter(writes)
+            .buffer_unordered(NODE_WRITE_CONCURRENCY)
+            .collect()
+            .await;
+    let mut first_error = None;
+    for (w, r) in results {
+        match r {
+            Ok(()) => {
+                let (label, reason, note) = describe(ev, &w);
+                ctx.metrics.node_writes.with_label_values(&[label]).inc();
+                info!(node = w.node(), reason, "{note}");
+                report::publish(
+                    ctx,
+                    ev,
+                    Subject::Node(w.node()),
+                    KubeEventType::Normal,
+                    reason,
+                    note,
+                )
+                .await;
+            }
+            Err(source) => {
+                first_error.get_or_insert(Error::PatchNode {
+                    node: w.node().into(),
+                    source,
+                });
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Requests the plan's evictions and reports each outcome.
+async fn evict(ev: &ScheduledEvent, plan: &Plan, ctx: &Context) -> Vec<Outcome> {
+    let outcomes = drain::evict_all(
+        &ctx.evict_client,
+        &ctx.limiter,
+        &plan.evictions,
+        ctx.per_node,
+    )
+    .await;
+    for (node, pod, outcome) in &outcomes {
+        let label = match outcome {
+            EvictionOutcome::Evicted => "evicted",
+            EvictionOutcome::Blocked { .. } => "blocked",
+            EvictionOutcome::Throttled { .. } => "throttled",
+            EvictionOutcome::Gone => "gone",
+            EvictionOutcome::Retry(_) => "error",
+        };
+        ctx.metrics.evictions.with_label_values(&[label]).inc();
+        let Some(e) = plan
+            .evictions
+            .iter()
+            .find(|e| e.pod.name == *pod && e.node == *node)
+        else {
+            continue;
+        };
+        let (ns, key) = (e.pod.namespace.as_str(), e.pod.key());
+        match outcome {
+            EvictionOutcome::Evicted => {
+                info!(node, pod = %key, grace_seconds = e.grace_seconds, "Evicted pod");
+                report::publish(
+                    ctx,
+                    ev,
+                    Subject::Pod(ns, pod),
+                    KubeEventType::Normal,
+                    "Evicted",
+                    format!(
+                        "Evicted {key} from {node} with a grace period of {}s",
+                        e.grace_seconds
+                    ),
+                )
+                .await;
+            }
+            EvictionOutcome::Blocked { budgets, message } => {
+                info!(node, pod = %key, ?budgets, %message, "Eviction blocked; will retry");
+                report::publish(
+                    ctx,
+                    ev,
+                    Subject::Pod(ns, pod),
+                    KubeEventType::Warning,
+                    "EvictionBlocked",
+                    format!(
+                        "Eviction of {key} from {node} blocked by PodDisruptionBudget {}: {message}",
+                        budgets.join(", ")
+                    ),
+                )
+                .await;
+            }
+            EvictionOutcome::Throttled {
+                retry_after_seconds,
+            } => {
+                warn!(node, pod = %key, retry_after_seconds, "Eviction throttled by the API server; backing off");
+            }
+            EvictionOutcome::Retry(why) => {
+                warn!(node, pod = %key, %why, "Eviction failed; will retry")
+            }
+            EvictionOutcome::Gone => {}
+        }
+    }
+    outcomes
+}

@@ -1,0 +1,203 @@
+//! Reporting: the status write (server-side apply, only when it changed)
+//! and the Kubernetes Events that mark progress.
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType};
+use kube::runtime::reflector;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::plan::Plan;
+use super::status::newly_incomplete;
+use super::{Context, Error, Result};
+use crate::crd::{CONTROLLER_MANAGER, Phase, ScheduledEvent, ScheduledEventStatus};
+use crate::metrics::type_label;
+
+/// What an Event is about besides the `ScheduledEvent` itself.
+pub enum Subject<'a> {
+    /// Only the `ScheduledEvent`.
+    Event,
+    /// A node: the Event goes on the node too, each naming the other as related.
+    Node(&'a str),
+    /// A pod (namespace, name), named as related so that each pod's Events
+    /// are kept apart instead of folded into one series.
+    Pod(&'a str, &'a str),
+}
+
+/// Writes the status (only when it changed) and the Events that mark progress.
+///
+/// # Errors
+/// [`Error::PatchStatus`] when the status cannot be written.
+pub async fn report(
+    ev: &ScheduledEvent,
+    plan: &Plan,
+    status: &ScheduledEventStatus,
+    ctx: &Context,
+) -> Result<()> {
+    let name = ev.name_any();
+    let mut prev = ev.status.clone().unwrap_or_default();
+    if let Some(a) = prev.approval.as_mut() {
+        a.sent_at = None;
+        a.sent_by = None;
+        a.result = None;
+    }
+    if prev == *status {
+        return Ok(());
+    }
+    let body = json!({
+        "apiVersion": ScheduledEvent::api_version(&()),
+        "kind": ScheduledEvent::kind(&()),
+        "status": status,
+    });
+    Api::<ScheduledEvent>::all(ctx.client.clone())
+        .patch_status(
+            &name,
+            &PatchParams::apply(CONTROLLER_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(|source| Error::PatchStatus {
+            name: name.clone(),
+            source,
+        })?;
+
+    let prev_nodes = prev.nodes.clone().unwrap_or_default();
+    for n in status.nodes.iter().flatten() {
+        let before = prev_nodes.iter().find(|p| p.name == n.name);
+        if n.drained_at.is_some()
+            && before.and_then(|b| b.drained_at).is_none()
+            && !plan.phase.is_final()
+        {
+            info!(node = %n.name, "Node drained");
+            let note = format!("{} drained for {} {name}", n.name, ev.spec.event_type);
+            publish(
+                ctx,
+                ev,
+                Subject::Node(&n.name),
+                KubeEventType::Normal,
+                "Drained",
+                note,
+            )
+            .await;
+        }
+        for kept in n
+            .pods_kept
+            .iter()
+            .filter(|k| before.is_none_or(|b| !b.pods_kept.contains(k)))
+        {
+            warn!(node = %n.name, pod = %kept, "Pod kept on a node being drained");
+            let note = format!("Not evicting {kept} from {}", n.name);
+            publish(
+                ctx,
+                ev,
+                Subject::Node(&n.name),
+                KubeEventType::Warning,
+                "PodKept",
+                note,
+            )
+            .await;
+        }
+    }
+    if plan.decide_approval.is_some() {
+        ctx.metrics
+            .approvals_decided
+            .with_label_values(&[type_label(&ev.spec.event_type)])
+            .inc();
+        let reason = plan.decide_approval.clone().unwrap_or_default();
+        info!(%reason, "Approval decided");
+        let note = format!("Approval of {name} decided: {reason}; an agent will send it to IMDS");
+        publish(
+            ctx,
+            ev,
+            Subject::Event,
+            KubeEventType::Normal,
+            "ApprovalDecided",
+            note,
+        )
+        .await;
+    }
+    if newly_incomplete(&prev, status) {
+        ctx.metrics
+            .drains_incomplete
+            .with_label_values(&[type_label(&ev.spec.event_type)])
+            .inc();
+        let why = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "DrainIncomplete")
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        warn!(%why, "Drain incomplete");
+        publish(
+            ctx,
+            ev,
+            Subject::Event,
+            KubeEventType::Warning,
+            "DrainIncomplete",
+            format!("{name}: {why}"),
+        )
+        .await;
+    }
+    let prev_phase = prev.phase.clone().unwrap_or_default();
+    let phase = plan.phase.as_str();
+    if prev_phase != phase {
+        info!(from = %prev_phase, to = %phase, "Phase changed");
+        if matches!(
+            plan.phase,
+            Phase::Started | Phase::Completed | Phase::Cancelled | Phase::Ignored
+        ) {
+            let note = format!("{} {name} is {}", ev.spec.event_type, phase.to_lowercase());
+            publish(ctx, ev, Subject::Event, KubeEventType::Normal, phase, note).await;
+        }
+    }
+    Ok(())
+}
+
+/// Publishes a Kubernetes Event on the `ScheduledEvent`, and on the node if
+/// given. Events are best effort: a failure is logged, never fails the reconcile.
+pub async fn publish(
+    ctx: &Context,
+    ev: &ScheduledEvent,
+    subject: Subject<'_>,
+    type_: KubeEventType,
+    reason: &str,
+    note: String,
+) {
+    let node = match subject {
+        Subject::Node(name) => ctx.nodes.get(&reflector::ObjectRef::new(name)),
+        _ => None,
+    };
+    let related = match subject {
+        Subject::Event => None,
+        Subject::Node(_) => node.as_ref().map(|n| n.object_ref(&())),
+        Subject::Pod(namespace, name) => Some(ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(namespace.into()),
+            name: Some(name.into()),
+            ..ObjectReference::default()
+        }),
+    };
+    let event = KubeEvent {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: reason.into(),
+        secondary: related,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &ev.object_ref(&())).await {
+        warn!(error = %e, reason, "Could not publish an Event");
+    }
+    if let Some(n) = node {
+        let on_node = KubeEvent {
+            secondary: Some(ev.object_ref(&())),
+            ..event
+        };
+        if let Err(e) = ctx.recorder.publish(&on_node, &n.object_ref(&())).await {
+            warn!(error = %e, reason, "Could not publish an Event on the node");
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! Wiring of the controller role: clients, metrics server, node cache,
+//! leader election, and the kube-runtime `Controller` over `ScheduledEvent`s.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use kube::runtime::controller::{self, Action as Requeue, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use kube_lease_manager::LeaseManagerBuilder;
+use prometheus::Registry;
+use tracing::{info, warn};
+
+use super::{Context, Error, drain, reconcile::reconcile, sweep};
+use crate::cli::ControllerArgs;
+use crate::crd::{CONTROLLER_MANAGER, ScheduledEvent};
+use crate::metrics::ControllerMetrics;
+use crate::policy::Policy;
+use crate::server::{self, Readiness};
+
+/// The longest a failing reconcile waits before it is tried again.
+const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(60);
+
+/// Runs the controller until SIGTERM: keeps a node cache (ready once it is
+/// synced, leader or not), waits for the Lease, then reconciles; exits (to
+/// be restarted) if the Lease is lost, and releases it on SIGTERM so that a
+/// standby takes over at once.
+///
+/// # Errors
+/// A bad policy file, no Kubernetes configuration, or a metrics address that
+/// cannot be bound; all later failures are retried.
+pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    let policy = match &args.policy_file {
+        Some(path) => Policy::load(&path.to_string_lossy())?,
+        None => Policy::default(),
+    };
+    let config = kube::Config::infer().await?;
+    let client = Client::try_from(config.clone())?;
+    let mut evict_config = config;
+    evict_config.default_retry = false;
+    let evict_client = Client::try_from(evict_config)?;
+
+    let registry = Registry::new();
+    let metrics = ControllerMetrics::register(&registry)?;
+    let ready = Readiness::default();
+    server::spawn(args.metrics_addr, registry, ready.clone()).await?;
+
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "forewarn".into());
+        format!("{host}-{}", std::process::id())
+    });
+    let shutdown = crate::cli::shutdown_signal();
+    tokio::pin!(shutdown);
+
+    // The node cache runs whether or not this replica leads: readiness means
+    // "healthy and synced", so a standby is Ready and a rolling update with
+    // maxUnavailable 0 never waits for a Lease it cannot get.
+    let (nodes, writer) = reflector::store();
+    let node_stream = reflector::reflector(
+        writer,
+        watcher(
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
+        ),
+    )
+    .backoff(watch_backoff())
+    .touched_objects()
+    .for_each(|r| async {
+        if let Err(e) = r {
+            warn!(error = %e, "Node watch error (retrying)");
+        }
+    });
+    let node_task = tokio::spawn(node_stream);
+    tokio::select! {
+        _ = &mut shutdown => { node_task.abort(); return Ok(()) }
+        r = nodes.wait_until_ready() => r?,
+    }
+    ready.set(true);
+
+    // The API server may not answer yet (a restarting control plane): keep
+    // trying instead of crash-looping. Every replica has its own Lease field
+    // manager (the crate's default, derived from the identity): a shared one
+    // let two replicas both believe they lead.
+    let build_lease = || {
+        LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+            .with_namespace(&args.lease_namespace)
+            .with_identity(&identity)
+            .with_duration(15)
+            .with_grace(5)
+            .build()
+    };
+    let lease = tokio::select! {
+        _ = &mut shutdown => { node_task.abort(); return Ok(()) }
+        lease = build_lease
+            .retry(ExponentialBuilder::default().with_max_delay(Duration::from_secs(30)).without_max_times())
+            .notify(|e, d| warn!(error = %e, retry_in = ?d, "Cannot set up the leader-election Lease yet")) => lease?,
+    };
+    let (mut leader, lease_task) = lease.watch().await;
+    info!(%identity, lease = %args.lease_name, namespace = %args.lease_namespace, "Waiting for leadership");
+    loop {
+        if *leader.borrow_and_update() {
+            break;
+        }
+        tokio::select! {
+            _ = &mut shutdown => {
+                drop(leader);
+                node_task.abort();
+                let _ = lease_task.await;
+                return Ok(());
+            }
+            changed = leader.changed() => changed?,
+        }
+    }
+    metrics.leader.set(1);
+    info!(%identity, ?policy, "Leading: reconciling ScheduledEvents");
+
+    let controller = Controller::new(
+        Api::<ScheduledEvent>::all(client.clone()),
+        watcher::Config::default().any_semantic(),
+    )
+    .trigger_backoff(watch_backoff())
+    .with_config(controller::Config::default().concurrency(args.reconcile_concurrency));
+    let events = controller.store();
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: CONTROLLER_MANAGER.into(),
+                instance: Some(identity.clone()),
+            },
+        ),
+        client: client.clone(),
+        evict_client,
+        nodes,
+        events,
+        policy,
+        metrics: metrics.clone(),
+        per_node: usize::from(args.max_evictions_per_node),
+        limiter: drain::rate_limiter(args.eviction_qps, args.eviction_burst),
+        failures: Mutex::new(HashMap::new()),
+    });
+
+    let leader_gauge = metrics.leader.clone();
+    let lost = async move {
+        while leader.changed().await.is_ok() {
+            if !*leader.borrow_and_update() {
+                break;
+            }
+        }
+        leader
+    };
+    let sweep = tokio::spawn(sweep::sweep_orphaned_holds(ctx.clone()));
+    let controller = controller
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                warn!(error = %e, "Reconcile failed");
+            }
+        });
+    let outcome = tokio::select! {
+        _ = &mut shutdown => Ok(()),
+        leader = lost => {
+            drop(leader);
+            Err(anyhow::anyhow!("lost the leader-election Lease; exiting so that a fresh process takes over"))
+        }
+        _ = controller => Ok(()),
+    };
+    node_task.abort();
+    sweep.abort();
+    ready.set(false);
+    // Dropping the receiver stops the renewals; releasing hands the Lease to
+    // a standby at once instead of after its duration.
+    if let Ok(Ok(manager)) = lease_task.await {
+        match manager.release().await {
+            Ok(()) => info!("Released the leader-election Lease"),
+            Err(e) => {
+                warn!(error = %e, "Could not release the Lease; a standby takes over when it expires")
+            }
+        }
+    }
+    leader_gauge.set(0);
+    info!("Controller stopped");
+    outcome
+}
+
+/// Watches resume quickly after an API server outage: a bounded backoff
+/// (0.5 s doubling to at most 5 s) instead of kube's default, which waits
+/// up to minutes after a `too old resource version`.
+pub(crate) fn watch_backoff() -> watcher::ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(5))
+        .with_jitter()
+        .without_max_times()
+        .into()
+}
+
+/// The delay before retrying a failed reconcile: 200 ms after a conflict
+/// (someone wrote the node since it was read), else 1 s doubling per
+/// consecutive failure of the same object, capped at [`MAX_ERROR_BACKOFF`].
+pub fn error_backoff(err: &Error, failures: u32) -> Duration {
+    if err.category() == "conflict" && failures < 5 {
+        return Duration::from_millis(200);
+    }
+    let exp = failures.saturating_sub(1).min(16);
+    Duration::from_secs(1u64 << exp).min(MAX_ERROR_BACKOFF)
+}
+
+fn error_policy(ev: Arc<ScheduledEvent>, err: &Error, ctx: Arc<Context>) -> Requeue {
+    let name = ev.name_any();
+    let failures = {
+        let mut f = ctx
+            .failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = f.entry(name.clone()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    ctx.metrics.reconciles.with_label_values(&["error"]).inc();
+    let delay = error_backoff(err, failures);
+    warn!(event = %name, error = %err, failures, retry_in = ?delay, "Reconcile error; retrying");
+    Requeue::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status_error(code: u16) -> Error {
+        Error::PatchNode {
+            node: "n".into(),
+            source: kube::Error::Api(
+                kube::core::Status {
+                    code,
+                    ..Default::default()
+                }
+                .boxed(),
+            ),
+        }
+    }
+
+    #[test]
+    fn reconcile_errors_back_off_exponentially_with_a_cap() {
+        let e = status_error(500);
+        let d: Vec<u64> = (1..=9).map(|n| error_backoff(&e, n).as_secs()).collect();
+        assert_eq!(d, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(
+            error_backoff(&status_error(409), 1),
+            Duration::from_millis(200)
+        );
+        assert_eq!(
+            error_backoff(&status_error(409), 6),
+            Duration::from_secs(32)
+        );
+    }
+}

@@ -1,0 +1,360 @@
+//! What a `ScheduledEvent`'s status says after a reconcile: pure, like
+//! [`super::plan`]. The record stays honest (DESIGN.md): a node counts as
+//! drained only when it really emptied, and once the event is over its
+//! per-node record is frozen as it was, not recomputed from nothing.
+
+use chrono::{DateTime, Utc};
+
+use super::plan::{EvictionOutcome, Observed, ObservedNode, Plan, must_leave, name_of};
+use crate::crd::{Approval, Condition, NodeProgress, Phase, ScheduledEvent, ScheduledEventStatus};
+use crate::imds::model::EventStatus;
+
+/// One eviction's result: `(node, pod name, outcome)`.
+pub type Outcome = (String, String, EvictionOutcome);
+
+/// Builds conditions, keeping each one's `lastTransitionTime` while its
+/// status does not change.
+struct Conditions<'a> {
+    prev: &'a [Condition],
+    out: Vec<Condition>,
+    generation: Option<i64>,
+    now: DateTime<Utc>,
+}
+
+impl Conditions<'_> {
+    fn set(&mut self, type_: &str, status: bool, reason: &str, message: String) {
+        let status = if status { "True" } else { "False" }.to_string();
+        let last_transition_time = self
+            .prev
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == status)
+            .map_or(self.now, |c| c.last_transition_time);
+        self.out.retain(|c| c.type_ != type_);
+        self.out.push(Condition {
+            observed_generation: self.generation,
+            type_: type_.into(),
+            status,
+            reason: reason.into(),
+            message,
+            last_transition_time,
+        });
+    }
+}
+
+/// What blocks the evictions on `node` this pass, if anything:
+/// `(blocked_by text, budgets)`.
+fn blockers(node: &str, outcomes: &[Outcome]) -> (Option<String>, Vec<String>) {
+    let mut text = None;
+    let mut budgets: Vec<String> = Vec::new();
+    for (n, pod, o) in outcomes.iter().filter(|(n, _, _)| n == node) {
+        match o {
+            EvictionOutcome::Blocked {
+                budgets: b,
+                message,
+            } => {
+                for x in b {
+                    if !budgets.contains(x) {
+                        budgets.push(x.clone());
+                    }
+                }
+                text.get_or_insert_with(|| {
+                    format!("PodDisruptionBudget {}: {message}", b.join(", "))
+                });
+            }
+            EvictionOutcome::Throttled {
+                retry_after_seconds,
+            } => {
+                text.get_or_insert_with(|| {
+                    format!("API server throttling (429, Retry-After {retry_after_seconds}s) while evicting {pod} on {n}")
+                });
+            }
+            _ => {}
+        }
+    }
+    (text, budgets)
+}
+
+/// The record of one mapped node while the event is live.
+fn live_progress(
+    me: &str,
+    n: &ObservedNode,
+    plan: &Plan,
+    outcomes: &[Outcome],
+    before: Option<&NodeProgress>,
+    now: DateTime<Utc>,
+) -> NodeProgress {
+    let written = plan.node_writes.iter().find(|w| w.node() == n.name);
+    let held_now = match written {
+        Some(w) => w.holds().iter().any(|h| h == me),
+        None => n.holds.iter().any(|h| h == me),
+    };
+    let remaining = n.pods.iter().filter(|p| must_leave(p, now)).count();
+    let (blocked_by, blocking_budgets) = blockers(&n.name, outcomes);
+    let waiting_for = n
+        .pods
+        .iter()
+        .filter_map(|p| {
+            let t = p.terminating.as_ref()?;
+            let fin = if t.finalizers.is_empty() {
+                String::new()
+            } else {
+                format!(", finalizers [{}]", t.finalizers.join(", "))
+            };
+            Some(if must_leave(p, now) {
+                format!(
+                    "{}: terminating until {}{fin}",
+                    p.key(),
+                    t.deadline.to_rfc3339()
+                )
+            } else {
+                format!(
+                    "{}: stuck terminating past its grace period{}; no longer waited for",
+                    p.key(),
+                    if fin.is_empty() {
+                        " (kubelet unreachable?)".to_string()
+                    } else {
+                        fin
+                    }
+                )
+            })
+        })
+        .collect();
+    let drained_now = plan.action.drains() && remaining == 0;
+    NodeProgress {
+        name: n.name.clone(),
+        vm_name: n.vm_name.clone(),
+        cordoned_by_us: held_now,
+        already_cordoned: n.cordoned && n.holds.is_empty() && !held_now,
+        pods_remaining: i32::try_from(remaining).unwrap_or(i32::MAX),
+        blocked_by,
+        blocking_budgets,
+        pods_kept: plan
+            .kept
+            .iter()
+            .filter(|k| k.node == n.name)
+            .map(|k| format!("{}: {}", k.pod, k.reason))
+            .collect(),
+        waiting_for,
+        drained_at: if drained_now {
+            before.and_then(|b| b.drained_at).or(Some(now))
+        } else {
+            None
+        },
+    }
+}
+
+/// The per-node records of a finished (or ignored) event: the last live
+/// record of each node, frozen, with only the cordon released.
+fn final_progress(
+    me: &str,
+    seen: &Observed,
+    plan: &Plan,
+    prev: &[NodeProgress],
+) -> Vec<NodeProgress> {
+    let mut nodes: Vec<NodeProgress> = prev.to_vec();
+    for n in seen.nodes.iter().filter(|n| !n.vm_name.is_empty()) {
+        if !nodes.iter().any(|p| p.name == n.name) {
+            // Never recorded live (the event ended before we saw it): say
+            // what is there now, and do not claim a drain.
+            nodes.push(NodeProgress {
+                name: n.name.clone(),
+                vm_name: n.vm_name.clone(),
+                already_cordoned: n.cordoned && n.holds.is_empty(),
+                pods_remaining: i32::try_from(n.pods.len()).unwrap_or(i32::MAX),
+                ..NodeProgress::default()
+            });
+        }
+    }
+    for p in &mut nodes {
+        let still_held = match plan.node_writes.iter().find(|w| w.node() == p.name) {
+            Some(w) => w.holds().iter().any(|h| h == me),
+            None => seen
+                .nodes
+                .iter()
+                .find(|n| n.name == p.name)
+                .is_some_and(|n| n.holds.iter().any(|h| h == me)),
+        };
+        p.cordoned_by_us = p.cordoned_by_us && still_held;
+    }
+    nodes
+}
+
+/// The status after `plan` was carried out with `outcomes`.
+pub fn next_status(
+    ev: &ScheduledEvent,
+    seen: &Observed,
+    plan: &Plan,
+    outcomes: &[Outcome],
+    now: DateTime<Utc>,
+) -> ScheduledEventStatus {
+    let me = name_of(ev);
+    let prev = ev.status.clone().unwrap_or_default();
+    let prev_nodes = prev.nodes.clone().unwrap_or_default();
+    let prev_conditions = prev.conditions.clone().unwrap_or_default();
+    let finished = plan.phase.is_final() || plan.phase == Phase::Ignored;
+
+    let nodes: Vec<NodeProgress> = if finished {
+        final_progress(&me, seen, plan, &prev_nodes)
+    } else {
+        seen.nodes
+            .iter()
+            .filter(|n| !n.vm_name.is_empty())
+            .map(|n| {
+                let before = prev_nodes.iter().find(|p| p.name == n.name);
+                live_progress(&me, n, plan, outcomes, before, now)
+            })
+            .collect()
+    };
+
+    let drained = nodes.iter().filter(|n| n.drained_at.is_some()).count();
+    let mut approval = prev.approval.clone().map(|a| Approval {
+        sent_at: None,
+        sent_by: None,
+        result: None,
+        ..a
+    });
+    if let Some(reason) = &plan.decide_approval {
+        approval = Some(Approval {
+            decided_at: Some(now),
+            reason: Some(reason.clone()),
+            ..Default::default()
+        });
+    }
+
+    let mut c = Conditions {
+        prev: &prev_conditions,
+        out: if finished {
+            prev_conditions.clone()
+        } else {
+            Vec::new()
+        },
+        generation: ev.metadata.generation,
+        now,
+    };
+    if plan.action.drains() {
+        drain_conditions(&mut c, &nodes, plan, finished, now);
+    }
+    if let Some(why) = &plan.approval_withheld {
+        c.set(
+            "ApprovalWithheld",
+            true,
+            "DrainOrResourcesNotReady",
+            why.clone(),
+        );
+    }
+
+    let spec_started = ev.spec.event_status == EventStatus::Started.to_string();
+    ScheduledEventStatus {
+        phase: Some(plan.phase.as_str().into()),
+        action: Some(plan.action.as_str().into()),
+        nodes_drained: Some(format!("{drained}/{}", nodes.len())),
+        nodes: Some(nodes),
+        unmapped_resources: Some(seen.unmapped.clone()),
+        approval,
+        first_seen: prev.first_seen.or(Some(now)),
+        started_at: prev.started_at.or_else(|| spec_started.then_some(now)),
+        finished_at: if plan.phase.is_final() {
+            prev.finished_at.or(Some(now))
+        } else {
+            None
+        },
+        conditions: Some(c.out),
+    }
+}
+
+/// `Drained`, `DrainBlocked`, `PodsKept` while live; `DrainIncomplete`
+/// once the deadline passed, the event started, or it ended, with pods left.
+fn drain_conditions(
+    c: &mut Conditions<'_>,
+    nodes: &[NodeProgress],
+    plan: &Plan,
+    finished: bool,
+    now: DateTime<Utc>,
+) {
+    let pending: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.drained_at.is_none())
+        .map(|n| format!("{} ({} pods)", n.name, n.pods_remaining))
+        .collect();
+    if !finished {
+        let done = pending.is_empty() && !nodes.is_empty();
+        c.set(
+            "Drained",
+            done,
+            if done {
+                "AllNodesDrained"
+            } else {
+                "PodsRemaining"
+            },
+            pending.join(", "),
+        );
+        let blocked: Vec<String> = nodes
+            .iter()
+            .filter_map(|n| n.blocked_by.as_ref().map(|b| format!("{}: {b}", n.name)))
+            .collect();
+        c.set(
+            "DrainBlocked",
+            !blocked.is_empty(),
+            if blocked.is_empty() {
+                "NotBlocked"
+            } else {
+                "EvictionRefused"
+            },
+            blocked.join("; "),
+        );
+        let kept: Vec<&String> = nodes.iter().flat_map(|n| &n.pods_kept).collect();
+        c.set(
+            "PodsKept",
+            !kept.is_empty(),
+            if kept.is_empty() {
+                "NoneKept"
+            } else {
+                "UnmanagedPods"
+            },
+            kept.iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join("; "),
+        );
+    }
+    if pending.is_empty() || nodes.is_empty() {
+        return;
+    }
+    let deadline_passed = plan.deadline.is_some_and(|d| now >= d);
+    let (why, reason) = if finished {
+        ("the event ended", "EndedBeforeDrained")
+    } else if plan.phase == Phase::Started {
+        ("the event started", "StartedBeforeDrained")
+    } else if deadline_passed {
+        (
+            "the drain deadline (NotBefore minus the margin) passed",
+            "DeadlinePassed",
+        )
+    } else {
+        return;
+    };
+    let already = c
+        .prev
+        .iter()
+        .any(|x| x.type_ == "DrainIncomplete" && x.status == "True");
+    if finished && already {
+        return; // keep the first account of it
+    }
+    c.set(
+        "DrainIncomplete",
+        true,
+        reason,
+        format!("{why} with {} not drained", pending.join(", ")),
+    );
+}
+
+/// Whether this status write records a new `DrainIncomplete`.
+pub fn newly_incomplete(prev: &ScheduledEventStatus, next: &ScheduledEventStatus) -> bool {
+    let is = |s: &ScheduledEventStatus| {
+        s.conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "DrainIncomplete" && c.status == "True")
+    };
+    is(next) && !is(prev)
+}

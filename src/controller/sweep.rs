@@ -1,0 +1,75 @@
+//! Releases cordons held for `ScheduledEvent`s that no longer exist
+//! (deleted by hand before they completed): forewarn never leaves a node
+//! cordoned that nothing will release.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use tracing::{info, warn};
+
+use super::{Context, nodes};
+use crate::crd::ScheduledEvent;
+
+/// How often nodes are checked for holds of deleted `ScheduledEvent`s.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Runs at start and then every [`SWEEP_INTERVAL`].
+///
+/// It lists `ScheduledEvent`s from the API server rather than reading the
+/// controller's cache: an object deleted a moment ago may still be cached,
+/// and one created a moment ago may not be yet; the API server's list is the
+/// truth, and a hold is released only for a name it does not hold.
+pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let events: Api<ScheduledEvent> = Api::all(ctx.client.clone());
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    loop {
+        tick.tick().await;
+        if !ctx
+            .nodes
+            .state()
+            .iter()
+            .any(|n| !nodes::holds(n).is_empty())
+        {
+            continue;
+        }
+        let existing: HashSet<String> = match events.list_metadata(&ListParams::default()).await {
+            Ok(list) => list.items.iter().map(ResourceExt::name_any).collect(),
+            Err(e) => {
+                warn!(error = %e, "Could not list ScheduledEvents to find orphaned holds; will retry");
+                continue;
+            }
+        };
+        for node in ctx.nodes.state() {
+            let holds = nodes::holds(&node);
+            let orphaned = nodes::orphaned_holds(&holds, |h| existing.contains(h));
+            if orphaned.is_empty() {
+                continue;
+            }
+            let name = node.name_any();
+            let keep: Vec<String> = holds
+                .iter()
+                .filter(|h| !orphaned.contains(h))
+                .cloned()
+                .collect();
+            let uncordon = (keep.is_empty() && nodes::is_cordoned(&node)).then_some(false);
+            match nodes::write_holds(&api, &node, &keep, uncordon).await {
+                Ok(()) => {
+                    ctx.metrics
+                        .node_writes
+                        .with_label_values(&["uncordon"])
+                        .inc();
+                    info!(node = %name, events = ?orphaned, uncordoned = keep.is_empty(), "Released holds of ScheduledEvents that no longer exist");
+                }
+                // 409: the node changed; the next sweep looks again.
+                Err(e) => {
+                    warn!(node = %name, error = %e, "Could not release orphaned holds; will retry")
+                }
+            }
+        }
+    }
+}
