@@ -487,6 +487,15 @@ async fn eviction_reaches_the_api_server_with_its_grace_and_uid_precondition() {
         .create(&PostParams::default(), &pod)
         .await
         .expect("recreate p");
+    // The API server deletes a pod that never ran at once, whatever the
+    // grace: wait until KWOK has it Running, as a kubelet would.
+    for _ in 0..100 {
+        let p = pods.get("p").await.expect("get p");
+        if p.status.and_then(|s| s.phase).as_deref() == Some("Running") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let evict_client = {
         let mut config = kube::Config::from_custom_kubeconfig(
             kube::config::Kubeconfig::read_from(&cluster.kubeconfig).unwrap(),

@@ -171,7 +171,9 @@ pub fn classify_refusal(s: &Status) -> EvictionOutcome {
             }
         }
         404 => EvictionOutcome::Gone,
-        409 if msg.contains("Precondition failed") || msg.contains("UID in precondition") => {
+        // The pod-UID precondition failed: the pod planned is gone, and the
+        // one of the same name is another pod (planned afresh next pass).
+        409 if msg.contains("UID in the precondition") || msg.contains("Precondition failed") => {
             EvictionOutcome::Gone
         }
         500 if msg.contains("more than one PodDisruptionBudget") => EvictionOutcome::Blocked {
@@ -487,7 +489,8 @@ mod tests {
         );
         let uid = status(
             409,
-            "Precondition failed: UID in precondition: a, UID in object meta: b",
+            // The API server's own words (v1.36), seen on the local cluster.
+            "Operation cannot be fulfilled on Pod \"p\": the UID in the precondition (5d28) does not match the UID in record (57d4). The object might have been deleted and then recreated",
             vec![],
             0,
         );

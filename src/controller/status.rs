@@ -317,6 +317,18 @@ fn drain_conditions(
                 .join("; "),
         );
     }
+    // Keep the first account of an incomplete drain (the deadline passing
+    // is reported as such, even after the event started or ended).
+    if let Some(first) = c
+        .prev
+        .iter()
+        .find(|x| x.type_ == "DrainIncomplete" && x.status == "True")
+        .cloned()
+    {
+        c.out.retain(|x| x.type_ != "DrainIncomplete");
+        c.out.push(first);
+        return;
+    }
     if pending.is_empty() || nodes.is_empty() {
         return;
     }
@@ -333,13 +345,6 @@ fn drain_conditions(
     } else {
         return;
     };
-    let already = c
-        .prev
-        .iter()
-        .any(|x| x.type_ == "DrainIncomplete" && x.status == "True");
-    if finished && already {
-        return; // keep the first account of it
-    }
     c.set(
         "DrainIncomplete",
         true,

@@ -29,7 +29,7 @@
 //!       phase: Completed        # the ScheduledEvent's final status.phase
 //!       approved: true          # an approval must reach IMDS (false: must not; absent: either)
 //!       approvedBy: [aks-pool-vmss_1]  # optional: the only VMs whose IMDS may receive it
-//!       drained: true           # the named VMs' nodes must be cordoned and emptied (false: left alone)
+//!       drained: true           # the named VMs' nodes must be cordoned and emptied (false: left alone; absent: either)
 //! faults:                  # optional: IMDS misbehaving for a while
 //!   - at: 3s
 //!     for: 2s
@@ -173,8 +173,11 @@ pub struct Expect {
     /// The only VMs whose IMDS may receive the approval (empty: any).
     #[serde(default)]
     pub approved_by: Vec<String>,
-    /// Whether the named VMs' nodes must be cordoned and drained (`false`: left alone).
-    pub drained: bool,
+    /// Whether the named VMs' nodes must be cordoned and drained (`false`:
+    /// left alone; absent: the test checks for itself, e.g. a drain that a
+    /// PodDisruptionBudget blocks).
+    #[serde(default)]
+    pub drained: Option<bool>,
 }
 
 fn platform() -> String {
