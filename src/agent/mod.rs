@@ -137,6 +137,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         vm: compute.name,
         metrics,
         fallback: args.approval_fallback,
+        max_backoff: args.imds_max_backoff.max(args.poll_interval),
         backoff_policy: ExponentialBuilder::default()
             .with_min_delay(args.poll_interval)
             .with_max_delay(args.imds_max_backoff.max(args.poll_interval))
@@ -218,6 +219,8 @@ struct Agent {
     metrics: AgentMetrics,
     fallback: Duration,
     backoff_policy: ExponentialBuilder,
+    /// The longest pause between polls while backing off.
+    max_backoff: Duration,
     /// While IMDS asks to slow down: the delays still to come, and the
     /// earliest time of the next poll.
     backoff: Option<(ExponentialBackoff, Instant)>,
@@ -263,7 +266,11 @@ impl Agent {
                     let (delays, until) = self
                         .backoff
                         .get_or_insert_with(|| (self.backoff_policy.build(), Instant::now()));
-                    let delay = delays.next().unwrap_or(Duration::from_secs(10));
+                    // Jitter may double a delay; never pause longer than the maximum.
+                    let delay = delays
+                        .next()
+                        .unwrap_or(self.max_backoff)
+                        .min(self.max_backoff);
                     *until = Instant::now() + delay;
                     self.metrics.backoffs.inc();
                     warn!(error = %error_chain(&e), retry_in = ?delay, "IMDS poll failed; backing off and keeping the last good document");
