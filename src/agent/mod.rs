@@ -309,6 +309,12 @@ impl Agent {
                     "Rejected a malformed entry of the IMDS document; mirroring the other events");
             }
         }
+        // Warned once per event while it is listed with an odd NotBefore.
+        self.warned_not_before.retain(|name| {
+            doc.events
+                .iter()
+                .any(|e| e.not_before_unparsed.is_some() && e.object_name() == *name)
+        });
         for ev in &doc.events {
             if let Some(text) = &ev.not_before_unparsed
                 && self.warned_not_before.insert(ev.object_name())

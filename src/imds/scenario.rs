@@ -25,7 +25,7 @@
 //!     status: Scheduled         # first status: Scheduled (default) or Started (no notice)
 //!     runFor: 5s                # once Started, it leaves the document after this long
 //!     cancelAt: 10s             # optional: leaves the document at this time if still Scheduled
-//!     notBeforeFormat: rfc1123  # rfc1123 (default, like Azure) or rfc3339 (like some fakes)
+//!     notBeforeFormat: rfc1123  # rfc1123 (default, like Azure), rfc3339 (like some fakes) or invalid
 //!     deliverTo: all            # all (default: every VM of the group) or resources (only the VMs named)
 //!     approvalStartsAfter: 0s   # delay from approval to start (the platform may wait for other tenants)
 //!     gone:                     # optional: IMDS flaps: the event is not listed in these windows, then
@@ -132,6 +132,8 @@ pub enum TimeFormat {
     Rfc1123,
     /// `2022-04-11T22:26:58Z`, as some fakes send.
     Rfc3339,
+    /// `next tuesday`: in no format a parser accepts.
+    Invalid,
 }
 
 /// First status of an event.
@@ -476,6 +478,7 @@ impl ScenarioEvent {
                 match self.not_before_format {
                     TimeFormat::Rfc1123 => format_rfc1123(t),
                     TimeFormat::Rfc3339 => t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    TimeFormat::Invalid => "next tuesday".into(),
                 }
             }
             // The empty string once the event has started.
