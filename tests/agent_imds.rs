@@ -659,6 +659,7 @@ async fn fallback_agent_waits_its_own_delay_whatever_the_decision_time() {
         let entry = approved(id).await;
         assert_eq!(entry.vm.as_deref(), Some("sk_0"));
         let waited = (entry.time - decided).to_std().unwrap_or_default();
+        println!("{id}: approval sent {waited:?} after the skewed decision was written");
         assert!(
             waited >= Duration::from_millis(7500) && waited <= Duration::from_secs(13),
             "{id}: sent {waited:?} after the decision, expected the 8 s fallback"
@@ -692,6 +693,10 @@ async fn imds_429_is_backed_off_and_polling_resumes() {
         .await;
     let reqs = rig.requests("th_0").await;
     let throttled: Vec<&RequestEntry> = reqs.iter().filter(|r| r.status == Some(429)).collect();
+    println!(
+        "{} requests answered 429 in the 20 s fault",
+        throttled.len()
+    );
     // One poll a second would have asked about 20 times in the window.
     assert!(
         (2..=8).contains(&throttled.len()),
