@@ -13,7 +13,8 @@ demo:
 test: lint
 	$(CARGO) build --features harness --bin forewarn
 	status=0; $(CARGO) test --features harness || status=$$?; \
-	  bash hack/cluster.sh down --name forewarn-test >/dev/null 2>&1 || true; exit $$status
+	  bash hack/cluster.sh down --name forewarn-test >/dev/null 2>&1 || true; \
+	  bash hack/cluster.sh down --name forewarn-agent >/dev/null 2>&1 || true; exit $$status
 
 ## lint: cargo fmt --check and clippy with warnings as errors
 lint:
