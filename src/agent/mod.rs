@@ -486,3 +486,37 @@ impl Agent {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::error_chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("failed to fetch scheduled events: {source}")]
+    struct Outer {
+        source: Middle,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("error sending request")]
+    struct Middle {
+        #[source]
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn the_root_cause_is_kept_once() {
+        let e = Outer {
+            source: Middle {
+                source: std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    "Connection refused",
+                ),
+            },
+        };
+        assert_eq!(
+            error_chain(&e),
+            "failed to fetch scheduled events: error sending request: Connection refused"
+        );
+    }
+}
