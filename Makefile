@@ -13,7 +13,8 @@ demo:
 test: lint
 	$(CARGO) build --features harness --bin forewarn
 	status=0; $(CARGO) test --features harness || status=$$?; \
-	  bash hack/cluster.sh down --name forewarn-test >/dev/null 2>&1 || true; exit $$status
+	  bash hack/cluster.sh down --name forewarn-test >/dev/null 2>&1 || true; \
+	  bash hack/cluster.sh down --name forewarn-agent >/dev/null 2>&1 || true; exit $$status
 
 ## bench-drain: forewarn vs `kubectl drain` on a 105-pod node with a PDB, medians and their ratio (a figure, not a test)
 bench-drain:

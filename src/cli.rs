@@ -60,12 +60,21 @@ pub struct AgentArgs {
     /// Interval between IMDS polls (Azure recommends once a second).
     #[arg(long, env = "FOREWARN_POLL_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]
     pub poll_interval: Duration,
-    /// Timeout of one IMDS request.
+    /// Timeout of one IMDS request, once IMDS has answered once.
     #[arg(long, env = "FOREWARN_IMDS_TIMEOUT", value_parser = humantime::parse_duration, default_value = "2s")]
     pub imds_timeout: Duration,
-    /// How long an agent on a node the event does not name waits, after the
-    /// approval was decided, before sending it itself (the affected node's
-    /// agent goes first).
+    /// Timeout of IMDS requests until the first successful answer: the first
+    /// call enables Scheduled Events for the VM and may take up to two
+    /// minutes (Azure docs).
+    #[arg(long, env = "FOREWARN_IMDS_FIRST_TIMEOUT", value_parser = humantime::parse_duration, default_value = "120s")]
+    pub imds_first_timeout: Duration,
+    /// Longest pause between IMDS polls while IMDS answers 429, 410 or 5xx
+    /// or does not answer (exponential backoff from the poll interval).
+    #[arg(long, env = "FOREWARN_IMDS_MAX_BACKOFF", value_parser = humantime::parse_duration, default_value = "10s")]
+    pub imds_max_backoff: Duration,
+    /// How long an agent on a node the event does not name waits, after it
+    /// first saw the approval decided (its own clock), before sending it
+    /// itself (the affected node's agent goes first).
     #[arg(long, env = "FOREWARN_APPROVAL_FALLBACK", value_parser = humantime::parse_duration, default_value = "5s")]
     pub approval_fallback: Duration,
     /// Address of /metrics, /healthz and /readyz.

@@ -19,7 +19,8 @@ pub const CORDONED_FOR_ANNOTATION: &str = "forewarn.dev/cordoned-for";
 
 /// An Azure Scheduled Event as IMDS announces it to the VMs it concerns.
 ///
-/// The object name is the `EventId` in lower case.
+/// The object name is the `EventId` in lower case when it is a GUID, else
+/// `sev-` and a hash of it; `spec.eventId` keeps the id as IMDS spells it.
 // The repeated `type_` of the printer columns trips a lint meant for real attributes.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -88,7 +89,8 @@ pub struct ScheduledEventSpec {
     /// `EventType`: `Freeze`, `Reboot`, `Redeploy`, `Preempt`, `Terminate`, or a newer value kept verbatim.
     pub event_type: String,
     /// `EventStatus`: `Scheduled`, then `Started`, then `Completed` once IMDS no
-    /// longer lists the event (finished or cancelled). Only ever moves forward.
+    /// longer lists the event (finished or cancelled). Only ever moves forward
+    /// within one `appearance`.
     pub event_status: String,
     /// `EventSource`: `Platform` or `User`.
     #[serde(default)]
@@ -110,6 +112,19 @@ pub struct ScheduledEventSpec {
     /// `Description`: free text from Azure.
     #[serde(default)]
     pub description: String,
+    /// How many times this `EventId` has appeared in IMDS, from 1. An agent
+    /// that finds the event listed again after the object recorded it
+    /// `Completed` (IMDS flapped, or the platform reused the id) sets
+    /// `eventStatus` to what IMDS shows and adds 1; `eventStatus` moves only
+    /// forward within one appearance. The controller starts its handling over
+    /// when this grows.
+    #[serde(default = "one")]
+    #[schemars(range(min = 1))]
+    pub appearance: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 fn minus_one() -> i64 {

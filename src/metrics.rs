@@ -2,7 +2,7 @@
 //! one `Registry` built at start; names are `forewarn_<component>_<thing>_<unit>`
 //! and labels come from small closed sets only (never a pod, node or event id).
 
-use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 /// Metrics of the agent.
 #[derive(Clone)]
@@ -15,6 +15,11 @@ pub struct AgentMetrics {
     pub approvals: IntCounterVec,
     /// Events in the last good IMDS document.
     pub events: IntGauge,
+    /// Entries of `Events` rejected as malformed, counted once per document change.
+    pub events_rejected: IntCounter,
+    /// Times the agent paused its polls because IMDS answered 429, 410 or
+    /// 5xx or did not answer.
+    pub backoffs: IntCounter,
 }
 
 impl AgentMetrics {
@@ -49,11 +54,21 @@ impl AgentMetrics {
                 "forewarn_agent_imds_events",
                 "Events in the last good IMDS document",
             )?,
+            events_rejected: IntCounter::new(
+                "forewarn_agent_imds_events_rejected_total",
+                "Malformed entries of Events in IMDS documents, counted once per document change",
+            )?,
+            backoffs: IntCounter::new(
+                "forewarn_agent_imds_backoffs_total",
+                "Pauses of the IMDS polls after a 429, 410, 5xx or no answer",
+            )?,
         };
         registry.register(Box::new(m.polls.clone()))?;
         registry.register(Box::new(m.mirror_writes.clone()))?;
         registry.register(Box::new(m.approvals.clone()))?;
         registry.register(Box::new(m.events.clone()))?;
+        registry.register(Box::new(m.events_rejected.clone()))?;
+        registry.register(Box::new(m.backoffs.clone()))?;
         Ok(m)
     }
 }

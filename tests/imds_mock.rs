@@ -149,3 +149,62 @@ faults:
     );
     assert!(hang.to_string().contains("failed to fetch"), "{hang}");
 }
+
+/// A server answering every scheduled events GET with `body` after `delays[i]`
+/// (the last delay repeats).
+async fn serve_raw(body: Vec<u8>, delays: Vec<Duration>) -> String {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let n = Arc::new(AtomicUsize::new(0));
+    let app = axum::Router::new().route(
+        "/metadata/scheduledevents",
+        axum::routing::get(move || {
+            let body = body.clone();
+            let i = n.fetch_add(1, Ordering::SeqCst);
+            let d = delays[i.min(delays.len() - 1)];
+            async move {
+                tokio::time::sleep(d).await;
+                body
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn the_first_call_may_be_slow_but_later_ones_may_not() {
+    let doc = br#"{"DocumentIncarnation":1,"Events":[]}"#.to_vec();
+    let slow = Duration::from_millis(1500);
+    let base = serve_raw(doc, vec![slow, Duration::ZERO, slow]).await;
+    let client = Client::new(&base, Duration::from_millis(500))
+        .unwrap()
+        .with_first_timeout(Duration::from_secs(10));
+    client
+        .fetch_events()
+        .await
+        .expect("the slow first call is waited for");
+    client.fetch_events().await.unwrap();
+    let err = client.fetch_events().await.unwrap_err();
+    assert!(err.wants_backoff(), "{err}");
+    // Without the long first timeout the first slow call fails.
+    let base = serve_raw(br#"{"DocumentIncarnation":1}"#.to_vec(), vec![slow]).await;
+    let impatient = Client::new(&base, Duration::from_millis(500)).unwrap();
+    assert!(impatient.fetch_events().await.is_err());
+}
+
+#[tokio::test]
+async fn an_oversized_answer_is_refused() {
+    let mut big = br#"{"DocumentIncarnation":1,"Events":[],"Pad":""#.to_vec();
+    big.extend(std::iter::repeat_n(
+        b'x',
+        forewarn::imds::client::MAX_BODY_BYTES,
+    ));
+    big.extend(br#""}"#);
+    let base = serve_raw(big, vec![Duration::ZERO]).await;
+    let client = Client::new(&base, Duration::from_secs(2)).unwrap();
+    let err = client.fetch_events().await.unwrap_err();
+    assert!(err.to_string().contains("exceeds"), "{err}");
+}

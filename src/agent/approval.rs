@@ -6,10 +6,12 @@
 //! gone or not in the cluster); a `Terminate` is approved only by the VM it
 //! names, as Azure advises, since approving one VM's delete may hold back or
 //! release the others'. Sending twice is harmless: IMDS answers 200 again.
+//!
+//! The fallback delay runs on the agent's own clock, from when it first saw
+//! the decision, never from the controller's `decidedAt`: two machines'
+//! clocks may disagree by more than the delay.
 
 use std::time::Duration;
-
-use chrono::{DateTime, Utc};
 
 use crate::crd::Approval;
 use crate::imds::model::{Event, EventType};
@@ -17,20 +19,21 @@ use crate::imds::model::{Event, EventType};
 /// The `result` an agent records when IMDS accepted the approval.
 pub const ACCEPTED: &str = "Accepted";
 
-/// Whether the agent of VM `my_vm` should send the approval of `event` now.
+/// Whether the agent of VM `my_vm` should send the approval of `event` now,
+/// `seen_for` after it first saw the decision (its own monotonic clock).
 pub fn should_send(
     event: &Event,
     approval: Option<&Approval>,
     my_vm: &str,
-    now: DateTime<Utc>,
+    seen_for: Duration,
     fallback: Duration,
 ) -> bool {
     let Some(approval) = approval else {
         return false;
     };
-    let Some(decided) = approval.decided_at else {
+    if approval.decided_at.is_none() {
         return false;
-    };
+    }
     if approval.result.as_deref() == Some(ACCEPTED) {
         return false;
     }
@@ -38,13 +41,14 @@ pub fn should_send(
     if event.event_type == EventType::Terminate {
         return mine;
     }
-    mine || (now - decided).to_std().unwrap_or_default() >= fallback
+    mine || seen_for >= fallback
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::imds::model::EventStatus;
+    use chrono::{DateTime, Utc};
 
     fn event(type_: EventType) -> Event {
         Event {
@@ -55,6 +59,7 @@ mod tests {
             resource_type: "VirtualMachine".into(),
             resources: vec!["vmss_1".into()],
             not_before: None,
+            not_before_unparsed: None,
             duration_seconds: -1,
             description: String::new(),
         }
@@ -70,48 +75,70 @@ mod tests {
 
     const FALLBACK: Duration = Duration::from_secs(5);
 
+    const JUST_SEEN: Duration = Duration::ZERO;
+
     #[test]
     fn nothing_is_sent_before_the_controller_decides() {
-        let now = Utc::now();
         let ev = event(EventType::Reboot);
-        assert!(!should_send(&ev, None, "vmss_1", now, FALLBACK));
+        let long = Duration::from_secs(3600);
+        assert!(!should_send(&ev, None, "vmss_1", long, FALLBACK));
         assert!(!should_send(
             &ev,
             Some(&Approval::default()),
             "vmss_1",
-            now,
+            long,
             FALLBACK
         ));
     }
 
     #[test]
     fn the_named_vm_sends_at_once_others_after_the_fallback() {
-        let now = Utc::now();
         let ev = event(EventType::Redeploy);
-        let a = decided(now);
-        assert!(should_send(&ev, Some(&a), "VMSS_1", now, FALLBACK));
-        assert!(!should_send(&ev, Some(&a), "vmss_0", now, FALLBACK));
-        let later = now + chrono::Duration::seconds(6);
+        let a = decided(Utc::now());
+        assert!(should_send(&ev, Some(&a), "VMSS_1", JUST_SEEN, FALLBACK));
+        assert!(!should_send(&ev, Some(&a), "vmss_0", JUST_SEEN, FALLBACK));
+        let later = Duration::from_secs(6);
         assert!(should_send(&ev, Some(&a), "vmss_0", later, FALLBACK));
     }
 
     #[test]
-    fn terminate_is_sent_only_by_the_vm_it_deletes() {
+    fn the_fallback_ignores_the_controllers_clock() {
+        let ev = event(EventType::Reboot);
         let now = Utc::now();
+        // A decision stamped an hour ago (a clock behind) is still waited for;
+        // one stamped an hour ahead is not waited for longer.
+        for at in [
+            now - chrono::Duration::hours(1),
+            now + chrono::Duration::hours(1),
+        ] {
+            let a = decided(at);
+            assert!(!should_send(
+                &ev,
+                Some(&a),
+                "vmss_0",
+                Duration::from_secs(4),
+                FALLBACK
+            ));
+            assert!(should_send(&ev, Some(&a), "vmss_0", FALLBACK, FALLBACK));
+        }
+    }
+
+    #[test]
+    fn terminate_is_sent_only_by_the_vm_it_deletes() {
         let ev = event(EventType::Terminate);
-        let a = decided(now - chrono::Duration::hours(1));
-        assert!(should_send(&ev, Some(&a), "vmss_1", now, FALLBACK));
-        assert!(!should_send(&ev, Some(&a), "vmss_0", now, FALLBACK));
+        let a = decided(Utc::now() - chrono::Duration::hours(1));
+        let long = Duration::from_secs(3600);
+        assert!(should_send(&ev, Some(&a), "vmss_1", JUST_SEEN, FALLBACK));
+        assert!(!should_send(&ev, Some(&a), "vmss_0", long, FALLBACK));
     }
 
     #[test]
     fn an_accepted_approval_is_not_sent_again_but_a_failed_one_is() {
-        let now = Utc::now();
         let ev = event(EventType::Reboot);
-        let mut a = decided(now);
+        let mut a = decided(Utc::now());
         a.result = Some(ACCEPTED.into());
-        assert!(!should_send(&ev, Some(&a), "vmss_1", now, FALLBACK));
+        assert!(!should_send(&ev, Some(&a), "vmss_1", JUST_SEEN, FALLBACK));
         a.result = Some("Failed: IMDS answered 500".into());
-        assert!(should_send(&ev, Some(&a), "vmss_1", now, FALLBACK));
+        assert!(should_send(&ev, Some(&a), "vmss_1", JUST_SEEN, FALLBACK));
     }
 }

@@ -1,33 +1,39 @@
 //! The per-node agent: polls this VM's IMDS once a second, mirrors every
-//! event into its `ScheduledEvent` (server-side apply, field manager
-//! `forewarn-agent`), records the VM name on its own Node, and carries out
-//! approvals the controller decided.
+//! event into its `ScheduledEvent`, records the VM name on its own Node, and
+//! carries out approvals the controller decided.
 //!
-//! It writes to the API server only when its IMDS document changes, and
+//! Spec writes (see `objects`): created, or replaced whole conditional on
+//! the `resourceVersion` read, with field manager `forewarn-agent`, so a
+//! field IMDS dropped leaves the object, and two agents never overwrite
+//! each other: the loser re-reads and merges forward (`mirror`).
+//!
+//! It writes to the API server only when its IMDS document changes, each
+//! event on its own (one failing event never holds back the others), and
 //! watches `ScheduledEvent`s only while its document lists a `Scheduled`
 //! event, so an idle cluster costs the API server nothing per poll.
 
 pub mod approval;
 pub mod mirror;
+mod objects;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder, Retryable};
 use chrono::Utc;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use prometheus::Registry;
 use serde_json::json;
 use tokio::time::MissedTickBehavior;
-use tracing::{Instrument, debug, error, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::cli::AgentArgs;
-use crate::crd::{AGENT_MANAGER, ScheduledEvent, ScheduledEventSpec, VM_NAME_ANNOTATION};
+use crate::crd::{AGENT_MANAGER, ScheduledEvent, VM_NAME_ANNOTATION};
 use crate::imds::client::Client as ImdsClient;
 use crate::imds::model::{Document, Event, EventStatus};
 use crate::metrics::AgentMetrics;
@@ -45,9 +51,9 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    /// Writing a `ScheduledEvent` failed.
-    #[error("failed to apply ScheduledEvent {name}: {source}")]
-    ApplyEvent {
+    /// Creating or replacing a `ScheduledEvent` failed.
+    #[error("failed to write ScheduledEvent {name}: {source}")]
+    WriteEvent {
         /// Object name.
         name: String,
         /// The API error.
@@ -105,7 +111,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let metrics = AgentMetrics::register(&registry)?;
     let ready = Readiness::default();
     server::spawn(args.metrics_addr, registry, ready.clone()).await?;
-    let imds = ImdsClient::new(&args.imds_url, args.imds_timeout)?;
+    let imds = ImdsClient::new(&args.imds_url, args.imds_timeout)?
+        .with_first_timeout(args.imds_first_timeout);
 
     let shutdown = crate::cli::shutdown_signal();
     tokio::pin!(shutdown);
@@ -116,7 +123,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         _ = &mut shutdown => return Ok(()),
         c = (|| imds.fetch_compute())
             .retry(ExponentialBuilder::default().with_max_delay(Duration::from_secs(30)).without_max_times())
-            .notify(|e, d| warn!(error = %e, retry_in = ?d, "IMDS compute metadata not available yet")) => c?,
+            .notify(|e, d| warn!(error = %error_chain(e), retry_in = ?d, "IMDS compute metadata not available yet")) => c?,
     };
     info!(node = %args.node_name, vm = %compute.name, "Agent started");
 
@@ -128,12 +135,23 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         vm: compute.name,
         metrics,
         fallback: args.approval_fallback,
-        mirrored: None,
+        max_backoff: args.imds_max_backoff.max(args.poll_interval),
+        backoff_policy: ExponentialBuilder::default()
+            .with_min_delay(args.poll_interval)
+            .with_max_delay(args.imds_max_backoff.max(args.poll_interval))
+            .with_jitter()
+            .without_max_times(),
+        backoff: None,
+        last_doc: None,
+        tracked: HashMap::new(),
+        synced: false,
+        warned_not_before: HashSet::new(),
         swept: false,
         next_sweep: Instant::now(),
         annotated: false,
         watch: None,
         attempts: HashMap::new(),
+        decisions: HashMap::new(),
     };
 
     let mut tick = tokio::time::interval(args.poll_interval);
@@ -147,15 +165,35 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         if !agent.annotated {
             match agent.annotate_node().await {
                 Ok(()) => agent.annotated = true,
-                Err(e) => warn!(error = %e, "Could not record the VM name on the node yet"),
+                Err(e) => {
+                    warn!(error = %error_chain(&e), "Could not record the VM name on the node yet")
+                }
             }
         }
         let span = info_span!("poll", node = %agent.node);
         agent.poll().instrument(span).await;
-        ready.set(agent.annotated && agent.mirrored.is_some());
+        ready.set(agent.annotated && agent.synced);
     }
     info!("Agent stopped");
     Ok(())
+}
+
+/// `e` and every error under it, joined by `: ` (a cause whose text its
+/// parent already shows is not repeated), so a log line keeps the root
+/// cause, e.g. `... error sending request ...: client error (Connect): tcp
+/// connect error: Connection refused (os error 111)`.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let t = c.to_string();
+        if !text.contains(&t) {
+            text.push_str(": ");
+            text.push_str(&t);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// A reflector of `ScheduledEvent`s, aborted when dropped.
@@ -178,8 +216,20 @@ struct Agent {
     vm: String,
     metrics: AgentMetrics,
     fallback: Duration,
-    /// The last document whose events were all written successfully.
-    mirrored: Option<Document>,
+    backoff_policy: ExponentialBuilder,
+    /// The longest pause between polls while backing off.
+    max_backoff: Duration,
+    /// While IMDS asks to slow down: the delays still to come, and the
+    /// earliest time of the next poll.
+    backoff: Option<(ExponentialBackoff, Instant)>,
+    /// The last document IMDS served.
+    last_doc: Option<Document>,
+    /// What this agent mirrored, per object name.
+    tracked: HashMap<String, mirror::Tracked>,
+    /// Whether one document has been mirrored without a failure.
+    synced: bool,
+    /// Object names whose unparsable `NotBefore` has been warned about.
+    warned_not_before: HashSet<String>,
     /// Whether the start-up sweep of stale objects is done.
     swept: bool,
     /// Earliest time of the next sweep attempt.
@@ -188,10 +238,18 @@ struct Agent {
     watch: Option<EventWatch>,
     /// Last approval attempt per object name.
     attempts: HashMap<String, Instant>,
+    /// When this agent first saw each decided approval, per object name and
+    /// appearance (its own monotonic clock, for the fallback delay).
+    decisions: HashMap<(String, u32), Instant>,
 }
 
 impl Agent {
     async fn poll(&mut self) {
+        if let Some((_, until)) = &self.backoff
+            && Instant::now() < *until
+        {
+            return;
+        }
         let doc = match self.imds.fetch_events().await {
             Ok(doc) => doc,
             Err(e) => {
@@ -200,206 +258,90 @@ impl Agent {
                     _ => "error",
                 };
                 self.metrics.polls.with_label_values(&[result]).inc();
-                // Keep the last good state; try again on the next tick.
-                warn!(error = %e, "IMDS poll failed; keeping the last good document");
+                // Keep the last good state; try again on the next tick, or
+                // after a pause when IMDS asks for one.
+                if e.wants_backoff() {
+                    let (delays, until) = self
+                        .backoff
+                        .get_or_insert_with(|| (self.backoff_policy.build(), Instant::now()));
+                    // Jitter may double a delay; never pause longer than the maximum.
+                    let delay = delays
+                        .next()
+                        .unwrap_or(self.max_backoff)
+                        .min(self.max_backoff);
+                    *until = Instant::now() + delay;
+                    self.metrics.backoffs.inc();
+                    warn!(error = %error_chain(&e), retry_in = ?delay, "IMDS poll failed; backing off and keeping the last good document");
+                } else {
+                    warn!(error = %error_chain(&e), "IMDS poll failed; keeping the last good document");
+                }
                 return;
             }
         };
+        if self.backoff.take().is_some() {
+            info!("IMDS answers again; polling at the normal interval");
+        }
         self.metrics.events.set(doc.events.len() as i64);
-        let unchanged = self
-            .mirrored
+        let changed = self.last_doc.as_ref().is_none_or(|d| {
+            d.incarnation != doc.incarnation || d.events != doc.events || d.rejected != doc.rejected
+        });
+        let went_down = self
+            .last_doc
             .as_ref()
-            .is_some_and(|m| m.incarnation == doc.incarnation && mirror::same_events(m, &doc));
-        self.metrics
-            .polls
-            .with_label_values(&[if unchanged { "unchanged" } else { "ok" }])
-            .inc();
-        if !unchanged {
+            .is_some_and(|d| doc.incarnation < d.incarnation);
+        if went_down {
+            info!(
+                from = self.last_doc.as_ref().map(|d| d.incarnation),
+                to = doc.incarnation,
+                "DocumentIncarnation went down (VM redeployed?); checking every listed event again"
+            );
+        }
+        if changed {
             info!(
                 incarnation = doc.incarnation,
                 events = doc.events.len(),
+                rejected = doc.rejected.len(),
                 "IMDS document changed"
             );
-            match self.mirror(&doc).await {
-                Ok(()) => {
-                    self.metrics.mirror_writes.with_label_values(&["ok"]).inc();
-                    self.mirrored = Some(doc.clone());
-                }
-                Err(e) => {
-                    self.metrics
-                        .mirror_writes
-                        .with_label_values(&["error"])
-                        .inc();
-                    // Not recorded as mirrored: the next tick writes it again.
-                    error!(error = %e, "Could not mirror the IMDS document; will retry");
-                }
+            for r in &doc.rejected {
+                self.metrics.events_rejected.inc();
+                warn!(index = r.index, event_id = ?r.event_id, bytes = %r.bytes, reason = %r.reason,
+                    "Rejected a malformed entry of the IMDS document; mirroring the other events");
             }
         }
-        if !self.swept && self.mirrored.is_some() && Instant::now() >= self.next_sweep {
+        // Warned once per event while it is listed with an odd NotBefore.
+        self.warned_not_before.retain(|name| {
+            doc.events
+                .iter()
+                .any(|e| e.not_before_unparsed.is_some() && e.object_name() == *name)
+        });
+        for ev in &doc.events {
+            if let Some(text) = &ev.not_before_unparsed
+                && self.warned_not_before.insert(ev.object_name())
+            {
+                warn!(event = %ev.event_id, not_before = %text, "Ignoring NotBefore in an unknown format");
+            }
+        }
+        let work = mirror::plan_document(&doc, &self.tracked, went_down);
+        let idle = work.listed.is_empty() && work.completions.is_empty();
+        self.metrics
+            .polls
+            .with_label_values(&[if idle && !changed { "unchanged" } else { "ok" }])
+            .inc();
+        if idle || self.mirror(work).await == 0 {
+            self.synced = true;
+        }
+        if !self.swept && self.synced && Instant::now() >= self.next_sweep {
             self.next_sweep = Instant::now() + SWEEP_RETRY;
             match self.sweep_stale(&doc).await {
                 Ok(deferred) => self.swept = !deferred,
-                Err(e) => warn!(error = %e, "Start-up sweep of finished events failed; will retry"),
-            }
-        }
-        self.approve(&doc).await;
-    }
-
-    /// Writes every event of `doc` forward, and completes the ones that left it.
-    async fn mirror(&mut self, doc: &Document) -> Result<()> {
-        for ev in &doc.events {
-            self.mirror_event(ev).await?;
-        }
-        if let Some(prev) = &self.mirrored {
-            for name in mirror::vanished(prev, doc) {
-                self.complete(&name).await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Marks an event that left the document `Completed` (if it is not yet).
-    async fn complete(&self, name: &str) -> Result<()> {
-        let done = self
-            .write_forward(name, |stored| stored.and_then(mirror::completed))
-            .await?;
-        if done {
-            info!(event = %name, "Event left the IMDS document; marked Completed");
-        }
-        Ok(())
-    }
-
-    /// Mirrors one event of the document.
-    async fn mirror_event(&self, ev: &Event) -> Result<()> {
-        let name = ev.object_name();
-        let seen = mirror::spec_for(ev);
-        if self
-            .write_forward(&name, |stored| mirror::merge_forward(stored, seen.clone()))
-            .await?
-        {
-            info!(event = %name, r#type = %seen.event_type, status = %seen.event_status, resources = ?seen.resources, "Mirrored event");
-        }
-        Ok(())
-    }
-
-    /// Writes `next(stored spec)` when it is `Some`; returns whether it wrote.
-    ///
-    /// A new object is created (two agents creating it at once cannot
-    /// overwrite each other: the second gets a 409 and merges); an existing
-    /// one is applied only if nobody wrote it since it was read
-    /// (`resourceVersion`), so a lagging agent never moves its status back.
-    /// Conflicts, normal when several agents see one event, are re-read and
-    /// merged a few times, then left to the next tick.
-    async fn write_forward(
-        &self,
-        name: &str,
-        next: impl Fn(Option<&ScheduledEventSpec>) -> Option<ScheduledEventSpec>,
-    ) -> Result<bool> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let stored = self
-                .api
-                .get_opt(name)
-                .await
-                .map_err(|source| Error::GetEvent {
-                    name: name.into(),
-                    source,
-                })?;
-            let rv = stored
-                .as_ref()
-                .and_then(|o| o.meta().resource_version.clone());
-            let Some(spec) = next(stored.as_ref().map(|o| &o.spec)) else {
-                return Ok(false);
-            };
-            let written = match rv {
-                None => self
-                    .api
-                    .create(
-                        &PostParams {
-                            field_manager: Some(AGENT_MANAGER.into()),
-                            ..PostParams::default()
-                        },
-                        &ScheduledEvent::new(name, spec),
-                    )
-                    .await
-                    .map(|_| ()),
-                Some(rv) => self.apply_spec(name, &spec, rv).await,
-            };
-            match written {
-                Ok(()) => return Ok(true),
-                Err(kube::Error::Api(s)) if s.code == 409 && attempt < 3 => {}
-                Err(source) => {
-                    return Err(Error::ApplyEvent {
-                        name: name.into(),
-                        source,
-                    });
+                Err(e) => {
+                    warn!(error = %error_chain(&e), "Start-up sweep of finished events failed; will retry")
                 }
             }
         }
-    }
-
-    /// Server-side apply of the spec, conditional on `resource_version`.
-    async fn apply_spec(
-        &self,
-        name: &str,
-        spec: &ScheduledEventSpec,
-        resource_version: String,
-    ) -> Result<(), kube::Error> {
-        let body = json!({
-            "apiVersion": ScheduledEvent::api_version(&()),
-            "kind": ScheduledEvent::kind(&()),
-            "metadata": { "name": name, "resourceVersion": resource_version },
-            "spec": spec,
-        });
-        self.api
-            .patch(
-                name,
-                &PatchParams::apply(AGENT_MANAGER).force(),
-                &Patch::Apply(&body),
-            )
-            .await
-            .map(|_| ())
-    }
-
-    /// After a restart the agent has no memory of its previous document:
-    /// objects that name this VM, are not finished, and are absent from its
-    /// document have left IMDS while it was away (IMDS delivers an event to
-    /// every VM it names). Returns whether some were too young to judge and
-    /// the sweep must run again later.
-    async fn sweep_stale(&self, doc: &Document) -> Result<bool> {
-        let all = self
-            .api
-            .list(&ListParams::default())
-            .await
-            .map_err(|source| Error::ListEvents { source })?;
-        let now = Utc::now();
-        let mut deferred = false;
-        for obj in all {
-            let name = obj.meta().name.clone().unwrap_or_default();
-            let listed = doc.events.iter().any(|e| e.object_name() == name);
-            let names_me = obj
-                .spec
-                .resources
-                .iter()
-                .any(|r| r.eq_ignore_ascii_case(&self.vm));
-            let finished =
-                EventStatus::from(obj.spec.event_status.as_str()) == EventStatus::Completed;
-            if !names_me || listed || finished {
-                continue;
-            }
-            let old = obj
-                .meta()
-                .creation_timestamp
-                .as_ref()
-                .is_some_and(|t| now.timestamp() - t.0.as_second() > STALE_AFTER.num_seconds());
-            if old {
-                self.complete(&name).await?;
-            } else {
-                deferred = true;
-            }
-        }
-        Ok(deferred)
+        self.approve(&doc).await;
+        self.last_doc = Some(doc);
     }
 
     async fn annotate_node(&self) -> Result<()> {
@@ -425,8 +367,9 @@ impl Agent {
 
     /// Carries out approvals the controller decided (DESIGN.md rule 3): only
     /// for events this VM's document lists as `Scheduled`; the agent of a VM
-    /// the event names goes first, others step in after `fallback`; a
-    /// `Terminate` is approved only by the VM it names (Azure's advice).
+    /// the event names goes first, others step in `fallback` after they first
+    /// saw the decision (their own clock); a `Terminate` is approved only by
+    /// the VM it names (Azure's advice).
     async fn approve(&mut self, doc: &Document) {
         let scheduled: Vec<&Event> = doc
             .events
@@ -436,20 +379,29 @@ impl Agent {
         if scheduled.is_empty() {
             self.watch = None;
             self.attempts.clear();
+            self.decisions.clear();
             return;
         }
         let store = self.ensure_watch();
         if store.wait_until_ready().now_or_never().is_none() {
             return;
         }
-        let now = Utc::now();
         for ev in scheduled {
             let name = ev.object_name();
             let Some(obj) = store.get(&ObjectRef::new(&name)) else {
                 continue;
             };
             let approval = obj.status.as_ref().and_then(|s| s.approval.as_ref());
-            if !approval::should_send(ev, approval, &self.vm, now, self.fallback) {
+            let key = (name.clone(), obj.spec.appearance);
+            if approval.and_then(|a| a.decided_at).is_none() {
+                self.decisions.remove(&key);
+                continue;
+            }
+            let first_seen = *self.decisions.entry(key).or_insert_with(|| {
+                debug!(event = %name, "Saw the approval decided");
+                Instant::now()
+            });
+            if !approval::should_send(ev, approval, &self.vm, first_seen.elapsed(), self.fallback) {
                 continue;
             }
             if self
@@ -468,12 +420,12 @@ impl Agent {
                 }
                 Err(e) => {
                     self.metrics.approvals.with_label_values(&["error"]).inc();
-                    warn!(event = %name, error = %e, "IMDS refused or missed the approval; will retry");
+                    warn!(event = %name, error = %error_chain(&e), "IMDS refused or missed the approval; will retry");
                     format!("Failed: {e}")
                 }
             };
             if let Err(e) = self.record_approval(&name, &result).await {
-                warn!(error = %e, "Could not record the approval result");
+                warn!(error = %error_chain(&e), "Could not record the approval result");
             }
         }
     }
@@ -495,7 +447,9 @@ impl Agent {
             futures::pin_mut!(stream);
             while let Some(item) = stream.next().await {
                 if let Err(e) = item {
-                    debug!(error = %e, "ScheduledEvent watch error (retrying)");
+                    // Missing RBAC or an unreachable API server stops every
+                    // approval: say so loudly.
+                    warn!(error = %error_chain(&e), "ScheduledEvent watch failed; retrying with backoff");
                 }
             }
         });
@@ -530,5 +484,39 @@ impl Agent {
                 source,
             })?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("failed to fetch scheduled events: {source}")]
+    struct Outer {
+        source: Middle,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("error sending request")]
+    struct Middle {
+        #[source]
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn the_root_cause_is_kept_once() {
+        let e = Outer {
+            source: Middle {
+                source: std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    "Connection refused",
+                ),
+            },
+        };
+        assert_eq!(
+            error_chain(&e),
+            "failed to fetch scheduled events: error sending request: Connection refused"
+        );
     }
 }

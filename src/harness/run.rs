@@ -1086,7 +1086,7 @@ async fn observe(
     for ev in &scenario.events {
         let Some(x) = &ev.expect else { continue };
         let id = short(&ev.id);
-        let name = ev.id.to_ascii_lowercase();
+        let name = crate::imds::model::object_name(&ev.id);
         let phase = sev_state
             .get(&name)
             .map(|s| s.phase.clone())

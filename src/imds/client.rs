@@ -3,8 +3,13 @@
 //! Every request carries `Metadata: true` and `api-version`, never goes
 //! through a proxy (IMDS is link-local; Azure docs require bypassing
 //! `HTTP(S)_PROXY`), never follows a redirect, and has an explicit timeout so
-//! one slow answer cannot stall the once-a-second loop.
+//! one slow answer cannot stall the once-a-second loop. The first request of
+//! each kind gets a long timeout instead: the first call enables Scheduled
+//! Events for the VM and may take up to two minutes (Azure docs). Bodies are
+//! capped at [`MAX_BODY_BYTES`].
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,6 +23,8 @@ pub const DEFAULT_BASE_URL: &str = "http://169.254.169.254";
 pub const SCHEDULED_EVENTS_API_VERSION: &str = "2020-07-01";
 /// The instance metadata API version used for `compute.name`.
 pub const COMPUTE_API_VERSION: &str = "2021-02-01";
+/// The largest body accepted from IMDS, bytes. A real document is a few KiB.
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 
 /// Errors from talking to IMDS.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +46,14 @@ pub enum Error {
         /// The underlying error.
         #[source]
         source: reqwest::Error,
+    },
+    /// The body was larger than [`MAX_BODY_BYTES`].
+    #[error("failed to {what} at {url}: the answer exceeds {MAX_BODY_BYTES} bytes")]
+    TooLarge {
+        /// What was being done.
+        what: &'static str,
+        /// The full URL.
+        url: String,
     },
     /// IMDS answered with a non-success status (429, 410, 500 ... are retried by the caller).
     #[error("failed to {what}: IMDS answered {status}: {body}")]
@@ -70,6 +85,23 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// Whether IMDS asked to slow down or is failing on its side: 429 (more
+    /// than about 5 requests a second per VM), 410 (retry for up to about
+    /// 70 s) or any 5xx, or the request did not complete. The caller backs off.
+    pub fn wants_backoff(&self) -> bool {
+        match self {
+            Error::Status { status, .. } => {
+                *status == StatusCode::TOO_MANY_REQUESTS
+                    || *status == StatusCode::GONE
+                    || status.is_server_error()
+            }
+            Error::Request { .. } => true,
+            _ => false,
+        }
+    }
+}
+
 /// `Result` with this module's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -78,6 +110,17 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Client {
     http: reqwest::Client,
     base_url: String,
+    timeout: Duration,
+    first_timeout: Duration,
+    /// Whether the scheduled events and the compute endpoints have answered once.
+    answered: Arc<[AtomicBool; 2]>,
+}
+
+/// Which endpoint a request goes to, for the first-answer timeout.
+#[derive(Clone, Copy)]
+enum Endpoint {
+    Events = 0,
+    Compute = 1,
 }
 
 /// How much of an odd body to keep in an error message.
@@ -91,7 +134,8 @@ fn excerpt(bytes: &[u8]) -> String {
 impl Client {
     /// A client for IMDS at `base_url` (e.g. `http://169.254.169.254`, or a
     /// `forewarn imds-mock` VM URL such as `http://127.0.0.1:8080/vm/vmss_0`),
-    /// with `timeout` for each whole request.
+    /// with `timeout` for each whole request (also the first: see
+    /// [`Client::with_first_timeout`]).
     ///
     /// # Errors
     /// [`Error::BuildClient`] if the HTTP stack cannot be set up.
@@ -99,14 +143,33 @@ impl Client {
         let http = reqwest::Client::builder()
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
-            .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(2)))
             .build()
             .map_err(|source| Error::BuildClient { source })?;
         Ok(Client {
             http,
             base_url: base_url.trim_end_matches('/').to_string(),
+            timeout,
+            first_timeout: timeout,
+            answered: Arc::new([AtomicBool::new(false), AtomicBool::new(false)]),
         })
+    }
+
+    /// The same client with `first` as the timeout of each endpoint's
+    /// requests until it first answers successfully (Azure: the first call
+    /// may take up to two minutes), the short timeout afterwards.
+    pub fn with_first_timeout(mut self, first: Duration) -> Self {
+        self.first_timeout = first;
+        self
+    }
+
+    /// The timeout for the next request to `endpoint`.
+    fn timeout_for(&self, endpoint: Endpoint) -> Duration {
+        if self.answered[endpoint as usize].load(Ordering::Relaxed) {
+            self.timeout
+        } else {
+            self.first_timeout.max(self.timeout)
+        }
     }
 
     fn events_url(&self) -> String {
@@ -116,15 +179,18 @@ impl Client {
         )
     }
 
-    /// Sends `req` with `Metadata: true` and returns the body of a success.
+    /// Sends `req` with `Metadata: true` and the endpoint's timeout, and
+    /// returns the body of a success (at most [`MAX_BODY_BYTES`]).
     async fn send(
         &self,
         what: &'static str,
+        endpoint: Endpoint,
         url: String,
         req: reqwest::RequestBuilder,
     ) -> Result<Bytes> {
-        let resp = req
+        let mut resp = req
             .header("Metadata", "true")
+            .timeout(self.timeout_for(endpoint))
             .send()
             .await
             .map_err(|source| Error::Request {
@@ -133,18 +199,32 @@ impl Client {
                 source,
             })?;
         let status = resp.status();
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|source| Error::Request { what, url, source })?;
+        if resp
+            .content_length()
+            .is_some_and(|n| n > MAX_BODY_BYTES as u64)
+        {
+            return Err(Error::TooLarge { what, url });
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|source| Error::Request {
+            what,
+            url: url.clone(),
+            source,
+        })? {
+            if body.len() + chunk.len() > MAX_BODY_BYTES {
+                return Err(Error::TooLarge { what, url });
+            }
+            body.extend_from_slice(&chunk);
+        }
         if !status.is_success() {
             return Err(Error::Status {
                 what,
                 status,
-                body: excerpt(&bytes),
+                body: excerpt(&body),
             });
         }
-        Ok(bytes)
+        self.answered[endpoint as usize].store(true, Ordering::Relaxed);
+        Ok(Bytes::from(body))
     }
 
     /// `GET /metadata/scheduledevents`: the current document.
@@ -155,7 +235,12 @@ impl Client {
     pub async fn fetch_events(&self) -> Result<Document> {
         let url = self.events_url();
         let bytes = self
-            .send("fetch scheduled events", url.clone(), self.http.get(&url))
+            .send(
+                "fetch scheduled events",
+                Endpoint::Events,
+                url.clone(),
+                self.http.get(&url),
+            )
             .await?;
         parse_document(&bytes).map_err(|source| Error::ParseEvents {
             len: bytes.len(),
@@ -176,6 +261,7 @@ impl Client {
         let bytes = self
             .send(
                 "fetch instance compute metadata",
+                Endpoint::Compute,
                 url.clone(),
                 self.http.get(&url),
             )
@@ -203,6 +289,7 @@ impl Client {
         };
         self.send(
             "approve scheduled events",
+            Endpoint::Events,
             url.clone(),
             self.http.post(&url).json(&body),
         )

@@ -10,8 +10,10 @@
 //! every change of a VM's document.
 //!
 //! Control endpoints for harnesses: `POST /mock/start` starts the clock when
-//! run with `--hold`; `GET /mock/log` returns what happened (approvals and
-//! every status change, with times).
+//! run with `--hold`; `GET /mock/log` returns what happened (approvals, every
+//! status change and redeploy, with times); `GET /mock/requests` lists every
+//! scheduled events request (VM, method, arrival, answer time and status),
+//! the last [`MAX_REQUESTS`] of them.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -28,7 +30,7 @@ use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::model::{RawDocument, RawEvent, StartRequests};
+use super::model::StartRequests;
 use super::scenario::{FaultKind, Phase, Scenario};
 
 /// One line of the mock's log, as served by `GET /mock/log`.
@@ -39,22 +41,51 @@ pub struct LogEntry {
     pub time: DateTime<Utc>,
     /// The `EventId`.
     pub event_id: String,
-    /// `Approved` (a valid `StartRequests` entry), or the event's new phase
-    /// (`Scheduled`, `Started`, `Finished`, `Cancelled`).
+    /// `Approved` (a valid `StartRequests` entry), the event's new phase
+    /// (`Scheduled`, `Started`, `Finished`, `Cancelled`, `Gone` while it
+    /// flaps), or `Redeployed` (with an empty `eventId`).
     pub what: String,
-    /// For `Approved`: the VM whose IMDS received the POST.
+    /// For `Approved`: the VM whose IMDS received the POST; for
+    /// `Redeployed`: the VM redeployed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm: Option<String>,
 }
+
+/// One scheduled events request, as served by `GET /mock/requests`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestEntry {
+    /// Sequence number, from 0.
+    pub seq: u64,
+    /// When it arrived.
+    pub arrived: DateTime<Utc>,
+    /// When the answer was sent; `None` while in flight, or if the client
+    /// gave up first (a timeout).
+    pub answered: Option<DateTime<Utc>>,
+    /// The VM whose IMDS it was sent to, as in the path.
+    pub vm: String,
+    /// `GET` or `POST`.
+    pub method: String,
+    /// The HTTP status answered; `None` while unanswered.
+    pub status: Option<u16>,
+}
+
+/// How many requests `GET /mock/requests` keeps (the oldest are dropped).
+pub const MAX_REQUESTS: usize = 100_000;
 
 struct Clock {
     /// Monotonic start, and the wall-clock time it stands for.
     started: Option<(Instant, DateTime<Utc>)>,
 }
 
+#[derive(Default)]
 struct VmDoc {
     incarnation: i64,
-    last: Vec<RawEvent>,
+    last: Vec<serde_json::Value>,
+    /// Whether its redeploy (if any) has happened.
+    redeployed: bool,
+    /// Whether its first request (and its delay, if any) has come.
+    first_request_seen: bool,
 }
 
 struct Inner {
@@ -66,6 +97,8 @@ struct Inner {
     phases: HashMap<String, Phase>,
     docs: HashMap<String, VmDoc>,
     log: Vec<LogEntry>,
+    requests: std::collections::VecDeque<RequestEntry>,
+    next_seq: u64,
 }
 
 /// The mock's shared state.
@@ -86,7 +119,7 @@ impl Mock {
                     v.name.to_ascii_lowercase(),
                     VmDoc {
                         incarnation: 1,
-                        last: Vec::new(),
+                        ..VmDoc::default()
                     },
                 )
             })
@@ -102,6 +135,8 @@ impl Mock {
                 phases: HashMap::new(),
                 docs,
                 log: Vec::new(),
+                requests: std::collections::VecDeque::new(),
+                next_seq: 0,
             })),
         }
     }
@@ -122,6 +157,7 @@ impl Mock {
             .route("/vm/{vm}/metadata/instance/compute", get(get_compute))
             .route("/mock/start", post(start_clock))
             .route("/mock/log", get(get_log))
+            .route("/mock/requests", get(get_requests))
             .with_state(self)
     }
 }
@@ -148,8 +184,9 @@ impl Inner {
         }
     }
 
-    fn document(&mut self, vm: &str) -> RawDocument {
-        let events: Vec<RawEvent> = match self.elapsed() {
+    fn document(&mut self, vm: &str) -> serde_json::Value {
+        let elapsed = self.elapsed();
+        let events: Vec<serde_json::Value> = match elapsed {
             None => Vec::new(),
             Some((elapsed, origin)) => {
                 self.advance(elapsed);
@@ -158,7 +195,7 @@ impl Inner {
                     .iter()
                     .filter(|e| e.delivered_to(vm))
                     .filter_map(|e| {
-                        e.render(
+                        e.render_json(
                             e.phase_at(elapsed, self.approvals.get(&e.id).copied()),
                             origin,
                         )
@@ -166,17 +203,60 @@ impl Inner {
                     .collect()
             }
         };
+        let redeploy = self
+            .scenario
+            .vm(vm)
+            .and_then(|v| v.redeploy_at)
+            .zip(elapsed)
+            .is_some_and(|(at, (e, _))| e >= at);
         let doc = self.docs.entry(vm.to_ascii_lowercase()).or_insert(VmDoc {
             incarnation: 1,
-            last: Vec::new(),
+            ..VmDoc::default()
         });
-        if doc.last != events {
+        if redeploy && !doc.redeployed {
+            // A redeployed VM's IMDS starts counting again.
+            doc.redeployed = true;
+            doc.incarnation = 1;
+            doc.last = events.clone();
+            self.log.push(LogEntry {
+                time: Utc::now(),
+                event_id: String::new(),
+                what: "Redeployed".into(),
+                vm: Some(vm.to_string()),
+            });
+        } else if doc.last != events {
             doc.incarnation += 1;
             doc.last = events.clone();
         }
-        RawDocument {
-            document_incarnation: doc.incarnation,
-            events,
+        serde_json::json!({
+            "DocumentIncarnation": doc.incarnation,
+            "Events": events,
+        })
+    }
+
+    /// Records the arrival of a scheduled events request; returns its number.
+    fn arrive(&mut self, vm: &str, method: &str) -> u64 {
+        if self.requests.len() >= MAX_REQUESTS {
+            self.requests.pop_front();
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.requests.push_back(RequestEntry {
+            seq,
+            arrived: Utc::now(),
+            answered: None,
+            vm: vm.to_string(),
+            method: method.into(),
+            status: None,
+        });
+        seq
+    }
+
+    /// Records the answer to request `seq`.
+    fn answer(&mut self, seq: u64, status: StatusCode) {
+        if let Some(r) = self.requests.iter_mut().rev().find(|r| r.seq == seq) {
+            r.answered = Some(Utc::now());
+            r.status = Some(status.as_u16());
         }
     }
 }
@@ -219,19 +299,46 @@ async fn get_events(
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(r) = check_request(&headers, &query) {
+    let seq = mock.lock().arrive(&vm, "GET");
+    let resp = answer_events(&mock, &vm, &query, &headers).await;
+    mock.lock().answer(seq, resp.status());
+    resp
+}
+
+async fn answer_events(
+    mock: &Mock,
+    vm: &str,
+    query: &HashMap<String, String>,
+    headers: &HeaderMap,
+) -> Response {
+    if let Some(r) = check_request(headers, query) {
         return r;
+    }
+    let delay = {
+        let mut inner = mock.lock();
+        let Some(v) = inner.scenario.vm(vm) else {
+            return (StatusCode::NOT_FOUND, "no such VM in the scenario").into_response();
+        };
+        let delay = v.first_request_delay;
+        let doc = inner.docs.entry(vm.to_ascii_lowercase()).or_insert(VmDoc {
+            incarnation: 1,
+            ..VmDoc::default()
+        });
+        let first = !doc.first_request_seen;
+        doc.first_request_seen = true;
+        delay.filter(|_| first)
+    };
+    if let Some(d) = delay {
+        // The first call enables Scheduled Events for the VM (Azure: up to two minutes).
+        tokio::time::sleep(d).await;
     }
     let fault = {
         let mut inner = mock.lock();
-        if inner.scenario.vm(&vm).is_none() {
-            return (StatusCode::NOT_FOUND, "no such VM in the scenario").into_response();
-        }
         let fault = inner
             .elapsed()
-            .and_then(|(e, _)| inner.scenario.fault_at(&vm, e));
+            .and_then(|(e, _)| inner.scenario.fault_at(vm, e));
         if fault.is_none() {
-            return Json(inner.document(&vm)).into_response();
+            return Json(inner.document(vm)).into_response();
         }
         fault
     };
@@ -259,14 +366,27 @@ async fn post_approval(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Some(r) = check_request(&headers, &query) {
+    let seq = mock.lock().arrive(&vm, "POST");
+    let resp = answer_approval(&mock, &vm, &query, &headers, &body);
+    mock.lock().answer(seq, resp.status());
+    resp
+}
+
+fn answer_approval(
+    mock: &Mock,
+    vm: &str,
+    query: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
+    if let Some(r) = check_request(headers, query) {
         return r;
     }
-    let Ok(req) = serde_json::from_slice::<StartRequests>(&body) else {
+    let Ok(req) = serde_json::from_slice::<StartRequests>(body) else {
         return bad_request("Bad request. Malformed StartRequests body");
     };
     let mut inner = mock.lock();
-    if inner.scenario.vm(&vm).is_none() {
+    if inner.scenario.vm(vm).is_none() {
         return (StatusCode::NOT_FOUND, "no such VM in the scenario").into_response();
     }
     let Some((elapsed, _)) = inner.elapsed() else {
@@ -284,7 +404,7 @@ async fn post_approval(
             return bad_request(&format!("Bad request. Unknown EventId {}", r.event_id));
         };
         let phase = ev.phase_at(elapsed, inner.approvals.get(&ev.id).copied());
-        if !ev.delivered_to(&vm) || !matches!(phase, Phase::Scheduled | Phase::Started) {
+        if !ev.delivered_to(vm) || !matches!(phase, Phase::Scheduled | Phase::Started) {
             return bad_request(&format!("Bad request. Unknown EventId {}", r.event_id));
         }
         inner.approvals.entry(ev.id.clone()).or_insert(elapsed);
@@ -292,7 +412,7 @@ async fn post_approval(
             time: Utc::now(),
             event_id: ev.id.clone(),
             what: "Approved".into(),
-            vm: Some(vm.clone()),
+            vm: Some(vm.to_string()),
         });
     }
     inner.advance(elapsed);
@@ -338,6 +458,10 @@ async fn get_log(State(mock): State<Mock>) -> Json<Vec<LogEntry>> {
         inner.advance(elapsed);
     }
     Json(inner.log.clone())
+}
+
+async fn get_requests(State(mock): State<Mock>) -> Json<Vec<RequestEntry>> {
+    Json(mock.lock().requests.iter().cloned().collect())
 }
 
 /// Serves `scenario` on `listen` until `shutdown` resolves. Prints

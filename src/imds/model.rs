@@ -175,8 +175,11 @@ pub struct Event {
     /// VM names affected.
     pub resources: Vec<String>,
     /// Earliest start; `None` when IMDS sent an empty string (already started)
-    /// or a time in neither accepted format (logged by [`parse_document`]).
+    /// or a time in neither accepted format (see `not_before_unparsed`).
     pub not_before: Option<DateTime<Utc>>,
+    /// The `NotBefore` text when it is in neither accepted format; the caller
+    /// decides how often to say so (the parser never logs).
+    pub not_before_unparsed: Option<String>,
     /// Expected interruption in seconds; `-1` unknown.
     pub duration_seconds: i64,
     /// Free text.
@@ -184,9 +187,9 @@ pub struct Event {
 }
 
 impl Event {
-    /// The Kubernetes object name for this event: the `EventId` in lower case.
+    /// The Kubernetes object name for this event; see [`object_name`].
     pub fn object_name(&self) -> String {
-        self.event_id.to_ascii_lowercase()
+        object_name(&self.event_id)
     }
 
     /// Whether `vm` is listed in `Resources` (compared ignoring case).
@@ -195,13 +198,60 @@ impl Event {
     }
 }
 
+/// Whether `id` is a GUID in the 8-4-4-4-12 hexadecimal form IMDS uses for
+/// `EventId` (either case).
+pub fn is_guid(id: &str) -> bool {
+    let groups: Vec<&str> = id.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The Kubernetes object name of the `ScheduledEvent` for `event_id`.
+///
+/// A GUID (what Azure sends) becomes its lower-case spelling, so
+/// `kubectl get sev <id>` works. Anything else (another IMDS implementation,
+/// an id with characters or a length a Kubernetes name cannot hold) becomes
+/// `sev-` and the first 20 hex digits of the SHA-256 of the exact id: always
+/// a valid DNS-1123 subdomain, stable across agents and versions, and the
+/// original id stays in `spec.eventId`.
+pub fn object_name(event_id: &str) -> String {
+    if is_guid(event_id) {
+        return event_id.to_ascii_lowercase();
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, event_id.as_bytes());
+    let hex: String = digest.as_ref()[..10]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("sev-{hex}")
+}
+
 /// A parsed document.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Document {
     /// `DocumentIncarnation`: per VM, never to correlate across VMs.
     pub incarnation: i64,
-    /// The events, in the order IMDS listed them.
+    /// The events that parsed, in the order IMDS listed them.
     pub events: Vec<Event>,
+    /// Entries of `Events` that did not parse; the others are still usable.
+    pub rejected: Vec<RejectedEvent>,
+}
+
+/// An entry of `Events` that is not an event of the documented shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RejectedEvent {
+    /// Position in `Events`, from 0.
+    pub index: usize,
+    /// Its `EventId` when that much could be read (so the event is not taken
+    /// as gone from the document).
+    pub event_id: Option<String>,
+    /// The entry as IMDS sent it (compact JSON).
+    pub bytes: String,
+    /// Why it was rejected.
+    pub reason: String,
 }
 
 /// Why a document could not be used.
@@ -216,19 +266,53 @@ pub enum ParseError {
     },
 }
 
+/// The document with its events still unparsed, so one bad entry costs
+/// only itself.
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct LenientDocument {
+    document_incarnation: i64,
+    #[serde(default)]
+    events: Option<Vec<serde_json::Value>>,
+}
+
 /// Parses a Scheduled Events document.
 ///
 /// `NotBefore` is accepted as RFC 1123 (`Mon, 11 Apr 2022 22:26:58 GMT`, what
 /// real IMDS sends) or RFC 3339 (what some fakes send); the empty string means
-/// the event has started. Any other value is logged and kept as `None`, so
-/// one odd field never costs the whole event.
+/// the event has started. Any other value is kept in
+/// [`Event::not_before_unparsed`] with `not_before: None`, so one odd field
+/// never costs the whole event. An entry of `Events` that is not an event
+/// (a wrong type, no `EventId`) goes to [`Document::rejected`] and the other
+/// entries are kept.
 ///
 /// # Errors
-/// [`ParseError::Json`] when the bytes are not a document of this shape.
+/// [`ParseError::Json`] when the bytes are not JSON, lack
+/// `DocumentIncarnation`, or `Events` is not a list.
 pub fn parse_document(bytes: &[u8]) -> Result<Document, ParseError> {
-    let raw: RawDocument =
+    let raw: LenientDocument =
         serde_json::from_slice(bytes).map_err(|source| ParseError::Json { source })?;
-    Ok(Document::from(raw))
+    let mut events = Vec::new();
+    let mut rejected = Vec::new();
+    for (index, value) in raw.events.unwrap_or_default().into_iter().enumerate() {
+        match RawEvent::deserialize(&value) {
+            Ok(ev) => events.push(Event::from(ev)),
+            Err(e) => rejected.push(RejectedEvent {
+                index,
+                event_id: value
+                    .get("EventId")
+                    .and_then(|v| v.as_str())
+                    .map(str::to_string),
+                bytes: value.to_string(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+    Ok(Document {
+        incarnation: raw.document_incarnation,
+        events,
+        rejected,
+    })
 }
 
 impl From<RawDocument> for Document {
@@ -236,18 +320,16 @@ impl From<RawDocument> for Document {
         Document {
             incarnation: raw.document_incarnation,
             events: raw.events.into_iter().map(Event::from).collect(),
+            rejected: Vec::new(),
         }
     }
 }
 
 impl From<RawEvent> for Event {
     fn from(raw: RawEvent) -> Self {
-        let not_before = match parse_not_before(&raw.not_before) {
-            Ok(t) => t,
-            Err(_) => {
-                tracing::warn!(event = %raw.event_id, not_before = %raw.not_before, "Ignoring NotBefore in an unknown format");
-                None
-            }
+        let (not_before, not_before_unparsed) = match parse_not_before(&raw.not_before) {
+            Ok(t) => (t, None),
+            Err(_) => (None, Some(raw.not_before.clone())),
         };
         Event {
             event_type: EventType::from(raw.event_type.as_str()),
@@ -257,6 +339,7 @@ impl From<RawEvent> for Event {
             resource_type: raw.resource_type,
             resources: raw.resources,
             not_before,
+            not_before_unparsed,
             duration_seconds: raw.duration_in_seconds,
             description: raw.description,
         }
@@ -380,6 +463,7 @@ mod tests {
         assert_eq!(ev.event_type, EventType::Other("Hibernate".into()));
         assert_eq!(ev.event_status, EventStatus::Other("Paused".into()));
         assert_eq!(ev.not_before, None);
+        assert_eq!(ev.not_before_unparsed.as_deref(), Some("soon"));
         assert_eq!(ev.duration_seconds, -1);
         assert!(ev.resources.is_empty());
     }
@@ -405,6 +489,60 @@ mod tests {
         assert!(parse_document(b"<html>oops</html>").is_err());
         assert!(parse_document(br#"{"Events":[]}"#).is_err());
         assert!(parse_document(b"").is_err());
+        assert!(parse_document(br#"{"DocumentIncarnation":1,"Events":{}}"#).is_err());
+    }
+
+    #[test]
+    fn one_malformed_event_is_rejected_and_the_others_kept() {
+        let doc = parse_document(
+            br#"{"DocumentIncarnation":3,"Events":[
+            {"EventId":"A","EventStatus":"Scheduled","EventType":"Reboot"},
+            {"EventId":"B","EventStatus":42,"EventType":"Reboot","Resources":"vm"},
+            {"EventStatus":"Scheduled"},
+            {"EventId":"D","EventStatus":"Started","EventType":"Freeze"}]}"#,
+        )
+        .unwrap();
+        let ids: Vec<&str> = doc.events.iter().map(|e| e.event_id.as_str()).collect();
+        assert_eq!(ids, ["A", "D"]);
+        assert_eq!(doc.rejected.len(), 2);
+        assert_eq!(doc.rejected[0].index, 1);
+        assert_eq!(doc.rejected[0].event_id.as_deref(), Some("B"));
+        assert!(
+            doc.rejected[0].bytes.contains("42"),
+            "{:?}",
+            doc.rejected[0]
+        );
+        assert_eq!(doc.rejected[1].event_id, None);
+    }
+
+    #[test]
+    fn guid_ids_keep_their_name_and_others_get_a_stable_valid_hash() {
+        assert_eq!(
+            object_name("C7061BAC-AFDC-4513-B24B-AA5F13A16123"),
+            "c7061bac-afdc-4513-b24b-aa5f13a16123"
+        );
+        let odd = object_name("Event #1 / weird_ID");
+        assert!(odd.starts_with("sev-") && odd.len() == 24, "{odd}");
+        assert!(is_dns1123_subdomain(&odd));
+        assert_eq!(odd, object_name("Event #1 / weird_ID"), "stable");
+        assert_ne!(odd, object_name("event #1 / weird_id"), "case kept apart");
+        assert!(object_name(&"a".repeat(300)).len() < 64);
+        assert!(!is_guid("C7061BAC-AFDC-4513-B24B-AA5F13A1612"));
+        assert!(!is_guid("G7061BAC-AFDC-4513-B24B-AA5F13A16123"));
+    }
+
+    /// What the API server accepts as a name (DNS-1123 subdomain).
+    pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {
+        !s.is_empty()
+            && s.len() <= 253
+            && s.split('.').all(|label| {
+                !label.is_empty()
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
+            })
     }
 
     #[test]
@@ -427,5 +565,105 @@ mod tests {
             serde_json::to_string(&body).unwrap(),
             r#"{"StartRequests":[{"EventId":"ABC"}]}"#
         );
+    }
+}
+
+#[cfg(test)]
+mod props {
+    //! The parser against generated documents: it never panics, and a valid
+    //! document round-trips.
+    use super::*;
+    use proptest::prelude::*;
+
+    fn raw_event() -> impl Strategy<Value = RawEvent> {
+        (
+            "[A-Za-z0-9-]{1,40}",
+            prop_oneof!["Scheduled", "Started", "[A-Za-z]{0,10}"],
+            prop_oneof![
+                "Freeze",
+                "Reboot",
+                "Redeploy",
+                "Preempt",
+                "Terminate",
+                "[A-Za-z]{0,10}"
+            ],
+            proptest::collection::vec("[A-Za-z0-9_]{1,20}", 0..4),
+            prop_oneof![
+                Just(String::new()),
+                (0i64..4_000_000_000).prop_map(|s| format_rfc1123(
+                    DateTime::from_timestamp(s, 0).unwrap_or_default()
+                )),
+                ".{0,20}",
+            ],
+            ".{0,40}",
+            -1i64..100_000,
+        )
+            .prop_map(
+                |(id, status, type_, resources, nb, description, duration)| RawEvent {
+                    event_id: id,
+                    event_status: status,
+                    event_type: type_,
+                    resource_type: "VirtualMachine".into(),
+                    resources,
+                    not_before: nb,
+                    description,
+                    event_source: "Platform".into(),
+                    duration_in_seconds: duration,
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = parse_document(&bytes);
+        }
+
+        #[test]
+        fn arbitrary_json_never_panics(
+            incarnation in any::<i64>(),
+            events in proptest::collection::vec(
+                prop_oneof![
+                    Just(serde_json::json!(null)),
+                    any::<i64>().prop_map(|n| serde_json::json!(n)),
+                    ".{0,10}".prop_map(|s| serde_json::json!({"EventId": s, "EventStatus": 1})),
+                    ".{0,10}".prop_map(|s| serde_json::json!({"EventId": s, "EventStatus": "Scheduled", "EventType": s})),
+                ],
+                0..5,
+            )
+        ) {
+            let doc = serde_json::json!({"DocumentIncarnation": incarnation, "Events": events});
+            let parsed = parse_document(doc.to_string().as_bytes()).unwrap();
+            prop_assert_eq!(parsed.events.len() + parsed.rejected.len(), events.len());
+        }
+
+        #[test]
+        fn valid_documents_round_trip(
+            incarnation in any::<i64>(),
+            events in proptest::collection::vec(raw_event(), 0..5),
+        ) {
+            let raw = RawDocument { document_incarnation: incarnation, events };
+            let bytes = serde_json::to_vec(&raw).unwrap();
+            let parsed = parse_document(&bytes).unwrap();
+            prop_assert!(parsed.rejected.is_empty());
+            prop_assert_eq!(parsed.incarnation, incarnation);
+            prop_assert_eq!(parsed.events.len(), raw.events.len());
+            for (p, r) in parsed.events.iter().zip(&raw.events) {
+                prop_assert_eq!(&p.event_id, &r.event_id);
+                prop_assert!(p.event_status.to_string().eq_ignore_ascii_case(&r.event_status));
+                prop_assert!(p.event_type.to_string().eq_ignore_ascii_case(&r.event_type));
+                prop_assert_eq!(&p.resources, &r.resources);
+                prop_assert_eq!(&p.description, &r.description);
+                prop_assert_eq!(p.duration_seconds, r.duration_in_seconds);
+                match &p.not_before {
+                    Some(t) => prop_assert_eq!(parse_not_before(&r.not_before).ok().flatten(), Some(*t)),
+                    None => prop_assert!(r.not_before.trim().is_empty() || p.not_before_unparsed.as_deref() == Some(r.not_before.as_str())),
+                }
+                let name = p.object_name();
+                prop_assert!(tests::is_dns1123_subdomain(&name), "{}", name);
+            }
+        }
     }
 }

@@ -10,6 +10,9 @@
 //!   - name: aks-pool-vmss_0     # compute.name; served at /vm/<name>/metadata/...
 //!     node: node-000000         # optional: which Kubernetes node plays it (demo/tests)
 //!     faultDomain: 0            # optional: compute.platformFaultDomain
+//!     firstRequestDelay: 90s    # optional: the VM's first scheduled events GET is answered this late
+//!                               #   (the first call enables the service: up to two minutes on Azure)
+//!     redeployAt: 20s           # optional: the VM is redeployed then; its DocumentIncarnation starts again at 1
 //! events:
 //!   - id: 6B7E9A52-5A2C-4B39-9E37-0E1B3AF5D001   # EventId
 //!     type: Redeploy            # EventType, any string (unknown types are allowed)
@@ -22,9 +25,13 @@
 //!     status: Scheduled         # first status: Scheduled (default) or Started (no notice)
 //!     runFor: 5s                # once Started, it leaves the document after this long
 //!     cancelAt: 10s             # optional: leaves the document at this time if still Scheduled
-//!     notBeforeFormat: rfc1123  # rfc1123 (default, like Azure) or rfc3339 (like some fakes)
+//!     notBeforeFormat: rfc1123  # rfc1123 (default, like Azure), rfc3339 (like some fakes) or invalid
 //!     deliverTo: all            # all (default: every VM of the group) or resources (only the VMs named)
 //!     approvalStartsAfter: 0s   # delay from approval to start (the platform may wait for other tenants)
+//!     gone:                     # optional: IMDS flaps: the event is not listed in these windows, then
+//!       - {at: 10s, for: 3s}    #   comes back with the same EventId (its timeline is not paused)
+//!     malformed: false          # true: listed with EventStatus a number and Resources a string (the
+//!                               #   EventId kept), an entry a strict parser rejects
 //!     expect:                   # optional, read by the demo and the tests, ignored by the mock
 //!       phase: Completed        # the ScheduledEvent's final status.phase
 //!       approved: true          # an approval must reach IMDS (false: must not; absent: either)
@@ -78,6 +85,31 @@ pub struct Vm {
     /// `compute.platformFaultDomain`.
     #[serde(default)]
     pub fault_domain: u32,
+    /// How late the VM's first scheduled events `GET` is answered.
+    #[serde(with = "humantime_serde", default)]
+    pub first_request_delay: Option<Duration>,
+    /// When the VM is redeployed (its `DocumentIncarnation` starts again at 1).
+    #[serde(with = "humantime_serde", default)]
+    pub redeploy_at: Option<Duration>,
+}
+
+/// A window in which an event is not listed (an IMDS flap).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Window {
+    /// Start, from the scenario's start.
+    #[serde(with = "humantime_serde")]
+    pub at: Duration,
+    /// Length.
+    #[serde(rename = "for", with = "humantime_serde")]
+    pub duration: Duration,
+}
+
+impl Window {
+    /// Whether `elapsed` falls in the window.
+    pub fn contains(&self, elapsed: Duration) -> bool {
+        elapsed >= self.at && elapsed < self.at + self.duration
+    }
 }
 
 /// Which VMs see an event.
@@ -100,6 +132,8 @@ pub enum TimeFormat {
     Rfc1123,
     /// `2022-04-11T22:26:58Z`, as some fakes send.
     Rfc3339,
+    /// `next tuesday`: in no format a parser accepts.
+    Invalid,
 }
 
 /// First status of an event.
@@ -156,6 +190,12 @@ pub struct ScenarioEvent {
     /// Delay from the first approval to the start.
     #[serde(with = "humantime_serde", default)]
     pub approval_starts_after: Duration,
+    /// Windows in which the event is not listed (IMDS flaps).
+    #[serde(default)]
+    pub gone: Vec<Window>,
+    /// Whether the entry is listed in a shape a strict parser rejects.
+    #[serde(default)]
+    pub malformed: bool,
     /// What forewarn must do about the event (for the demo and tests).
     #[serde(default)]
     pub expect: Option<Expect>,
@@ -243,7 +283,7 @@ pub enum Error {
         path: String,
         /// The YAML error, with line and column.
         #[source]
-        source: serde_yaml::Error,
+        source: Box<serde_saphyr::Error>,
     },
     /// The YAML parses but makes no sense.
     #[error("invalid scenario {path}: {reason}")]
@@ -284,9 +324,9 @@ impl Scenario {
     /// # Errors
     /// As [`Scenario::load`], with an empty path.
     pub fn parse(text: &str) -> Result<Self, Error> {
-        let s: Scenario = serde_yaml::from_str(text).map_err(|source| Error::Parse {
+        let s: Scenario = serde_saphyr::from_str(text).map_err(|source| Error::Parse {
             path: String::new(),
-            source,
+            source: Box::new(source),
         })?;
         let invalid = |reason: String| Error::Invalid {
             path: String::new(),
@@ -342,6 +382,8 @@ pub enum Phase {
     Finished,
     /// Left the document without starting.
     Cancelled,
+    /// Scheduled or started, but not listed for a while (an IMDS flap).
+    Gone,
 }
 
 impl ScenarioEvent {
@@ -380,6 +422,16 @@ impl ScenarioEvent {
 
     /// The event's phase at `elapsed`, given the offset of its first approval.
     pub fn phase_at(&self, elapsed: Duration, approved: Option<Duration>) -> Phase {
+        match self.lifecycle_at(elapsed, approved) {
+            Phase::Scheduled | Phase::Started if self.gone.iter().any(|w| w.contains(elapsed)) => {
+                Phase::Gone
+            }
+            phase => phase,
+        }
+    }
+
+    /// The phase at `elapsed` ignoring flaps.
+    fn lifecycle_at(&self, elapsed: Duration, approved: Option<Duration>) -> Phase {
         if elapsed < self.at {
             return Phase::NotYet;
         }
@@ -401,12 +453,24 @@ impl ScenarioEvent {
         }
     }
 
+    /// The entry IMDS lists for this event in `phase` as JSON (broken on
+    /// purpose when `malformed`), or `None` when it is not listed.
+    pub fn render_json(&self, phase: Phase, origin: DateTime<Utc>) -> Option<serde_json::Value> {
+        let raw = self.render(phase, origin)?;
+        let mut v = serde_json::to_value(raw).ok()?;
+        if self.malformed {
+            v["EventStatus"] = serde_json::json!(42);
+            v["Resources"] = serde_json::json!(self.resources.join(","));
+        }
+        Some(v)
+    }
+
     /// The entry IMDS lists for this event in `phase`, or `None` when it is not listed.
     pub fn render(&self, phase: Phase, origin: DateTime<Utc>) -> Option<RawEvent> {
         let status = match phase {
             Phase::Scheduled => "Scheduled",
             Phase::Started => "Started",
-            Phase::NotYet | Phase::Finished | Phase::Cancelled => return None,
+            Phase::NotYet | Phase::Finished | Phase::Cancelled | Phase::Gone => return None,
         };
         let not_before = match (phase, self.not_before_offset()) {
             (Phase::Scheduled, Some(nb)) => {
@@ -417,6 +481,7 @@ impl ScenarioEvent {
                 match self.not_before_format {
                     TimeFormat::Rfc1123 => format_rfc1123(t),
                     TimeFormat::Rfc3339 => t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    TimeFormat::Invalid => "next tuesday".into(),
                 }
             }
             // The empty string once the event has started.
@@ -524,6 +589,25 @@ faults:
         let raw = s.events[0].render(Phase::Scheduled, origin).unwrap();
         assert_eq!(raw.not_before, "Sat, 21 Nov 2026 00:01:02 GMT");
         assert!(s.events[0].render(Phase::Finished, origin).is_none());
+    }
+
+    #[test]
+    fn a_flapping_event_is_unlisted_in_its_windows_and_keeps_its_timeline() {
+        let s = Scenario::parse(
+            "vms: [{name: a, firstRequestDelay: 90s, redeployAt: 20s}]\nevents:\n  - {id: F, type: Reboot, resources: [a], at: 1s, notice: 60s, gone: [{at: 5s, for: 3s}], malformed: true}",
+        )
+        .unwrap();
+        let e = &s.events[0];
+        assert_eq!(e.phase_at(secs(4), None), Phase::Scheduled);
+        assert_eq!(e.phase_at(secs(5), None), Phase::Gone);
+        assert_eq!(e.phase_at(secs(7), None), Phase::Gone);
+        assert_eq!(e.phase_at(secs(8), None), Phase::Scheduled);
+        assert!(e.render(Phase::Gone, Utc::now()).is_none());
+        let v = e.render_json(Phase::Scheduled, Utc::now()).unwrap();
+        assert_eq!(v["EventId"], "F");
+        assert_eq!(v["EventStatus"], 42);
+        assert_eq!(s.vms[0].first_request_delay, Some(secs(90)));
+        assert_eq!(s.vms[0].redeploy_at, Some(secs(20)));
     }
 
     #[test]

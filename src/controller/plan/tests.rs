@@ -23,6 +23,7 @@ fn event(type_: &str, status: &str, resources: &[&str]) -> ScheduledEvent {
             not_before: (status == "Scheduled").then(|| t("2026-11-21T10:10:00Z")),
             duration_seconds: -1,
             description: String::new(),
+            appearance: 1,
         },
     );
     ev.status = None;
