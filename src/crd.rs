@@ -171,6 +171,38 @@ pub struct ScheduledEventStatus {
     /// `PodsKept`, `ApprovalWithheld`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<Condition>>,
+    /// The `spec.appearance` this status describes. When the `EventId`
+    /// comes back after it left IMDS (a higher `spec.appearance`), the
+    /// controller handles the event afresh and moves the earlier record to
+    /// `previousAppearances`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub appearance: Option<u32>,
+    /// What happened in earlier appearances of this `EventId`, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub previous_appearances: Vec<PreviousAppearance>,
+}
+
+/// The record of an earlier appearance of an `EventId`.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PreviousAppearance {
+    /// Which appearance (1 for the first).
+    pub appearance: u32,
+    /// Its last phase.
+    #[serde(default)]
+    pub phase: String,
+    /// Affected nodes drained over affected nodes, as it ended.
+    #[serde(default)]
+    pub nodes_drained: String,
+    /// When it was first seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_seen: Option<DateTime<Utc>>,
+    /// When it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Whether an approval had been decided, and what IMDS answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<String>,
 }
 
 /// Progress on one affected node.

@@ -251,6 +251,15 @@ fn was_started(ev: &ScheduledEvent, spec_status: &EventStatus) -> bool {
         || ev.status.as_ref().is_some_and(|s| s.started_at.is_some())
 }
 
+/// Whether IMDS accepted an approval of the event (the agent's record).
+fn approval_accepted(ev: &ScheduledEvent) -> bool {
+    ev.status
+        .as_ref()
+        .and_then(|s| s.approval.as_ref())
+        .and_then(|a| a.result.as_deref())
+        .is_some_and(|r| r == crate::agent::approval::ACCEPTED)
+}
+
 fn approval_decided(ev: &ScheduledEvent) -> bool {
     ev.status
         .as_ref()
@@ -364,7 +373,10 @@ fn plan_finished(
     started: bool,
 ) {
     let me = name_of(ev);
-    p.phase = if started {
+    // After an accepted approval the platform may start the event at once;
+    // one that then leaves IMDS unseen (an outage, a fast run) most likely
+    // ran: it is recorded as completed (unobserved), not cancelled.
+    p.phase = if started || approval_accepted(ev) {
         Phase::Completed
     } else {
         Phase::Cancelled

@@ -28,9 +28,17 @@ const NODE_WRITE_CONCURRENCY: usize = 16;
 ///
 /// # Errors
 /// Any failed read or write; the controller retries with backoff.
-#[instrument(skip_all, fields(event = %ev.name_any()))]
-pub async fn reconcile(ev: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result<Requeue> {
+#[instrument(skip_all, fields(event = %stored.name_any()))]
+pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result<Requeue> {
     let now = Utc::now();
+    let (ev, anew) = status::for_current_appearance(&stored);
+    if anew {
+        info!(
+            appearance = ev.spec.appearance,
+            "The event is back in IMDS: handling it afresh"
+        );
+        report::clear_approval(&ev, &ctx).await?;
+    }
     let (seen, snapshots) = observe(&ev, &ctx).await?;
     let plan = plan::plan(&ev, &seen, &ctx.policy, now);
     if plan.delete {

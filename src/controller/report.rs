@@ -156,6 +156,22 @@ pub async fn report(
     Ok(())
 }
 
+/// Removes `status.approval` altogether, the agent's fields too (a
+/// server-side apply cannot remove fields another manager owns): an
+/// approval of an earlier appearance must not stand for the new one.
+///
+/// # Errors
+/// [`Error::PatchStatus`] when the status cannot be written.
+pub async fn clear_approval(ev: &ScheduledEvent, ctx: &Context) -> Result<()> {
+    let name = ev.name_any();
+    let body = json!({"status": {"approval": null}});
+    Api::<ScheduledEvent>::all(ctx.client.clone())
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .map_err(|source| Error::PatchStatus { name, source })?;
+    Ok(())
+}
+
 /// Publishes a Kubernetes Event on the `ScheduledEvent`, and on the node if
 /// given. Events are best effort: a failure is logged, never fails the reconcile.
 pub async fn publish(

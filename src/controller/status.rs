@@ -6,7 +6,10 @@
 use chrono::{DateTime, Utc};
 
 use super::plan::{EvictionOutcome, Observed, ObservedNode, Plan, must_leave, name_of};
-use crate::crd::{Approval, Condition, NodeProgress, Phase, ScheduledEvent, ScheduledEventStatus};
+use crate::crd::{
+    Approval, Condition, NodeProgress, Phase, PreviousAppearance, ScheduledEvent,
+    ScheduledEventStatus,
+};
 use crate::imds::model::EventStatus;
 
 /// One eviction's result: `(node, pod name, outcome)`.
@@ -179,6 +182,43 @@ fn final_progress(
     nodes
 }
 
+/// `ev` as the controller handles it: unchanged, or, when `spec.appearance`
+/// went up since the status was written (the `EventId` came back after it
+/// left IMDS), with a fresh status that keeps only the history, the earlier
+/// appearance's record appended. The second value says whether it started over.
+pub fn for_current_appearance(ev: &ScheduledEvent) -> (ScheduledEvent, bool) {
+    let Some(old) = ev.status.as_ref() else {
+        return (ev.clone(), false);
+    };
+    let recorded = old.appearance.unwrap_or(1);
+    if ev.spec.appearance <= recorded {
+        return (ev.clone(), false);
+    }
+    let mut previous = old.previous_appearances.clone();
+    previous.push(PreviousAppearance {
+        appearance: recorded,
+        phase: old.phase.clone().unwrap_or_default(),
+        nodes_drained: old.nodes_drained.clone().unwrap_or_default(),
+        first_seen: old.first_seen,
+        finished_at: old.finished_at,
+        approval: old.approval.as_ref().and_then(|a| {
+            a.decided_at.map(|d| {
+                format!(
+                    "decided {}; {}",
+                    d.to_rfc3339(),
+                    a.result.clone().unwrap_or_else(|| "not sent".into())
+                )
+            })
+        }),
+    });
+    let mut fresh = ev.clone();
+    fresh.status = Some(ScheduledEventStatus {
+        previous_appearances: previous,
+        ..ScheduledEventStatus::default()
+    });
+    (fresh, true)
+}
+
 /// The status after `plan` was carried out with `outcomes`.
 pub fn next_status(
     ev: &ScheduledEvent,
@@ -234,6 +274,14 @@ pub fn next_status(
     if plan.action.drains() {
         drain_conditions(&mut c, &nodes, plan, finished, now);
     }
+    if plan.phase == Phase::Completed && prev.started_at.is_none() && !spec_started_ever(ev) {
+        c.set(
+            "CompletedUnobserved",
+            true,
+            "ApprovedThenGone",
+            "left IMDS after IMDS accepted its approval, without being seen Started: taken as run, not cancelled".into(),
+        );
+    }
     if let Some(why) = &plan.approval_withheld {
         c.set(
             "ApprovalWithheld",
@@ -259,7 +307,13 @@ pub fn next_status(
             None
         },
         conditions: Some(c.out),
+        appearance: Some(ev.spec.appearance),
+        previous_appearances: prev.previous_appearances,
     }
+}
+
+fn spec_started_ever(ev: &ScheduledEvent) -> bool {
+    ev.spec.event_status == EventStatus::Started.to_string()
 }
 
 /// `Drained`, `DrainBlocked`, `PodsKept` while live; `DrainIncomplete`

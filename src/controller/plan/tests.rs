@@ -662,3 +662,82 @@ fn nodes_are_released_only_after_the_release_delay() {
         [NodeWrite::Release { uncordon: true, .. }]
     ));
 }
+
+#[test]
+fn event_gone_after_an_accepted_approval_is_completed_unobserved_not_cancelled() {
+    let ev = with_status(
+        event("Reboot", "Completed", &["vm_1"]),
+        ScheduledEventStatus {
+            approval: Some(Approval {
+                decided_at: Some(now()),
+                result: Some("Accepted".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    );
+    let obs = seen(vec![], &[]);
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    assert_eq!(p.phase, Phase::Completed);
+    let st = next_status(&ev, &obs, &p, &[], now());
+    assert!(
+        st.conditions
+            .unwrap()
+            .iter()
+            .any(|c| c.type_ == "CompletedUnobserved" && c.status == "True")
+    );
+    // Decided but never accepted: cancelled.
+    let mut ev = ev;
+    ev.status
+        .as_mut()
+        .unwrap()
+        .approval
+        .as_mut()
+        .unwrap()
+        .result = Some("Failed: timeout".into());
+    assert_eq!(
+        plan(&ev, &obs, &Policy::default(), now()).phase,
+        Phase::Cancelled
+    );
+}
+
+#[test]
+fn an_event_that_comes_back_is_handled_afresh_with_its_history_kept() {
+    use crate::controller::status::for_current_appearance;
+    let mut ev = with_status(
+        event("Reboot", "Scheduled", &["vm_1"]),
+        ScheduledEventStatus {
+            phase: Some("Cancelled".into()),
+            nodes_drained: Some("1/1".into()),
+            finished_at: Some(now()),
+            approval: Some(Approval {
+                decided_at: Some(now()),
+                result: Some("Accepted".into()),
+                ..Default::default()
+            }),
+            appearance: Some(1),
+            ..Default::default()
+        },
+    );
+    ev.spec.appearance = 2;
+    let (fresh, anew) = for_current_appearance(&ev);
+    assert!(anew);
+    let st = fresh.status.as_ref().unwrap();
+    assert!(st.approval.is_none() && st.finished_at.is_none() && st.phase.is_none());
+    assert_eq!(st.previous_appearances.len(), 1);
+    assert_eq!(st.previous_appearances[0].phase, "Cancelled");
+    let obs = seen(
+        vec![node("node-1", "vm_1", false, &[], vec![pod("a")])],
+        &[],
+    );
+    let p = plan(&fresh, &obs, &Policy::default(), now());
+    assert!(
+        matches!(p.node_writes[..], [NodeWrite::Cordon { .. }]),
+        "cordoned again"
+    );
+    let next = next_status(&fresh, &obs, &p, &[], now());
+    assert_eq!(next.appearance, Some(2));
+    assert_eq!(next.previous_appearances.len(), 1);
+    let (_, again) = for_current_appearance(&with_status(fresh.clone(), next));
+    assert!(!again, "one start-over per appearance");
+}
