@@ -2,7 +2,7 @@
 CARGO ?= cargo
 SCENARIO ?= tests/fixtures/platform-redeploy.yaml
 
-.PHONY: demo test lint unit generate cluster-up cluster-down clean-cache
+.PHONY: demo test test-real real-node-down image lint unit generate cluster-up cluster-down clean-cache
 
 ## demo: local cluster + Azure scenario + agents + controller, with a live timeline (SCENARIO=path to pick another)
 demo:
@@ -14,6 +14,18 @@ test: lint
 	$(CARGO) build --features harness --bin forewarn
 	status=0; $(CARGO) test --features harness || status=$$?; \
 	  bash hack/cluster.sh down --name forewarn-test >/dev/null 2>&1 || true; exit $$status
+
+## test-real: the image in real containers on a real kubelet, in a network namespace of its own (root; see README)
+test-real:
+	bash hack/real-node.sh test
+
+## real-node-down: remove everything a real-node run left (also after a crash)
+real-node-down:
+	bash hack/real-node.sh down
+
+## image: the static binary as an OCI image archive (no docker, no registry); prints its path
+image:
+	bash hack/build-image.sh
 
 ## lint: cargo fmt --check and clippy with warnings as errors
 lint:
