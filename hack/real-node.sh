@@ -16,6 +16,10 @@
 #                              real-node-0), run tests/real_node.rs there,
 #                              tear everything down, verify nothing is left,
 #                              and exit with the test's status
+#   hack/real-node.sh run CMD [ARGS...]
+#                              the same, running CMD instead of the test (e.g.
+#                              `bash` for a shell next to the real node, with
+#                              KUBECONFIG, kubectl on PATH and FOREWARN_REAL_*)
 #   hack/real-node.sh down     tear everything down (also after a crash or a
 #                              kill half-way through `test`) and verify
 #
@@ -493,16 +497,23 @@ cmd_inner() {
   node_up
   log "real-node cluster ready in $((SECONDS - started))s; running the test"
   local t0=$SECONDS
-  FOREWARN_REAL_KUBECONFIG=$kubeconfig FOREWARN_REAL_K8S_BIN=$K8S_BIN FOREWARN_REAL_NODE=$NODE \
+  export FOREWARN_REAL_KUBECONFIG=$kubeconfig FOREWARN_REAL_K8S_BIN=$K8S_BIN FOREWARN_REAL_NODE=$NODE \
     FOREWARN_REAL_LOGS=$LOGS FOREWARN_REAL_IMDS_IP=$IMDS_IP FOREWARN_REAL_BIN=$FOREWARN_BIN \
-    FOREWARN_REAL_HOST_NETNS=$HOST_NETNS RUST_BACKTRACE=0 \
+    FOREWARN_REAL_HOST_NETNS=$HOST_NETNS RUST_BACKTRACE=0
+  if [[ "${RUN_MODE:-test}" == test ]]; then
     timeout 600 "$TEST_BIN" --test-threads=1 --nocapture "$@" || status=$?
-  log "test finished with status $status in $((SECONDS - t0))s"
+  else
+    KUBECONFIG=$kubeconfig KUBECACHEDIR="$W/kubectl-cache" PATH="$K8S_BIN:$PATH" "$@" || status=$?
+  fi
+  log "${RUN_MODE:-test} finished with status $status in $((SECONDS - t0))s"
   exit "$status"
 }
 
 cmd_test() {
   local status=0 started=$SECONDS
+  if [[ "${RUN_MODE:-test}" == run && $# -eq 0 ]]; then
+    die "run wants a command, e.g.: hack/real-node.sh run bash"
+  fi
   [[ $EUID -eq 0 ]] || die "the real node needs root (kubelet, containerd, namespaces)"
   command -v unshare >/dev/null || die "unshare (util-linux) is missing"
   cmd_build
@@ -512,7 +523,7 @@ cmd_test() {
   mkdir -p "$LOGS" "$STATE"
   echo "$K8S_BIN" >"$STATE/k8s_bin"
   HOST_NETNS=$(readlink /proc/$$/ns/net)
-  export K8S_BIN IMAGES TEST_BIN FOREWARN_BIN HOST_NETNS
+  export K8S_BIN IMAGES TEST_BIN FOREWARN_BIN HOST_NETNS RUN_MODE
   unshare --net --mount --propagation private -- bash "${BASH_SOURCE[0]}" __inner "$@" || status=$?
   # Whatever happened inside, nothing may be left outside.
   cmd_down || status=1
@@ -526,7 +537,8 @@ shift
 case "$sub" in
   build) cmd_build ;;
   __kubelet) build_kubelet; echo "$kubelet_bin" ;;
-  test) cmd_test "$@" ;;
+  test) RUN_MODE=test cmd_test "$@" ;;
+  run) RUN_MODE=run cmd_test "$@" ;;
   down) cmd_down ;;
   __inner) cmd_inner "$@" ;;
   -h|--help) usage ;;
