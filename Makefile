@@ -2,7 +2,7 @@
 CARGO ?= cargo
 SCENARIO ?= tests/fixtures/platform-redeploy.yaml
 
-.PHONY: demo test test-real real-node-down image lint unit generate cluster-up cluster-down clean-cache
+.PHONY: demo test test-real test-real-chart real-node-down image lint unit generate cluster-up cluster-down clean-cache
 
 ## demo: local cluster + Azure scenario + agents + controller, with a live timeline (SCENARIO=path to pick another)
 demo:
@@ -18,6 +18,10 @@ test: lint
 ## test-real: the image in real containers on a real kubelet, in a network namespace of its own (root; see README)
 test-real:
 	bash hack/real-node.sh test
+
+## test-real-chart: test-real plus `helm install charts/forewarn` on the real node (needs the chart and hack/build-helm.sh)
+test-real-chart:
+	FOREWARN_REAL_TESTS="real_node real_node_chart" bash hack/real-node.sh test
 
 ## real-node-down: remove everything a real-node run left (also after a crash)
 real-node-down:

@@ -24,6 +24,10 @@
 #                              kill half-way through `test`) and verify
 #
 # Environment:
+#   FOREWARN_REAL_TESTS  test targets `test` runs, space-separated (default:
+#                    real_node; `real_node real_node_chart` adds the Helm chart
+#                    on the real node, which needs charts/forewarn and
+#                    hack/build-helm.sh)
 #   FOREWARN_CACHE   cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/forewarn)
 #                    kubelet:  $FOREWARN_CACHE/bin/kubelet-v1.36.3/kubelet
 #                    images:   $FOREWARN_CACHE/images/
@@ -62,6 +66,8 @@ LOGS="$cache/real-node-logs"
 STATE="$cache/real-node-state"
 SOCK="$W/run/containerd.sock"
 kubelet_bin="$cache/bin/kubelet-v$K8S_VERSION/kubelet"
+# The test targets `test` runs (tests/<name>.rs, feature real-node).
+REAL_TESTS=${FOREWARN_REAL_TESTS:-real_node}
 
 log() { echo "[real-node] $(date -u +%H:%M:%S.%3N) $*" >&2; }
 die() { echo "[real-node] ERROR: $*" >&2; exit 1; }
@@ -126,17 +132,30 @@ cmd_build() {
   [[ -x "$K8S_BIN/kubectl" ]] || die "hack/build-k8s.sh printed no bin dir"
   build_kubelet
   IMAGES=$("$here/build-image.sh")
-  log "building the test binary"
-  TEST_BIN=$(cd "$root" && cargo test --locked --features harness,real-node --test real_node --no-run \
-    --message-format=json 2>/dev/null | python3 -c '
-import json, sys
+  local t bin
+  TEST_BINS=""
+  for t in $REAL_TESTS; do
+    log "building tests/$t.rs"
+    bin=$(cd "$root" && cargo test --locked --features harness,real-node --test "$t" --no-run \
+      --message-format=json 2>/dev/null | T=$t python3 -c '
+import json, os, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "real_node":
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == os.environ["T"]:
         print(m["executable"])')
-  if [[ -z "$TEST_BIN" || ! -x "$TEST_BIN" ]]; then
-    (cd "$root" && cargo test --locked --features harness,real-node --test real_node --no-run) >&2 || true
-    die "could not build tests/real_node.rs"
+    if [[ -z "$bin" || ! -x "$bin" ]]; then
+      (cd "$root" && cargo test --locked --features harness,real-node --test "$t" --no-run) >&2 || true
+      die "could not build tests/$t.rs"
+    fi
+    TEST_BINS="$TEST_BINS $bin"
+  done
+  # The chart test installs charts/forewarn with helm, built outside the
+  # namespace (it needs the Go module proxy).
+  FOREWARN_HELM=""
+  if [[ " $REAL_TESTS " == *" real_node_chart "* ]]; then
+    [[ -x "$here/build-helm.sh" || -f "$here/build-helm.sh" ]] || die "tests/real_node_chart.rs needs hack/build-helm.sh (the chart's helm build)"
+    FOREWARN_HELM="$(bash "$here/build-helm.sh" | tail -n 1)/helm"
+    [[ -x "$FOREWARN_HELM" ]] || die "hack/build-helm.sh built no helm"
   fi
   FOREWARN_BIN="$root/target/debug/forewarn"
   [[ -x "$FOREWARN_BIN" ]] || die "cargo did not build $FOREWARN_BIN"
@@ -499,9 +518,16 @@ cmd_inner() {
   local t0=$SECONDS
   export FOREWARN_REAL_KUBECONFIG=$kubeconfig FOREWARN_REAL_K8S_BIN=$K8S_BIN FOREWARN_REAL_NODE=$NODE \
     FOREWARN_REAL_LOGS=$LOGS FOREWARN_REAL_IMDS_IP=$IMDS_IP FOREWARN_REAL_BIN=$FOREWARN_BIN \
-    FOREWARN_REAL_HOST_NETNS=$HOST_NETNS RUST_BACKTRACE=0
+    FOREWARN_REAL_HOST_NETNS=$HOST_NETNS FOREWARN_REAL_KUBELET_ROOT="$W/kubelet/root" RUST_BACKTRACE=0 \
+    FOREWARN_HELM
   if [[ "${RUN_MODE:-test}" == test ]]; then
-    timeout 600 "$TEST_BIN" --test-threads=1 --nocapture "$@" || status=$?
+    local bin rc
+    for bin in $TEST_BINS; do
+      rc=0
+      log "running $(basename "$bin")"
+      timeout 600 "$bin" --test-threads=1 --nocapture "$@" || rc=$?
+      ((rc == 0)) || { log "$(basename "$bin") failed with status $rc"; status=$rc; }
+    done
   else
     KUBECONFIG=$kubeconfig KUBECACHEDIR="$W/kubectl-cache" PATH="$K8S_BIN:$PATH" "$@" || status=$?
   fi
@@ -523,7 +549,7 @@ cmd_test() {
   mkdir -p "$LOGS" "$STATE"
   echo "$K8S_BIN" >"$STATE/k8s_bin"
   HOST_NETNS=$(readlink /proc/$$/ns/net)
-  export K8S_BIN IMAGES TEST_BIN FOREWARN_BIN HOST_NETNS RUN_MODE
+  export K8S_BIN IMAGES TEST_BINS FOREWARN_BIN FOREWARN_HELM HOST_NETNS RUN_MODE
   unshare --net --mount --propagation private -- bash "${BASH_SOURCE[0]}" __inner "$@" || status=$?
   # Whatever happened inside, nothing may be left outside.
   cmd_down || status=1

@@ -17,91 +17,20 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use forewarn::harness::cluster::{Cluster, client_for, repo_root};
-use forewarn::harness::procs::{Proc, read_mock_address};
+use forewarn::harness::cluster::repo_root;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
+use support::{
+    AGENT_IMAGE, Env, VM, api_port, apply, client, env, find_process, start_mock, wait_pod_ready,
+};
+
+#[path = "support/real_node.rs"]
+mod support;
 
 const NS: &str = "forewarn-real";
-const VM: &str = "forewarn-real-vm-0";
-const AGENT_IMAGE: &str = "ghcr.io/forewarn/forewarn:dev";
 const WORKLOAD_IMAGE: &str = "forewarn.local/workload:dev";
-
-/// What `hack/real-node.sh test` passes in.
-struct Env {
-    cluster: Cluster,
-    node: String,
-    logs: PathBuf,
-    forewarn: PathBuf,
-    imds_ip: String,
-    /// The network namespace `hack/real-node.sh test` started in (the machine's).
-    host_netns: String,
-}
-
-fn env() -> Env {
-    let var = |k: &str| {
-        std::env::var(k).unwrap_or_else(|_| {
-            panic!(
-                "{k} is not set: this test runs only inside the network namespace of \
-                 `hack/real-node.sh test` (make test-real), which starts the cluster and the real node"
-            )
-        })
-    };
-    Env {
-        cluster: Cluster {
-            name: "forewarn-real".into(),
-            kubeconfig: var("FOREWARN_REAL_KUBECONFIG").into(),
-            bin_dir: var("FOREWARN_REAL_K8S_BIN").into(),
-        },
-        node: var("FOREWARN_REAL_NODE"),
-        logs: var("FOREWARN_REAL_LOGS").into(),
-        forewarn: var("FOREWARN_REAL_BIN").into(),
-        imds_ip: var("FOREWARN_REAL_IMDS_IP"),
-        host_netns: var("FOREWARN_REAL_HOST_NETNS"),
-    }
-}
-
-async fn client(env: &Env) -> Client {
-    client_for(&env.cluster.kubeconfig)
-        .await
-        .expect("client for the real-node cluster")
-}
-
-/// Port of the API server (pods get it as KUBERNETES_SERVICE_PORT).
-fn api_port(env: &Env) -> String {
-    let server = env
-        .cluster
-        .kubectl(&[
-            "config",
-            "view",
-            "--minify",
-            "-o",
-            "jsonpath={.clusters[0].cluster.server}",
-        ])
-        .expect("kubectl config view");
-    let port = server.rsplit(':').next().unwrap_or_default().trim();
-    assert!(
-        server.starts_with("https://127.0.0.1:") && port.parse::<u16>().is_ok(),
-        "unexpected API server URL {server:?}"
-    );
-    port.to_string()
-}
-
-async fn apply<K>(api: &Api<K>, manifest: Value) -> K
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    let name = manifest["metadata"]["name"].as_str().unwrap().to_string();
-    api.patch(
-        &name,
-        &PatchParams::apply("real-node-test").force(),
-        &Patch::Apply(&manifest),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("failed to apply {name}: {e}"))
-}
 
 /// The namespace, the CRD, and the agent's ServiceAccount with the rights
 /// the agent uses (issue 7's list).
@@ -154,45 +83,6 @@ async fn setup(env: &Env, client: &Client) {
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "forewarn-real-agent"},
         "subjects": [{"kind": "ServiceAccount", "name": "forewarn-agent", "namespace": NS}],
     })).await;
-}
-
-async fn wait_pod_ready(pods: &Api<Pod>, name: &str, within: Duration) -> Pod {
-    let deadline = Instant::now() + within;
-    loop {
-        let pod = pods.get(name).await.expect("get pod");
-        let ready = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        if ready {
-            return pod;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "pod {name} not Ready after {within:?}: {:#?}",
-            pod.status
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// The process in this PID namespace whose command line is `cmdline`
-/// (NUL-separated), with its `/proc/PID/status`.
-fn find_process(cmdline: &str) -> Option<(u32, String)> {
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        if String::from_utf8_lossy(&cmd) == cmdline {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-            return Some((pid, status));
-        }
-    }
-    None
 }
 
 #[tokio::test]
@@ -314,36 +204,7 @@ async fn agent_pod_reads_imds_and_annotates_its_node() {
     );
 
     // The mock plays IMDS at its real address, serving the VM at the root.
-    let scenario = env.logs.join("real-node-scenario.yaml");
-    std::fs::write(
-        &scenario,
-        format!(
-            "description: one real VM\nvms:\n  - {{name: {VM}, node: {}, faultDomain: 0}}\nevents: []\n",
-            env.node
-        ),
-    )
-    .expect("write scenario");
-    let (mut mock, stdout) = Proc::spawn(
-        "imds-mock",
-        &env.forewarn,
-        &[
-            "imds-mock".into(),
-            "--scenario".into(),
-            scenario.to_string_lossy().into(),
-            "--listen".into(),
-            format!("{}:80", env.imds_ip),
-            "--root-vm".into(),
-            VM.into(),
-        ],
-        &[],
-        &env.logs,
-        "imds-mock",
-    )
-    .expect("start the IMDS mock");
-    let base = read_mock_address(stdout.expect("mock stdout"), mock.log.clone())
-        .await
-        .expect("mock address");
-    assert_eq!(base, format!("http://{}:80", env.imds_ip));
+    let mut mock = start_mock(&env).await;
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let started = Instant::now();
