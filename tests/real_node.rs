@@ -23,7 +23,8 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use support::{
-    AGENT_IMAGE, Env, VM, api_port, apply, client, env, find_process, start_mock, wait_pod_ready,
+    AGENT_IMAGE, Env, VM, api_port, apply, client, env, find_process, start_mock, start_mock_with,
+    wait_pod_ready,
 };
 
 #[path = "support/real_node.rs"]
@@ -328,6 +329,12 @@ async fn agent_pod_reads_imds_and_annotates_its_node() {
     pods.delete("forewarn-agent", &DeleteParams::default())
         .await
         .expect("delete the agent pod");
+    // Gone before the next test's agent takes its host port.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pods.get_opt("forewarn-agent").await.expect("get").is_some() {
+        assert!(Instant::now() < deadline, "the agent pod was not deleted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     mock.terminate(Duration::from_secs(5)).await.ok();
 }
 
@@ -455,4 +462,327 @@ async fn evicted_container_gets_prestop_and_sigterm() {
         gone < Duration::from_secs(GRACE as u64),
         "pod gone after {gone:?}: killed at the end of the grace instead of exiting"
     );
+}
+
+/// The agent as a DaemonSet on the real node (a drain leaves DaemonSet pods
+/// alone), same container as in `agent_pod_reads_imds_and_annotates_its_node`.
+async fn agent_daemonset(env: &Env, client: &Client) {
+    let ds: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(client.clone(), NS);
+    apply(&ds, json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "forewarn-agent"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "forewarn-agent-ds"}},
+            "template": {
+                "metadata": {"labels": {"app": "forewarn-agent-ds"}},
+                "spec": {
+                    "serviceAccountName": "forewarn-agent",
+                    "hostNetwork": true,
+                    "dnsPolicy": "ClusterFirstWithHostNet",
+                    "nodeSelector": {"kubernetes.io/hostname": env.node},
+                    "tolerations": [{"operator": "Exists"}],
+                    "terminationGracePeriodSeconds": 5,
+                    "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "agent",
+                        "image": AGENT_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "args": ["agent"],
+                        "env": [
+                            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                            {"name": "KUBERNETES_SERVICE_PORT", "value": api_port(env)},
+                            {"name": "FOREWARN_METRICS_ADDR", "value": "0.0.0.0:9101"},
+                        ],
+                        "ports": [{"name": "metrics", "containerPort": 9101}],
+                        "readinessProbe": {"httpGet": {"path": "/readyz", "port": 9101}, "periodSeconds": 1},
+                        "securityContext": {
+                            "readOnlyRootFilesystem": true,
+                            "allowPrivilegeEscalation": false,
+                            "capabilities": {"drop": ["ALL"]},
+                        },
+                    }],
+                },
+            },
+        },
+    }))
+    .await;
+}
+
+fn is_ready(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+#[tokio::test]
+async fn redeploy_drains_the_real_node_with_real_grace() {
+    use forewarn::crd::ScheduledEvent;
+    use forewarn::harness::procs::{Proc, free_port};
+    use forewarn::imds::mock::LogEntry;
+    use kube::api::ListParams;
+
+    let env = env();
+    let client = client(&env).await;
+    setup(&env, &client).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let sevs: Api<ScheduledEvent> = Api::all(client.clone());
+
+    // IMDS: a platform Redeploy of the real node's VM, its clock held until
+    // the agent and the workload are in place.
+    let mut mock = start_mock_with(
+        &env,
+        &format!(
+            "events:\n  - id: 5E1C0DE0-0000-4000-8000-00000000A001\n    type: Redeploy\n    source: Platform\n    resources: [{VM}]\n    durationSeconds: -1\n    description: Virtual machine is being redeployed to a different host.\n    at: 1s\n    notice: 120s\n    runFor: 5s\n"
+        ),
+        true,
+        "imds-mock-redeploy",
+    )
+    .await;
+    agent_daemonset(&env, &client).await;
+
+    // A workload spread over the real node and the KWOK nodes, with a PDB.
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), NS);
+    apply(&deployments, json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 30,
+                    "automountServiceAccountToken": false,
+                    "topologySpreadConstraints": [{
+                        "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "DoNotSchedule",
+                        "labelSelector": {"matchLabels": {"app": "web"}},
+                    }],
+                    "securityContext": {"runAsNonRoot": true},
+                    "containers": [{
+                        "name": "server",
+                        "image": WORKLOAD_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "args": ["serve", "--port", "8080", "--term-delay", "3"],
+                        "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1},
+                        "lifecycle": {"preStop": {"exec": {"command":
+                            ["/usr/local/bin/workload", "prestop", "--sleep", "2"]}}},
+                    }],
+                },
+            },
+        },
+    }))
+    .await;
+    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(client.clone(), NS);
+    apply(
+        &pdbs,
+        json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "web"},
+            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}},
+        }),
+    )
+    .await;
+
+    // Wait: the agent Ready on the real node, 3 web pods Ready, one of them real.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let real_pod = loop {
+        let agent_ready = pods
+            .list(&ListParams::default().labels("app=forewarn-agent-ds"))
+            .await
+            .expect("agent pods")
+            .items
+            .iter()
+            .any(is_ready);
+        let web = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .expect("web pods")
+            .items;
+        let on_real = web
+            .iter()
+            .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&env.node));
+        if let Some(p) = on_real.filter(|p| {
+            agent_ready && is_ready(p) && web.iter().filter(|p| is_ready(p)).count() == 3
+        }) {
+            break p.name_any();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "agent or workload not Ready: agent {agent_ready}, web {:?}",
+            web.iter()
+                .map(|p| (
+                    p.name_any(),
+                    p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                    is_ready(p)
+                ))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+
+    // The controller, as a process next to the cluster.
+    let metrics = free_port().expect("port");
+    let (mut controller, _) = Proc::spawn(
+        "controller",
+        &env.forewarn,
+        &[
+            "controller".into(),
+            "--metrics-addr".into(),
+            format!("127.0.0.1:{metrics}"),
+            "--lease-namespace".into(),
+            NS.into(),
+        ],
+        &[("KUBECONFIG", &env.cluster.kubeconfig.to_string_lossy())],
+        &env.logs,
+        "controller",
+    )
+    .expect("start the controller");
+
+    let http = reqwest::Client::new();
+    let mock_url = format!("http://{}", env.imds_ip);
+    http.post(format!("{mock_url}/mock/start"))
+        .send()
+        .await
+        .expect("start the mock's clock");
+    let t0 = Instant::now();
+    let mut timeline: Vec<(Duration, String)> = Vec::new();
+    let mut note = |what: String| {
+        println!("{:>7.2}s  {what}", t0.elapsed().as_secs_f64());
+        timeline.push((t0.elapsed(), what));
+    };
+    let (mut seen, mut cordoned, mut evicted, mut sigterm, mut gone, mut approved, mut uncordoned) =
+        (None, None, None, None, None, None, None);
+    let mut logs = String::new();
+    let mut phase = String::new();
+    let mut min_ready = usize::MAX;
+    let deadline = Instant::now() + Duration::from_secs(150);
+    loop {
+        let now = t0.elapsed();
+        let sev = sevs.list(&ListParams::default()).await.expect("sevs").items;
+        if let Some(ev) = sev.first() {
+            if seen.is_none() {
+                seen = Some(now);
+                note(format!("ScheduledEvent {} seen", ev.name_any()));
+            }
+            let p = ev
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_default();
+            if p != phase {
+                note(format!("phase {p}"));
+                phase = p;
+            }
+        }
+        let node = nodes.get(&env.node).await.expect("node");
+        let unschedulable = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+        if unschedulable && cordoned.is_none() {
+            cordoned = Some(now);
+            note(format!("{} cordoned", env.node));
+        }
+        if !unschedulable && cordoned.is_some() && uncordoned.is_none() {
+            uncordoned = Some(now);
+            note(format!("{} uncordoned", env.node));
+        }
+        let web = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .expect("web")
+            .items;
+        min_ready = min_ready.min(web.iter().filter(|p| is_ready(p)).count());
+        let agent_ready = pods
+            .list(&ListParams::default().labels("app=forewarn-agent-ds"))
+            .await
+            .expect("agent")
+            .items
+            .iter()
+            .any(is_ready);
+        assert!(agent_ready, "the agent pod stopped being Ready at {now:?}");
+        match web.iter().find(|p| p.name_any() == real_pod) {
+            Some(p) => {
+                if p.metadata.deletion_timestamp.is_some() && evicted.is_none() {
+                    evicted = Some(now);
+                    note(format!(
+                        "{real_pod} evicted (deletionGracePeriodSeconds {:?})",
+                        p.metadata.deletion_grace_period_seconds
+                    ));
+                }
+                if evicted.is_some()
+                    && sigterm.is_none()
+                    && let Ok(l) = env.cluster.kubectl(&["logs", "-n", NS, &real_pod])
+                {
+                    logs = l;
+                    if logs.contains("SIGTERM received") {
+                        sigterm = Some(now);
+                        note(format!("{real_pod}: SIGTERM received (kubectl logs)"));
+                    }
+                }
+            }
+            None if gone.is_none() => {
+                gone = Some(now);
+                note(format!("{real_pod} gone: the real node is drained"));
+            }
+            None => {}
+        }
+        if approved.is_none() {
+            let log: Vec<LogEntry> = http
+                .get(format!("{mock_url}/mock/log"))
+                .send()
+                .await
+                .expect("mock log")
+                .json()
+                .await
+                .expect("mock log json");
+            if let Some(a) = log.iter().find(|e| e.what == "Approved") {
+                approved = Some(now);
+                note(format!("approval reached IMDS from {:?}", a.vm));
+                assert_eq!(a.vm.as_deref(), Some(VM), "approved by another VM");
+            }
+        }
+        if uncordoned.is_some() && phase == "Completed" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no full cycle within 150 s; controller log:\n{}",
+            controller.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("{real_pod} logs:\n{logs}");
+    let at = |o: Option<Duration>, what: &str| o.unwrap_or_else(|| panic!("never {what}"));
+    let (seen, cordoned, evicted, sigterm, gone, approved, uncordoned) = (
+        at(seen, "seen"),
+        at(cordoned, "cordoned"),
+        at(evicted, "evicted"),
+        at(sigterm, "SIGTERM in the logs"),
+        at(gone, "drained"),
+        at(approved, "approved"),
+        at(uncordoned, "uncordoned"),
+    );
+    assert!(seen <= cordoned && cordoned <= evicted && evicted <= sigterm);
+    assert!(sigterm <= gone && gone <= approved && approved <= uncordoned);
+    assert!(
+        gone - evicted >= Duration::from_secs(4),
+        "the real container had {:?} between eviction and deletion (preStop 2 s + 3 s after SIGTERM)",
+        gone - evicted
+    );
+    assert!(logs.find("preStop hook done") < logs.find("SIGTERM received"));
+    assert!(
+        min_ready >= 2,
+        "PodDisruptionBudget violated: {min_ready} ready"
+    );
+    controller.terminate(Duration::from_secs(10)).await.ok();
+    mock.terminate(Duration::from_secs(5)).await.ok();
+    deployments
+        .delete("web", &DeleteParams::default())
+        .await
+        .ok();
 }

@@ -136,32 +136,35 @@ pub fn find_process(cmdline: &str) -> Option<(u32, String)> {
 /// VM ([`VM`], on the real node) with no events, served at the root paths
 /// as real IMDS serves the VM that asks.
 pub async fn start_mock(env: &Env) -> Proc {
-    let scenario = env.logs.join("real-node-scenario.yaml");
+    start_mock_with(env, "events: []\n", false, "imds-mock").await
+}
+
+/// [`start_mock`] with the scenario's `events:` section given as YAML, and
+/// with `--hold` (the clock starts at `POST /mock/start`) when `hold`.
+pub async fn start_mock_with(env: &Env, events: &str, hold: bool, name: &str) -> Proc {
+    let scenario = env.logs.join(format!("{name}-scenario.yaml"));
     std::fs::write(
         &scenario,
         format!(
-            "description: one real VM\nvms:\n  - {{name: {VM}, node: {}, faultDomain: 0}}\nevents: []\n",
+            "description: one real VM\nvms:\n  - {{name: {VM}, node: {}, faultDomain: 0}}\n{events}",
             env.node
         ),
     )
     .expect("write scenario");
-    let (mock, stdout) = Proc::spawn(
-        "imds-mock",
-        &env.forewarn,
-        &[
-            "imds-mock".into(),
-            "--scenario".into(),
-            scenario.to_string_lossy().into(),
-            "--listen".into(),
-            format!("{}:80", env.imds_ip),
-            "--root-vm".into(),
-            VM.into(),
-        ],
-        &[],
-        &env.logs,
-        "imds-mock",
-    )
-    .expect("start the IMDS mock");
+    let mut args: Vec<String> = vec![
+        "imds-mock".into(),
+        "--scenario".into(),
+        scenario.to_string_lossy().into(),
+        "--listen".into(),
+        format!("{}:80", env.imds_ip),
+        "--root-vm".into(),
+        VM.into(),
+    ];
+    if hold {
+        args.push("--hold".into());
+    }
+    let (mock, stdout) = Proc::spawn("imds-mock", &env.forewarn, &args, &[], &env.logs, name)
+        .expect("start the IMDS mock");
     let base = read_mock_address(stdout.expect("mock stdout"), mock.log.clone())
         .await
         .expect("mock address");
