@@ -280,14 +280,16 @@ cmd_down() {
   if in_ns; then ip link del "$BRIDGE" 2>/dev/null || true; fi
   # 7. State: the run dir, and the fixed paths that did not exist before.
   rm -rf --one-file-system "$W"
+  local created=()
   if [[ -f "$STATE/created" ]]; then
     while read -r p; do
       [[ -n "$p" ]] || continue
+      created+=("$p")
       rmdir "$p" 2>/dev/null || log "could not remove $p (not empty?)"
     done < <(sort -r "$STATE/created")
   fi
   rm -rf "$STATE"
-  verify_down
+  verify_down "${created[@]}"
 }
 
 # True inside the recorded network namespace (the one `test` created).
@@ -295,6 +297,15 @@ in_ns() {
   local netns
   netns=$(state_get netns)
   [[ -n "$netns" && "$(readlink /proc/$$/ns/net)" == "$netns" ]]
+}
+
+# The arguments that are PIDs of processes still running (not zombies).
+live() {
+  local p
+  for p in "$@"; do
+    [[ -e "/proc/$p" ]] && ! grep -q '^State:.*Z' "/proc/$p/status" 2>/dev/null && echo "$p"
+  done
+  return 0
 }
 
 cgroup_dirs() {
@@ -305,24 +316,30 @@ cgroup_dirs() {
   return 0
 }
 
-# Fails unless nothing of the real node is left on the machine.
+# Fails unless nothing of the real node is left on the machine. Arguments:
+# paths that must not exist (the fixed paths this run created).
 verify_down() {
-  local left=()
+  local left=() p
+  for p in "$@"; do
+    [[ ! -e "$p" ]] || left+=("$p")
+  done
   [[ -z "$(cgroup_dirs)" ]] || left+=("cgroups: $(cgroup_dirs | tr '\n' ' ')")
   [[ ! -e "$W" ]] || left+=("$W")
   [[ ! -e "$STATE" ]] || left+=("$STATE")
   [[ ! -e "$cache/kwok/clusters/$CLUSTER" ]] || left+=("cluster dir $cache/kwok/clusters/$CLUSTER")
   [[ -z "$(findmnt -rn -o TARGET | grep -E "^$W(/|$)" || true)" ]] || left+=("mounts under $W")
-  if pgrep -f -- "$W/" >/dev/null 2>&1; then left+=("processes: $(pgrep -f -- "$W/" | tr '\n' ' ')"); fi
-  if pgrep -x kubelet >/dev/null 2>&1; then left+=("a kubelet process"); fi
-  if pgrep -f "containerd-shim-runc-v2 .*$W" >/dev/null 2>&1; then left+=("containerd shims"); fi
+  # (Zombies do not count: an orphan waits for the machine's init to reap it.)
+  local procs
+  # shellcheck disable=SC2046
+  procs=$(live $(pgrep -f -- "$W/") $(pgrep -x kubelet) $(pgrep -x containerd) $(ns_pids))
+  [[ -z "$procs" ]] || left+=("processes: $(echo $procs)")
   # Outside the namespace its bridge never exists; inside, step 6 removed it.
   if ip link show "$BRIDGE" >/dev/null 2>&1; then left+=("bridge $BRIDGE"); fi
   if ((${#left[@]})); then
     printf '[real-node] ERROR: left behind: %s\n' "${left[@]}" >&2
     return 1
   fi
-  log "down: verified nothing is left (processes, mounts, cgroups, bridge, state dirs)"
+  log "down: verified nothing is left (processes, mounts, cgroups, bridge, state dirs, fixed paths)"
 }
 
 # --------------------------------------------------------------------------

@@ -659,6 +659,7 @@ async fn redeploy_drains_the_real_node_with_real_grace() {
     };
     let (mut seen, mut cordoned, mut evicted, mut sigterm, mut gone, mut approved, mut uncordoned) =
         (None, None, None, None, None, None, None);
+    let mut stopped = None;
     let mut logs = String::new();
     let mut phase = String::new();
     let mut min_ready = usize::MAX;
@@ -707,6 +708,18 @@ async fn redeploy_drains_the_real_node_with_real_grace() {
         assert!(agent_ready, "the agent pod stopped being Ready at {now:?}");
         match web.iter().find(|p| p.name_any() == real_pod) {
             Some(p) => {
+                let exited = p.status.as_ref().is_some_and(|st| {
+                    matches!(st.phase.as_deref(), Some("Succeeded" | "Failed"))
+                        || st
+                            .container_statuses
+                            .iter()
+                            .flatten()
+                            .any(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
+                });
+                if exited && stopped.is_none() {
+                    stopped = Some(now);
+                    note(format!("{real_pod}: container exited"));
+                }
                 if p.metadata.deletion_timestamp.is_some() && evicted.is_none() {
                     evicted = Some(now);
                     note(format!(
@@ -727,6 +740,7 @@ async fn redeploy_drains_the_real_node_with_real_grace() {
             }
             None if gone.is_none() => {
                 gone = Some(now);
+                stopped = stopped.or(Some(now));
                 note(format!("{real_pod} gone: the real node is drained"));
             }
             None => {}
@@ -758,21 +772,29 @@ async fn redeploy_drains_the_real_node_with_real_grace() {
     }
     println!("{real_pod} logs:\n{logs}");
     let at = |o: Option<Duration>, what: &str| o.unwrap_or_else(|| panic!("never {what}"));
-    let (seen, cordoned, evicted, sigterm, gone, approved, uncordoned) = (
+    let (seen, cordoned, evicted, sigterm, stopped, gone, approved, uncordoned) = (
         at(seen, "seen"),
         at(cordoned, "cordoned"),
         at(evicted, "evicted"),
         at(sigterm, "SIGTERM in the logs"),
+        at(stopped, "exited"),
         at(gone, "drained"),
         at(approved, "approved"),
         at(uncordoned, "uncordoned"),
     );
     assert!(seen <= cordoned && cordoned <= evicted && evicted <= sigterm);
-    assert!(sigterm <= gone && gone <= approved && approved <= uncordoned);
+    assert!(sigterm <= stopped && stopped <= gone);
+    // The controller counts an evicted pod whose containers have all exited
+    // (phase Succeeded/Failed) as gone; the kubelet deletes the object a
+    // moment later. The approval must follow the container's exit.
     assert!(
-        gone - evicted >= Duration::from_secs(4),
-        "the real container had {:?} between eviction and deletion (preStop 2 s + 3 s after SIGTERM)",
-        gone - evicted
+        stopped <= approved && approved <= uncordoned,
+        "approval at {approved:?}, the real container exited at {stopped:?}"
+    );
+    assert!(
+        stopped - evicted >= Duration::from_secs(4),
+        "the real container had {:?} between eviction and exit (preStop 2 s + 3 s after SIGTERM)",
+        stopped - evicted
     );
     assert!(logs.find("preStop hook done") < logs.find("SIGTERM received"));
     assert!(
