@@ -166,7 +166,11 @@ for line in sys.stdin:
 
 state_get() { [[ -f "$STATE/$1" ]] && cat "$STATE/$1" || true; }
 
-# PIDs of the processes in the recorded network namespace, except this shell.
+# PIDs of the processes started in the recorded network namespace, except
+# this shell: in that namespace AND carrying the marker variable the
+# namespace's first shell exported (a namespace's inode number can be reused
+# once it is gone, so the inode alone could match someone else's).
+# Containers do not inherit it; they are found by their cgroups.
 ns_pids() {
   local netns p
   netns=$(state_get netns)
@@ -174,7 +178,8 @@ ns_pids() {
   for p in /proc/[0-9]*; do
     p=${p#/proc/}
     [[ "$p" == "$$" || "$p" == "${BASHPID:-}" ]] && continue
-    [[ "$(readlink "/proc/$p/ns/net" 2>/dev/null)" == "$netns" ]] && echo "$p"
+    [[ "$(readlink "/proc/$p/ns/net" 2>/dev/null)" == "$netns" ]] || continue
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qxF "FOREWARN_REAL_NS=$netns" && echo "$p"
   done
   return 0
 }
@@ -256,7 +261,13 @@ cmd_down() {
     bash "$here/cluster.sh" down --name "$CLUSTER" >&2 || log "hack/cluster.sh down failed"
   fi
   pids=$(ns_pids)
-  if [[ -n "$pids" ]]; then
+  # The namespace's first shell (it exported the marker after it started).
+  p=$(state_get inner.pid)
+  if [[ "$p" =~ ^[0-9]+$ && "$p" != "$$" && -n "$(state_get netns)" ]] &&
+    [[ "$(readlink "/proc/$p/ns/net" 2>/dev/null)" == "$(state_get netns)" ]]; then
+    pids="$pids $p"
+  fi
+  if [[ -n "${pids// /}" ]]; then
     # shellcheck disable=SC2086
     kill_wait TERM 5 $pids || kill_wait KILL 5 $(ns_pids) || true
   fi
@@ -498,6 +509,9 @@ cmd_inner() {
     die "__inner must run in a network namespace of its own (use: hack/real-node.sh test)"
   readlink /proc/$$/ns/net >"$STATE/netns"
   echo $$ >"$STATE/inner.pid"
+  # Every process started from here carries it (see ns_pids).
+  FOREWARN_REAL_NS=$(readlink /proc/$$/ns/net)
+  export FOREWARN_REAL_NS
   trap 'status=$?; log "tearing down inside the namespace"; cmd_down || status=1; exit $status' EXIT
 
   ip link set lo up
