@@ -652,11 +652,9 @@ async fn redeploy_drains_the_real_node_with_real_grace() {
         .await
         .expect("start the mock's clock");
     let t0 = Instant::now();
-    let mut timeline: Vec<(Duration, String)> = Vec::new();
-    let mut note = |what: String| {
-        println!("{:>7.2}s  {what}", t0.elapsed().as_secs_f64());
-        timeline.push((t0.elapsed(), what));
-    };
+    // What one round saw, in reading order (the reverse of the causal order);
+    // printed reversed at the end of the round, stamped with its start.
+    let mut round: Vec<String> = Vec::new();
     let (mut seen, mut cordoned, mut evicted, mut sigterm, mut gone, mut approved, mut uncordoned) =
         (None, None, None, None, None, None, None);
     let mut stopped = None;
@@ -666,31 +664,22 @@ async fn redeploy_drains_the_real_node_with_real_grace() {
     let deadline = Instant::now() + Duration::from_secs(150);
     loop {
         let now = t0.elapsed();
-        let sev = sevs.list(&ListParams::default()).await.expect("sevs").items;
-        if let Some(ev) = sev.first() {
-            if seen.is_none() {
-                seen = Some(now);
-                note(format!("ScheduledEvent {} seen", ev.name_any()));
+        // Read in the reverse of the causal order (IMDS, pods, node, events),
+        // so that a step seen in one round implies its causes are seen too.
+        if approved.is_none() {
+            let log: Vec<LogEntry> = http
+                .get(format!("{mock_url}/mock/log"))
+                .send()
+                .await
+                .expect("mock log")
+                .json()
+                .await
+                .expect("mock log json");
+            if let Some(a) = log.iter().find(|e| e.what == "Approved") {
+                approved = Some(now);
+                round.push(format!("approval reached IMDS from {:?}", a.vm));
+                assert_eq!(a.vm.as_deref(), Some(VM), "approved by another VM");
             }
-            let p = ev
-                .status
-                .as_ref()
-                .and_then(|s| s.phase.clone())
-                .unwrap_or_default();
-            if p != phase {
-                note(format!("phase {p}"));
-                phase = p;
-            }
-        }
-        let node = nodes.get(&env.node).await.expect("node");
-        let unschedulable = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
-        if unschedulable && cordoned.is_none() {
-            cordoned = Some(now);
-            note(format!("{} cordoned", env.node));
-        }
-        if !unschedulable && cordoned.is_some() && uncordoned.is_none() {
-            uncordoned = Some(now);
-            note(format!("{} uncordoned", env.node));
         }
         let web = pods
             .list(&ListParams::default().labels("app=web"))
@@ -718,11 +707,11 @@ async fn redeploy_drains_the_real_node_with_real_grace() {
                 });
                 if exited && stopped.is_none() {
                     stopped = Some(now);
-                    note(format!("{real_pod}: container exited"));
+                    round.push(format!("{real_pod}: container exited"));
                 }
                 if p.metadata.deletion_timestamp.is_some() && evicted.is_none() {
                     evicted = Some(now);
-                    note(format!(
+                    round.push(format!(
                         "{real_pod} evicted (deletionGracePeriodSeconds {:?})",
                         p.metadata.deletion_grace_period_seconds
                     ));
@@ -734,31 +723,45 @@ async fn redeploy_drains_the_real_node_with_real_grace() {
                     logs = l;
                     if logs.contains("SIGTERM received") {
                         sigterm = Some(now);
-                        note(format!("{real_pod}: SIGTERM received (kubectl logs)"));
+                        round.push(format!("{real_pod}: SIGTERM received (kubectl logs)"));
                     }
                 }
             }
             None if gone.is_none() => {
                 gone = Some(now);
                 stopped = stopped.or(Some(now));
-                note(format!("{real_pod} gone: the real node is drained"));
+                round.push(format!("{real_pod} gone: the real node is drained"));
             }
             None => {}
         }
-        if approved.is_none() {
-            let log: Vec<LogEntry> = http
-                .get(format!("{mock_url}/mock/log"))
-                .send()
-                .await
-                .expect("mock log")
-                .json()
-                .await
-                .expect("mock log json");
-            if let Some(a) = log.iter().find(|e| e.what == "Approved") {
-                approved = Some(now);
-                note(format!("approval reached IMDS from {:?}", a.vm));
-                assert_eq!(a.vm.as_deref(), Some(VM), "approved by another VM");
+        let node = nodes.get(&env.node).await.expect("node");
+        let unschedulable = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+        if unschedulable && cordoned.is_none() {
+            cordoned = Some(now);
+            round.push(format!("{} cordoned", env.node));
+        }
+        if !unschedulable && cordoned.is_some() && uncordoned.is_none() {
+            uncordoned = Some(now);
+            round.push(format!("{} uncordoned", env.node));
+        }
+        let sev = sevs.list(&ListParams::default()).await.expect("sevs").items;
+        if let Some(ev) = sev.first() {
+            if seen.is_none() {
+                seen = Some(now);
+                round.push(format!("ScheduledEvent {} seen", ev.name_any()));
             }
+            let p = ev
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_default();
+            if p != phase {
+                round.push(format!("phase {p}"));
+                phase = p;
+            }
+        }
+        for what in round.drain(..).rev() {
+            println!("{:>7.2}s  {what}", now.as_secs_f64());
         }
         if uncordoned.is_some() && phase == "Completed" {
             break;
