@@ -2,7 +2,7 @@
 CARGO ?= cargo
 SCENARIO ?= tests/fixtures/platform-redeploy.yaml
 
-.PHONY: demo test lint unit generate bench-drain cluster-up cluster-down clean-cache
+.PHONY: demo test test-real test-real-chart real-node-down image lint unit generate bench-drain cluster-up cluster-down clean-cache
 
 ## demo: local cluster + Azure scenario + agents + controller, with a live timeline (SCENARIO=path to pick another)
 demo:
@@ -20,6 +20,22 @@ test: lint
 bench-drain:
 	$(CARGO) build --release --features harness --bin forewarn --example bench_drain
 	./target/release/examples/bench_drain
+
+## test-real: the image in real containers on a real kubelet, in a network namespace of its own (root; see README)
+test-real:
+	bash hack/real-node.sh test
+
+## test-real-chart: test-real plus `helm install charts/forewarn` on the real node (needs the chart and hack/build-helm.sh)
+test-real-chart:
+	FOREWARN_REAL_TESTS="real_node real_node_chart" bash hack/real-node.sh test
+
+## real-node-down: remove everything a real-node run left (also after a crash)
+real-node-down:
+	bash hack/real-node.sh down
+
+## image: the static binary as an OCI image archive (no docker, no registry); prints its path
+image:
+	bash hack/build-image.sh
 
 ## lint: cargo fmt --check and clippy with warnings as errors
 lint:

@@ -5,7 +5,7 @@
 #
 # Usage:
 #   hack/cluster.sh up [--name NAME] [--nodes N]  create (or re-create) the cluster
-#                                                 with N Ready nodes; last stdout
+#          [--fake-nodes-only]                    with N Ready nodes; last stdout
 #                                                 line = kubeconfig path
 #   hack/cluster.sh down [--name NAME]            delete it (success when absent)
 #   hack/cluster.sh kubeconfig [--name NAME]      print the kubeconfig path
@@ -18,6 +18,11 @@
 #                         clusters live in $FOREWARN_CACHE/kwok/clusters/NAME/
 #   FOREWARN_KWOK_WORKDIR overrides that kwok work dir (e.g. /dev/shm/forewarn-kwok)
 #   FOREWARN_UP_TIMEOUT   seconds allowed for each step of `up` (default 180)
+#   FOREWARN_KWOK_FAKE_NODES_ONLY=1
+#                         kwok-controller manages only the nodes kwokctl creates
+#                         (annotation kwok.x-k8s.io/node=fake) instead of every
+#                         node, so a real kubelet can join (hack/real-node.sh).
+#                         Same as the flag --fake-nodes-only of `up`.
 #
 # Your ~/.kube/config is never read or written.
 #
@@ -171,6 +176,21 @@ kind: KwokctlConfiguration
 options:
   bindAddress: 127.0.0.1
 YAML
+    # kwok-controller's default --manage-all-nodes=true would take over a real
+    # kubelet's node (its port, addresses, conditions and pod statuses). Two
+    # `--extra-args kwok-controller=...` flags crash kwokctl v0.8.0 (index out
+    # of range), hence a componentsPatches entry.
+    if [[ "$fake_nodes_only" == 1 ]]; then
+      cat <<'YAML'
+componentsPatches:
+- name: kwok-controller
+  extraArgs:
+  - key: manage-all-nodes
+    value: "false"
+  - key: manage-nodes-with-annotation-selector
+    value: kwok.x-k8s.io/node=fake
+YAML
+    fi
     echo "---"
     cat "$here/kwok-stages.yaml"
   } >"$config"
@@ -252,12 +272,14 @@ sub=$1
 shift
 name=forewarn
 nodes=3
+fake_nodes_only=${FOREWARN_KWOK_FAKE_NODES_ONLY:-0}
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --name) [[ $# -ge 2 ]] || usage; name=$2; shift 2 ;;
     --name=*) name=${1#*=}; shift ;;
     --nodes) [[ $# -ge 2 ]] || usage; nodes=$2; shift 2 ;;
     --nodes=*) nodes=${1#*=}; shift ;;
+    --fake-nodes-only) fake_nodes_only=1; shift ;;
     -h|--help) usage ;;
     *) echo "[cluster] unknown argument: $1" >&2; usage ;;
   esac

@@ -131,6 +131,10 @@ pub struct ImdsMockArgs {
     /// Wait for `POST /mock/start` before starting the scenario's clock.
     #[arg(long)]
     pub hold: bool,
+    /// Also serve this scenario VM at the root paths (`/metadata/...`), as
+    /// IMDS at `http://169.254.169.254` does, so an agent can use its default URL.
+    #[arg(long)]
+    pub root_vm: Option<String>,
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C).

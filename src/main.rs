@@ -25,6 +25,7 @@ async fn main() -> anyhow::Result<()> {
                 scenario,
                 args.listen,
                 args.hold,
+                args.root_vm,
                 forewarn::cli::shutdown_signal(),
             )
             .await

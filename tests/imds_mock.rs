@@ -208,3 +208,35 @@ async fn an_oversized_answer_is_refused() {
     let err = client.fetch_events().await.unwrap_err();
     assert!(err.to_string().contains("exceeds"), "{err}");
 }
+
+#[tokio::test]
+async fn root_vm_is_served_at_the_imds_root_paths() {
+    let mock =
+        Mock::new(Scenario::parse(SCENARIO).unwrap(), false).with_root_vm(Some("vmss_1".into()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, mock.router()).await.unwrap() });
+    let base = format!("http://{addr}");
+    // The base URL an agent uses against real IMDS: no /vm/<name> prefix.
+    let root = Client::new(&base, Duration::from_secs(2)).unwrap();
+    assert_eq!(root.fetch_compute().await.unwrap().name, "vmss_1");
+    let doc = root.fetch_events().await.unwrap();
+    assert_eq!(doc.events.len(), 2, "vmss_1's document");
+    let id = doc.events[0].event_id.clone();
+    root.approve(std::slice::from_ref(&id)).await.unwrap();
+    let log: Vec<LogEntry> = reqwest::get(format!("{base}/mock/log"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        log.iter()
+            .any(|e| e.what == "Approved" && e.vm.as_deref() == Some("vmss_1")),
+        "{log:?}"
+    );
+    // Without a root VM there are no root paths.
+    let plain = serve(SCENARIO).await;
+    let none = Client::new(&plain, Duration::from_secs(2)).unwrap();
+    assert!(none.fetch_compute().await.is_err());
+}

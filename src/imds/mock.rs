@@ -9,6 +9,11 @@
 //! `Started` keeping its `EventId`, and `DocumentIncarnation` increases at
 //! every change of a VM's document.
 //!
+//! With a root VM (`--root-vm NAME`) it also serves that VM at the root,
+//! `/metadata/scheduledevents` and `/metadata/instance/compute`, as real IMDS
+//! does at `http://169.254.169.254`: an agent then runs with its production
+//! default URL (the real-node test, where the mock listens on that address).
+//!
 //! Control endpoints for harnesses: `POST /mock/start` starts the clock when
 //! run with `--hold`; `GET /mock/log` returns what happened (approvals, every
 //! status change and redeploy, with times); `GET /mock/requests` lists every
@@ -105,6 +110,8 @@ struct Inner {
 #[derive(Clone)]
 pub struct Mock {
     inner: Arc<Mutex<Inner>>,
+    /// The VM served at the root paths, if any.
+    root_vm: Option<String>,
 }
 
 impl Mock {
@@ -138,7 +145,16 @@ impl Mock {
                 requests: std::collections::VecDeque::new(),
                 next_seq: 0,
             })),
+            root_vm: None,
         }
+    }
+
+    /// Also serves VM `vm` at the root paths (`/metadata/...`), as IMDS does
+    /// for the VM that asks.
+    #[must_use]
+    pub fn with_root_vm(mut self, vm: Option<String>) -> Self {
+        self.root_vm = vm;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -149,16 +165,25 @@ impl Mock {
 
     /// The HTTP routes.
     pub fn router(self) -> Router {
-        Router::new()
-            .route(
-                "/vm/{vm}/metadata/scheduledevents",
-                get(get_events).post(post_approval),
-            )
-            .route("/vm/{vm}/metadata/instance/compute", get(get_compute))
-            .route("/mock/start", post(start_clock))
-            .route("/mock/log", get(get_log))
-            .route("/mock/requests", get(get_requests))
-            .with_state(self)
+        let root = if self.root_vm.is_some() {
+            Router::new()
+                .route(
+                    "/metadata/scheduledevents",
+                    get(get_root_events).post(post_root_approval),
+                )
+                .route("/metadata/instance/compute", get(get_root_compute))
+        } else {
+            Router::new()
+        };
+        root.route(
+            "/vm/{vm}/metadata/scheduledevents",
+            get(get_events).post(post_approval),
+        )
+        .route("/vm/{vm}/metadata/instance/compute", get(get_compute))
+        .route("/mock/start", post(start_clock))
+        .route("/mock/log", get(get_log))
+        .route("/mock/requests", get(get_requests))
+        .with_state(self)
     }
 }
 
@@ -444,6 +469,39 @@ async fn get_compute(
     }
 }
 
+/// The root VM's name (the root routes exist only when it is set).
+fn root_vm(mock: &Mock) -> Path<String> {
+    Path(mock.root_vm.clone().unwrap_or_default())
+}
+
+async fn get_root_events(
+    State(mock): State<Mock>,
+    query: Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let vm = root_vm(&mock);
+    get_events(State(mock), vm, query, headers).await
+}
+
+async fn post_root_approval(
+    State(mock): State<Mock>,
+    query: Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let vm = root_vm(&mock);
+    post_approval(State(mock), vm, query, headers, body).await
+}
+
+async fn get_root_compute(
+    State(mock): State<Mock>,
+    query: Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let vm = root_vm(&mock);
+    get_compute(State(mock), vm, query, headers).await
+}
+
 async fn start_clock(State(mock): State<Mock>) -> StatusCode {
     let mut inner = mock.lock();
     if inner.clock.started.is_none() {
@@ -464,7 +522,8 @@ async fn get_requests(State(mock): State<Mock>) -> Json<Vec<RequestEntry>> {
     Json(mock.lock().requests.iter().cloned().collect())
 }
 
-/// Serves `scenario` on `listen` until `shutdown` resolves. Prints
+/// Serves `scenario` on `listen` until `shutdown` resolves, with `root_vm`
+/// also at the root paths (see the module docs). Prints
 /// `listening on http://<addr>` on stdout once bound (port 0 picks a free one).
 ///
 /// # Errors
@@ -473,13 +532,14 @@ pub async fn serve(
     scenario: Scenario,
     listen: SocketAddr,
     hold: bool,
+    root_vm: Option<String>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
     println!("listening on http://{addr}");
     tracing::info!(%addr, vms = scenario.vms.len(), events = scenario.events.len(), hold, "IMDS mock listening");
-    let app = Mock::new(scenario, hold).router();
+    let app = Mock::new(scenario, hold).with_root_vm(root_vm).router();
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
