@@ -10,11 +10,10 @@ demo:
 	./target/debug/examples/demo --scenario $(SCENARIO)
 
 ## test: formatting, lints, unit tests and the end-to-end tests on a local control plane
+## (the suites run side by side, each on its own local cluster: hack/test-all.sh;
+##  FOREWARN_SKIP_REAL_NODE=1 skips the real-node test on machines without root)
 test: lint
-	$(CARGO) build --features harness --bin forewarn
-	status=0; $(CARGO) test --features harness || status=$$?; \
-	  bash hack/cluster.sh down --name forewarn-test >/dev/null 2>&1 || true; \
-	  bash hack/cluster.sh down --name forewarn-agent >/dev/null 2>&1 || true; exit $$status
+	CARGO=$(CARGO) bash hack/test-all.sh
 
 ## bench-drain: forewarn vs `kubectl drain` on a 105-pod node with a PDB, medians and their ratio (a figure, not a test)
 bench-drain:
@@ -40,7 +39,7 @@ image:
 ## lint: cargo fmt --check and clippy with warnings as errors
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets --features harness -- -D warnings
+	$(CARGO) clippy --all-targets --features harness,real-node -- -D warnings
 
 ## unit: the unit tests only (no cluster)
 unit:

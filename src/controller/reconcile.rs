@@ -85,8 +85,8 @@ fn claims(me: &str, ctx: &Context, cached: &[Arc<Node>]) -> HashMap<String, Vec<
         if !action.cordons() {
             continue;
         }
-        let (mapped, _) =
-            nodes::map_resources(&other.spec.resources, cached.iter().map(AsRef::as_ref));
+        let mapped =
+            nodes::map_resources(&other.spec.resources, cached.iter().map(AsRef::as_ref)).mapped;
         for (_, node) in mapped {
             by_node.entry(node).or_default().push(name.clone());
         }
@@ -104,8 +104,11 @@ async fn observe(
 ) -> Result<(Observed, HashMap<String, Arc<Node>>)> {
     let me = ev.name_any();
     let cached = ctx.nodes.state();
-    let (mapped, unmapped) =
-        nodes::map_resources(&ev.spec.resources, cached.iter().map(AsRef::as_ref));
+    let nodes::Mapping {
+        mapped,
+        unmapped,
+        doubts,
+    } = nodes::map_resources(&ev.spec.resources, cached.iter().map(AsRef::as_ref));
     let completed = EventStatus::from(ev.spec.event_status.as_str()) == EventStatus::Completed;
     let recorded = ev
         .status
@@ -129,6 +132,7 @@ async fn observe(
     let mut seen = Observed {
         nodes: Vec::new(),
         unmapped,
+        doubts,
     };
     let mut snapshots = HashMap::new();
     for (name, vm) in wanted {

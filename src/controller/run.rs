@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::controller::{self, Action as Requeue, Controller};
@@ -24,6 +25,17 @@ use crate::crd::{CONTROLLER_MANAGER, ScheduledEvent};
 use crate::metrics::ControllerMetrics;
 use crate::policy::Policy;
 use crate::server::{self, Readiness};
+
+/// The Lease's duration, seconds: a standby may take over this long after
+/// the leader's last renewal.
+const LEASE_SECONDS: u64 = 15;
+/// kube-lease-manager renews this long before the Lease would expire.
+const LEASE_GRACE_SECONDS: u64 = 5;
+/// The renew deadline: a leader whose renewals have not been seen for this
+/// long stops acting, before a standby may take over (client-go's
+/// `RenewDeadline`; kube-lease-manager only logs failed renewals). It must
+/// exceed the renewal interval (duration minus grace) plus the 1 s check.
+const RENEW_DEADLINE: Duration = Duration::from_secs(LEASE_SECONDS - 3);
 
 /// The longest a failing reconcile waits before it is tried again.
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(60);
@@ -92,8 +104,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         LeaseManagerBuilder::new(client.clone(), &args.lease_name)
             .with_namespace(&args.lease_namespace)
             .with_identity(&identity)
-            .with_duration(15)
-            .with_grace(5)
+            .with_duration(LEASE_SECONDS)
+            .with_grace(LEASE_GRACE_SECONDS)
             .build()
     };
     let lease = tokio::select! {
@@ -156,6 +168,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         }
         leader
     };
+    let guard = renew_deadline(
+        Api::namespaced(client.clone(), &args.lease_namespace),
+        args.lease_name.clone(),
+        identity.clone(),
+    );
     let sweep = tokio::spawn(sweep::sweep_orphaned_holds(ctx.clone()));
     let controller = controller
         .run(reconcile, error_policy, ctx)
@@ -170,6 +187,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             drop(leader);
             Err(anyhow::anyhow!("lost the leader-election Lease; exiting so that a fresh process takes over"))
         }
+        why = guard => Err(anyhow::anyhow!("stopped acting as leader: {why}; exiting so that a fresh process takes over")),
         _ = controller => Ok(()),
     };
     node_task.abort();
@@ -188,6 +206,40 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     leader_gauge.set(0);
     info!("Controller stopped");
     outcome
+}
+
+/// Resolves, with the reason, once this replica can no longer be sure it
+/// holds the Lease: the Lease names another holder, or its `renewTime` has
+/// not moved for [`RENEW_DEADLINE`] (renewals failing, the API server out of
+/// reach). Only the change of `renewTime` is compared, on this process's
+/// own clock, so clock skew between replicas does not matter.
+async fn renew_deadline(api: Api<Lease>, name: String, identity: String) -> String {
+    let mut last_renew: Option<String> = None;
+    let mut moved_at = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        match tokio::time::timeout(Duration::from_secs(1), api.get(&name)).await {
+            Ok(Ok(lease)) => {
+                let spec = lease.spec.unwrap_or_default();
+                if spec.holder_identity.as_deref() != Some(identity.as_str()) {
+                    return format!("the Lease is held by {:?}", spec.holder_identity);
+                }
+                let renewed = format!("{:?}", spec.renew_time);
+                if last_renew.as_deref() != Some(renewed.as_str()) {
+                    last_renew = Some(renewed);
+                    moved_at = tokio::time::Instant::now();
+                }
+            }
+            Ok(Err(e)) => warn!(error = %e, "Cannot read the leader-election Lease"),
+            Err(_) => warn!("Reading the leader-election Lease timed out"),
+        }
+        if moved_at.elapsed() > RENEW_DEADLINE {
+            return format!(
+                "no renewal of the Lease seen for {:?} (renew deadline)",
+                moved_at.elapsed()
+            );
+        }
+    }
 }
 
 /// Watches resume quickly after an API server outage: a bounded backoff
