@@ -2,7 +2,7 @@
 CARGO ?= cargo
 SCENARIO ?= tests/fixtures/platform-redeploy.yaml
 
-.PHONY: demo test test-real test-real-chart real-node-down image lint unit generate bench-drain cluster-up cluster-down clean-cache
+.PHONY: demo test test-real test-real-chart real-node-down image lint unit generate manifests bench-drain cluster-up cluster-down clean-cache
 
 ## demo: local cluster + Azure scenario + agents + controller, with a live timeline (SCENARIO=path to pick another)
 demo:
@@ -12,9 +12,11 @@ demo:
 ## test: formatting, lints, unit tests and the end-to-end tests on a local control plane
 test: lint
 	$(CARGO) build --features harness --bin forewarn
+	bash hack/build-helm.sh >/dev/null
 	status=0; $(CARGO) test --features harness || status=$$?; \
 	  bash hack/cluster.sh down --name forewarn-test >/dev/null 2>&1 || true; \
-	  bash hack/cluster.sh down --name forewarn-agent >/dev/null 2>&1 || true; exit $$status
+	  bash hack/cluster.sh down --name forewarn-agent >/dev/null 2>&1 || true; \
+	  bash hack/cluster.sh down --name forewarn-chart >/dev/null 2>&1 || true; exit $$status
 
 ## bench-drain: forewarn vs `kubectl drain` on a 105-pod node with a PDB, medians and their ratio (a figure, not a test)
 bench-drain:
@@ -49,6 +51,11 @@ unit:
 ## generate: regenerate crds/ from the Rust types
 generate:
 	$(CARGO) run --quiet -- crd > crds/scheduledevents.forewarn.dev.yaml
+	cp crds/scheduledevents.forewarn.dev.yaml charts/forewarn/crds/
+
+## manifests: regenerate manifests/forewarn.yaml from the chart's default values (helm template)
+manifests:
+	bash hack/render-manifests.sh > manifests/forewarn.yaml.tmp && mv manifests/forewarn.yaml.tmp manifests/forewarn.yaml
 
 cluster-up:
 	bash hack/cluster.sh up
