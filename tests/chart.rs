@@ -178,10 +178,13 @@ impl Kubectl {
     }
 
     /// Runs a request that must be refused; returns the refusal (stderr).
+    /// `kubectl cordon` exits 0 when the server refuses the patch (it only
+    /// prints `error: unable to cordon node`), so an `error:` on stderr
+    /// counts as a refusal too; callers check the stored object as well.
     fn denied(&self, args: &[&str]) -> String {
         let out = self.run(args, None);
         assert!(
-            !out.ok,
+            !out.ok || out.stderr.contains("error:"),
             "kubectl {args:?} was allowed but must be refused: {}",
             out.stdout.trim()
         );
@@ -601,16 +604,22 @@ fn rendered_manifests_are_accepted_by_the_api_server() {
     }
 }
 
-/// Pod from the pod template of the workload `kind` in `rendered`.
-fn pod_from_template(rendered: &str, kind: &str, name: &str, ns: &str) -> String {
+/// Pod (JSON) from the pod template of the workload `kind` in `rendered`,
+/// after creating its ServiceAccount in `ns` so that only Pod Security decides.
+fn pod_from_template(k: &Kubectl, rendered: &str, kind: &str, name: &str, ns: &str) -> String {
     let docs = documents(rendered);
     let w = docs.iter().find(|d| d["kind"] == kind).expect("workload");
+    let sa = w["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .expect("serviceAccountName");
+    let sa = serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns}});
     let pod = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": { "name": name, "namespace": ns, "labels": w["spec"]["template"]["metadata"]["labels"] },
         "spec": w["spec"]["template"]["spec"],
     });
+    k.ok_stdin(&["apply", "-f", "-"], &sa.to_string());
     pod.to_string()
 }
 
@@ -621,7 +630,7 @@ fn controller_meets_pod_security_restricted_and_agent_needs_privileged() {
     let ns = "psa-restricted";
     ensure_namespace(&k, ns, "restricted");
     let rendered = render(&[]);
-    let controller = pod_from_template(&rendered, "Deployment", "controller-psa", ns);
+    let controller = pod_from_template(&k, &rendered, "Deployment", "controller-psa", ns);
     let out = k.run(
         &["create", "--dry-run=server", "-f", "-"],
         Some(&controller),
@@ -631,7 +640,7 @@ fn controller_meets_pod_security_restricted_and_agent_needs_privileged() {
         "the controller pod violates Pod Security restricted: {}",
         out.stderr
     );
-    let agent = pod_from_template(&rendered, "DaemonSet", "agent-psa", ns);
+    let agent = pod_from_template(&k, &rendered, "DaemonSet", "agent-psa", ns);
     let out = k.run(&["create", "--dry-run=server", "-f", "-"], Some(&agent));
     assert!(!out.ok, "the agent pod was admitted under restricted");
     println!("agent under restricted: {}", out.stderr.trim());
@@ -639,7 +648,7 @@ fn controller_meets_pod_security_restricted_and_agent_needs_privileged() {
     // The README's label lets it in.
     let ns = "psa-privileged";
     ensure_namespace(&k, ns, "privileged");
-    let agent = pod_from_template(&rendered, "DaemonSet", "agent-psa", ns);
+    let agent = pod_from_template(&k, &rendered, "DaemonSet", "agent-psa", ns);
     let out = k.run(&["create", "--dry-run=server", "-f", "-"], Some(&agent));
     assert!(
         out.ok,
@@ -840,6 +849,41 @@ fn merge_patch(key: &str, value: &str) -> String {
     format!(r#"{{"metadata":{{"annotations":{{"{key}":"{value}"}}}}}}"#)
 }
 
+/// Server-side apply of `status` on the ScheduledEvent `name` (status
+/// subresource, field manager `manager`, forced), with the credentials
+/// of `kubeconfig`: exactly the request the agent and controller make.
+fn apply_status(kubeconfig: &Path, name: &str, status: Value, manager: &str) -> Result<(), String> {
+    use forewarn::crd::ScheduledEvent;
+    use kube::api::{Api, Patch, PatchParams};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let client = forewarn::harness::cluster::client_for(kubeconfig)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        let api: Api<ScheduledEvent> = Api::all(client);
+        let body = serde_json::json!({
+            "apiVersion": "forewarn.dev/v1alpha1",
+            "kind": "ScheduledEvent",
+            "metadata": { "name": name },
+            "status": status,
+        });
+        api.patch_status(
+            name,
+            &PatchParams::apply(manager).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| match e {
+            kube::Error::Api(s) => format!("{} ({}): {}", s.reason, s.code, s.message),
+            e => e.to_string(),
+        })
+    })
+}
+
 /// `helm install`, then the chart's ServiceAccounts with TokenRequest tokens:
 /// each may do what its role needs and nothing more.
 #[test]
@@ -869,11 +913,27 @@ fn installed_chart_confines_each_service_account() {
         ("clusterrole", "forewarn-controller"),
         ("clusterrolebinding", "forewarn-agent"),
         ("clusterrolebinding", "forewarn-controller"),
-        ("validatingadmissionpolicy", "forewarn-agent"),
-        ("validatingadmissionpolicybinding", "forewarn-agent"),
+        ("validatingadmissionpolicy", "forewarn-agent-node"),
+        ("validatingadmissionpolicy", "forewarn-agent-status"),
+        ("validatingadmissionpolicybinding", "forewarn-agent-node"),
+        ("validatingadmissionpolicybinding", "forewarn-agent-status"),
         ("crd", "scheduledevents.forewarn.dev"),
     ] {
         k.ok(&["get", kind, name]);
+    }
+    // The API server type-checked the policies' CEL against the real
+    // schemas (Node, the CRD) and found nothing to warn about.
+    for vap in ["forewarn-agent-node", "forewarn-agent-status"] {
+        let status = eventually("policy type-checked", Duration::from_secs(30), || {
+            let p = k.json(&["get", "validatingadmissionpolicy", vap]);
+            (p["status"]["observedGeneration"] == p["metadata"]["generation"])
+                .then(|| p["status"].clone())
+        });
+        assert!(
+            status["typeChecking"]["expressionWarnings"].is_null(),
+            "{vap}: type-checking warnings: {}",
+            status["typeChecking"]
+        );
     }
     let ds = k.json(&["get", "-n", NS, "daemonset", "forewarn-agent"]);
     assert_eq!(
@@ -966,14 +1026,14 @@ fn installed_chart_confines_each_service_account() {
         .collect();
     assert!(managers.contains(&"forewarn-agent"), "{managers:?}");
 
-    let mut denials = Vec::new();
-    let mut deny = |who: &Kubectl, what: &str, args: &[&str], expect: &str| {
+    let denials = std::cell::RefCell::new(Vec::new());
+    let deny = |who: &Kubectl, what: &str, args: &[&str], expect: &str| {
         let msg = who.denied(args);
         assert!(
             msg.contains(expect),
             "{what}: refused, but not for the expected reason ({expect}): {msg}"
         );
-        denials.push(format!("{what}:\n  {msg}"));
+        denials.borrow_mut().push(format!("{what}:\n  {msg}"));
     };
     let other = merge_patch(VM_ANNOTATION, "vm-chart-0");
     deny(
@@ -1060,12 +1120,6 @@ fn installed_chart_confines_each_service_account() {
         &["get", "secrets", "-n", NS],
         "forbidden",
     );
-    deny(
-        &agent,
-        "agent deletes a ScheduledEvent",
-        &["delete", "scheduledevents", "--all"],
-        "forbidden",
-    );
 
     // A ScheduledEvent with the controller's status.
     let sev = "chart-trust-probe";
@@ -1087,49 +1141,43 @@ fn installed_chart_confines_each_service_account() {
     ]);
     deny(
         &agent,
-        "agent writes status.approval.decidedAt",
-        &[
-            "patch",
-            "scheduledevent",
-            sev,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            r#"{"status":{"approval":{"decidedAt":"2026-01-01T00:00:00Z"}}}"#,
-        ],
-        "may write only status.approval.sentAt, sentBy and result",
+        "agent deletes a ScheduledEvent",
+        &["delete", "scheduledevent", sev],
+        "forbidden",
     );
-    deny(
-        &agent,
-        "agent writes status.phase",
-        &[
-            "patch",
-            "scheduledevent",
-            sev,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            r#"{"status":{"phase":"Approved"}}"#,
-        ],
-        "may write only status.approval.sentAt, sentBy and result",
-    );
-    deny(
-        &agent,
-        "agent clears status.approval.reason",
-        &[
-            "patch",
-            "scheduledevent",
-            sev,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            r#"{"status":{"approval":{"reason":null}}}"#,
-        ],
-        "may write only status.approval.sentAt, sentBy and result",
-    );
-    // What it sends after an approval: allowed, as the agent writes it (apply).
-    agent.ok(&["patch", "scheduledevent", sev, "--subresource=status", "--type=merge", "-p",
-        &format!(r#"{{"status":{{"approval":{{"sentAt":"2026-01-01T00:00:01Z","sentBy":"{}","result":"Accepted"}}}}}}"#, nodes[0])]);
+    // Status writes as the agent makes them: server-side apply on the status
+    // subresource (kube, like src/agent), with no GET first.
+    let agent_status = |what: &str, status: Value| -> Result<(), String> {
+        apply_status(&agent.kubeconfig, sev, status, forewarn::crd::AGENT_MANAGER)
+            .map_err(|e| format!("{what}:\n  {e}"))
+    };
+    for (what, status) in [
+        (
+            "agent writes status.approval.decidedAt",
+            serde_json::json!({"approval": {"decidedAt": "2026-01-01T00:00:00Z"}}),
+        ),
+        (
+            "agent writes status.phase",
+            serde_json::json!({"phase": "Approved"}),
+        ),
+        (
+            "agent writes status.nodes",
+            serde_json::json!({"nodes": [{"name": nodes[1], "vmName": "vm-chart-1", "drainedAt": "2026-01-01T00:00:00Z"}]}),
+        ),
+    ] {
+        let msg = agent_status(what, status).expect_err("must be refused");
+        assert!(
+            msg.contains("may write only status.approval.sentAt, sentBy and result"),
+            "{msg}"
+        );
+        denials.borrow_mut().push(msg);
+    }
+    // What it records after sending an approval: allowed.
+    agent_status(
+        "agent records the approval it sent",
+        serde_json::json!({"approval": {"sentAt": "2026-01-01T00:00:01Z", "sentBy": nodes[0], "result": "Accepted"}}),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let stored = k.json(&["get", "scheduledevent", sev]);
     assert_eq!(stored["status"]["phase"], "Draining");
     assert!(
@@ -1155,6 +1203,26 @@ fn installed_chart_confines_each_service_account() {
         "-p",
         r#"{"spec":{"eventStatus":"Started"}}"#,
     ]);
+    // A status sent along with a create or a main-resource patch is dropped
+    // by the API server (status subresource), so it needs no policy.
+    agent.ok_stdin(&["create", "-f", "-"], &format!(
+        r#"{{"apiVersion":"forewarn.dev/v1alpha1","kind":"ScheduledEvent","metadata":{{"name":"{sev}-3"}},
+           "spec":{{"eventId":"{sev}-3","eventStatus":"Scheduled","eventType":"Freeze","resources":["vm-chart-0"]}},
+           "status":{{"phase":"Approved","approval":{{"decidedAt":"2026-01-01T00:00:00Z"}}}}}}"#));
+    agent.ok(&[
+        "patch",
+        "scheduledevent",
+        &format!("{sev}-3"),
+        "--type=merge",
+        "-p",
+        r#"{"status":{"phase":"Approved"}}"#,
+    ]);
+    let forged = k.json(&["get", "scheduledevent", &format!("{sev}-3")]);
+    assert!(
+        forged["status"].is_null(),
+        "status written through the main resource: {}",
+        forged["status"]
+    );
 
     // --- controller: what it needs works, Secrets do not.
     deny(
@@ -1199,16 +1267,20 @@ fn installed_chart_confines_each_service_account() {
         "-f",
         &ev,
     ]);
+    apply_status(
+        &controller.kubeconfig,
+        sev,
+        serde_json::json!({"phase": "Approved", "approval": {"decidedAt": "2026-01-01T00:00:00Z"}}),
+        forewarn::crd::CONTROLLER_MANAGER,
+    )
+    .unwrap_or_else(|e| panic!("the controller cannot write the approval decision: {e}"));
     controller.ok(&[
-        "patch",
+        "delete",
         "scheduledevent",
         sev,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        r#"{"status":{"approval":{"decidedAt":"2026-01-01T00:00:00Z"}}}"#,
+        &format!("{sev}-2"),
+        &format!("{sev}-3"),
     ]);
-    controller.ok(&["delete", "scheduledevent", sev, &format!("{sev}-2")]);
     controller.ok_stdin(&["apply", "--server-side", "-f", "-"], &format!(
         "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: forewarn-controller\n  namespace: {NS}\nspec:\n  holderIdentity: chart-test\n"));
     k.ok(&["delete", "lease", "-n", NS, "forewarn-controller"]);
@@ -1227,7 +1299,7 @@ fn installed_chart_confines_each_service_account() {
             "{name} has a wildcard:\n{list}"
         );
     }
-    record += &format!("denials:\n{}\n", denials.join("\n"));
+    record += &format!("denials:\n{}\n", denials.borrow().join("\n"));
     std::fs::write(out_dir().join("confinement.txt"), &record).unwrap();
     println!("{record}");
 }
