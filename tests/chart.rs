@@ -546,11 +546,20 @@ fn install_monitoring_crds(k: &Kubectl) {
 }
 
 /// `kubectl apply --dry-run=server` of `yaml`; asserts every document was
-/// accepted (one "(server dry run)" line each).
+/// accepted (one "(server dry run)" line each). Conflicts of field
+/// ownership with an installed release do not matter here, hence
+/// `--force-conflicts`.
 fn dry_run_apply(k: &Kubectl, yaml: &str) -> Vec<String> {
     let expected = documents(yaml).len();
     let out = k.run(
-        &["apply", "--dry-run=server", "--server-side", "-f", "-"],
+        &[
+            "apply",
+            "--dry-run=server",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            "-",
+        ],
         Some(yaml),
     );
     assert!(
