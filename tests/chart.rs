@@ -1312,3 +1312,195 @@ fn installed_chart_confines_each_service_account() {
     std::fs::write(out_dir().join("confinement.txt"), &record).unwrap();
     println!("{record}");
 }
+
+/// Options to play platform-redeploy.yaml with TokenRequest tokens of the
+/// chart's ServiceAccounts: each agent's bound to the chart's agent pod on
+/// its node (with `swap`, the agents of node-000000 and node-000001 get
+/// each other's token), the controller's unbound (the drain may evict the
+/// controller's pods, and a bound token dies with its pod).
+fn chart_run_options(
+    k: &Kubectl,
+    run: &str,
+    lease: &str,
+    swap: bool,
+) -> forewarn::harness::run::RunOptions {
+    use forewarn::harness::procs::Credentials;
+    use forewarn::harness::run::RunOptions;
+    let nodes = ["node-000000", "node-000001", "node-000002"];
+    let mut agents = std::collections::BTreeMap::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let bound_to = match (swap, i) {
+            (true, 0) => nodes[1],
+            (true, 1) => nodes[0],
+            _ => node,
+        };
+        let (pod, uid) = agent_pod_on(k, bound_to);
+        let kc = token_kubeconfig(
+            k,
+            &format!("{run}-agent-{node}"),
+            &token(k, AGENT_SA, Some((&pod, &uid))),
+        );
+        agents.insert(node.to_string(), kc.kubeconfig);
+    }
+    let controller = token_kubeconfig(
+        k,
+        &format!("{run}-controller"),
+        &token(k, CONTROLLER_SA, None),
+    );
+    k.run(
+        &["delete", "lease", "-n", NS, lease, "--ignore-not-found"],
+        None,
+    );
+    let mut opts = RunOptions::new(
+        repo_root().join("tests/fixtures/platform-redeploy.yaml"),
+        PathBuf::from(env!("CARGO_BIN_EXE_forewarn")),
+    );
+    opts.log_dir = repo_root().join("target/forewarn-runs").join(run);
+    opts.timeout = Duration::from_secs(150);
+    opts.credentials = Some(Credentials {
+        controller: controller.kubeconfig,
+        agents,
+        lease_namespace: NS.into(),
+        lease_name: lease.into(),
+    });
+    opts
+}
+
+/// The control for the scenario test below: the same processes with the
+/// tokens of the agents of node-000000 and node-000001 swapped are refused
+/// by the API server when each records its VM name on its Node. So the
+/// processes really authenticate with the tokens given (and a node's token
+/// is no good on another node).
+#[test]
+fn swapped_agent_tokens_are_refused_during_a_scenario() {
+    use forewarn::harness::procs::Fleet;
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    install(&k, &c);
+    let opts = chart_run_options(&k, "chart-swapped-tokens", "forewarn-controller", true);
+    k.ok(&[
+        "annotate",
+        "node",
+        "node-000001",
+        &format!("{VM_ANNOTATION}-"),
+    ]);
+    std::fs::create_dir_all(&opts.log_dir).expect("log dir");
+    let vms: Vec<(String, String)> = (0..3)
+        .map(|i| {
+            (
+                format!("node-00000{i}"),
+                format!("aks-nodepool1-27351046-vmss_{i}"),
+            )
+        })
+        .collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let log = opts.log_dir.join("agent-node-000001.log");
+    let refusal = rt.block_on(async {
+        let mut fleet = Fleet::start_as(
+            &opts.forewarn_bin,
+            &[("RUST_LOG", "info,kube=warn")],
+            &opts.log_dir,
+            &opts.scenario,
+            "127.0.0.2:0",
+            "unused",
+            &vms,
+            opts.credentials.clone(),
+        )
+        .await
+        .expect("fleet starts");
+        let start = Instant::now();
+        let found = loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(l) = text
+                .lines()
+                .find(|l| l.contains("may change only its own Node"))
+            {
+                break Some(l.to_string());
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        for p in fleet.all_mut() {
+            let _ = p.terminate(Duration::from_secs(10)).await;
+        }
+        found
+    });
+    let refusal = refusal.unwrap_or_else(|| {
+        panic!(
+            "no admission refusal in {}:\n{}",
+            log.display(),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        )
+    });
+    println!("agent of node-000001 holding node-000000's token: {refusal}");
+    // And the API server kept node-000001 unannotated.
+    assert_eq!(annotation(&k, "node-000001"), None);
+}
+
+/// The real agent and controller processes of the harness, each with a
+/// TokenRequest token of the chart's ServiceAccount (every agent's bound to
+/// the chart's agent pod on its node, so it carries the node claim), play
+/// `platform-redeploy.yaml` to the end: the chart's RBAC and admission
+/// policies are enough for the whole cycle (annotate, mirror, cordon,
+/// drain, approve, record the approval, uncordon).
+#[test]
+fn scenario_plays_with_the_chart_credentials() {
+    use forewarn::harness::run::{run_scenario, summary};
+
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    install(&k, &c);
+    let lease = "forewarn-controller";
+    let opts = chart_run_options(&k, "chart-platform-redeploy", lease, false);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let report = rt
+        .block_on(run_scenario(&c, &opts))
+        .unwrap_or_else(|e| panic!("platform-redeploy with the chart's credentials: {e:#}"));
+    println!("{}\n{}", report.timeline.join("\n"), summary(&report));
+    assert!(
+        report.ok(),
+        "platform-redeploy with the chart's credentials:\n{}\n{}",
+        report.timeline.join("\n"),
+        summary(&report)
+    );
+    assert!(
+        report.min_ready >= report.min_available,
+        "PodDisruptionBudget violated"
+    );
+    // The controller took the chart's Lease, in the release namespace (and
+    // released it on SIGTERM at the end, so no holder is left).
+    let held = k.json(&["get", "lease", "-n", NS, lease]);
+    assert!(
+        held["spec"]["leaseTransitions"]
+            .as_i64()
+            .is_some_and(|t| t >= 1),
+        "{}",
+        held["spec"]
+    );
+    // No process fell back to anything but its token: the logs show no
+    // authorization failure.
+    for entry in std::fs::read_dir(&opts.log_dir).expect("log dir") {
+        let path = entry.expect("log entry").path();
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        for bad in ["forbidden", "Forbidden", "ValidatingAdmissionPolicy"] {
+            assert!(
+                !text.contains(bad),
+                "{}: {bad} in the log:\n{}",
+                path.display(),
+                text.lines()
+                    .filter(|l| l.contains(bad))
+                    .take(5)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+    }
+}
