@@ -114,7 +114,7 @@ fn chart_dir() -> String {
 
 fn all_features_values() -> String {
     repo_root()
-        .join("tests/fixtures/chart/values-all-features.yaml")
+        .join("tests/chart-fixtures/values-all-features.yaml")
         .to_string_lossy()
         .into_owned()
 }
@@ -532,9 +532,9 @@ fn workloads_run_the_documented_flags_and_security_context() {
 // ---------------------------------------------------------------------------
 // On the cluster
 
-/// Installs the minimal prometheus-operator CRDs (tests/fixtures/chart/).
+/// Installs the minimal prometheus-operator CRDs (tests/chart-fixtures/).
 fn install_monitoring_crds(k: &Kubectl) {
-    let file = repo_root().join("tests/fixtures/chart/prometheus-operator-crds.yaml");
+    let file = repo_root().join("tests/chart-fixtures/prometheus-operator-crds.yaml");
     k.ok(&["apply", "--server-side", "-f", &file.to_string_lossy()]);
     k.ok(&[
         "wait",
