@@ -2,7 +2,7 @@
 CARGO ?= cargo
 SCENARIO ?= tests/fixtures/platform-redeploy.yaml
 
-.PHONY: demo test test-real test-real-chart real-node-down image lint unit generate bench-drain cluster-up cluster-down clean-cache
+.PHONY: demo test test-real test-real-chart real-node-down image lint unit generate manifests bench-drain cluster-up cluster-down clean-cache
 
 ## demo: local cluster + Azure scenario + agents + controller, with a live timeline (SCENARIO=path to pick another)
 demo:
@@ -48,6 +48,11 @@ unit:
 ## generate: regenerate crds/ from the Rust types
 generate:
 	$(CARGO) run --quiet -- crd > crds/scheduledevents.forewarn.dev.yaml
+	cp crds/scheduledevents.forewarn.dev.yaml charts/forewarn/crds/
+
+## manifests: regenerate manifests/forewarn.yaml from the chart's default values (helm template)
+manifests:
+	bash hack/render-manifests.sh > manifests/forewarn.yaml.tmp && mv manifests/forewarn.yaml.tmp manifests/forewarn.yaml
 
 cluster-up:
 	bash hack/cluster.sh up

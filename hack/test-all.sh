@@ -31,6 +31,7 @@ $cargo test --features harness --no-run 2>&1 | tail -n 3 || exit 1
 # The Kubernetes binaries are built (and cached) once, before the suites
 # race to start their clusters.
 bash hack/build-k8s.sh >/dev/null || exit 1
+bash hack/build-helm.sh >/dev/null || exit 1
 
 if [[ "${FOREWARN_SKIP_REAL_NODE:-}" != 1 ]]; then
   # Built before the suites start, so that a cold static release build does

@@ -20,7 +20,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::cluster::Cluster;
-use super::procs::{Fleet, Proc};
+use super::procs::{Credentials, Fleet, Proc};
 use crate::controller::nodes::{holds, is_cordoned};
 use crate::crd::{CONTROLLER_MANAGER, CORDONED_FOR_ANNOTATION, ScheduledEvent, VM_NAME_ANNOTATION};
 use crate::imds::mock::LogEntry;
@@ -75,6 +75,9 @@ pub struct RunOptions {
     /// Count any pod deletion with a grace period of 0 (a force delete) as a
     /// violation. Off only for tests that delete pods themselves.
     pub forbid_force_delete: bool,
+    /// Who the controller and agents authenticate as (default: the
+    /// cluster's admin kubeconfig); see [`Credentials`].
+    pub credentials: Option<Credentials>,
 }
 
 impl RunOptions {
@@ -105,6 +108,7 @@ impl RunOptions {
             workload_grace_seconds: 30,
             workload_stops_within: Some(("300ms".into(), "1200ms".into())),
             forbid_force_delete: true,
+            credentials: None,
         }
     }
 }
@@ -473,7 +477,7 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         .iter()
         .filter_map(|v| Some((v.node.clone()?, v.name.clone())))
         .collect();
-    let mut fleet = Fleet::start(
+    let mut fleet = Fleet::start_as(
         &opts.forewarn_bin,
         &env,
         &opts.log_dir,
@@ -481,6 +485,7 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         "127.0.0.2:0",
         &lease,
         &vms,
+        opts.credentials.clone(),
     )
     .await?;
     fleet.wait_ready(Duration::from_secs(60)).await?;
