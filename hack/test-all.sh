@@ -19,7 +19,7 @@ mkdir -p "$logs"
 rm -f "$logs"/*.log
 
 # Each end-to-end binary starts its own cluster; these names are torn down at the end.
-clusters=(forewarn-test forewarn-drain forewarn-agent forewarn-chart)
+clusters=(forewarn-test forewarn-test-b forewarn-drain forewarn-agent forewarn-chart)
 teardown() {
   for c in "${clusters[@]}"; do bash hack/cluster.sh down --name "$c" >/dev/null 2>&1 || true; done
 }
@@ -87,7 +87,7 @@ done
 echo
 echo "[test] all suites ended in $((SECONDS - started)) s"
 if ((${#failed[@]})); then
-  echo "[test] FAILED: ${failed[*]} (logs in $logs/)"
+  echo "[test] FAILED: ${failed[*]}; logs in $logs/"
   exit 1
 fi
 [[ $real_node == skip ]] && echo "[test] note: the real-node test did not run (FOREWARN_SKIP_REAL_NODE=1)"

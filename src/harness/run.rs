@@ -635,6 +635,7 @@ async fn observe(
             }
         }
     }));
+    let mut settling = false;
     let mut deleted: HashSet<String> = HashSet::new();
     let mut unschedulable: HashMap<String, bool> = HashMap::new();
     let mut timed: Vec<(Duration, Vec<String>)> = opts.timed_kubectl.clone();
@@ -1043,9 +1044,17 @@ async fn observe(
         let nodes_released = cordoned_now.iter().all(|n| opts.precordoned.contains(n))
             && nodes.iter().all(|n| holds(n).is_empty());
         if events_over && sevs_over && nodes_released {
-            report.finished = true;
-            break;
+            // One more pass after a moment: the Events that mark the last
+            // steps are posted just after the writes this pass saw.
+            if settling {
+                report.finished = true;
+                break;
+            }
+            settling = true;
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            continue;
         }
+        settling = false;
         if Instant::now() > deadline {
             report.violations.push(format!(
                 "time bound of {:?} reached: events over {events_over}, ScheduledEvents final {sevs_over}, nodes released {nodes_released}",
