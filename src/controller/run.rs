@@ -114,8 +114,15 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             .retry(ExponentialBuilder::default().with_max_delay(Duration::from_secs(30)).without_max_times())
             .notify(|e, d| warn!(error = %e, retry_in = ?d, "Cannot set up the leader-election Lease yet")) => lease?,
     };
-    let (mut leader, lease_task) = lease.watch().await;
+    let (mut leader, mut lease_task) = lease.watch().await;
     info!(%identity, lease = %args.lease_name, namespace = %args.lease_namespace, "Waiting for leadership");
+    // kube-lease-manager re-reads a held Lease only when it would expire; a
+    // leader that releases it on SIGTERM would wait that long for its
+    // successor. A watch on the Lease tells the standby at once.
+    let mut released = watch_releases(
+        Api::namespaced(client.clone(), &args.lease_namespace),
+        args.lease_name.clone(),
+    );
     loop {
         if *leader.borrow_and_update() {
             break;
@@ -128,8 +135,18 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
                 return Ok(());
             }
             changed = leader.changed() => changed?,
+            Some(()) = released.recv() => {
+                info!("The Lease was released: asking for it now");
+                drop(leader);
+                let _ = lease_task.await;
+                let lease = build_lease
+                    .retry(ExponentialBuilder::default().with_max_delay(Duration::from_secs(30)).without_max_times())
+                    .await?;
+                (leader, lease_task) = lease.watch().await;
+            }
         }
     }
+    drop(released);
     metrics.leader.set(1);
     info!(%identity, ?policy, "Leading: reconciling ScheduledEvents");
 
@@ -206,6 +223,29 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     leader_gauge.set(0);
     info!("Controller stopped");
     outcome
+}
+
+/// Sends a message each time the Lease `name` is seen with no holder (its
+/// leader released it), from a watch on that one object. Stops when the
+/// receiver is dropped.
+fn watch_releases(api: Api<Lease>, name: String) -> tokio::sync::mpsc::Receiver<()> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let stream = watcher(api, config).backoff(watch_backoff()).applied_objects();
+        futures::pin_mut!(stream);
+        while let Some(item) = stream.next().await {
+            let Ok(lease) = item else { continue };
+            let free = lease
+                .spec
+                .and_then(|s| s.holder_identity)
+                .is_none_or(|h| h.is_empty());
+            if free && tx.try_send(()).is_err() && tx.is_closed() {
+                break;
+            }
+        }
+    });
+    rx
 }
 
 /// Resolves, with the reason, once this replica can no longer be sure it
