@@ -17,6 +17,17 @@
 //!   the standby replica takes over, the agent pod sends the approval, and
 //!   the node is uncordoned.
 //!
+//!   One real node limits what can be shown: a controller never sees its own
+//!   node drained while its pod runs there, and its replacement cannot run
+//!   anywhere else here (KWOK nodes run nothing). So the controller pod is
+//!   kept from evicting itself (test value: its PDB at `maxUnavailable: 0`)
+//!   until the test deletes it, and the standby replica that takes over is
+//!   the same binary with the chart's arguments and the chart's controller
+//!   ServiceAccount token, run next to the cluster: it stands for the
+//!   replica the chart's topology spread puts on another node. The deleted
+//!   leader's replacement stays Pending on the cordoned node and runs there
+//!   again after the uncordon.
+//!
 //! Run by `FOREWARN_REAL_TESTS="real_node real_node_chart" hack/real-node.sh
 //! test` (`make test-real-chart`, and `make test`), inside the real node's
 //! namespace; it needs `charts/forewarn` and `hack/build-helm.sh`.
@@ -335,6 +346,12 @@ fn is_ready(p: &Pod) -> bool {
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Whether the workload's log ends with its own `exiting` line (written
+/// after its SIGTERM delay, just before it exits 0).
+fn exited_cleanly(logs: &str) -> bool {
+    logs.lines().any(|l| l.ends_with(" exiting"))
 }
 
 fn node_of(p: &Pod) -> Option<&str> {
@@ -702,6 +719,7 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
             "view",
             "--raw",
             "--minify",
+            "--flatten",
             "-o",
             "jsonpath={.clusters[0].cluster.server} {.clusters[0].cluster.certificate-authority-data}",
         ])
@@ -793,6 +811,14 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
             "an agent pod is not Ready at {now:?}"
         );
         agent_samples += 1;
+        // The leader pod is Ready until the test deletes it.
+        if leader_deleted.is_none() {
+            assert!(
+                all.iter()
+                    .any(|p| p.name_any() == leader_name && is_ready(p)),
+                "the controller pod {leader_name} is not Ready at {now:?}"
+            );
+        }
         for rp in real_pods.iter_mut() {
             match all.iter().find(|p| p.name_any() == rp.name) {
                 Some(p) => {
@@ -815,12 +841,13 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
                             rp.name, rp.grace_sent
                         ));
                     }
+                    // Read until the container has exited (its last line).
                     if rp.evicted.is_some()
-                        && rp.sigterm.is_none()
+                        && (rp.sigterm.is_none() || !exited_cleanly(&rp.logs))
                         && let Ok(l) = env.cluster.kubectl(&["logs", "-n", E2E_NS, &rp.name])
                     {
                         rp.logs = l;
-                        if rp.logs.contains("SIGTERM received") {
+                        if rp.sigterm.is_none() && rp.logs.contains("SIGTERM received") {
                             rp.sigterm = Some(now);
                             round.push(format!("{}: SIGTERM received (kubectl logs)", rp.name));
                         }
@@ -942,8 +969,8 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
             rp.logs
         );
         assert!(
-            rp.logs.contains("exiting"),
-            "{}: no clean exit:\n{}",
+            exited_cleanly(&rp.logs),
+            "{}: no clean exit after SIGTERM:\n{}",
             rp.name,
             rp.logs
         );
