@@ -154,6 +154,8 @@ async fn chart_agent_runs_on_the_real_node() {
             &format!("agent.extraEnv={api_env}"),
             "--set-json",
             &format!("controller.extraEnv={api_env}"),
+            // The controller is not under test here (it is in
+            // chart_drives_a_redeploy_of_the_real_node): its pods go to KWOK nodes.
             "--set-json",
             r#"controller.nodeSelector={"type":"kwok"}"#,
             "--set-json",
