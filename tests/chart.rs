@@ -485,6 +485,9 @@ fn workloads_run_the_documented_flags_and_security_context() {
     let dep = find("Deployment");
     assert_eq!(dep["spec"]["replicas"], 2);
     let pod = &dep["spec"]["template"]["spec"];
+    // The controller's pods use the pod network unless controller.hostNetwork.
+    assert!(pod.get("hostNetwork").is_none(), "{pod}");
+    assert!(pod.get("dnsPolicy").is_none(), "{pod}");
     assert_eq!(pod["priorityClassName"], "system-cluster-critical");
     assert!(
         pod["topologySpreadConstraints"]
@@ -1522,4 +1525,36 @@ fn scenario_plays_with_the_chart_credentials() {
             );
         }
     }
+}
+
+#[test]
+fn controller_host_network_is_opt_in_and_keeps_its_own_port() {
+    let docs = documents(&render(&["--set", "controller.hostNetwork=true"]));
+    let find = |kind: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind}"))
+            .clone()
+    };
+    let (dep, ds) = (find("Deployment"), find("DaemonSet"));
+    let pod = &dep["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+    // Both roles then listen on ports of the same node: they must differ.
+    let port = |w: &Value| {
+        w["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"].clone()
+    };
+    assert_eq!(port(&dep), 9102);
+    assert_eq!(port(&ds), 9101);
+    // The schema types it.
+    let chart = chart_dir();
+    let out = helm(&[
+        "template",
+        RELEASE,
+        &chart,
+        "--set-string",
+        "controller.hostNetwork=yes",
+    ]);
+    assert!(!out.ok, "a string controller.hostNetwork was accepted");
+    assert!(out.stderr.contains("hostNetwork"), "{}", out.stderr);
 }
