@@ -27,7 +27,9 @@ fn cluster() -> Cluster {
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn log_dir(name: &str) -> PathBuf {
-    let dir = forewarn::harness::cluster::repo_root().join("target/forewarn-runs/leader").join(name);
+    let dir = forewarn::harness::cluster::repo_root()
+        .join("target/forewarn-runs/leader")
+        .join(name);
     std::fs::create_dir_all(&dir).expect("log dir");
     dir
 }
@@ -55,9 +57,19 @@ fn start_controller(kubeconfig: &Path, lease: &str, identity: &str, dir: &Path) 
     .map(|s| s.to_string())
     .collect();
     let kubeconfig = kubeconfig.to_string_lossy().into_owned();
-    let env = [("KUBECONFIG", kubeconfig.as_str()), ("RUST_LOG", "info,kube=warn")];
-    let (proc, _) = Proc::spawn(identity, Path::new(env!("CARGO_BIN_EXE_forewarn")), &args, &env, dir, identity)
-        .expect("start controller");
+    let env = [
+        ("KUBECONFIG", kubeconfig.as_str()),
+        ("RUST_LOG", "info,kube=warn"),
+    ];
+    let (proc, _) = Proc::spawn(
+        identity,
+        Path::new(env!("CARGO_BIN_EXE_forewarn")),
+        &args,
+        &env,
+        dir,
+        identity,
+    )
+    .expect("start controller");
     Controller { proc, port }
 }
 
@@ -78,14 +90,21 @@ async fn leads(http: &reqwest::Client, port: u16) -> Option<bool> {
 }
 
 fn count_in_log(p: &Proc, needle: &str) -> usize {
-    std::fs::read_to_string(&p.log).unwrap_or_default().matches(needle).count()
+    std::fs::read_to_string(&p.log)
+        .unwrap_or_default()
+        .matches(needle)
+        .count()
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_controllers_started_together_never_lead_at_once_and_hand_over_on_sigterm() {
     let _turn = TURN.lock().await;
     let cluster = tokio::task::spawn_blocking(cluster).await.expect("cluster");
-    let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_millis(500)).build().unwrap();
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
     let leases: Api<Lease> = Api::namespaced(cluster.client().await.unwrap(), "default");
     let mut handovers = Vec::new();
     for round in 0..20 {
@@ -106,15 +125,41 @@ async fn two_controllers_started_together_never_lead_at_once_and_hand_over_on_si
             someone |= la == Some(true) || lb == Some(true);
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert!(someone, "round {round}: no replica leads after 3 s (logs in {})", dir.display());
-        let leading = count_in_log(&a.proc, "Leading: reconciling") + count_in_log(&b.proc, "Leading: reconciling");
-        assert_eq!(leading, 1, "round {round}: {leading} replicas logged that they lead");
-        let holder = leases.get(&lease).await.unwrap().spec.unwrap().holder_identity.unwrap_or_default();
-        let (leader, standby) = if leads(&http, a.port).await == Some(true) { (&mut a, &mut b) } else { (&mut b, &mut a) };
-        assert_eq!(holder, leader.proc.name, "round {round}: the Lease names another holder");
+        assert!(
+            someone,
+            "round {round}: no replica leads after 3 s (logs in {})",
+            dir.display()
+        );
+        let leading = count_in_log(&a.proc, "Leading: reconciling")
+            + count_in_log(&b.proc, "Leading: reconciling");
+        assert_eq!(
+            leading, 1,
+            "round {round}: {leading} replicas logged that they lead"
+        );
+        let holder = leases
+            .get(&lease)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .holder_identity
+            .unwrap_or_default();
+        let (leader, standby) = if leads(&http, a.port).await == Some(true) {
+            (&mut a, &mut b)
+        } else {
+            (&mut b, &mut a)
+        };
+        assert_eq!(
+            holder, leader.proc.name,
+            "round {round}: the Lease names another holder"
+        );
         // SIGTERM: the Lease is handed over at once, not after its 15 s.
         let stopped = Instant::now();
-        leader.proc.terminate(Duration::from_secs(10)).await.expect("leader stops on SIGTERM");
+        leader
+            .proc
+            .terminate(Duration::from_secs(10))
+            .await
+            .expect("leader stops on SIGTERM");
         while leads(&http, standby.port).await != Some(true) {
             assert!(
                 stopped.elapsed() < Duration::from_secs(8),
@@ -123,7 +168,11 @@ async fn two_controllers_started_together_never_lead_at_once_and_hand_over_on_si
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         handovers.push(stopped.elapsed().as_secs_f64());
-        standby.proc.terminate(Duration::from_secs(10)).await.expect("standby stops");
+        standby
+            .proc
+            .terminate(Duration::from_secs(10))
+            .await
+            .expect("standby stops");
     }
     handovers.sort_by(f64::total_cmp);
     println!(
@@ -164,7 +213,11 @@ async fn proxy(target: String) -> (u16, tokio::sync::oneshot::Sender<()>) {
 async fn leader_cut_off_from_the_api_server_stops_before_a_standby_may_lead() {
     let _turn = TURN.lock().await;
     let cluster = tokio::task::spawn_blocking(cluster).await.expect("cluster");
-    let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_millis(500)).build().unwrap();
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
     let kubeconfig = std::fs::read_to_string(&cluster.kubeconfig).unwrap();
     let server = kubeconfig
         .lines()
@@ -175,7 +228,14 @@ async fn leader_cut_off_from_the_api_server_stops_before_a_standby_may_lead() {
     let dir = log_dir("cut-off");
     // The serving certificate names 127.0.0.1: another port is fine.
     let proxied = dir.join("kubeconfig-proxied.yaml");
-    std::fs::write(&proxied, kubeconfig.replace(&format!("https://{server}"), &format!("https://127.0.0.1:{port}"))).unwrap();
+    std::fs::write(
+        &proxied,
+        kubeconfig.replace(
+            &format!("https://{server}"),
+            &format!("https://127.0.0.1:{port}"),
+        ),
+    )
+    .unwrap();
     let lease = "cut-off";
     let mut leader = start_controller(&proxied, lease, "replica-far", &dir);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -185,14 +245,22 @@ async fn leader_cut_off_from_the_api_server_stops_before_a_standby_may_lead() {
     }
     let mut standby = start_controller(&cluster.kubeconfig, lease, "replica-near", &dir);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(leads(&http, standby.port).await, Some(false), "the standby leads while the leader is healthy");
+    assert_eq!(
+        leads(&http, standby.port).await,
+        Some(false),
+        "the standby leads while the leader is healthy"
+    );
 
     cut.send(()).unwrap();
     let cut_at = Instant::now();
     let mut leader_stopped = None;
     let mut standby_led = None;
     while leader_stopped.is_none() || standby_led.is_none() {
-        assert!(cut_at.elapsed() < Duration::from_secs(60), "no resolution within 60 s (logs in {})", dir.display());
+        assert!(
+            cut_at.elapsed() < Duration::from_secs(60),
+            "no resolution within 60 s (logs in {})",
+            dir.display()
+        );
         if leader_stopped.is_none() && leader.proc.exited().is_some() {
             leader_stopped = Some(cut_at.elapsed());
         }
@@ -202,12 +270,21 @@ async fn leader_cut_off_from_the_api_server_stops_before_a_standby_may_lead() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let (stopped, led) = (leader_stopped.unwrap(), standby_led.unwrap());
-    println!("cut off at 0 s: the old leader stopped acting at {stopped:?}, the standby led at {led:?}");
-    assert!(stopped < led, "the standby led at {led:?}, before the cut-off leader stopped at {stopped:?}");
+    println!(
+        "cut off at 0 s: the old leader stopped acting at {stopped:?}, the standby led at {led:?}"
+    );
+    assert!(
+        stopped < led,
+        "the standby led at {led:?}, before the cut-off leader stopped at {stopped:?}"
+    );
     assert!(
         count_in_log(&leader.proc, "renew deadline") >= 1,
         "the old leader did not stop for its renew deadline:\n{}",
         leader.proc.log_tail(10)
     );
-    standby.proc.terminate(Duration::from_secs(10)).await.expect("standby stops");
+    standby
+        .proc
+        .terminate(Duration::from_secs(10))
+        .await
+        .expect("standby stops");
 }

@@ -232,7 +232,9 @@ fn watch_releases(api: Api<Lease>, name: String) -> tokio::sync::mpsc::Receiver<
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     tokio::spawn(async move {
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let stream = watcher(api, config).backoff(watch_backoff()).applied_objects();
+        let stream = watcher(api, config)
+            .backoff(watch_backoff())
+            .applied_objects();
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {
             let Ok(lease) = item else { continue };
