@@ -29,13 +29,16 @@ use crate::server::{self, Readiness};
 /// The Lease's duration, seconds: a standby may take over this long after
 /// the leader's last renewal.
 const LEASE_SECONDS: u64 = 15;
-/// kube-lease-manager renews this long before the Lease would expire.
-const LEASE_GRACE_SECONDS: u64 = 5;
+/// kube-lease-manager renews this long before the Lease would expire, that
+/// is every `LEASE_SECONDS - LEASE_GRACE_SECONDS` = 8 s.
+const LEASE_GRACE_SECONDS: u64 = 7;
 /// The renew deadline: a leader whose renewals have not been seen for this
 /// long stops acting, before a standby may take over (client-go's
 /// `RenewDeadline`; kube-lease-manager only logs failed renewals). It must
-/// exceed the renewal interval (duration minus grace) plus the 1 s check.
-const RENEW_DEADLINE: Duration = Duration::from_secs(LEASE_SECONDS - 3);
+/// exceed the renewal interval (8 s) plus the check's lag (up to 1 s), and
+/// leave room before the expiry: renewal seen at most 1 s late, plus 10 s,
+/// plus one check (at most 2 s with a timed-out read) = 13 s < 15 s.
+const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The longest a failing reconcile waits before it is tried again.
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(60);
