@@ -431,7 +431,10 @@ const HISTOGRAMS: &[&str] = &[
 
 /// The leader's caches, once it leads.
 #[derive(Clone, Default)]
-struct Caches(Arc<RwLock<Option<(Store<Node>, Store<ScheduledEvent>)>>>);
+struct Caches(Arc<RwLock<Option<NodesAndEvents>>>);
+
+/// The leader's node cache and its cache of `ScheduledEvent`s.
+type NodesAndEvents = (Store<Node>, Store<ScheduledEvent>);
 
 /// The gauges computed at scrape time from the caches.
 struct CacheCollector {

@@ -115,6 +115,21 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
         "offset",
         "inf",
         "nan",
+        // aggregation operators, which may be followed by `by`/`without`
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "group",
+        "stddev",
+        "stdvar",
+        "count",
+        "count_values",
+        "bottomk",
+        "topk",
+        "quantile",
+        "limitk",
+        "limit_ratio",
     ];
     let mut names = BTreeSet::new();
     let chars: Vec<char> = expr.chars().collect();
