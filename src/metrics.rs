@@ -27,7 +27,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry,
 };
 
-use crate::crd::{Phase, ScheduledEvent};
+use crate::crd::{Phase, ScheduledEvent, ScheduledEventStatus};
 
 /// Event types the `type` label takes ([`type_label`]).
 pub const TYPES: [&str; 6] = [
@@ -585,8 +585,9 @@ impl CacheGauges {
             }
         }
         let mut live = HashSet::new();
+        let none = ScheduledEventStatus::default();
         for ev in events {
-            let status = ev.status.clone().unwrap_or_default();
+            let status = ev.status.as_ref().unwrap_or(&none);
             let phase = phase_label(status.phase.as_deref().unwrap_or("Pending"));
             if matches!(phase, "Completed" | "Cancelled") {
                 continue;
@@ -680,7 +681,7 @@ pub fn phase_label(phase: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{Approval, Condition, ScheduledEventSpec, ScheduledEventStatus};
+    use crate::crd::{Approval, Condition, ScheduledEventSpec};
     use chrono::Duration;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use std::collections::BTreeMap as Map;

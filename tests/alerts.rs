@@ -353,6 +353,34 @@ fn http() -> reqwest::Client {
         .expect("http client")
 }
 
+/// An instant query: each series' labels (as JSON text) and value.
+async fn query(url: &str, promql: &str) -> Vec<(String, f64)> {
+    let u = reqwest::Url::parse_with_params(&format!("{url}/api/v1/query"), &[("query", promql)])
+        .expect("query URL");
+    let v: Value = http()
+        .get(u)
+        .send()
+        .await
+        .expect("query Prometheus")
+        .json()
+        .await
+        .expect("JSON answer");
+    assert_eq!(v["status"], "success", "{promql}: {v}");
+    v["data"]["result"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|r| {
+            let value = r["value"][1]
+                .as_str()
+                .and_then(|x| x.parse().ok())
+                .unwrap_or(f64::NAN);
+            (r["metric"].to_string(), value)
+        })
+        .collect()
+}
+
 /// One sample of /api/v1/alerts: when, and each alert's (name, type, state).
 type Sample = (DateTime<Utc>, Vec<(String, String, String)>);
 
@@ -473,21 +501,59 @@ async fn blocked_drain_alerts_fire_in_a_real_prometheus_and_resolve_after_the_ev
         summary(&report)
     );
 
-    // Scraped for real: Prometheus holds the controller's and agents' series.
-    let http = http();
-    let up: Value = http
-        .get(format!(
-            "{}/api/v1/query?query=count_over_time(up%7Bjob%3D~%22forewarn-.%2A%22%7D%5B5m%5D)",
-            prom.url
-        ))
-        .send()
-        .await
-        .expect("query")
-        .json()
-        .await
-        .expect("json");
-    let scraped = up["data"]["result"].as_array().map_or(0, Vec::len);
-    assert_eq!(scraped, 4, "controller and 3 agents scraped: {up}");
+    // Scraped for real: Prometheus holds the controller's and agents'
+    // series, and forewarn's own figures of the run.
+    let q = |promql: &'static str| {
+        let url = prom.url.clone();
+        async move { query(&url, promql).await }
+    };
+    let up = q("count_over_time(up{job=~\"forewarn-.*\"}[5m])").await;
+    assert_eq!(up.len(), 4, "controller and 3 agents scraped: {up:?}");
+    let agents = q("max_over_time(forewarn_agent_imds_last_success_timestamp_seconds[5m])").await;
+    assert_eq!(agents.len(), 3, "{agents:?}");
+    let since_start = (report.started.timestamp() - 5) as f64;
+    assert!(agents.iter().all(|(_, v)| *v > since_start), "{agents:?}");
+    for (promql, want) in [
+        (
+            "sum(max_over_time(forewarn_controller_events_observed_total[5m]))",
+            2.0,
+        ),
+        (
+            "sum(max_over_time(forewarn_controller_detection_to_cordon_seconds_count[5m]))",
+            1.0,
+        ),
+        (
+            "sum(max_over_time(forewarn_controller_approval_time_to_not_before_seconds_count{type=\"Freeze\"}[5m]))",
+            1.0,
+        ),
+        (
+            "sum(max_over_time(forewarn_controller_event_notice_seconds_count[5m]))",
+            2.0,
+        ),
+        (
+            "sum(max_over_time(forewarn_agent_approvals_total{result=\"ok\"}[5m]))",
+            1.0,
+        ),
+    ] {
+        let got: f64 = q(promql).await.iter().map(|(_, v)| v).sum();
+        assert_eq!(got, want, "{promql}");
+    }
+    let blocked: f64 =
+        q("sum(max_over_time(forewarn_controller_evictions_total{result=\"blocked\"}[5m]))")
+            .await
+            .iter()
+            .map(|(_, v)| v)
+            .sum();
+    assert!(blocked >= 2.0, "blocked evictions counted: {blocked}");
+    // Notice of the Redeploy as the controller saw it: 30 s less the time
+    // to mirror and see it (under 2 s here).
+    let notice =
+        q("max_over_time(forewarn_controller_event_notice_seconds_sum{type=\"Redeploy\"}[5m])")
+            .await;
+    assert!(
+        notice.iter().any(|(_, v)| *v > 27.0 && *v <= 30.0),
+        "{notice:?}"
+    );
 
     let samples = samples
         .lock()
