@@ -30,17 +30,21 @@ const RULES: &str = "charts/forewarn/files/alerts.yaml";
 const DASHBOARD: &str = "charts/forewarn/files/dashboard.json";
 const NODE: &str = "node-000001";
 
-/// A binary on PATH or in /usr/bin, or a loud failure.
+/// `prometheus` or `promtool` from Debian's `prometheus` package, installed
+/// or unpacked into the cache by hack/fetch-prometheus.sh, or a loud failure.
 fn binary(name: &str) -> PathBuf {
-    let found = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .chain([PathBuf::from("/usr/bin")])
-        .map(|d| d.join(name))
-        .find(|p| p.is_file());
-    found.unwrap_or_else(|| {
-        panic!("{name} is not installed: `apt-get install prometheus` (Debian) provides it")
-    })
+    let out = Command::new("bash")
+        .arg(repo_root().join("hack/fetch-prometheus.sh"))
+        .output()
+        .expect("run hack/fetch-prometheus.sh");
+    assert!(
+        out.status.success(),
+        "no {name}: hack/fetch-prometheus.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join(name);
+    assert!(path.is_file(), "no {}", path.display());
+    path
 }
 
 #[test]
