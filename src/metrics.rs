@@ -206,7 +206,8 @@ pub struct ControllerMetrics {
     /// the event, seconds, by `type` (events without `NotBefore` are not observed).
     pub notice: HistogramVec,
     /// Detection to cordon: from the `ScheduledEvent`'s `creationTimestamp`
-    /// (whole seconds, so up to 1 s early) to the cordon write, seconds.
+    /// (whole seconds, so up to 1 s early) to the cordon write, seconds, by
+    /// `type`; first appearances only.
     pub detection_to_cordon: HistogramVec,
     /// Drain duration: from the controller first seeing the event to an
     /// affected node having no pod left that must leave it, seconds, by `type`.
@@ -359,8 +360,13 @@ impl ControllerMetrics {
         }
     }
 
-    /// Observes a cordon written at `now` for `ev`.
+    /// Observes a cordon written at `now` for `ev`, when it is the event's
+    /// first appearance (the object was created for it; a returning
+    /// `EventId` keeps its old `creationTimestamp`).
     pub fn cordoned(&self, ev: &ScheduledEvent, now: DateTime<Utc>) {
+        if ev.spec.appearance > 1 {
+            return;
+        }
         if let Some(created) = ev
             .metadata
             .creation_timestamp
