@@ -70,8 +70,8 @@ pub struct AgentMetrics {
     /// IMDS scheduled events requests by `result`: `ok` (a document that
     /// needed work), `unchanged`, `throttled` (429), `gone` (410),
     /// `server_error` (5xx), `client_error` (another non-success status),
-    /// `unreachable` (no answer: refused, reset, timed out, or too large),
-    /// `parse_error` (200 with a body that is not a document; such a
+    /// `unreachable` (no answer: refused, reset, timed out), `parse_error`
+    /// (a body that is not a document, or larger than the limit: the
     /// document is rejected whole).
     pub polls: IntCounterVec,
     /// Duration of IMDS scheduled events requests, seconds, whatever the result.

@@ -201,7 +201,7 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 fn imds_result(e: &crate::imds::client::Error) -> &'static str {
     use crate::imds::client::Error as E;
     match e {
-        E::ParseEvents { .. } => "parse_error",
+        E::ParseEvents { .. } | E::TooLarge { .. } => "parse_error",
         E::Status { status, .. } if status.as_u16() == 429 => "throttled",
         E::Status { status, .. } if status.as_u16() == 410 => "gone",
         E::Status { status, .. } if status.is_server_error() => "server_error",
@@ -530,5 +530,42 @@ mod tests {
             error_chain(&e),
             "failed to fetch scheduled events: error sending request: Connection refused"
         );
+    }
+}
+
+#[cfg(test)]
+mod imds_result_tests {
+    use super::imds_result;
+    use crate::imds::client::Error;
+    use reqwest::StatusCode;
+
+    fn status(code: u16) -> Error {
+        Error::Status {
+            what: "fetch scheduled events",
+            status: StatusCode::from_u16(code).expect("status"),
+            body: String::new(),
+        }
+    }
+
+    #[test]
+    fn failed_imds_requests_get_a_closed_set_result() {
+        let got: Vec<&str> = [429, 410, 500, 503, 404]
+            .map(|c| imds_result(&status(c)))
+            .to_vec();
+        assert_eq!(
+            got,
+            [
+                "throttled",
+                "gone",
+                "server_error",
+                "server_error",
+                "client_error"
+            ]
+        );
+        let too_large = Error::TooLarge {
+            what: "fetch scheduled events",
+            url: "http://169.254.169.254".into(),
+        };
+        assert_eq!(imds_result(&too_large), "parse_error");
     }
 }
