@@ -220,6 +220,9 @@ async fn write_nodes(
             Ok(()) => {
                 let (label, reason, note) = describe(ev, &w);
                 ctx.metrics.node_writes.with_label_values(&[label]).inc();
+                if matches!(w, NodeWrite::Cordon { .. }) {
+                    ctx.metrics.cordoned(ev, Utc::now());
+                }
                 info!(node = w.node(), reason, "{note}");
                 report::publish(
                     ctx,

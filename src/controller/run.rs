@@ -160,6 +160,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     .trigger_backoff(watch_backoff())
     .with_config(controller::Config::default().concurrency(args.reconcile_concurrency));
     let events = controller.store();
+    metrics.watch_caches(nodes.clone(), events.clone());
     let ctx = Arc::new(Context {
         recorder: Recorder::new(
             client.clone(),
@@ -322,6 +323,10 @@ fn error_policy(ev: Arc<ScheduledEvent>, err: &Error, ctx: Arc<Context>) -> Requ
         *n
     };
     ctx.metrics.reconciles.with_label_values(&["error"]).inc();
+    ctx.metrics
+        .reconcile_errors
+        .with_label_values(&[err.category()])
+        .inc();
     let delay = error_backoff(err, failures);
     warn!(event = %name, error = %err, failures, retry_in = ?delay, "Reconcile error; retrying");
     Requeue::requeue(delay)

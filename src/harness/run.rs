@@ -78,6 +78,11 @@ pub struct RunOptions {
     /// Who the controller and agents authenticate as (default: the
     /// cluster's admin kubeconfig); see [`Credentials`].
     pub credentials: Option<Credentials>,
+    /// Once the fleet is ready, write its `/metrics` targets here as a
+    /// Prometheus `file_sd_configs` file (JSON: the controller with `job`
+    /// `forewarn-controller`, each agent with `job` `forewarn-agent` and its
+    /// `node`), so that a Prometheus server started before the run scrapes it.
+    pub prometheus_targets: Option<PathBuf>,
 }
 
 impl RunOptions {
@@ -109,6 +114,7 @@ impl RunOptions {
             workload_stops_within: Some(("300ms".into(), "1200ms".into())),
             forbid_force_delete: true,
             credentials: None,
+            prometheus_targets: None,
         }
     }
 }
@@ -489,6 +495,9 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
     )
     .await?;
     fleet.wait_ready(Duration::from_secs(60)).await?;
+    if let Some(path) = &opts.prometheus_targets {
+        write_prometheus_targets(path, &fleet.metrics_ports())?;
+    }
 
     let http = reqwest::Client::builder()
         .no_proxy()
@@ -550,6 +559,29 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
     report.log_dir = opts.log_dir.clone();
     report.metrics = metrics;
     Ok(report)
+}
+
+/// Writes `ports` (process name, port) as a Prometheus file service
+/// discovery file, atomically (a temporary file renamed over it).
+///
+/// # Errors
+/// When the file cannot be written.
+fn write_prometheus_targets(path: &Path, ports: &[(String, u16)]) -> anyhow::Result<()> {
+    let groups: Vec<serde_json::Value> = ports
+        .iter()
+        .map(|(name, port)| {
+            let labels = match name.strip_prefix("agent ") {
+                Some(node) => json!({"job": "forewarn-agent", "node": node}),
+                None => json!({"job": "forewarn-controller"}),
+            };
+            json!({"targets": [format!("127.0.0.1:{port}")], "labels": labels})
+        })
+        .collect();
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&groups)?)
+        .with_context(|| format!("failed to write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("failed to write {}", path.display()))?;
+    Ok(())
 }
 
 /// Aborts a background task when dropped.
