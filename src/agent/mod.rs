@@ -453,7 +453,9 @@ impl Agent {
             writer,
             watcher(self.api.clone(), watcher::Config::default()),
         )
-        .default_backoff()
+        // Back within seconds of an API server outage, as the controller's
+        // watches (kube's default waits up to 30 s).
+        .backoff(crate::controller::run::watch_backoff())
         .applied_objects();
         let task = tokio::spawn(async move {
             futures::pin_mut!(stream);

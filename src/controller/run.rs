@@ -291,7 +291,7 @@ async fn renew_deadline(api: Api<Lease>, name: String, identity: String) -> Stri
 /// Watches resume quickly after an API server outage: a bounded backoff
 /// (0.5 s doubling to at most 5 s) instead of kube's default, which waits
 /// up to minutes after a `too old resource version`.
-pub(crate) fn watch_backoff() -> watcher::ExponentialBackoff {
+pub fn watch_backoff() -> watcher::ExponentialBackoff {
     ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(500))
         .with_max_delay(Duration::from_secs(5))
