@@ -312,8 +312,30 @@ pub fn rate_limiter(qps: u32, burst: u32) -> Arc<DefaultDirectRateLimiter> {
     ))
 }
 
+/// The refusal to reuse for `pod` when a pod with the same labels (the same
+/// workload, so the same PodDisruptionBudgets) was refused by a budget
+/// earlier in this pass: asking again at once would get the same 429 and
+/// spend the rate budget for nothing.
+fn refused_alike(
+    refused: &std::sync::Mutex<Vec<(PodInfo, EvictionOutcome)>>,
+    pod: &PodInfo,
+) -> Option<EvictionOutcome> {
+    let refused = refused
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    refused
+        .iter()
+        .find(|(p, _)| {
+            p.namespace == pod.namespace && p.labels == pod.labels && !p.labels.is_empty()
+        })
+        .map(|(_, o)| o.clone())
+}
+
 /// Requests `evictions` concurrently, at most `per_node` at once per node,
-/// each after a token of `limiter`, and returns `(node, pod, outcome)` for each.
+/// each after a token of `limiter`, and returns `(node, pod, outcome)` for
+/// each. Once a PodDisruptionBudget refuses a pod, the pods with the same
+/// labels on that node are not asked for in this pass: they share its
+/// outcome (see [`refused_alike`]); the next pass asks again.
 pub async fn evict_all(
     client: &Client,
     limiter: &DefaultDirectRateLimiter,
@@ -329,10 +351,21 @@ pub async fn evict_all(
     }
     let per_node = per_node.max(1);
     let nodes = by_node.into_iter().map(|(_, list)| async move {
+        let refused = std::sync::Mutex::new(Vec::new());
+        let refused = &refused;
         futures::stream::iter(list)
             .map(|e| async move {
+                if let Some(o) = refused_alike(refused, &e.pod) {
+                    return (e.node, e.pod.name, o);
+                }
                 limiter.until_ready().await;
                 let outcome = evict(client, &e).await;
+                if matches!(outcome, EvictionOutcome::Blocked { .. }) {
+                    refused
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push((e.pod.clone(), outcome.clone()));
+                }
                 (e.node, e.pod.name, outcome)
             })
             .buffer_unordered(per_node)
@@ -518,6 +551,36 @@ mod tests {
         assert_eq!(
             classify_refusal(&status(404, "not found", vec![], 0)),
             EvictionOutcome::Gone
+        );
+    }
+
+    #[test]
+    fn a_refusal_stands_for_pods_of_the_same_workload_only() {
+        let web = |name: &str| PodInfo {
+            namespace: "shop".into(),
+            name: name.into(),
+            labels: [("app".to_string(), "web".to_string())].into(),
+            ..PodInfo::default()
+        };
+        let blocked = EvictionOutcome::Blocked {
+            budgets: vec!["shop/web".into()],
+            message: "needs 5".into(),
+        };
+        let refused = std::sync::Mutex::new(vec![(web("web-1"), blocked.clone())]);
+        assert_eq!(refused_alike(&refused, &web("web-2")), Some(blocked));
+        let other = PodInfo {
+            labels: [("app".to_string(), "db".to_string())].into(),
+            ..web("db-1")
+        };
+        assert_eq!(refused_alike(&refused, &other), None);
+        let bare = PodInfo {
+            labels: Default::default(),
+            ..web("x")
+        };
+        assert_eq!(
+            refused_alike(&refused, &bare),
+            None,
+            "no labels: nothing in common"
         );
     }
 

@@ -21,6 +21,9 @@ use super::{Context, Error, Result, drain, nodes};
 use crate::crd::ScheduledEvent;
 use crate::imds::model::EventStatus;
 
+/// When to look again at an event whose evictions a budget refused.
+const BLOCKED_REQUEUE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Node writes in flight at once for one event.
 const NODE_WRITE_CONCURRENCY: usize = 16;
 
@@ -62,7 +65,18 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .remove(&ev.name_any());
-    let requeue = drain::throttled_for(&outcomes).map_or(plan.requeue, |t| t.max(plan.requeue));
+    let requeue = match drain::throttled_for(&outcomes) {
+        Some(t) => t.max(plan.requeue),
+        // A PodDisruptionBudget allows again as soon as a replacement is
+        // Ready: look again soon (the refused pods' siblings were not asked).
+        None if outcomes
+            .iter()
+            .any(|(_, _, o)| matches!(o, EvictionOutcome::Blocked { .. })) =>
+        {
+            plan.requeue.min(BLOCKED_REQUEUE)
+        }
+        None => plan.requeue,
+    };
     Ok(Requeue::requeue(requeue))
 }
 
