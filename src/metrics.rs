@@ -86,6 +86,8 @@ pub struct ControllerMetrics {
     pub approvals_decided: IntCounterVec,
     /// Events whose drain did not finish before its deadline, start or end.
     pub drains_incomplete: IntCounterVec,
+    /// Changes of the policy file by `result`: `loaded`, `refused`.
+    pub policy_reloads: IntCounterVec,
     /// 1 while this replica holds the leader-election Lease, else 0.
     pub leader: IntGauge,
 }
@@ -132,6 +134,13 @@ impl ControllerMetrics {
                 ),
                 &["type"],
             )?,
+            policy_reloads: IntCounterVec::new(
+                Opts::new(
+                    "forewarn_controller_policy_reloads_total",
+                    "Changes of the policy file, by result: loaded, or refused (invalid; the policy in force stays)",
+                ),
+                &["result"],
+            )?,
             leader: IntGauge::new(
                 "forewarn_controller_leader",
                 "1 while this replica holds the leader-election Lease",
@@ -144,6 +153,7 @@ impl ControllerMetrics {
             &m.node_writes,
             &m.approvals_decided,
             &m.drains_incomplete,
+            &m.policy_reloads,
         ] {
             registry.register(Box::new(c.clone()))?;
         }

@@ -20,7 +20,7 @@ pub fn spec_for(event: &Event) -> ScheduledEventSpec {
     ScheduledEventSpec {
         event_id: event.event_id.clone(),
         event_type: event.event_type.to_string(),
-        event_status: event.event_status.to_string(),
+        event_status: (&event.event_status).into(),
         event_source: event.event_source.clone(),
         resource_type: event.resource_type.clone(),
         resources: event.resources.clone(),
@@ -92,7 +92,7 @@ pub fn plan_completed(
         return None;
     }
     Some(ScheduledEventSpec {
-        event_status: EventStatus::Completed.to_string(),
+        event_status: crate::crd::EventStatus::Completed,
         not_before: None,
         ..stored.clone()
     })

@@ -745,7 +745,7 @@ async fn observe(
             let name = sev.name_any();
             let st = sev_state.entry(name.clone()).or_default();
             let id = short(&name).to_string();
-            if sev.spec.event_status != st.spec_status {
+            if sev.spec.event_status.as_str() != st.spec_status {
                 if st.spec_status.is_empty() {
                     tl.at(
                         seen_at,
@@ -765,10 +765,10 @@ async fn observe(
                         ),
                     );
                 }
-                st.spec_status = sev.spec.event_status.clone();
+                st.spec_status = sev.spec.event_status.to_string();
             }
             let status = sev.status.clone().unwrap_or_default();
-            let phase = status.phase.clone().unwrap_or_default();
+            let phase = status.phase.map(|p| p.to_string()).unwrap_or_default();
             if phase != st.phase && !phase.is_empty() {
                 tl.at(
                     seen_at,
@@ -796,8 +796,7 @@ async fn observe(
                     && st.drained_nodes.insert(n.name.clone())
                     && status
                         .action
-                        .as_deref()
-                        .is_some_and(|a| a.starts_with("Drain"))
+                        .is_some_and(|a| a.as_str().starts_with("Drain"))
                 {
                     tl.at(
                         at,
@@ -824,7 +823,7 @@ async fn observe(
                     .filter(|n| n.drained_at.is_none_or(|d| Some(d) > approval.decided_at))
                     .map(|n| n.name.clone())
                     .collect();
-                let needs_drain = status.action.as_deref() == Some("DrainAndApprove");
+                let needs_drain = status.action == Some(crate::policy::Action::DrainAndApprove);
                 if needs_drain && !undrained.is_empty() {
                     report.violations.push(format!(
                         "rule 2: {id} approval decided before {} drained",
