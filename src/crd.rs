@@ -151,7 +151,8 @@ pub struct ScheduledEventStatus {
     /// Affected nodes drained over affected nodes in this cluster, e.g. `1/2`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes_drained: Option<String>,
-    /// Per-node progress for each entry of `Resources` that maps to a node.
+    /// Per-node progress for each entry of `Resources` that maps to a node
+    /// (a node since deleted keeps its last record).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<Vec<NodeProgress>>,
     /// Entries of `Resources` that map to no node of this cluster (other VMs
@@ -226,7 +227,7 @@ pub struct DryRun {
     /// Nodes it would have cordoned.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub would_cordon: Vec<String>,
-    /// Pods (`namespace/name`) it would have evicted in its last pass.
+    /// Pods (`namespace/name`) it would have evicted, over all its passes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub would_evict: Vec<String>,
     /// When it would have decided the approval (first time only).

@@ -236,14 +236,27 @@ pub fn next_status(
     let nodes: Vec<NodeProgress> = if finished {
         final_progress(&me, seen, plan, &prev_nodes)
     } else {
-        seen.nodes
+        let mut live: Vec<NodeProgress> = seen
+            .nodes
             .iter()
             .filter(|n| !n.vm_name.is_empty())
             .map(|n| {
                 let before = prev_nodes.iter().find(|p| p.name == n.name);
                 live_progress(&me, n, plan, outcomes, before, now)
             })
-            .collect()
+            .collect();
+        // A node that is gone from the cluster (its VM deleted) keeps its
+        // last record, frozen: the event did affect it, and that it had
+        // nodes is what lets it end once none is left.
+        for p in &prev_nodes {
+            if !p.vm_name.is_empty() && !seen.nodes.iter().any(|n| n.name == p.name) {
+                live.push(NodeProgress {
+                    cordoned_by_us: false,
+                    ..p.clone()
+                });
+            }
+        }
+        live
     };
 
     let drained = nodes.iter().filter(|n| n.drained_at.is_some()).count();
@@ -307,17 +320,19 @@ pub fn next_status(
                 start.to_rfc3339()
             ),
         );
-    } else if !finished
-        && prev_conditions
-            .iter()
-            .any(|x| x.type_ == "DrainScheduled" && x.status == "True")
+    } else if prev_conditions
+        .iter()
+        .any(|x| x.type_ == "DrainScheduled" && x.status == "True")
     {
-        c.set(
-            "DrainScheduled",
-            false,
-            "LeadTimeReached",
-            "the drain lead time began".into(),
-        );
+        let (reason, message) = if finished {
+            (
+                "EventEnded",
+                "the event ended before the drain lead time began",
+            )
+        } else {
+            ("LeadTimeReached", "the drain lead time began")
+        };
+        c.set("DrainScheduled", false, reason, message.into());
     }
     if let Some((reason, message)) = &plan.ended_unobserved {
         c.set("EndedWithoutObserver", true, reason, message.clone());
@@ -377,7 +392,13 @@ pub fn as_dry_run(
             would_cordon.push(w.node().to_string());
         }
     }
-    let would_evict: Vec<String> = plan.evictions.iter().map(|e| e.pod.key()).collect();
+    let mut would_evict: Vec<String> = before.would_evict.clone();
+    for e in &plan.evictions {
+        let key = e.pod.key();
+        if !would_evict.contains(&key) {
+            would_evict.push(key);
+        }
+    }
     let (would_approve_at, would_approve_reason) =
         match (&before.would_approve_at, &plan.decide_approval) {
             (Some(at), _) => (Some(*at), before.would_approve_reason.clone()),

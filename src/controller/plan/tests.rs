@@ -1001,9 +1001,18 @@ fn a_scheduled_event_whose_node_went_ends_once_not_before_and_the_orphan_time_pa
         "past NotBefore the platform ran it"
     );
     assert_eq!(p.ended_unobserved.as_ref().unwrap().0, "NoNodeLeft");
-    // NotBefore ahead: it waits.
+    // NotBefore ahead: it waits, and its record keeps the vanished node,
+    // so that it still ends once NotBefore and the orphan time passed.
     ev.spec.not_before = Some(now() + chrono::Duration::seconds(30));
-    assert_eq!(plan(&ev, &gone, &policy, now()).ended_unobserved, None);
+    let p = plan(&ev, &gone, &policy, now());
+    assert_eq!(p.ended_unobserved, None);
+    let st = next_status(&ev, &gone, &p, &[], now());
+    assert_eq!(st.nodes.as_ref().unwrap()[0].name, "node-1");
+    let waited = with_status(ev, st);
+    let later = now() + chrono::Duration::seconds(91);
+    let p = plan(&waited, &gone, &policy, later);
+    assert_eq!(p.phase, Phase::Completed);
+    assert_eq!(p.ended_unobserved.as_ref().unwrap().0, "NoNodeLeft");
 }
 
 #[test]
