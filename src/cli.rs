@@ -117,7 +117,8 @@ pub struct ControllerArgs {
     /// Decide and record what would be done (status, Events, logs) without
     /// cordoning, evicting or approving: no node is written, no eviction
     /// requested, and the would-be approval is recorded in `status.dryRun`,
-    /// which no agent sends.
+    /// which no agent sends. Objects past their retention are still deleted
+    /// (bookkeeping, not maintenance).
     #[arg(long, env = "FOREWARN_DRY_RUN")]
     pub dry_run: bool,
     /// `ScheduledEvent`s reconciled at once.

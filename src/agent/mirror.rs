@@ -15,7 +15,10 @@ use std::collections::{HashMap, HashSet};
 use crate::crd::ScheduledEventSpec;
 use crate::imds::model::{Document, Event, EventStatus};
 
-/// The spec an agent writes for `event` as IMDS shows it now (first appearance).
+/// The spec an agent writes for `event` as IMDS shows it now (first
+/// appearance). An `EventStatus` this version does not know is written as
+/// `Started` (the schema allows only the three known values; see
+/// [`crate::crd::EventStatus`]): drained, never approved, never a crash.
 pub fn spec_for(event: &Event) -> ScheduledEventSpec {
     ScheduledEventSpec {
         event_id: event.event_id.clone(),
