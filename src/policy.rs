@@ -352,11 +352,12 @@ impl Policy {
         Ok(p)
     }
 
-    /// `secs` as a `chrono` duration, saturating at a day short of the
-    /// largest (settings are bounded at load; this never panics).
+    /// `secs` as a `chrono` duration, saturating at a thousand years
+    /// (settings are bounded at load; this never panics, also for a
+    /// `Policy` built in code).
     pub fn seconds(secs: u64) -> chrono::TimeDelta {
-        chrono::TimeDelta::seconds(i64::try_from(secs).unwrap_or(i64::MAX / 2_000))
-            .min(chrono::TimeDelta::days(365 * 1000))
+        const LONGEST: u64 = 1000 * 365 * 24 * 3600;
+        chrono::TimeDelta::seconds(i64::try_from(secs.min(LONGEST)).unwrap_or(0))
     }
 
     /// Whether pods without a controller are evicted for events of `event_type`.
@@ -480,6 +481,15 @@ mod tests {
         assert!(p.evicts_unmanaged(&EventType::Terminate));
         assert!(p.evicts_unmanaged(&EventType::Preempt));
         assert!(!p.evicts_unmanaged(&EventType::Freeze));
+    }
+
+    #[test]
+    fn seconds_saturate_instead_of_panicking() {
+        assert_eq!(Policy::seconds(60), chrono::TimeDelta::minutes(1));
+        assert_eq!(
+            Policy::seconds(u64::MAX),
+            chrono::TimeDelta::days(365 * 1000)
+        );
     }
 
     #[test]

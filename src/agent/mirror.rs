@@ -181,6 +181,15 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_imds_status_is_mirrored_as_started_and_never_moves_back() {
+        let paused = SCHEDULED.replace("\"Scheduled\"", "\"Paused\"");
+        let spec = spec_for(&doc(&paused).events[0]);
+        assert_eq!(spec.event_status, crate::crd::EventStatus::Started);
+        // Stored Started (from the unknown status), IMDS then says Scheduled: kept.
+        assert_eq!(plan_listed(Some(&spec), scheduled(), false), None);
+    }
+
+    #[test]
     fn new_event_is_written_as_seen() {
         let spec = plan_listed(None, scheduled(), true).unwrap();
         assert_eq!(spec.event_id, "ABC-1");
