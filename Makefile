@@ -2,7 +2,7 @@
 CARGO ?= cargo
 SCENARIO ?= tests/fixtures/platform-redeploy.yaml
 
-.PHONY: demo test test-real test-real-chart real-node-down image lint unit generate bench-drain cluster-up cluster-down clean-cache
+.PHONY: demo test test-real test-real-chart real-node-down image lint unit generate manifests bench-drain cluster-up cluster-down clean-cache
 
 ## demo: local cluster + Azure scenario + agents + controller, with a live timeline (SCENARIO=path to pick another)
 demo:
@@ -10,11 +10,10 @@ demo:
 	./target/debug/examples/demo --scenario $(SCENARIO)
 
 ## test: formatting, lints, unit tests and the end-to-end tests on a local control plane
+## (the suites run side by side, each on its own local cluster: hack/test-all.sh;
+##  FOREWARN_SKIP_REAL_NODE=1 skips the real-node test on machines without root)
 test: lint
-	$(CARGO) build --features harness --bin forewarn
-	status=0; $(CARGO) test --features harness || status=$$?; \
-	  bash hack/cluster.sh down --name forewarn-test >/dev/null 2>&1 || true; \
-	  bash hack/cluster.sh down --name forewarn-agent >/dev/null 2>&1 || true; exit $$status
+	CARGO=$(CARGO) bash hack/test-all.sh
 
 ## bench-drain: forewarn vs `kubectl drain` on a 105-pod node with a PDB, medians and their ratio (a figure, not a test)
 bench-drain:
@@ -40,7 +39,7 @@ image:
 ## lint: cargo fmt --check and clippy with warnings as errors
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets --features harness -- -D warnings
+	$(CARGO) clippy --all-targets --features harness,real-node -- -D warnings
 
 ## unit: the unit tests only (no cluster)
 unit:
@@ -49,6 +48,11 @@ unit:
 ## generate: regenerate crds/ from the Rust types
 generate:
 	$(CARGO) run --quiet -- crd > crds/scheduledevents.forewarn.dev.yaml
+	cp crds/scheduledevents.forewarn.dev.yaml charts/forewarn/crds/
+
+## manifests: regenerate manifests/forewarn.yaml from the chart's default values (helm template)
+manifests:
+	bash hack/render-manifests.sh > manifests/forewarn.yaml.tmp && mv manifests/forewarn.yaml.tmp manifests/forewarn.yaml
 
 cluster-up:
 	bash hack/cluster.sh up

@@ -197,6 +197,11 @@ YAML
 
   # On failure, stop the processes but keep the directory for its logs/.
   trap 'on_up_exit $?' EXIT
+  # kwokctl picks free ports when it creates a cluster and binds them when
+  # it starts it: two clusters created at once can pick the same ports (then
+  # one's kubectl reaches the other's API server: "certificate signed by
+  # unknown authority"). Creations take turns on this lock.
+  take_up_lock
   log "creating cluster '$name' in $dir"
   kwokctl_q --name "$name" create cluster \
     --config "$config" \
@@ -214,6 +219,7 @@ YAML
     --wait "${step_timeout}s" \
     --timeout "${step_timeout}s" ||
     die "kwokctl create cluster failed or timed out after ${step_timeout}s (logs: $dir/logs/)"
+  release_up_lock
   [[ -f "$kubeconfig" ]] || die "no kubeconfig at $kubeconfig (logs: $dir/logs/)"
 
   # kwokctl exits 0 even when its --wait gives up, so check for ourselves.
@@ -246,7 +252,30 @@ YAML
   echo "$kubeconfig"
 }
 
+# A directory as a lock (mkdir is atomic); its pid file lets a later run
+# break a lock whose holder died. Not flock: kwokctl's children (etcd, the
+# API server) would inherit the descriptor and hold the lock for good.
+up_lock="$KWOK_WORKDIR/.up.lock"
+take_up_lock() {
+  local waited=0 holder
+  until mkdir "$up_lock" 2>/dev/null; do
+    holder=$(cat "$up_lock/pid" 2>/dev/null || true)
+    if [[ -n "$holder" ]] && ! kill -0 "$holder" 2>/dev/null; then
+      rm -rf "$up_lock"
+      continue
+    fi
+    ((waited++ % 50 == 0)) && log "waiting for another cluster's creation to finish"
+    sleep 0.2
+  done
+  echo $$ >"$up_lock/pid"
+}
+release_up_lock() {
+  [[ "$(cat "$up_lock/pid" 2>/dev/null)" == "$$" ]] && rm -rf "$up_lock"
+  return 0
+}
+
 on_up_exit() {
+  release_up_lock
   (($1 == 0)) && return
   timeout 60 kwokctl --name "$name" stop cluster >/dev/null 2>&1 || true
   kill_from_pid_files

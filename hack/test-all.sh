@@ -19,7 +19,7 @@ mkdir -p "$logs"
 rm -f "$logs"/*.log
 
 # Each end-to-end binary starts its own cluster; these names are torn down at the end.
-clusters=(forewarn-test forewarn-test-b forewarn-drain forewarn-agent forewarn-chart forewarn-life)
+clusters=(forewarn-test forewarn-test-b forewarn-drain forewarn-agent forewarn-chart forewarn-leader forewarn-prom forewarn-life)
 teardown() {
   for c in "${clusters[@]}"; do bash hack/cluster.sh down --name "$c" >/dev/null 2>&1 || true; done
 }
@@ -33,15 +33,18 @@ $cargo test --features harness --no-run 2>&1 | tail -n 3 || exit 1
 bash hack/build-k8s.sh >/dev/null || exit 1
 bash hack/build-helm.sh >/dev/null || exit 1
 
+# The real-node part: the image and agent on a real kubelet (tests/real_node.rs)
+# and the Helm chart end to end there (tests/real_node_chart.rs).
+real_tests="real_node real_node_chart"
 if [[ "${FOREWARN_SKIP_REAL_NODE:-}" != 1 ]]; then
   # Built before the suites start, so that a cold static release build does
   # not compete for the CPU with timing-sensitive end-to-end tests.
   echo "[test] building the real node (kubelet, images, test binary)"
-  bash hack/real-node.sh build >"$logs/real_node-build.log" 2>&1 ||
+  FOREWARN_REAL_TESTS="$real_tests" bash hack/real-node.sh build >"$logs/real_node-build.log" 2>&1 ||
     { cat "$logs/real_node-build.log"; echo "[test] FAILED: the real node cannot be built here (FOREWARN_SKIP_REAL_NODE=1 skips it on machines without root or unshare)"; exit 1; }
 fi
 
-suites=(lib imds_mock scenarios drain agent_imds lifecycle)
+suites=(lib imds_mock scenarios drain agent_imds leader alerts lifecycle)
 [[ -f tests/chart.rs ]] && suites+=(chart)
 declare -A pid
 started=$SECONDS
@@ -59,7 +62,7 @@ if [[ "${FOREWARN_SKIP_REAL_NODE:-}" == 1 ]]; then
   echo "[test] FOREWARN_SKIP_REAL_NODE=1: the real-node test is skipped"
 else
   real_node=run
-  bash hack/real-node.sh test >"$logs/real_node.log" 2>&1 &
+  FOREWARN_REAL_TESTS="$real_tests" bash hack/real-node.sh test >"$logs/real_node.log" 2>&1 &
   pid[real_node]=$!
   suites+=(real_node)
 fi

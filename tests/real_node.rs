@@ -72,7 +72,7 @@ async fn setup(env: &Env, client: &Client) {
         "metadata": {"name": "forewarn-real-agent"},
         "rules": [
             {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents"],
-             "verbs": ["get", "list", "watch", "create", "patch"]},
+             "verbs": ["get", "list", "watch", "create", "update"]},
             {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents/status"], "verbs": ["patch"]},
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
         ],
@@ -810,4 +810,24 @@ async fn redeploy_drains_the_real_node_with_real_grace() {
         .delete("web", &DeleteParams::default())
         .await
         .ok();
+    // The agent DaemonSet holds port 9101 of the real node (hostNetwork):
+    // gone before tests/real_node_chart.rs installs the chart's agent there.
+    let ds: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(client.clone(), NS);
+    ds.delete("forewarn-agent", &DeleteParams::foreground())
+        .await
+        .expect("delete the agent DaemonSet");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !pods
+        .list(&ListParams::default().labels("app=forewarn-agent-ds"))
+        .await
+        .expect("agent pods")
+        .items
+        .is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the agent DaemonSet's pod stayed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

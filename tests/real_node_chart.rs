@@ -1,16 +1,36 @@
 //! The Helm chart on a real node: `helm install charts/forewarn` with the
-//! image built here, and the agent DaemonSet's pod on `real-node-0` checked
-//! as only a real kubelet shows it: Ready through its probes, its Node
-//! annotated with the VM name read from IMDS at 169.254.169.254, and the
-//! chart's admission policy applied to the pod-bound token the kubelet
-//! mounted (the agent may write its own Node's annotation, not another
-//! Node's).
+//! image built here, run as only a real kubelet shows it.
+//!
+//! - `chart_agent_runs_on_the_real_node`: the agent DaemonSet's pod on
+//!   `real-node-0` is Ready through its probes, its Node is annotated with the
+//!   VM name read from IMDS at 169.254.169.254, and the chart's admission
+//!   policy applies to the pod-bound token the kubelet mounted (the agent may
+//!   write its own Node's annotation, not another Node's).
+//! - `chart_drives_a_redeploy_of_the_real_node`: the whole chart end to end.
+//!   Agent and controller run as real pods on `real-node-0` (the controller
+//!   with `controller.hostNetwork`, since pods reach the API server only on
+//!   127.0.0.1 here), real workload containers run there next to KWOK pods
+//!   under a PodDisruptionBudget, and the IMDS mock plays a `Redeploy` of the
+//!   real node's VM: the event is mirrored, the node cordoned and drained
+//!   (each real container gets its `preStop` and SIGTERM within its grace,
+//!   read back with `kubectl logs`), the leader pod is deleted mid-drain and
+//!   the standby replica takes over, the agent pod sends the approval, and
+//!   the node is uncordoned.
+//!
+//!   One real node limits what can be shown: a controller never sees its own
+//!   node drained while its pod runs there, and its replacement cannot run
+//!   anywhere else here (KWOK nodes run nothing). So the controller pod is
+//!   kept from evicting itself (test value: its PDB at `maxUnavailable: 0`)
+//!   until the test deletes it, and the standby replica that takes over is
+//!   the same binary with the chart's arguments and the chart's controller
+//!   ServiceAccount token, run next to the cluster: it stands for the
+//!   replica the chart's topology spread puts on another node. The deleted
+//!   leader's replacement stays Pending on the cordoned node and runs there
+//!   again after the uncordon.
 //!
 //! Run by `FOREWARN_REAL_TESTS="real_node real_node_chart" hack/real-node.sh
-//! test` (`make test-real-chart`), inside the real node's namespace; it needs
-//! `charts/forewarn` and `hack/build-helm.sh`. The controller's pods go to
-//! the KWOK nodes: bridge pods cannot reach the API server, which listens on
-//! 127.0.0.1 only, and the chart has no hostNetwork setting for them.
+//! test` (`make test-real-chart`, and `make test`), inside the real node's
+//! namespace; it needs `charts/forewarn` and `hack/build-helm.sh`.
 #![cfg(feature = "real-node")]
 
 use std::path::PathBuf;
@@ -134,6 +154,8 @@ async fn chart_agent_runs_on_the_real_node() {
             &format!("agent.extraEnv={api_env}"),
             "--set-json",
             &format!("controller.extraEnv={api_env}"),
+            // The controller is not under test here (it is in
+            // chart_drives_a_redeploy_of_the_real_node): its pods go to KWOK nodes.
             "--set-json",
             r#"controller.nodeSelector={"type":"kwok"}"#,
             "--set-json",
@@ -312,4 +334,716 @@ fn find_process_prefix(prefix: &str) -> Option<(u32, String)> {
         }
     }
     None
+}
+
+const E2E_NS: &str = "forewarn-e2e";
+const WORKLOAD_IMAGE: &str = "forewarn.local/workload:dev";
+const EVENT_ID: &str = "5E1C0DE0-0000-4000-8000-00000000C4A7";
+/// Identity (POD_NAME) of the standby replica that runs off the real node.
+const STANDBY: &str = "forewarn-controller-standby-offnode";
+
+fn is_ready(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Whether the workload's log ends with its own `exiting` line (written
+/// after its SIGTERM delay, just before it exits 0).
+fn exited_cleanly(logs: &str) -> bool {
+    logs.lines().any(|l| l.ends_with(" exiting"))
+}
+
+fn node_of(p: &Pod) -> Option<&str> {
+    p.spec.as_ref().and_then(|s| s.node_name.as_deref())
+}
+
+/// A Deployment of the workload image: `serve` with `term_delay` seconds
+/// after SIGTERM, a `preStop` exec hook sleeping `prestop` seconds.
+fn workload(
+    name: &str,
+    replicas: i32,
+    grace: i64,
+    prestop: u64,
+    term_delay: u64,
+    node_selector: Option<&str>,
+) -> serde_json::Value {
+    let mut spec = serde_json::json!({
+        "terminationGracePeriodSeconds": grace,
+        "automountServiceAccountToken": false,
+        "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{
+            "name": "server",
+            "image": WORKLOAD_IMAGE,
+            "imagePullPolicy": "Never",
+            "args": ["serve", "--port", "8080", "--term-delay", term_delay.to_string()],
+            "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1},
+            "lifecycle": {"preStop": {"exec": {"command":
+                ["/usr/local/bin/workload", "prestop", "--sleep", prestop.to_string()]}}},
+            "securityContext": {
+                "allowPrivilegeEscalation": false,
+                "capabilities": {"drop": ["ALL"]},
+            },
+        }],
+    });
+    match node_selector {
+        Some(node) => spec["nodeSelector"] = serde_json::json!({"kubernetes.io/hostname": node}),
+        None => {
+            spec["topologySpreadConstraints"] = serde_json::json!([{
+                "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app": name}},
+            }])
+        }
+    }
+    serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
+        },
+    })
+}
+
+/// One real container evicted from the real node, as the test saw it.
+#[derive(Default)]
+struct RealPod {
+    name: String,
+    grace: i64,
+    evicted: Option<Duration>,
+    grace_sent: Option<i64>,
+    sigterm: Option<Duration>,
+    exited: Option<Duration>,
+    gone: Option<Duration>,
+    logs: String,
+}
+
+#[tokio::test]
+async fn chart_drives_a_redeploy_of_the_real_node() {
+    use forewarn::crd::ScheduledEvent;
+    use forewarn::harness::procs::{Proc, free_port, wait_ready};
+    use forewarn::imds::mock::LogEntry;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use kube::api::{DeleteParams, Patch, PatchParams};
+
+    let env = env();
+    let client = client(&env).await;
+    let chart = repo_root().join("charts/forewarn");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), E2E_NS);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let sevs: Api<ScheduledEvent> = Api::all(client.clone());
+    let leases: Api<Lease> = Api::namespaced(client.clone(), E2E_NS);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), E2E_NS);
+    let apply = |name: &str| {
+        (
+            name.to_string(),
+            PatchParams::apply("real-node-chart-test").force(),
+        )
+    };
+
+    // IMDS: a platform Redeploy of the real node's VM, its clock held until
+    // the chart and the workload are in place.
+    let mut mock = support::start_mock_with(
+        &env,
+        &format!(
+            "events:\n  - id: {EVENT_ID}\n    type: Redeploy\n    source: Platform\n    resources: [{VM}]\n    durationSeconds: -1\n    description: Virtual machine is being redeployed to a different host.\n    at: 1s\n    notice: 120s\n    runFor: 5s\n"
+        ),
+        true,
+        "imds-mock-chart-redeploy",
+    )
+    .await;
+
+    env.cluster
+        .kubectl(&["create", "namespace", E2E_NS])
+        .expect("create namespace");
+    env.cluster
+        .kubectl(&[
+            "label",
+            "namespace",
+            E2E_NS,
+            "pod-security.kubernetes.io/enforce=privileged",
+        ])
+        .expect("label namespace");
+
+    // The chart, with values for this one-real-node cluster only (the
+    // defaults are untouched): the local image; the API server's address
+    // (no kube-proxy); both roles on the real node (the agent's KWOK copies
+    // would be Ready without running anything); the controller in the
+    // node's network namespace (bridge pods cannot reach 127.0.0.1), one
+    // replica there (a second hostNetwork replica cannot share the node's
+    // metrics port) and a PodDisruptionBudget that keeps the drain from
+    // evicting it, so that the test decides when the leader goes.
+    let port = api_port(&env);
+    let api_env = format!(
+        r#"[{{"name":"KUBERNETES_SERVICE_HOST","value":"127.0.0.1"}},{{"name":"KUBERNETES_SERVICE_PORT","value":"{port}"}}]"#
+    );
+    let (repo, tag) = AGENT_IMAGE.rsplit_once(':').unwrap();
+    let real = r#"{"forewarn.dev/real-node":"true"}"#;
+    let home = env.logs.join("helm-e2e");
+    let started = Instant::now();
+    helm(
+        &[
+            "install",
+            "forewarn",
+            &chart.to_string_lossy(),
+            "--namespace",
+            E2E_NS,
+            "--set",
+            &format!("image.repository={repo}"),
+            "--set",
+            &format!("image.tag={tag}"),
+            "--set",
+            "image.pullPolicy=Never",
+            "--set",
+            "logFormat=plain",
+            "--set-json",
+            &format!("agent.extraEnv={api_env}"),
+            "--set-json",
+            &format!("agent.nodeSelector={real}"),
+            "--set",
+            "controller.hostNetwork=true",
+            "--set",
+            "controller.replicaCount=1",
+            "--set-json",
+            &format!("controller.extraEnv={api_env}"),
+            "--set-json",
+            &format!("controller.nodeSelector={real}"),
+            "--set",
+            "controller.podDisruptionBudget.maxUnavailable=0",
+            "--wait",
+            "--timeout",
+            "120s",
+        ],
+        &env.cluster.kubeconfig,
+        &home,
+    );
+    println!("helm install --wait returned after {:?}", started.elapsed());
+
+    // Both roles Ready on the real node through their probes; the
+    // controller pod holds the Lease under its pod name.
+    let role = |r: &str| {
+        ListParams::default().labels(&format!(
+            "app.kubernetes.io/instance=forewarn,app.kubernetes.io/component={r}"
+        ))
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let (agent, leader) = loop {
+        let agents = pods.list(&role("agent")).await.expect("agent pods").items;
+        let controllers = pods
+            .list(&role("controller"))
+            .await
+            .expect("controller pods")
+            .items;
+        let holder = leases
+            .get_opt("forewarn-controller")
+            .await
+            .expect("lease")
+            .and_then(|l| l.spec.and_then(|s| s.holder_identity));
+        let agent = agents
+            .iter()
+            .find(|p| is_ready(p) && node_of(p) == Some(env.node.as_str()));
+        let leader = controllers.iter().find(|p| {
+            is_ready(p)
+                && node_of(p) == Some(env.node.as_str())
+                && holder.as_deref() == Some(p.name_any().as_str())
+        });
+        if let (Some(a), Some(l)) = (agent, leader) {
+            assert_eq!(agents.len(), 1, "agent pods off the real node");
+            break (a.clone(), l.clone());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "agent or controller not Ready on {} (Lease holder {holder:?})",
+            env.node
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let leader_name = leader.name_any();
+    println!(
+        "agent pod {} and controller pod {leader_name} (Lease holder) Ready on {} after {:?}",
+        agent.name_any(),
+        env.node,
+        started.elapsed()
+    );
+    for (p, path) in [(&agent, "/readyz"), (&leader, "/readyz")] {
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let probe = c.readiness_probe.as_ref().expect("readiness probe");
+        assert_eq!(
+            probe.http_get.as_ref().and_then(|h| h.path.as_deref()),
+            Some(path)
+        );
+        assert_eq!(c.image.as_deref(), Some(AGENT_IMAGE));
+        assert_eq!(p.spec.as_ref().unwrap().host_network, Some(true));
+    }
+    assert_eq!(
+        leader.spec.as_ref().unwrap().dns_policy.as_deref(),
+        Some("ClusterFirstWithHostNet")
+    );
+
+    // The workload: real containers on the real node (one `web` replica,
+    // spread with the KWOK ones under a PDB; one `worker`, no PDB), with
+    // their own grace, preStop and SIGTERM handling.
+    let (web_grace, web_prestop, web_term) = (30, 2, 3);
+    let (worker_grace, worker_prestop, worker_term) = (10, 1, 2);
+    for d in [
+        workload("web", 3, web_grace, web_prestop, web_term, None),
+        workload(
+            "worker",
+            1,
+            worker_grace,
+            worker_prestop,
+            worker_term,
+            Some(&env.node),
+        ),
+    ] {
+        let (name, pp) = apply(d["metadata"]["name"].as_str().unwrap());
+        deployments
+            .patch(&name, &pp, &Patch::Apply(&d))
+            .await
+            .expect("apply workload");
+    }
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), E2E_NS);
+    let (name, pp) = apply("web");
+    pdbs.patch(
+        &name,
+        &pp,
+        &Patch::Apply(serde_json::json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "web"},
+            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}},
+        })),
+    )
+    .await
+    .expect("apply PDB");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut real_pods: Vec<RealPod> = loop {
+        let web = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .expect("web")
+            .items;
+        let worker = pods
+            .list(&ListParams::default().labels("app=worker"))
+            .await
+            .expect("worker")
+            .items;
+        let ready = web.iter().filter(|p| is_ready(p)).count() == 3
+            && worker.iter().filter(|p| is_ready(p)).count() == 1;
+        let on_real: Vec<&Pod> = web
+            .iter()
+            .chain(worker.iter())
+            .filter(|p| node_of(p) == Some(env.node.as_str()))
+            .collect();
+        if ready && on_real.len() == 2 {
+            break on_real
+                .iter()
+                .map(|p| RealPod {
+                    name: p.name_any(),
+                    grace: p
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.termination_grace_period_seconds)
+                        .unwrap_or(30),
+                    ..RealPod::default()
+                })
+                .collect();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "workload not Ready: {:?}",
+            web.iter()
+                .chain(worker.iter())
+                .map(|p| (p.name_any(), node_of(p).map(str::to_string), is_ready(p)))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+
+    // The standby replica. The chart spreads replicas over nodes; this
+    // cluster has one real node, where a second hostNetwork replica cannot
+    // bind the same port, and KWOK nodes run nothing. So the replica "on
+    // another node" is the same binary with the chart's container arguments
+    // and the chart's controller ServiceAccount (a TokenRequest token, so
+    // exactly the chart's RBAC), run next to the cluster.
+    let dep = deployments
+        .get("forewarn-controller")
+        .await
+        .expect("controller Deployment");
+    let container = dep.spec.unwrap().template.spec.unwrap().containers[0].clone();
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), E2E_NS);
+    let policy = configmaps
+        .get("forewarn-policy")
+        .await
+        .expect("policy ConfigMap")
+        .data
+        .and_then(|d| d.get("policy.yaml").cloned())
+        .expect("policy.yaml");
+    let policy_file = env.logs.join("chart-policy.yaml");
+    std::fs::write(&policy_file, policy).expect("write policy");
+    let metrics = free_port().expect("port");
+    let args: Vec<String> = container
+        .args
+        .unwrap_or_default()
+        .into_iter()
+        .map(|a| {
+            if a.starts_with("--metrics-addr=") {
+                format!("--metrics-addr=127.0.0.1:{metrics}")
+            } else if a.starts_with("--policy-file=") {
+                format!("--policy-file={}", policy_file.display())
+            } else {
+                a
+            }
+        })
+        .collect();
+    let token = env
+        .cluster
+        .kubectl(&[
+            "create",
+            "token",
+            "forewarn-controller",
+            "-n",
+            E2E_NS,
+            "--duration",
+            "1h",
+        ])
+        .expect("controller token");
+    let server = env
+        .cluster
+        .kubectl(&[
+            "config",
+            "view",
+            "--raw",
+            "--minify",
+            "--flatten",
+            "-o",
+            "jsonpath={.clusters[0].cluster.server} {.clusters[0].cluster.certificate-authority-data}",
+        ])
+        .expect("server and CA");
+    let (server, ca) = server.trim().split_once(' ').expect("server and CA");
+    let kubeconfig = env.logs.join("standby-controller.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
+             users:\n- name: controller\n  user:\n    token: {}\ncontexts:\n- name: controller\n  context:\n    cluster: local\n    user: controller\n\
+             current-context: controller\n",
+            token.trim()
+        ),
+    )
+    .expect("write kubeconfig");
+    let (mut standby, _) = Proc::spawn(
+        "standby controller",
+        &env.forewarn,
+        &args,
+        &[
+            ("KUBECONFIG", &kubeconfig.to_string_lossy()),
+            ("POD_NAME", STANDBY),
+            ("POD_NAMESPACE", E2E_NS),
+        ],
+        &env.logs,
+        "standby-controller",
+    )
+    .expect("start the standby controller");
+    wait_ready(metrics, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{e}; log:\n{}", standby.log_tail(20)));
+
+    // The Redeploy starts; one round reads IMDS, pods, the Lease, the node
+    // and the event, in the reverse of the causal order, so that a step seen
+    // in a round implies its causes are seen too.
+    let http = reqwest::Client::new();
+    let mock_url = format!("http://{}", env.imds_ip);
+    http.post(format!("{mock_url}/mock/start"))
+        .send()
+        .await
+        .expect("start the mock's clock");
+    let t0 = Instant::now();
+    let event_name = EVENT_ID.to_lowercase();
+    let mut round: Vec<String> = Vec::new();
+    let (mut seen, mut cordoned, mut approved, mut uncordoned) = (None, None, None, None);
+    let (mut leader_deleted, mut takeover, mut drained): (Option<Duration>, _, _) =
+        (None, None, None);
+    let mut holder = Some(leader_name.clone());
+    let mut phase = String::new();
+    let mut min_web_ready = usize::MAX;
+    let mut agent_samples = 0;
+    let deadline = Instant::now() + Duration::from_secs(150);
+    loop {
+        let now = t0.elapsed();
+        if approved.is_none() {
+            let log: Vec<LogEntry> = http
+                .get(format!("{mock_url}/mock/log"))
+                .send()
+                .await
+                .expect("mock log")
+                .json()
+                .await
+                .expect("mock log json");
+            if let Some(a) = log.iter().find(|e| e.what == "Approved") {
+                approved = Some(now);
+                round.push(format!("approval reached IMDS for {:?}", a.vm));
+                assert_eq!(a.vm.as_deref(), Some(VM), "approved for another VM");
+            }
+        }
+        let all = pods.list(&ListParams::default()).await.expect("pods").items;
+        min_web_ready = min_web_ready.min(
+            all.iter()
+                .filter(|p| p.labels().get("app").map(String::as_str) == Some("web") && is_ready(p))
+                .count(),
+        );
+        // Every agent pod of the chart stays Ready throughout.
+        let agents: Vec<&Pod> = all
+            .iter()
+            .filter(|p| {
+                p.labels()
+                    .get("app.kubernetes.io/component")
+                    .map(String::as_str)
+                    == Some("agent")
+            })
+            .collect();
+        assert!(
+            !agents.is_empty() && agents.iter().all(|p| is_ready(p)),
+            "an agent pod is not Ready at {now:?}"
+        );
+        agent_samples += 1;
+        // The leader pod is Ready until the test deletes it.
+        if leader_deleted.is_none() {
+            assert!(
+                all.iter()
+                    .any(|p| p.name_any() == leader_name && is_ready(p)),
+                "the controller pod {leader_name} is not Ready at {now:?}"
+            );
+        }
+        for rp in real_pods.iter_mut() {
+            match all.iter().find(|p| p.name_any() == rp.name) {
+                Some(p) => {
+                    let exited =
+                        p.status.as_ref().is_some_and(|st| {
+                            matches!(st.phase.as_deref(), Some("Succeeded" | "Failed"))
+                                || st.container_statuses.iter().flatten().any(|c| {
+                                    c.state.as_ref().is_some_and(|s| s.terminated.is_some())
+                                })
+                        });
+                    if exited && rp.exited.is_none() {
+                        rp.exited = Some(now);
+                        round.push(format!("{}: container exited", rp.name));
+                    }
+                    if p.metadata.deletion_timestamp.is_some() && rp.evicted.is_none() {
+                        rp.evicted = Some(now);
+                        rp.grace_sent = p.metadata.deletion_grace_period_seconds;
+                        round.push(format!(
+                            "{} evicted (deletionGracePeriodSeconds {:?})",
+                            rp.name, rp.grace_sent
+                        ));
+                    }
+                    // Read until the container has exited (its last line).
+                    if rp.evicted.is_some()
+                        && (rp.sigterm.is_none() || !exited_cleanly(&rp.logs))
+                        && let Ok(l) = env.cluster.kubectl(&["logs", "-n", E2E_NS, &rp.name])
+                    {
+                        rp.logs = l;
+                        if rp.sigterm.is_none() && rp.logs.contains("SIGTERM received") {
+                            rp.sigterm = Some(now);
+                            round.push(format!("{}: SIGTERM received (kubectl logs)", rp.name));
+                        }
+                    }
+                }
+                None if rp.gone.is_none() => {
+                    rp.gone = Some(now);
+                    rp.exited = rp.exited.or(Some(now));
+                    round.push(format!("{} gone from {}", rp.name, env.node));
+                }
+                None => {}
+            }
+        }
+        if drained.is_none() && real_pods.iter().all(|rp| rp.exited.is_some()) {
+            drained = Some(now);
+            round.push(format!(
+                "{}: every real workload container stopped",
+                env.node
+            ));
+        }
+        // Mid-drain (a real container evicted, not yet stopped), the leader
+        // pod is deleted, as an operator or a rollout would.
+        if leader_deleted.is_none()
+            && real_pods
+                .iter()
+                .any(|rp| rp.evicted.is_some() && rp.exited.is_none())
+        {
+            let l = leases.get("forewarn-controller").await.expect("lease");
+            let h = l.spec.and_then(|s| s.holder_identity);
+            assert_eq!(
+                h.as_deref(),
+                Some(leader_name.as_str()),
+                "the leader changed before the test deleted it"
+            );
+            env.cluster
+                .kubectl(&["delete", "pod", "-n", E2E_NS, &leader_name, "--wait=false"])
+                .expect("delete the leader pod");
+            leader_deleted = Some(now);
+            round.push(format!(
+                "leader pod {leader_name} deleted (kubectl delete pod)"
+            ));
+        }
+        let h = leases
+            .get("forewarn-controller")
+            .await
+            .expect("lease")
+            .spec
+            .and_then(|s| s.holder_identity);
+        if h != holder {
+            round.push(format!("Lease holder {h:?}"));
+            if h.as_deref() == Some(STANDBY) && takeover.is_none() {
+                takeover = Some(now);
+            }
+            holder = h;
+        }
+        let node = nodes.get(&env.node).await.expect("node");
+        let unschedulable = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+        if unschedulable && cordoned.is_none() {
+            cordoned = Some(now);
+            round.push(format!("{} cordoned", env.node));
+        }
+        if !unschedulable && cordoned.is_some() && uncordoned.is_none() {
+            uncordoned = Some(now);
+            round.push(format!("{} uncordoned", env.node));
+        }
+        if let Some(ev) = sevs.get_opt(&event_name).await.expect("sev") {
+            if seen.is_none() {
+                seen = Some(now);
+                round.push(format!("ScheduledEvent {event_name} seen"));
+            }
+            let p = ev
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.map(|p| p.to_string()))
+                .unwrap_or_default();
+            if p != phase {
+                round.push(format!("phase {p}"));
+                phase = p;
+            }
+        }
+        for what in round.drain(..).rev() {
+            println!("{:>7.2}s  {what}", now.as_secs_f64());
+        }
+        if uncordoned.is_some() && phase == "Completed" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no full cycle within 150 s; standby controller log:\n{}",
+            standby.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let at = |o: Option<Duration>, what: &str| o.unwrap_or_else(|| panic!("never {what}"));
+    let (seen, cordoned, approved, uncordoned) = (
+        at(seen, "seen"),
+        at(cordoned, "cordoned"),
+        at(approved, "approved"),
+        at(uncordoned, "uncordoned"),
+    );
+    let (leader_deleted, takeover, drained) = (
+        at(leader_deleted, "deleted the leader"),
+        at(takeover, "taken over by the standby"),
+        at(drained, "drained"),
+    );
+    for rp in &real_pods {
+        println!("{} logs:\n{}", rp.name, rp.logs);
+        let evicted = at(rp.evicted, "evicted");
+        let sigterm = at(rp.sigterm, "SIGTERM in the logs");
+        let exited = at(rp.exited, "exited");
+        assert!(seen <= cordoned && cordoned <= evicted && evicted <= sigterm);
+        assert!(sigterm <= exited && exited <= approved, "{}", rp.name);
+        // Its own grace, whole (the deadline is far): the eviction asked for it.
+        assert_eq!(rp.grace_sent, Some(rp.grace), "{}", rp.name);
+        assert!(
+            rp.logs.find("preStop hook done") < rp.logs.find("SIGTERM received"),
+            "{}: preStop did not run before SIGTERM:\n{}",
+            rp.name,
+            rp.logs
+        );
+        assert!(
+            exited_cleanly(&rp.logs),
+            "{}: no clean exit after SIGTERM:\n{}",
+            rp.name,
+            rp.logs
+        );
+        let took = exited - evicted;
+        assert!(
+            took < Duration::from_secs(rp.grace as u64),
+            "{}: stopped {took:?} after its eviction, beyond its grace of {}s",
+            rp.name,
+            rp.grace
+        );
+    }
+    assert!(
+        leader_deleted < drained,
+        "the leader was deleted after the drain"
+    );
+    assert!(leader_deleted <= takeover && takeover <= approved);
+    assert!(drained <= approved && approved <= uncordoned);
+    assert!(
+        min_web_ready >= 2,
+        "PodDisruptionBudget violated: {min_web_ready} web pods Ready"
+    );
+    // The approval was decided by the standby and sent by the real node's agent pod.
+    let ev = sevs.get(&event_name).await.expect("sev");
+    let approval = ev.status.and_then(|s| s.approval).expect("approval");
+    println!("approval: {approval:?}");
+    assert_eq!(approval.sent_by.as_deref(), Some(env.node.as_str()));
+    // The deleted leader's replacement waited for the uncordon, then runs
+    // on the real node again, Ready, as a standby.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let replacement = loop {
+        let c = pods.list(&role("controller")).await.expect("pods").items;
+        if let Some(p) = c
+            .iter()
+            .find(|p| is_ready(p) && node_of(p) == Some(env.node.as_str()))
+        {
+            break p.name_any();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no controller pod Ready after the event"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_ne!(replacement, leader_name);
+    println!(
+        "timeline: event seen {:.2}s, cordoned {:.2}s, SIGTERM received {}, leader pod deleted {:.2}s, \
+         standby leads {:.2}s, drained {:.2}s, approved {:.2}s, uncordoned {:.2}s; agent pods Ready in all \
+         {agent_samples} samples; replacement controller pod {replacement} Ready on {}",
+        seen.as_secs_f64(),
+        cordoned.as_secs_f64(),
+        real_pods
+            .iter()
+            .map(|rp| format!("{:.2}s ({})", rp.sigterm.unwrap().as_secs_f64(), rp.name))
+            .collect::<Vec<_>>()
+            .join(", "),
+        leader_deleted.as_secs_f64(),
+        takeover.as_secs_f64(),
+        drained.as_secs_f64(),
+        approved.as_secs_f64(),
+        uncordoned.as_secs_f64(),
+        env.node
+    );
+
+    standby.terminate(Duration::from_secs(10)).await.ok();
+    mock.terminate(Duration::from_secs(5)).await.ok();
+    for d in ["web", "worker"] {
+        deployments.delete(d, &DeleteParams::default()).await.ok();
+    }
+    helm(
+        &["uninstall", "forewarn", "--namespace", E2E_NS, "--wait"],
+        &env.cluster.kubeconfig,
+        &home,
+    );
 }

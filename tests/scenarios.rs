@@ -12,31 +12,58 @@ use std::time::Duration;
 use forewarn::harness::cluster::{Cluster, repo_root};
 use forewarn::harness::run::{Report, RunOptions, run_scenario, summary};
 
-/// One cluster for the whole test binary; scenarios take turns on it.
-fn cluster() -> Cluster {
-    static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
-    CLUSTER
-        .get_or_init(|| Cluster::start("forewarn-test", 3).map_err(|e| format!("{e:#}")))
+/// The clusters of this test binary: scenarios run two at a time, each on
+/// a cluster of its own (each started once, on first use).
+const CLUSTERS: [&str; 2] = ["forewarn-test", "forewarn-test-b"];
+
+fn cluster(slot: usize) -> Cluster {
+    static CELLS: [OnceLock<Result<Cluster, String>>; 2] = [OnceLock::new(), OnceLock::new()];
+    CELLS[slot]
+        .get_or_init(|| Cluster::start(CLUSTERS[slot], 3).map_err(|e| format!("{e:#}")))
         .clone()
-        .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"))
+        .unwrap_or_else(|e| panic!("the local cluster {} could not start: {e}", CLUSTERS[slot]))
 }
 
-static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+static SLOTS: [tokio::sync::Mutex<()>; 2] = [
+    tokio::sync::Mutex::const_new(()),
+    tokio::sync::Mutex::const_new(()),
+];
+
+/// Waits for a free cluster and holds it for the caller's scenario.
+async fn take_cluster() -> (Cluster, tokio::sync::MutexGuard<'static, ()>) {
+    loop {
+        for (slot, lock) in SLOTS.iter().enumerate() {
+            if let Ok(guard) = lock.try_lock() {
+                let cluster = tokio::task::spawn_blocking(move || cluster(slot))
+                    .await
+                    .expect("cluster start panicked");
+                return (cluster, guard);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
 
 async fn play(file: &str) -> Report {
     play_with(file, |_| {}).await
 }
 
 async fn play_with(file: &str, adjust: impl FnOnce(&mut RunOptions)) -> Report {
-    let _turn = TURN.lock().await;
-    let cluster = tokio::task::spawn_blocking(cluster)
-        .await
-        .expect("cluster start panicked");
+    let (cluster, _turn) = take_cluster().await;
     let mut opts = RunOptions::new(
         repo_root().join("tests/fixtures").join(file),
         PathBuf::from(env!("CARGO_BIN_EXE_forewarn")),
     );
     opts.timeout = Duration::from_secs(150);
+    // Runs of one fixture may overlap on the two clusters: a log dir each.
+    static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = opts
+        .log_dir
+        .file_name()
+        .map(|f| format!("{}-{n}", f.to_string_lossy()))
+        .unwrap_or_default();
+    opts.log_dir = opts.log_dir.with_file_name(dir);
     adjust(&mut opts);
     let report = run_scenario(&cluster, &opts)
         .await
@@ -170,7 +197,17 @@ async fn agents_ride_out_garbage_errors_and_hangs_from_imds() {
     let failures: f64 = r
         .metrics
         .iter()
-        .map(|(_, t)| counter(t, "forewarn_agent_imds_polls_total", "result=\"error\""))
+        .map(|(_, t)| {
+            counter(
+                t,
+                "forewarn_agent_imds_polls_total",
+                "result=\"server_error\"",
+            ) + counter(
+                t,
+                "forewarn_agent_imds_polls_total",
+                "result=\"unreachable\"",
+            )
+        })
         .sum();
     assert!(failures >= 2.0, "the 500s and the hang were not counted");
 }

@@ -196,6 +196,20 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+/// The `result` label of a failed IMDS scheduled events request
+/// ([`AgentMetrics::polls`]).
+fn imds_result(e: &crate::imds::client::Error) -> &'static str {
+    use crate::imds::client::Error as E;
+    match e {
+        E::ParseEvents { .. } | E::TooLarge { .. } => "parse_error",
+        E::Status { status, .. } if status.as_u16() == 429 => "throttled",
+        E::Status { status, .. } if status.as_u16() == 410 => "gone",
+        E::Status { status, .. } if status.is_server_error() => "server_error",
+        E::Status { .. } => "client_error",
+        _ => "unreachable",
+    }
+}
+
 /// A reflector of `ScheduledEvent`s, aborted when dropped.
 struct EventWatch {
     store: Store<ScheduledEvent>,
@@ -250,14 +264,13 @@ impl Agent {
         {
             return;
         }
-        let doc = match self.imds.fetch_events().await {
+        let asked = Instant::now();
+        let fetched = self.imds.fetch_events().await;
+        let took = asked.elapsed().as_secs_f64();
+        let doc = match fetched {
             Ok(doc) => doc,
             Err(e) => {
-                let result = match e {
-                    crate::imds::client::Error::ParseEvents { .. } => "parse_error",
-                    _ => "error",
-                };
-                self.metrics.polls.with_label_values(&[result]).inc();
+                self.metrics.imds_request(imds_result(&e), took);
                 // Keep the last good state; try again on the next tick, or
                 // after a pause when IMDS asks for one.
                 if e.wants_backoff() {
@@ -325,9 +338,8 @@ impl Agent {
         let work = mirror::plan_document(&doc, &self.tracked, went_down);
         let idle = work.listed.is_empty() && work.completions.is_empty();
         self.metrics
-            .polls
-            .with_label_values(&[if idle && !changed { "unchanged" } else { "ok" }])
-            .inc();
+            .imds_request(if idle && !changed { "unchanged" } else { "ok" }, took);
+        self.metrics.imds_last_success.set(Utc::now().timestamp());
         if idle || self.mirror(work).await == 0 {
             self.synced = true;
         }
@@ -441,7 +453,9 @@ impl Agent {
             writer,
             watcher(self.api.clone(), watcher::Config::default()),
         )
-        .default_backoff()
+        // Back within seconds of an API server outage, as the controller's
+        // watches (kube's default waits up to 30 s).
+        .backoff(crate::controller::run::watch_backoff())
         .applied_objects();
         let task = tokio::spawn(async move {
             futures::pin_mut!(stream);
@@ -518,5 +532,42 @@ mod tests {
             error_chain(&e),
             "failed to fetch scheduled events: error sending request: Connection refused"
         );
+    }
+}
+
+#[cfg(test)]
+mod imds_result_tests {
+    use super::imds_result;
+    use crate::imds::client::Error;
+    use reqwest::StatusCode;
+
+    fn status(code: u16) -> Error {
+        Error::Status {
+            what: "fetch scheduled events",
+            status: StatusCode::from_u16(code).expect("status"),
+            body: String::new(),
+        }
+    }
+
+    #[test]
+    fn failed_imds_requests_get_a_closed_set_result() {
+        let got: Vec<&str> = [429, 410, 500, 503, 404]
+            .map(|c| imds_result(&status(c)))
+            .to_vec();
+        assert_eq!(
+            got,
+            [
+                "throttled",
+                "gone",
+                "server_error",
+                "server_error",
+                "client_error"
+            ]
+        );
+        let too_large = Error::TooLarge {
+            what: "fetch scheduled events",
+            url: "http://169.254.169.254".into(),
+        };
+        assert_eq!(imds_result(&too_large), "parse_error");
     }
 }

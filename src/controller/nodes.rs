@@ -99,41 +99,102 @@ pub fn vm_name_from_provider_id(provider_id: &str) -> Option<String> {
     }
 }
 
-/// The VM name of a node: the agent's annotation, else its `providerID`.
+/// The VM name of a node, from its `spec.providerID` (set by the kubelet or
+/// the cloud provider at registration) and the agent's self-declared
+/// annotation `forewarn.dev/vm-name`: when both exist they must agree
+/// (ignoring case), else the `providerID` wins and the node is reported
+/// (an agent must not be able to redirect another VM's events to its node);
+/// with only one, that one.
 pub fn vm_name(node: &Node) -> Option<String> {
-    node.metadata
+    identity(node).0
+}
+
+/// `(VM name, disagreement)`: see [`vm_name`]; the second value describes
+/// an annotation that contradicts the `providerID`.
+pub fn identity(node: &Node) -> (Option<String>, Option<String>) {
+    let annotation = node
+        .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(VM_NAME_ANNOTATION))
         .filter(|v| !v.is_empty())
-        .cloned()
-        .or_else(|| {
-            node.spec
-                .as_ref()
-                .and_then(|s| s.provider_id.as_deref())
-                .and_then(vm_name_from_provider_id)
-        })
+        .cloned();
+    let provider = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+        .and_then(vm_name_from_provider_id);
+    match (annotation, provider) {
+        (Some(a), Some(p)) if !a.eq_ignore_ascii_case(&p) => {
+            let why = format!(
+                "node {} declares VM {a} ({VM_NAME_ANNOTATION}) but its providerID names {p}; using {p}",
+                node.metadata.name.clone().unwrap_or_default()
+            );
+            (Some(p), Some(why))
+        }
+        (Some(a), _) => (Some(a), None),
+        (None, p) => (p, None),
+    }
 }
 
-/// Maps each entry of `resources` to a node, comparing ignoring case.
-/// Returns `(vm, node name)` pairs for the mapped ones and the unmapped VM names.
+/// How the entries of `Resources` map to nodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Mapping {
+    /// `(vm, node name)` for every node that is the VM, in `Resources` order;
+    /// a VM claimed by several nodes appears once per node.
+    pub mapped: Vec<(String, String)>,
+    /// Entries that map to no node.
+    pub unmapped: Vec<String>,
+    /// Why the mapping is not to be trusted for an approval: a VM claimed by
+    /// more than one node, a node whose annotation contradicts its providerID.
+    pub doubts: Vec<String>,
+}
+
+/// Maps each entry of `resources` to nodes, comparing ignoring case.
 pub fn map_resources<'a>(
     resources: &[String],
     nodes: impl IntoIterator<Item = &'a Node>,
-) -> (Vec<(String, String)>, Vec<String>) {
-    let known: Vec<(String, String)> = nodes
-        .into_iter()
-        .filter_map(|n| Some((vm_name(n)?.to_ascii_lowercase(), n.metadata.name.clone()?)))
-        .collect();
-    let mut mapped = Vec::new();
-    let mut unmapped = Vec::new();
-    for vm in resources {
-        match known.iter().find(|(k, _)| k.eq_ignore_ascii_case(vm)) {
-            Some((_, node)) => mapped.push((vm.clone(), node.clone())),
-            None => unmapped.push(vm.clone()),
+) -> Mapping {
+    let mut known: Vec<(String, String)> = Vec::new();
+    let mut disagreements = Vec::new();
+    for n in nodes {
+        let (vm, why) = identity(n);
+        if let (Some(vm), Some(name)) = (vm, n.metadata.name.clone()) {
+            if let Some(why) = why {
+                disagreements.push((vm.to_ascii_lowercase(), why));
+            }
+            known.push((vm.to_ascii_lowercase(), name));
         }
     }
-    (mapped, unmapped)
+    let mut m = Mapping::default();
+    for vm in resources {
+        let nodes: Vec<&String> = known
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case(vm))
+            .map(|(_, n)| n)
+            .collect();
+        if nodes.is_empty() {
+            m.unmapped.push(vm.clone());
+            continue;
+        }
+        if nodes.len() > 1 {
+            let names: Vec<&str> = nodes.iter().map(|n| n.as_str()).collect();
+            m.doubts.push(format!(
+                "VM {vm} is claimed by {} nodes ({}): all are drained, approval is withheld",
+                nodes.len(),
+                names.join(", ")
+            ));
+        }
+        for n in nodes {
+            m.mapped.push((vm.clone(), n.clone()));
+        }
+        for (k, why) in &disagreements {
+            if k.eq_ignore_ascii_case(vm) {
+                m.doubts.push(why.clone());
+            }
+        }
+    }
+    m
 }
 
 /// The `ScheduledEvent` names for which forewarn holds the node's cordon.
@@ -207,7 +268,40 @@ mod tests {
     }
 
     #[test]
-    fn annotation_wins_over_provider_id_and_mapping_ignores_case() {
+    fn annotation_contradicting_the_provider_id_is_overruled_and_reported() {
+        let liar = node(
+            "node-a",
+            Some("victim-vm"),
+            Some(
+                "azure:///subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/own-vm",
+            ),
+        );
+        assert_eq!(vm_name(&liar), Some("own-vm".into()));
+        let m = map_resources(&["victim-vm".into()], [&liar]);
+        assert!(m.mapped.is_empty(), "{m:?}");
+        assert_eq!(m.unmapped, vec!["victim-vm".to_string()]);
+        let m = map_resources(&["own-vm".into()], [&liar]);
+        assert_eq!(m.mapped, vec![("own-vm".to_string(), "node-a".to_string())]);
+        assert!(m.doubts[0].contains("victim-vm"), "{m:?}");
+    }
+
+    #[test]
+    fn a_vm_claimed_by_two_nodes_maps_to_both_and_is_doubted() {
+        let a = node("node-a", Some("vm-1"), None);
+        let b = node("node-b", Some("VM-1"), None);
+        let m = map_resources(&["vm-1".into()], [&a, &b]);
+        assert_eq!(
+            m.mapped,
+            vec![
+                ("vm-1".to_string(), "node-a".to_string()),
+                ("vm-1".to_string(), "node-b".to_string())
+            ]
+        );
+        assert!(m.doubts[0].contains("claimed by 2 nodes"), "{m:?}");
+    }
+
+    #[test]
+    fn annotation_agreeing_with_the_provider_id_and_mapping_ignores_case() {
         let nodes = [
             node("aks-pool-00000a", Some("AKS-Pool-vmss_10"), None),
             node(
@@ -219,7 +313,11 @@ mod tests {
             ),
             node("fresh", None, None),
         ];
-        let (mapped, unmapped) = map_resources(
+        let Mapping {
+            mapped,
+            unmapped,
+            doubts,
+        } = map_resources(
             &[
                 "aks-pool-vmss_10".into(),
                 "worker-1".into(),
@@ -227,6 +325,7 @@ mod tests {
             ],
             &nodes,
         );
+        assert!(doubts.is_empty());
         assert_eq!(
             mapped,
             vec![

@@ -85,6 +85,9 @@ pub struct Observed {
     pub nodes: Vec<ObservedNode>,
     /// Entries of `Resources` that map to no node.
     pub unmapped: Vec<String>,
+    /// Why the mapping cannot be trusted for an approval (a VM claimed by
+    /// several nodes, an annotation contradicting a providerID).
+    pub doubts: Vec<String>,
 }
 
 /// A write to a Node's cordon, taint and hold list.
@@ -572,7 +575,9 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         }
         Action::Approve => {
             if !decided && spec_status == EventStatus::Scheduled {
-                if seen.unmapped.is_empty() || policy.approve_foreign_vms {
+                if !seen.doubts.is_empty() {
+                    p.approval_withheld = Some(seen.doubts.join("; "));
+                } else if seen.unmapped.is_empty() || policy.approve_foreign_vms {
                     p.decide_approval = Some(format!(
                         "policy approves {} events of {}s at once",
                         ev.spec.event_type, ev.spec.duration_seconds
@@ -734,7 +739,9 @@ fn decide_approval(
     all_drained: bool,
 ) {
     let foreign_ok = seen.unmapped.is_empty() || policy.approve_foreign_vms;
-    if all_drained && foreign_ok {
+    if !seen.doubts.is_empty() {
+        p.approval_withheld = Some(seen.doubts.join("; "));
+    } else if all_drained && foreign_ok {
         p.decide_approval = Some(format!("all {} affected nodes drained", mapped.len()));
     } else if mapped.is_empty() && !seen.unmapped.is_empty() && policy.approve_foreign_vms {
         p.decide_approval =

@@ -90,8 +90,8 @@ fn claims(me: &str, ctx: &Context, cached: &[Arc<Node>]) -> HashMap<String, Vec<
         if !action.cordons() {
             continue;
         }
-        let (mapped, _) =
-            nodes::map_resources(&other.spec.resources, cached.iter().map(AsRef::as_ref));
+        let mapped =
+            nodes::map_resources(&other.spec.resources, cached.iter().map(AsRef::as_ref)).mapped;
         for (_, node) in mapped {
             by_node.entry(node).or_default().push(name.clone());
         }
@@ -109,8 +109,11 @@ async fn observe(
 ) -> Result<(Observed, HashMap<String, Arc<Node>>)> {
     let me = ev.name_any();
     let cached = ctx.nodes.state();
-    let (mapped, unmapped) =
-        nodes::map_resources(&ev.spec.resources, cached.iter().map(AsRef::as_ref));
+    let nodes::Mapping {
+        mapped,
+        unmapped,
+        doubts,
+    } = nodes::map_resources(&ev.spec.resources, cached.iter().map(AsRef::as_ref));
     let completed = plan::is_over(ev);
     let recorded = ev
         .status
@@ -134,6 +137,7 @@ async fn observe(
     let mut seen = Observed {
         nodes: Vec::new(),
         unmapped,
+        doubts,
     };
     let mut snapshots = HashMap::new();
     for (name, vm) in wanted {
@@ -221,6 +225,9 @@ async fn write_nodes(
             Ok(()) => {
                 let (label, reason, note) = describe(ev, &w);
                 ctx.metrics.node_writes.with_label_values(&[label]).inc();
+                if matches!(w, NodeWrite::Cordon { .. }) {
+                    ctx.metrics.cordoned(ev, Utc::now());
+                }
                 info!(node = w.node(), reason, "{note}");
                 report::publish(
                     ctx,

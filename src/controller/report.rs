@@ -63,6 +63,9 @@ pub async fn report(
             source,
         })?;
 
+    if let (None, Some(first_seen)) = (prev.first_seen, status.first_seen) {
+        ctx.metrics.event_observed(ev, first_seen);
+    }
     let prev_nodes = prev.nodes.clone().unwrap_or_default();
     for n in status.nodes.iter().flatten() {
         let before = prev_nodes.iter().find(|p| p.name == n.name);
@@ -71,6 +74,9 @@ pub async fn report(
             && !plan.phase.is_final()
         {
             info!(node = %n.name, "Node drained");
+            if let (Some(first), Some(at)) = (status.first_seen, n.drained_at) {
+                ctx.metrics.drained(ev, first, at);
+            }
             let note = format!("{} drained for {} {name}", n.name, ev.spec.event_type);
             publish(
                 ctx,
@@ -138,10 +144,14 @@ pub async fn report(
         .await;
     }
     if plan.decide_approval.is_some() && !ctx.dry_run {
-        ctx.metrics
-            .approvals_decided
-            .with_label_values(&[type_label(&ev.spec.event_type)])
-            .inc();
+        ctx.metrics.approval_decided(
+            ev,
+            status
+                .approval
+                .as_ref()
+                .and_then(|a| a.decided_at)
+                .unwrap_or_else(chrono::Utc::now),
+        );
         let reason = plan.decide_approval.clone().unwrap_or_default();
         info!(%reason, "Approval decided");
         let note = format!("Approval of {name} decided: {reason}; an agent will send it to IMDS");

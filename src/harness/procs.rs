@@ -1,6 +1,7 @@
 //! forewarn processes started by the harness: the IMDS mock, one agent per
 //! node, the controller. Each logs to a file; all stop on SIGTERM.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -154,6 +155,22 @@ pub async fn wait_ready(port: u16, within: Duration) -> anyhow::Result<()> {
     }
 }
 
+/// Who each forewarn process authenticates as, instead of the kubeconfig
+/// in the common environment: e.g. TokenRequest tokens of the chart's
+/// ServiceAccounts, to play a scenario with exactly the chart's RBAC.
+#[derive(Debug, Clone, Default)]
+pub struct Credentials {
+    /// Kubeconfig of the controller.
+    pub controller: PathBuf,
+    /// Kubeconfig of the agent of each node, by node name.
+    pub agents: BTreeMap<String, PathBuf>,
+    /// Namespace of the controller's Lease (the chart's Role covers only
+    /// the release namespace).
+    pub lease_namespace: String,
+    /// Name of the controller's Lease (the chart's Role names it).
+    pub lease_name: String,
+}
+
 /// What it takes to start forewarn processes for one run.
 struct Launch {
     bin: PathBuf,
@@ -161,15 +178,28 @@ struct Launch {
     log_dir: PathBuf,
     imds_base: String,
     lease: String,
+    credentials: Option<Credentials>,
 }
 
 impl Launch {
-    fn spawn(&self, name: &str, args: &[String], file: &str) -> anyhow::Result<Proc> {
-        let env: Vec<(&str, &str)> = self
+    /// Starts `args`; `kubeconfig`, when given, replaces `KUBECONFIG`.
+    fn spawn(
+        &self,
+        name: &str,
+        args: &[String],
+        file: &str,
+        kubeconfig: Option<&Path>,
+    ) -> anyhow::Result<Proc> {
+        let kubeconfig = kubeconfig.map(|p| p.to_string_lossy().into_owned());
+        let mut env: Vec<(&str, &str)> = self
             .env
             .iter()
+            .filter(|(k, _)| kubeconfig.is_none() || k != "KUBECONFIG")
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
+        if let Some(k) = &kubeconfig {
+            env.push(("KUBECONFIG", k));
+        }
         Ok(Proc::spawn(name, &self.bin, args, &env, &self.log_dir, file)?.0)
     }
 
@@ -180,11 +210,16 @@ impl Launch {
             "--metrics-addr".into(),
             format!("127.0.0.1:{port}"),
             "--lease-namespace".into(),
-            "default".into(),
+            self.credentials
+                .as_ref()
+                .map_or("default".into(), |c| c.lease_namespace.clone()),
             "--lease-name".into(),
-            self.lease.clone(),
+            self.credentials
+                .as_ref()
+                .map_or(self.lease.clone(), |c| c.lease_name.clone()),
         ];
-        Ok((self.spawn("controller", &args, file)?, port))
+        let kubeconfig = self.credentials.as_ref().map(|c| c.controller.as_path());
+        Ok((self.spawn("controller", &args, file, kubeconfig)?, port))
     }
 
     fn agent(&self, node: &str, vm: &str, file: &str) -> anyhow::Result<(Proc, u16)> {
@@ -198,7 +233,19 @@ impl Launch {
             "--metrics-addr".into(),
             format!("127.0.0.1:{port}"),
         ];
-        Ok((self.spawn(&format!("agent {node}"), &args, file)?, port))
+        let kubeconfig = match &self.credentials {
+            Some(c) => Some(
+                c.agents
+                    .get(node)
+                    .with_context(|| format!("no credentials for the agent of {node}"))?
+                    .as_path(),
+            ),
+            None => None,
+        };
+        Ok((
+            self.spawn(&format!("agent {node}"), &args, file, kubeconfig)?,
+            port,
+        ))
     }
 }
 
@@ -244,6 +291,25 @@ impl Fleet {
         lease: &str,
         vms: &[(String, String)],
     ) -> anyhow::Result<Self> {
+        Self::start_as(bin, env, log_dir, scenario, listen, lease, vms, None).await
+    }
+
+    /// As [`Fleet::start`], with the controller and the agents
+    /// authenticating as `credentials` when given (the mock needs none).
+    ///
+    /// # Errors
+    /// As [`Fleet::start`], or when a node's agent has no credentials.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start_as(
+        bin: &Path,
+        env: &[(&str, &str)],
+        log_dir: &Path,
+        scenario: &Path,
+        listen: &str,
+        lease: &str,
+        vms: &[(String, String)],
+        credentials: Option<Credentials>,
+    ) -> anyhow::Result<Self> {
         let (mock, stdout) = Proc::spawn(
             "imds-mock",
             bin,
@@ -269,6 +335,7 @@ impl Fleet {
             log_dir: log_dir.to_path_buf(),
             imds_base,
             lease: lease.into(),
+            credentials,
         };
         let (controller, controller_port) = launch.controller("controller")?;
         let mut agents = Vec::new();

@@ -20,7 +20,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::cluster::Cluster;
-use super::procs::{Fleet, Proc};
+use super::procs::{Credentials, Fleet, Proc};
 use crate::controller::nodes::{holds, is_cordoned};
 use crate::crd::{CONTROLLER_MANAGER, CORDONED_FOR_ANNOTATION, ScheduledEvent, VM_NAME_ANNOTATION};
 use crate::imds::mock::LogEntry;
@@ -75,6 +75,14 @@ pub struct RunOptions {
     /// Count any pod deletion with a grace period of 0 (a force delete) as a
     /// violation. Off only for tests that delete pods themselves.
     pub forbid_force_delete: bool,
+    /// Who the controller and agents authenticate as (default: the
+    /// cluster's admin kubeconfig); see [`Credentials`].
+    pub credentials: Option<Credentials>,
+    /// Once the fleet is ready, write its `/metrics` targets here as a
+    /// Prometheus `file_sd_configs` file (JSON: the controller with `job`
+    /// `forewarn-controller`, each agent with `job` `forewarn-agent` and its
+    /// `node`), so that a Prometheus server started before the run scrapes it.
+    pub prometheus_targets: Option<PathBuf>,
     /// More environment for every forewarn process, e.g.
     /// `FOREWARN_DRY_RUN=true` (read by the controller only).
     pub extra_env: Vec<(String, String)>,
@@ -129,6 +137,8 @@ impl RunOptions {
             workload_grace_seconds: 30,
             workload_stops_within: Some(("300ms".into(), "1200ms".into())),
             forbid_force_delete: true,
+            credentials: None,
+            prometheus_targets: None,
             extra_env: Vec::new(),
             delete_node: None,
             timed_policy: Vec::new(),
@@ -506,7 +516,7 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         .iter()
         .filter_map(|v| Some((v.node.clone()?, v.name.clone())))
         .collect();
-    let mut fleet = Fleet::start(
+    let mut fleet = Fleet::start_as(
         &opts.forewarn_bin,
         &env,
         &opts.log_dir,
@@ -514,9 +524,13 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         "127.0.0.2:0",
         &lease,
         &vms,
+        opts.credentials.clone(),
     )
     .await?;
     fleet.wait_ready(Duration::from_secs(60)).await?;
+    if let Some(path) = &opts.prometheus_targets {
+        write_prometheus_targets(path, &fleet.metrics_ports())?;
+    }
 
     let http = reqwest::Client::builder()
         .no_proxy()
@@ -591,6 +605,29 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
     report.log_dir = opts.log_dir.clone();
     report.metrics = metrics;
     Ok(report)
+}
+
+/// Writes `ports` (process name, port) as a Prometheus file service
+/// discovery file, atomically (a temporary file renamed over it).
+///
+/// # Errors
+/// When the file cannot be written.
+fn write_prometheus_targets(path: &Path, ports: &[(String, u16)]) -> anyhow::Result<()> {
+    let groups: Vec<serde_json::Value> = ports
+        .iter()
+        .map(|(name, port)| {
+            let labels = match name.strip_prefix("agent ") {
+                Some(node) => json!({"job": "forewarn-agent", "node": node}),
+                None => json!({"job": "forewarn-controller"}),
+            };
+            json!({"targets": [format!("127.0.0.1:{port}")], "labels": labels})
+        })
+        .collect();
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&groups)?)
+        .with_context(|| format!("failed to write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("failed to write {}", path.display()))?;
+    Ok(())
 }
 
 /// Aborts a background task when dropped.
@@ -676,6 +713,7 @@ async fn observe(
             }
         }
     }));
+    let mut settling = false;
     let mut deleted: HashSet<String> = HashSet::new();
     let mut unschedulable: HashMap<String, bool> = HashMap::new();
     let mut timed: Vec<(Duration, Vec<String>)> = opts.timed_kubectl.clone();
@@ -1127,9 +1165,17 @@ async fn observe(
                 .items
                 .is_empty();
         if events_over && sevs_over && nodes_released && sevs_deleted {
-            report.finished = true;
-            break;
+            // One more pass after a moment: the Events that mark the last
+            // steps are posted just after the writes this pass saw.
+            if settling {
+                report.finished = true;
+                break;
+            }
+            settling = true;
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            continue;
         }
+        settling = false;
         if Instant::now() > deadline {
             report.violations.push(format!(
                 "time bound of {:?} reached: events over {events_over}, ScheduledEvents final {sevs_over}, nodes released {nodes_released}, ScheduledEvents deleted (if asked) {sevs_deleted}",

@@ -56,6 +56,7 @@ fn seen(nodes: Vec<ObservedNode>, unmapped: &[&str]) -> Observed {
     Observed {
         nodes,
         unmapped: unmapped.iter().map(|s| s.to_string()).collect(),
+        doubts: Vec::new(),
     }
 }
 
@@ -1152,4 +1153,27 @@ fn unknown_imds_statuses_are_mirrored_as_started_and_bogus_spec_values_do_not_pa
         serde_json::to_value(Action::DrainAndApprove).unwrap(),
         "DrainAndApprove"
     );
+}
+
+#[test]
+fn a_doubtful_mapping_withholds_approval_though_every_node_is_drained() {
+    let ev = event("Reboot", "Scheduled", &["vm_1"]);
+    let mut obs = seen(
+        vec![
+            node("node-1", "vm_1", true, &["ev-1"], vec![]),
+            node("node-2", "vm_1", true, &["ev-1"], vec![]),
+        ],
+        &[],
+    );
+    obs.doubts = vec!["VM vm_1 is claimed by 2 nodes (node-1, node-2)".into()];
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    assert_eq!(p.decide_approval, None);
+    assert!(
+        p.approval_withheld
+            .as_deref()
+            .unwrap()
+            .contains("claimed by 2 nodes")
+    );
+    let st = next_status(&ev, &obs, &p, &[], now());
+    assert_eq!(st.nodes_drained.as_deref(), Some("2/2"), "both drained");
 }

@@ -1,0 +1,691 @@
+//! The alerts and the dashboard, checked against real parts:
+//! - `promtool test rules` runs the unit tests of every alert
+//!   (tests/alerts/*.yaml) against charts/forewarn/files/alerts.yaml;
+//! - a real Prometheus server (the Debian `prometheus` binary, on loopback
+//!   with its own storage) scrapes the agents and the controller of a
+//!   scenario on a local cluster, loads the same rules (only their `for:`
+//!   shortened), and its HTTP API must show the blocked-drain and
+//!   not-approved alerts firing, then resolved while the fleet still runs;
+//! - every PromQL query of the Grafana dashboard names only metrics that
+//!   the agent's and the controller's registries register.
+//!
+//! Missing `promtool`/`prometheus` or a cluster that cannot start fails the
+//! tests; nothing is skipped.
+#![cfg(feature = "harness")]
+
+use std::collections::BTreeSet;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use forewarn::harness::cluster::{Cluster, repo_root};
+use forewarn::harness::run::{RunOptions, run_scenario, summary};
+use forewarn::metrics::{AgentMetrics, ControllerMetrics};
+use serde_json::{Value, json};
+
+const RULES: &str = "charts/forewarn/files/alerts.yaml";
+const DASHBOARD: &str = "charts/forewarn/files/dashboard.json";
+const NODE: &str = "node-000001";
+
+/// `prometheus` or `promtool` from Debian's `prometheus` package, installed
+/// or unpacked into the cache by hack/fetch-prometheus.sh, or a loud failure.
+fn binary(name: &str) -> PathBuf {
+    let out = Command::new("bash")
+        .arg(repo_root().join("hack/fetch-prometheus.sh"))
+        .output()
+        .expect("run hack/fetch-prometheus.sh");
+    assert!(
+        out.status.success(),
+        "no {name}: hack/fetch-prometheus.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join(name);
+    assert!(path.is_file(), "no {}", path.display());
+    path
+}
+
+#[test]
+fn promtool_unit_tests_of_every_alert_pass() {
+    let root = repo_root();
+    let tests: Vec<PathBuf> = std::fs::read_dir(root.join("tests/alerts"))
+        .expect("tests/alerts")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    assert!(!tests.is_empty(), "no promtool tests in tests/alerts");
+    // Every alert of the rules file has a test.
+    let text: String = tests
+        .iter()
+        .map(|t| std::fs::read_to_string(t).expect("read test"))
+        .collect();
+    for alert in alert_names() {
+        assert!(
+            text.contains(&format!("alertname: {alert}")),
+            "no promtool test for {alert}"
+        );
+    }
+    let out = Command::new(binary("promtool"))
+        .current_dir(&root)
+        .args(["test", "rules"])
+        .args(&tests)
+        .output()
+        .expect("run promtool");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{log}");
+    assert!(out.status.success(), "promtool test rules failed:\n{log}");
+    assert!(log.contains("SUCCESS"), "{log}");
+}
+
+fn rules() -> serde_yaml::Value {
+    let text = std::fs::read_to_string(repo_root().join(RULES)).expect("read the rules");
+    serde_yaml::from_str(&text).expect("parse the rules")
+}
+
+fn alert_names() -> Vec<String> {
+    let rules = rules();
+    let names: Vec<String> = rules["groups"]
+        .as_sequence()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().cloned().unwrap_or_default())
+        .filter_map(|r| r["alert"].as_str().map(String::from))
+        .collect();
+    assert_eq!(names.len(), 6, "{names:?}");
+    names
+}
+
+/// The metric names a PromQL expression refers to: identifiers followed by
+/// `{`, `[`, `)` ... that are not functions, keywords, label names (inside
+/// braces or `by (...)`/`without (...)`) or label values (in quotes).
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    const WORDS: &[&str] = &[
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "and",
+        "or",
+        "unless",
+        "bool",
+        "offset",
+        "inf",
+        "nan",
+        // aggregation operators, which may be followed by `by`/`without`
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "group",
+        "stddev",
+        "stdvar",
+        "count",
+        "count_values",
+        "bottomk",
+        "topk",
+        "quantile",
+        "limitk",
+        "limit_ratio",
+    ];
+    let mut names = BTreeSet::new();
+    let chars: Vec<char> = expr.chars().collect();
+    let (mut i, mut braces, mut in_quote, mut grouping) = (0, 0, false, 0);
+    while i < chars.len() {
+        let c = chars[i];
+        if in_quote {
+            if c == '\\' {
+                i += 1;
+            } else if c == '"' {
+                in_quote = false;
+            }
+            i += 1;
+            continue;
+        }
+        match c {
+            '"' => in_quote = true,
+            '{' => braces += 1,
+            '}' => braces -= 1,
+            '(' if grouping == 1 => grouping = 2,
+            ')' if grouping == 2 => grouping = 0,
+            '[' => {
+                // a range or subquery duration: skip to ']'
+                while i < chars.len() && chars[i] != ']' {
+                    i += 1;
+                }
+            }
+            _ if c.is_ascii_alphabetic() || c == '_' || c == ':' => {
+                let start = i;
+                while i < chars.len()
+                    && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':')
+                {
+                    i += 1;
+                }
+                let word: String = chars[start..i].iter().collect();
+                let next = chars[i..].iter().find(|c| !c.is_whitespace());
+                if matches!(word.as_str(), "by" | "without" | "on" | "ignoring") {
+                    grouping = 1;
+                } else if braces == 0
+                    && grouping == 0
+                    && next != Some(&'(')
+                    && !WORDS.contains(&word.as_str())
+                    && !word.starts_with('$')
+                {
+                    names.insert(word);
+                }
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    names
+}
+
+#[test]
+fn metric_names_are_read_out_of_promql() {
+    let names = metric_names(
+        r#"sum without (result) (rate(a_total{result=~"x|y{z}"}[5m])) / on (instance) b > 0.1 or histogram_quantile(0.99, sum by (le, type) (rate(c_bucket[$__rate_interval])))"#,
+    );
+    assert_eq!(
+        names.into_iter().collect::<Vec<_>>(),
+        ["a_total", "b", "c_bucket"]
+    );
+}
+
+fn registered() -> BTreeSet<String> {
+    AgentMetrics::names()
+        .into_iter()
+        .chain(ControllerMetrics::names())
+        .collect()
+}
+
+#[test]
+fn every_dashboard_query_and_forewarn_alert_names_only_registered_metrics() {
+    let known = registered();
+    assert!(known.len() > 20, "{known:?}");
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join(DASHBOARD)).expect("read the dashboard"),
+    )
+    .expect("the dashboard is JSON");
+    let mut exprs = Vec::new();
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, v) in m {
+                    if k == "expr"
+                        && let Some(s) = v.as_str()
+                    {
+                        out.push(s.to_string());
+                    }
+                    walk(v, out);
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    walk(&dashboard, &mut exprs);
+    assert!(exprs.len() >= 10, "too few queries: {exprs:?}");
+    let mut used = BTreeSet::new();
+    for e in &exprs {
+        let names = metric_names(e);
+        assert!(!names.is_empty(), "no metric in {e}");
+        for n in names {
+            assert!(
+                known.contains(&n),
+                "dashboard query `{e}` names {n}, which no registry registers"
+            );
+            used.insert(n);
+        }
+    }
+    // The panels the issue asks for.
+    for m in [
+        "forewarn_controller_active_events",
+        "forewarn_controller_drain_duration_seconds_bucket",
+        "forewarn_controller_evictions_total",
+        "forewarn_controller_approval_time_to_not_before_seconds_bucket",
+        "forewarn_agent_imds_polls_total",
+    ] {
+        assert!(used.contains(m), "no panel shows {m}");
+    }
+    // Alerts: the forewarn_ names they use exist too (kube-state-metrics'
+    // and `up` come from elsewhere).
+    for g in rules()["groups"].as_sequence().expect("groups") {
+        for r in g["rules"].as_sequence().expect("rules") {
+            let expr = r["expr"].as_str().expect("expr");
+            for n in metric_names(expr)
+                .into_iter()
+                .filter(|n| n.starts_with("forewarn_"))
+            {
+                assert!(
+                    known.contains(&n),
+                    "alert expression names {n}, which no registry registers:\n{expr}"
+                );
+            }
+        }
+    }
+}
+
+/// One cluster for this test binary.
+fn cluster() -> Cluster {
+    Cluster::start("forewarn-prom", 3)
+        .unwrap_or_else(|e| panic!("the local cluster could not start: {e:#}"))
+}
+
+/// A Prometheus server, killed when dropped.
+struct Prometheus {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Starts Prometheus in `dir` (config, rules, storage, log), scraping the
+/// targets of `targets` every second and evaluating the rules every second.
+async fn start_prometheus(dir: &Path, targets: &Path, rules: &Path) -> Prometheus {
+    let config = json!({
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [rules],
+        "scrape_configs": [{
+            "job_name": "forewarn",
+            "file_sd_configs": [{"files": [targets], "refresh_interval": "1s"}],
+        }],
+    });
+    let config_file = dir.join("prometheus.yml");
+    std::fs::write(&config_file, serde_yaml::to_string(&config).expect("yaml"))
+        .expect("write config");
+    let port = free_port();
+    let log = std::fs::File::create(dir.join("prometheus.log")).expect("log file");
+    let child = Command::new(binary("prometheus"))
+        .arg(format!("--config.file={}", config_file.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("start prometheus");
+    let p = Prometheus {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+    };
+    let http = http();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = http.get(format!("{}/-/ready", p.url)).send().await
+            && r.status().is_success()
+        {
+            return p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus not ready in 30 s; log: {}",
+            std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("http client")
+}
+
+/// An instant query: each series' labels (as JSON text) and value.
+async fn query(url: &str, promql: &str) -> Vec<(String, f64)> {
+    let u = reqwest::Url::parse_with_params(&format!("{url}/api/v1/query"), &[("query", promql)])
+        .expect("query URL");
+    let v: Value = http()
+        .get(u)
+        .send()
+        .await
+        .expect("query Prometheus")
+        .json()
+        .await
+        .expect("JSON answer");
+    assert_eq!(v["status"], "success", "{promql}: {v}");
+    v["data"]["result"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|r| {
+            let value = r["value"][1]
+                .as_str()
+                .and_then(|x| x.parse().ok())
+                .unwrap_or(f64::NAN);
+            (r["metric"].to_string(), value)
+        })
+        .collect()
+}
+
+/// One sample of /api/v1/alerts: when, and each alert's (name, type, state).
+type Sample = (DateTime<Utc>, Vec<(String, String, String)>);
+
+async fn alerts(http: &reqwest::Client, url: &str) -> Option<Vec<(String, String, String)>> {
+    let v: Value = http
+        .get(format!("{url}/api/v1/alerts"))
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    Some(
+        v["data"]["alerts"]
+            .as_array()?
+            .iter()
+            .map(|a| {
+                let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+                (
+                    s(&a["labels"]["alertname"]),
+                    s(&a["labels"]["type"]),
+                    s(&a["state"]),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// The same rules with every `for:` shortened to 0 s (a minute is too long
+/// for a test), expressions untouched.
+fn rules_for_the_test(path: &Path) {
+    let mut r = rules();
+    for g in r["groups"].as_sequence_mut().expect("groups") {
+        for rule in g["rules"].as_sequence_mut().expect("rules") {
+            rule["for"] = serde_yaml::Value::from("0s");
+        }
+    }
+    std::fs::write(path, serde_yaml::to_string(&r).expect("yaml")).expect("write rules");
+}
+
+fn pinned(name: &str, replicas: i32) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {
+                "terminationGracePeriodSeconds": 30,
+                "nodeSelector": {"kubernetes.io/hostname": NODE},
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+            }},
+        },
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn blocked_drain_alerts_fire_in_a_real_prometheus_and_resolve_after_the_event() {
+    let prometheus_bin = binary("prometheus");
+    println!("using {}", prometheus_bin.display());
+    let cluster = tokio::task::spawn_blocking(cluster)
+        .await
+        .expect("cluster start panicked");
+    let dir = repo_root().join("target/forewarn-runs/alerts-prometheus");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("prometheus dir");
+    let targets = dir.join("targets.json");
+    std::fs::write(&targets, "[]").expect("empty targets");
+    let rules_file = dir.join("alerts.yaml");
+    rules_for_the_test(&rules_file);
+    let prom = start_prometheus(&dir, &targets, &rules_file).await;
+
+    // Sample the alerts every 250 ms until told to stop.
+    let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = {
+        let (samples, stop, url) = (samples.clone(), stop.clone(), prom.url.clone());
+        tokio::spawn(async move {
+            let http = http();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(a) = alerts(&http, &url).await {
+                    samples
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push((Utc::now(), a));
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    };
+
+    let mut opts = RunOptions::new(
+        repo_root().join("tests/fixtures/alerts-blocked.yaml"),
+        PathBuf::from(env!("CARGO_BIN_EXE_forewarn")),
+    );
+    opts.timeout = Duration::from_secs(150);
+    opts.prometheus_targets = Some(targets.clone());
+    // A PodDisruptionBudget that never allows an eviction of these pods.
+    opts.extra_objects = vec![
+        pinned("stuck", 2),
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+               "metadata": {"name": "stuck"},
+               "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "stuck"}}}}),
+    ];
+    let report = run_scenario(&cluster, &opts)
+        .await
+        .unwrap_or_else(|e| panic!("could not run: {e:#}"));
+    // The fleet stops inside run_scenario: what Prometheus said afterwards
+    // does not count.
+    let fleet_stopped = Utc::now();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    poller.await.expect("poller");
+    println!("{}\n{}", report.timeline.join("\n"), summary(&report));
+    assert!(
+        report.ok(),
+        "{}\n{}",
+        report.timeline.join("\n"),
+        summary(&report)
+    );
+
+    // Scraped for real: Prometheus holds the controller's and agents'
+    // series, and forewarn's own figures of the run.
+    let q = |promql: &'static str| {
+        let url = prom.url.clone();
+        async move { query(&url, promql).await }
+    };
+    let up = q("count_over_time(up{job=~\"forewarn-.*\"}[5m])").await;
+    assert_eq!(up.len(), 4, "controller and 3 agents scraped: {up:?}");
+    let agents = q("max_over_time(forewarn_agent_imds_last_success_timestamp_seconds[5m])").await;
+    assert_eq!(agents.len(), 3, "{agents:?}");
+    let since_start = (report.started.timestamp() - 5) as f64;
+    assert!(agents.iter().all(|(_, v)| *v > since_start), "{agents:?}");
+    for (promql, want) in [
+        (
+            "sum(max_over_time(forewarn_controller_events_observed_total[5m]))",
+            2.0,
+        ),
+        (
+            "sum(max_over_time(forewarn_controller_detection_to_cordon_seconds_count[5m]))",
+            1.0,
+        ),
+        (
+            "sum(max_over_time(forewarn_controller_approval_time_to_not_before_seconds_count{type=\"Freeze\"}[5m]))",
+            1.0,
+        ),
+        (
+            "sum(max_over_time(forewarn_controller_event_notice_seconds_count[5m]))",
+            2.0,
+        ),
+        (
+            "sum(max_over_time(forewarn_agent_approvals_total{result=\"ok\"}[5m]))",
+            1.0,
+        ),
+    ] {
+        let got: f64 = q(promql).await.iter().map(|(_, v)| v).sum();
+        assert_eq!(got, want, "{promql}");
+    }
+    // The scrape-time gauges of the leader's caches, as the run went.
+    for (promql, want) in [
+        (
+            "max(max_over_time(forewarn_controller_cordoned_nodes{event_state=\"active\"}[5m]))",
+            1.0,
+        ),
+        // The node is held by an ended event only between the event's
+        // Completed and the uncordon (a few seconds), and not at the end.
+        (
+            "last_over_time(forewarn_controller_cordoned_nodes{event_state=\"ended\"}[5m])",
+            0.0,
+        ),
+        (
+            "max(max_over_time(forewarn_controller_active_events{type=\"Redeploy\",phase=\"Draining\"}[5m]))",
+            1.0,
+        ),
+        (
+            "max(max_over_time(forewarn_controller_active_events{type=\"Freeze\",phase=\"Draining\"}[5m]))",
+            0.0,
+        ),
+        (
+            "max(max_over_time(forewarn_controller_events_unapproved_past_not_before{type=\"Redeploy\"}[5m]))",
+            1.0,
+        ),
+        (
+            "max(max_over_time(forewarn_controller_events_unapproved_past_not_before{type=\"Freeze\"}[5m]))",
+            0.0,
+        ),
+        ("min(min_over_time(forewarn_controller_leader[5m]))", 1.0),
+    ] {
+        let got: Vec<f64> = q(promql).await.iter().map(|(_, v)| *v).collect();
+        assert_eq!(got, [want], "{promql}");
+    }
+    let ended_scrapes: f64 =
+        q("sum_over_time(forewarn_controller_cordoned_nodes{event_state=\"ended\"}[5m])")
+            .await
+            .iter()
+            .map(|(_, v)| v)
+            .sum();
+    assert!(
+        ended_scrapes <= 10.0,
+        "a node held by an ended event in {ended_scrapes} scrapes (1 s apart)"
+    );
+    let blocked: f64 =
+        q("sum(max_over_time(forewarn_controller_evictions_total{result=\"blocked\"}[5m]))")
+            .await
+            .iter()
+            .map(|(_, v)| v)
+            .sum();
+    assert!(blocked >= 2.0, "blocked evictions counted: {blocked}");
+    // Notice of the Redeploy as the controller saw it: 30 s less the time
+    // to mirror and see it (under 2 s here).
+    let notice =
+        q("max_over_time(forewarn_controller_event_notice_seconds_sum{type=\"Redeploy\"}[5m])")
+            .await;
+    assert!(
+        notice.iter().any(|(_, v)| *v > 27.0 && *v <= 30.0),
+        "{notice:?}"
+    );
+
+    let samples = samples
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let samples: Vec<&Sample> = samples.iter().filter(|(t, _)| *t < fleet_stopped).collect();
+    let not_before = report.started + chrono::Duration::seconds(2 + 30);
+    let firing = |name: &str, ty: &str, s: &Sample| {
+        s.1.iter()
+            .any(|(n, t, st)| n == name && t == ty && st == "firing")
+    };
+    let active = |name: &str, s: &Sample| s.1.iter().any(|(n, _, _)| n == name);
+    let history = |name: &str| {
+        samples
+            .iter()
+            .map(|(t, a)| {
+                format!(
+                    "{:+.1}s {:?}",
+                    (*t - report.started).as_seconds_f64(),
+                    a.iter().filter(|x| x.0 == name).collect::<Vec<_>>()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+
+    for (name, ty) in [
+        ("ForewarnDrainBlockedNearNotBefore", "Redeploy"),
+        ("ForewarnEventUnapprovedAtNotBefore", "Redeploy"),
+    ] {
+        let first = samples
+            .iter()
+            .position(|s| firing(name, ty, s))
+            .unwrap_or_else(|| panic!("{name} never fired:\n{}", history(name)));
+        let resolved = samples[first..]
+            .iter()
+            .position(|s| !active(name, s))
+            .map(|i| first + i)
+            .unwrap_or_else(|| {
+                panic!(
+                    "{name} still active when the fleet stopped:\n{}",
+                    history(name)
+                )
+            });
+        let (fired_at, resolved_at) = (samples[first].0, samples[resolved].0);
+        println!(
+            "{name}: firing at {:+.1}s, resolved at {:+.1}s (NotBefore at +32 s)",
+            (fired_at - report.started).as_seconds_f64(),
+            (resolved_at - report.started).as_seconds_f64()
+        );
+        if name == "ForewarnDrainBlockedNearNotBefore" {
+            assert!(
+                fired_at < not_before,
+                "the blocked drain must be reported before NotBefore:\n{}",
+                history(name)
+            );
+        } else {
+            assert!(
+                // IMDS writes NotBefore in whole seconds (RFC 1123): the
+                // mock's is up to 1 s before the scenario's `at + notice`.
+                fired_at >= not_before - chrono::Duration::milliseconds(1100),
+                "not approved by NotBefore fired before NotBefore:\n{}",
+                history(name)
+            );
+        }
+        assert!(
+            resolved_at > not_before,
+            "{name} resolved before the event ran:\n{}",
+            history(name)
+        );
+    }
+    // The Freeze was approved in time: never reported as unapproved.
+    assert!(
+        !samples.iter().any(|s| s
+            .1
+            .iter()
+            .any(|(n, t, _)| n == "ForewarnEventUnapprovedAtNotBefore" && t == "Freeze")),
+        "{}",
+        history("ForewarnEventUnapprovedAtNotBefore")
+    );
+    // A leader was there all along once the fleet ran.
+    let leading = samples
+        .iter()
+        .filter(|(t, _)| *t > report.started + chrono::Duration::seconds(5))
+        .all(|s| !active("ForewarnNoControllerLeader", s));
+    assert!(leading, "{}", history("ForewarnNoControllerLeader"));
+    drop(prom);
+}

@@ -1,0 +1,1560 @@
+//! The Helm chart (`charts/forewarn`) against a real local control plane:
+//! `helm lint --strict`, every rendered object accepted by the API server
+//! (default values and every optional feature on), `manifests/` in step with
+//! the chart, the CRD upgrade step, and, once installed, the chart's own
+//! ServiceAccounts with TokenRequest tokens (the agent's bound to its pod on
+//! a KWOK node): what each may and may not do, RBAC and the admission policy
+//! alike, checked on what the server stored. helm is built from its Go
+//! module by `hack/build-helm.sh`. Fails, never skips, when the cluster
+//! cannot start.
+#![cfg(feature = "harness")]
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use forewarn::harness::cluster::{Cluster, repo_root};
+use forewarn::policy::Policy;
+use serde_json::Value;
+
+const CLUSTER: &str = "forewarn-chart";
+const NS: &str = "forewarn";
+const RELEASE: &str = "forewarn";
+const AGENT_SA: &str = "forewarn-agent";
+const CONTROLLER_SA: &str = "forewarn-controller";
+const VM_ANNOTATION: &str = "forewarn.dev/vm-name";
+
+// ---------------------------------------------------------------------------
+// Tools
+
+/// What a command printed, and whether it succeeded.
+#[derive(Debug)]
+struct Out {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+fn run(bin: &Path, args: &[&str], env: &[(&str, &Path)], stdin: Option<&str>) -> Out {
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("failed to start {}: {e}", bin.display()));
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .expect("stdin is piped")
+            .write_all(text.as_bytes())
+            .expect("failed to write stdin");
+    }
+    let out = child.wait_with_output().expect("failed to wait");
+    Out {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// helm, built once by hack/build-helm.sh.
+fn helm_bin() -> PathBuf {
+    static HELM: OnceLock<PathBuf> = OnceLock::new();
+    HELM.get_or_init(|| {
+        let out = Command::new("bash")
+            .arg(repo_root().join("hack/build-helm.sh"))
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("failed to run hack/build-helm.sh");
+        assert!(out.status.success(), "hack/build-helm.sh failed");
+        let dir = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let helm = PathBuf::from(dir).join("helm");
+        assert!(helm.is_file(), "no helm at {}", helm.display());
+        helm
+    })
+    .clone()
+}
+
+/// Runs helm with its caches and config inside target/, never in ~.
+fn helm(args: &[&str]) -> Out {
+    let home = repo_root().join("target/chart-test/helm-home");
+    std::fs::create_dir_all(&home).expect("helm home");
+    let env: Vec<(&str, PathBuf)> = vec![
+        ("HELM_CACHE_HOME", home.join("cache")),
+        ("HELM_CONFIG_HOME", home.join("config")),
+        ("HELM_DATA_HOME", home.join("data")),
+    ];
+    let env: Vec<(&str, &Path)> = env.iter().map(|(k, v)| (*k, v.as_path())).collect();
+    run(&helm_bin(), args, &env, None)
+}
+
+fn chart_dir() -> String {
+    repo_root()
+        .join("charts/forewarn")
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn all_features_values() -> String {
+    repo_root()
+        .join("tests/chart-fixtures/values-all-features.yaml")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// `helm template` of the release into NS with `extra` arguments.
+fn render(extra: &[&str]) -> String {
+    let chart = chart_dir();
+    let mut args = vec!["template", RELEASE, &chart, "--namespace", NS];
+    args.extend_from_slice(extra);
+    let out = helm(&args);
+    assert!(
+        out.ok,
+        "helm template {extra:?} failed:\n{}{}",
+        out.stdout, out.stderr
+    );
+    out.stdout
+}
+
+/// The YAML documents of a multi-document stream, as JSON values.
+fn documents(yaml: &str) -> Vec<Value> {
+    yaml.split("\n---")
+        .filter_map(|doc| {
+            let v: Value = serde_yaml::from_str(doc).expect("rendered YAML parses");
+            (!v.is_null()).then_some(v)
+        })
+        .collect()
+}
+
+/// kubectl with a given kubeconfig.
+#[derive(Clone)]
+struct Kubectl {
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Out {
+        let cache = self.bin.join("../kubectl-cache");
+        run(
+            &self.bin,
+            args,
+            &[
+                ("KUBECONFIG", self.kubeconfig.as_path()),
+                ("KUBECACHEDIR", cache.as_path()),
+            ],
+            stdin,
+        )
+    }
+
+    /// Runs and panics on failure; returns stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args, None);
+        assert!(out.ok, "kubectl {args:?} failed: {}", out.stderr.trim());
+        out.stdout
+    }
+
+    fn ok_stdin(&self, args: &[&str], stdin: &str) -> String {
+        let out = self.run(args, Some(stdin));
+        assert!(out.ok, "kubectl {args:?} failed: {}", out.stderr.trim());
+        out.stdout
+    }
+
+    /// Runs a request that must be refused; returns the refusal (stderr).
+    /// `kubectl cordon` exits 0 when the server refuses the patch (it only
+    /// prints `error: unable to cordon node`), so an `error:` on stderr
+    /// counts as a refusal too; callers check the stored object as well.
+    fn denied(&self, args: &[&str]) -> String {
+        let out = self.run(args, None);
+        assert!(
+            !out.ok || out.stderr.contains("error:"),
+            "kubectl {args:?} was allowed but must be refused: {}",
+            out.stdout.trim()
+        );
+        out.stderr.trim().to_string()
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.extend_from_slice(&["-o", "json"]);
+        serde_json::from_str(&self.ok(&a)).expect("kubectl printed JSON")
+    }
+}
+
+/// One cluster for the whole test binary; the tests that use it take turns.
+fn cluster() -> (MutexGuard<'static, ()>, Cluster) {
+    static TURN: Mutex<()> = Mutex::new(());
+    static STARTED: OnceLock<Result<Cluster, String>> = OnceLock::new();
+    let turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = STARTED
+        .get_or_init(|| Cluster::start(CLUSTER, 3).map_err(|e| format!("{e:#}")))
+        .clone()
+        .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"));
+    (turn, cluster)
+}
+
+fn admin(c: &Cluster) -> Kubectl {
+    Kubectl {
+        bin: c.kubectl_path(),
+        kubeconfig: c.kubeconfig.clone(),
+    }
+}
+
+fn out_dir() -> PathBuf {
+    let dir = repo_root().join("target/chart-test");
+    std::fs::create_dir_all(&dir).expect("target/chart-test");
+    dir
+}
+
+/// Polls `check` every 250 ms until it returns `Some` or `within` passes.
+fn eventually<T>(what: &str, within: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(start.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The namespace the README tells users to create: the agent needs
+/// hostNetwork, which Pod Security "baseline" forbids.
+fn ensure_namespace(k: &Kubectl, name: &str, level: &str) {
+    k.ok_stdin(
+        &["apply", "--server-side", "-f", "-"],
+        &format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels:\n    pod-security.kubernetes.io/enforce: {level}\n"
+        ),
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Without a cluster
+
+#[test]
+fn chart_lints_strict_clean() {
+    for extra in [vec![], vec!["-f".to_string(), all_features_values()]] {
+        let chart = chart_dir();
+        let mut args = vec!["lint", "--strict", chart.as_str()];
+        args.extend(extra.iter().map(String::as_str));
+        let out = helm(&args);
+        println!("{}", out.stdout);
+        assert!(
+            out.ok,
+            "helm lint --strict failed:\n{}{}",
+            out.stdout, out.stderr
+        );
+        assert!(out.stdout.contains("0 chart(s) failed"), "{}", out.stdout);
+        for bad in ["[WARNING]", "[ERROR]"] {
+            assert!(
+                !out.stdout.contains(bad),
+                "helm lint reports {bad}:\n{}",
+                out.stdout
+            );
+        }
+    }
+}
+
+#[test]
+fn chart_crd_is_the_generated_crd() {
+    let top = std::fs::read(repo_root().join("crds/scheduledevents.forewarn.dev.yaml"))
+        .expect("crds/scheduledevents.forewarn.dev.yaml");
+    let chart =
+        std::fs::read(repo_root().join("charts/forewarn/crds/scheduledevents.forewarn.dev.yaml"))
+            .expect("charts/forewarn/crds/scheduledevents.forewarn.dev.yaml");
+    assert!(
+        top == chart,
+        "charts/forewarn/crds/ differs from crds/: run `make generate manifests`"
+    );
+}
+
+#[test]
+fn manifests_match_the_chart_defaults() {
+    let out = run(
+        Path::new("bash"),
+        &[&repo_root()
+            .join("hack/render-manifests.sh")
+            .to_string_lossy()],
+        &[("HELM", helm_bin().as_path())],
+        None,
+    );
+    assert!(out.ok, "hack/render-manifests.sh failed: {}", out.stderr);
+    let file = std::fs::read_to_string(repo_root().join("manifests/forewarn.yaml"))
+        .expect("manifests/forewarn.yaml");
+    assert!(
+        out.stdout == file,
+        "manifests/forewarn.yaml is not the chart rendered with its defaults: run `make manifests`"
+    );
+    // And it is what `helm template` gives, plus the namespace.
+    let kinds: Vec<String> = documents(&file)
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap_or_default().to_string())
+        .collect();
+    for k in [
+        "Namespace",
+        "CustomResourceDefinition",
+        "DaemonSet",
+        "Deployment",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ] {
+        assert!(
+            kinds.iter().any(|x| x == k),
+            "no {k} in manifests/forewarn.yaml: {kinds:?}"
+        );
+    }
+}
+
+#[test]
+fn values_schema_rejects_wrong_values() {
+    let chart = chart_dir();
+    for (set, complaint) in [
+        ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+        ("controller.replicaCount=0", "/controller/replicaCount"),
+        (
+            "controller.policy.defaultAction=Evict",
+            "/controller/policy/defaultAction",
+        ),
+        ("agent.pollInterval=soon", "/agent/pollInterval"),
+        (
+            "admissionPolicy.validationActions={Allow}",
+            "/admissionPolicy/validationActions",
+        ),
+        ("agent.metrics.port=70000", "/agent/metrics/port"),
+        ("nosuchvalue=1", "nosuchvalue"),
+    ] {
+        let out = helm(&["template", RELEASE, &chart, "--set", set]);
+        assert!(!out.ok, "--set {set} was accepted");
+        assert!(
+            out.stderr.contains(complaint),
+            "--set {set}: the error does not name {complaint}: {}",
+            out.stderr
+        );
+    }
+}
+
+#[test]
+fn schema_has_no_remote_ref_and_every_value_is_documented() {
+    let schema = std::fs::read_to_string(repo_root().join("charts/forewarn/values.schema.json"))
+        .expect("values.schema.json");
+    let v: Value = serde_json::from_str(&schema).expect("values.schema.json is JSON");
+    fn refs(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    if k == "$ref" {
+                        out.push(x.to_string());
+                    }
+                    refs(x, out);
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|x| refs(x, out)),
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    refs(&v, &mut found);
+    assert!(
+        found.iter().all(|r| r.starts_with("\"#")),
+        "remote $ref in values.schema.json: {found:?}"
+    );
+    // Every value of values.yaml has a `# --` comment right above it; a
+    // value so documented covers its whole block (e.g. `resources:`), while
+    // a key without one is a mere section whose keys must be documented.
+    let values = std::fs::read_to_string(repo_root().join("charts/forewarn/values.yaml"))
+        .expect("values.yaml");
+    let lines: Vec<&str> = values.lines().collect();
+    let mut undocumented = Vec::new();
+    let mut documented_block: Option<usize> = None;
+    for (i, line) in lines.iter().enumerate() {
+        let indent = line.len() - line.trim_start().len();
+        let t = line.trim_start();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        if let Some(d) = documented_block {
+            if indent > d || t.starts_with('-') {
+                continue;
+            }
+            documented_block = None;
+        }
+        let Some((key, rest)) = t.split_once(':') else {
+            continue;
+        };
+        let doc = lines[..i]
+            .iter()
+            .rev()
+            .take_while(|l| l.trim_start().starts_with('#'))
+            .any(|l| l.trim_start().starts_with("# --"));
+        if doc {
+            documented_block = Some(indent);
+        } else if !rest.trim().is_empty() {
+            undocumented.push(format!("line {}: {key}", i + 1));
+        }
+    }
+    assert!(
+        undocumented.is_empty(),
+        "values without a comment: {undocumented:#?}"
+    );
+}
+
+#[test]
+fn policy_configmap_is_the_built_in_policy() {
+    let docs = documents(&render(&["-s", "templates/policy-configmap.yaml"]));
+    let text = docs[0]["data"]["policy.yaml"]
+        .as_str()
+        .expect("policy.yaml in the ConfigMap");
+    let policy = Policy::parse(text, "ConfigMap policy.yaml")
+        .unwrap_or_else(|e| panic!("the chart's policy does not load: {e}"));
+    assert_eq!(
+        policy,
+        Policy::default(),
+        "chart default policy != built-in default"
+    );
+    // The all-features policy loads too.
+    let docs = documents(&render(&[
+        "-f",
+        &all_features_values(),
+        "-s",
+        "templates/policy-configmap.yaml",
+    ]));
+    let text = docs[0]["data"]["policy.yaml"]
+        .as_str()
+        .expect("policy.yaml");
+    let p = Policy::parse(text, "ConfigMap policy.yaml").expect("all-features policy loads");
+    assert_eq!(p.rules.len(), 2);
+    assert_eq!(p.retention, Duration::from_secs(3600));
+}
+
+#[test]
+fn workloads_run_the_documented_flags_and_security_context() {
+    let docs = documents(&render(&[]));
+    let find = |kind: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind}"))
+            .clone()
+    };
+    let ds = find("DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    assert_eq!(
+        pod["tolerations"],
+        serde_json::json!([{"operator": "Exists"}])
+    );
+    let c = &pod["containers"][0];
+    assert_eq!(c["image"], "ghcr.io/forewarn/forewarn:0.1.0");
+    assert_eq!(c["command"][0], "/usr/local/bin/forewarn");
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        args.contains(&"agent") && args.contains(&"--metrics-addr=0.0.0.0:9101"),
+        "{args:?}"
+    );
+    assert_eq!(
+        c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+
+    let dep = find("Deployment");
+    assert_eq!(dep["spec"]["replicas"], 2);
+    let pod = &dep["spec"]["template"]["spec"];
+    // The controller's pods use the pod network unless controller.hostNetwork.
+    assert!(pod.get("hostNetwork").is_none(), "{pod}");
+    assert!(pod.get("dnsPolicy").is_none(), "{pod}");
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
+    assert!(
+        pod["topologySpreadConstraints"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty())
+    );
+    let c = &pod["containers"][0];
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for a in [
+        "controller",
+        "--metrics-addr=0.0.0.0:9102",
+        "--policy-file=/etc/forewarn/policy.yaml",
+    ] {
+        assert!(args.contains(&a), "controller args lack {a}: {args:?}");
+    }
+    let env: Vec<&str> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert_eq!(env, ["POD_NAME", "POD_NAMESPACE"]);
+
+    for (kind, pod) in [("DaemonSet", &ds), ("Deployment", &dep)] {
+        let sc = &pod["spec"]["template"]["spec"]["containers"][0]["securityContext"];
+        assert_eq!(sc["runAsNonRoot"], true, "{kind}");
+        assert_eq!(sc["readOnlyRootFilesystem"], true, "{kind}");
+        assert_eq!(sc["allowPrivilegeEscalation"], false, "{kind}");
+        assert_eq!(
+            sc["capabilities"]["drop"],
+            serde_json::json!(["ALL"]),
+            "{kind}"
+        );
+        assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{kind}");
+        assert_eq!(sc["runAsUser"], 65532, "{kind}");
+    }
+    assert!(docs.iter().any(|d| d["kind"] == "PodDisruptionBudget"));
+}
+
+// ---------------------------------------------------------------------------
+// On the cluster
+
+/// Installs the minimal prometheus-operator CRDs (tests/chart-fixtures/).
+fn install_monitoring_crds(k: &Kubectl) {
+    let file = repo_root().join("tests/chart-fixtures/prometheus-operator-crds.yaml");
+    k.ok(&["apply", "--server-side", "-f", &file.to_string_lossy()]);
+    k.ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/servicemonitors.monitoring.coreos.com",
+        "crd/podmonitors.monitoring.coreos.com",
+    ]);
+}
+
+/// `kubectl apply --dry-run=server` of `yaml`; asserts every document was
+/// accepted (one "(server dry run)" line each). Conflicts of field
+/// ownership with an installed release do not matter here, hence
+/// `--force-conflicts`.
+fn dry_run_apply(k: &Kubectl, yaml: &str) -> Vec<String> {
+    let expected = documents(yaml).len();
+    let out = k.run(
+        &[
+            "apply",
+            "--dry-run=server",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            "-",
+        ],
+        Some(yaml),
+    );
+    assert!(
+        out.ok,
+        "the API server rejected the chart: {}",
+        out.stderr.trim()
+    );
+    let lines: Vec<String> = out
+        .stdout
+        .lines()
+        .filter(|l| l.ends_with("(server dry run)"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        lines.len(),
+        expected,
+        "not every object was accepted:\n{}",
+        out.stdout
+    );
+    lines
+}
+
+#[test]
+fn rendered_manifests_are_accepted_by_the_api_server() {
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    ensure_namespace(&k, NS, "privileged");
+    install_monitoring_crds(&k);
+    // Default values, CRD included (manifests/ is exactly this plus the namespace).
+    let defaults = render(&["--include-crds"]);
+    let lines = dry_run_apply(&k, &defaults);
+    println!("defaults:\n{}", lines.join("\n"));
+    let file =
+        std::fs::read_to_string(repo_root().join("manifests/forewarn.yaml")).expect("manifests");
+    dry_run_apply(&k, &file);
+    // Every optional feature on.
+    let all = render(&["--include-crds", "-f", &all_features_values()]);
+    let lines = dry_run_apply(&k, &all);
+    println!("all features:\n{}", lines.join("\n"));
+    for kind in [
+        "servicemonitor",
+        "podmonitor",
+        "networkpolicy",
+        "validatingadmissionpolicy",
+    ] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(&format!("{kind}."))),
+            "no {kind} among the accepted objects:\n{}",
+            lines.join("\n")
+        );
+    }
+}
+
+/// Pod (JSON) from the pod template of the workload `kind` in `rendered`,
+/// after creating its ServiceAccount in `ns` so that only Pod Security decides.
+fn pod_from_template(k: &Kubectl, rendered: &str, kind: &str, name: &str, ns: &str) -> String {
+    let docs = documents(rendered);
+    let w = docs.iter().find(|d| d["kind"] == kind).expect("workload");
+    let sa = w["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .expect("serviceAccountName");
+    let sa = serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns}});
+    let pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "namespace": ns, "labels": w["spec"]["template"]["metadata"]["labels"] },
+        "spec": w["spec"]["template"]["spec"],
+    });
+    k.ok_stdin(&["apply", "-f", "-"], &sa.to_string());
+    pod.to_string()
+}
+
+#[test]
+fn controller_meets_pod_security_restricted_and_agent_needs_privileged() {
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    let ns = "psa-restricted";
+    ensure_namespace(&k, ns, "restricted");
+    let rendered = render(&[]);
+    let controller = pod_from_template(&k, &rendered, "Deployment", "controller-psa", ns);
+    let out = k.run(
+        &["create", "--dry-run=server", "-f", "-"],
+        Some(&controller),
+    );
+    assert!(
+        out.ok,
+        "the controller pod violates Pod Security restricted: {}",
+        out.stderr
+    );
+    let agent = pod_from_template(&k, &rendered, "DaemonSet", "agent-psa", ns);
+    let out = k.run(&["create", "--dry-run=server", "-f", "-"], Some(&agent));
+    assert!(!out.ok, "the agent pod was admitted under restricted");
+    println!("agent under restricted: {}", out.stderr.trim());
+    assert!(out.stderr.contains("hostNetwork"), "{}", out.stderr);
+    // The README's label lets it in.
+    let ns = "psa-privileged";
+    ensure_namespace(&k, ns, "privileged");
+    let agent = pod_from_template(&k, &rendered, "DaemonSet", "agent-psa", ns);
+    let out = k.run(&["create", "--dry-run=server", "-f", "-"], Some(&agent));
+    assert!(
+        out.ok,
+        "the agent pod is refused under privileged: {}",
+        out.stderr
+    );
+}
+
+/// `v` with every whole number as an integer: the API server stores the
+/// generated CRD's `minimum: 1.0` as `1`.
+fn same_numbers(v: &Value) -> Value {
+    match v {
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Value::from(f as i64),
+            _ => v.clone(),
+        },
+        Value::Array(a) => Value::Array(a.iter().map(same_numbers).collect()),
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, x)| (k.clone(), same_numbers(x)))
+                .collect(),
+        ),
+        _ => v.clone(),
+    }
+}
+
+/// The CRD upgrade step of the README (`kubectl apply --server-side
+/// --force-conflicts -f charts/forewarn/crds/`) replaces an older CRD that
+/// `helm install` created, and the API server then serves the new schema.
+#[test]
+fn crd_upgrade_step_serves_the_new_schema() {
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    let crd_file = repo_root().join("charts/forewarn/crds/scheduledevents.forewarn.dev.yaml");
+    let mut old: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&crd_file).expect("CRD")).expect("CRD YAML");
+    // The "old" CRD: without spec.resourceType, with an extra printer column.
+    let spec_props = &mut old["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        ["properties"];
+    assert!(
+        spec_props
+            .as_object_mut()
+            .unwrap()
+            .remove("resourceType")
+            .is_some()
+    );
+    old["spec"]["versions"][0]["additionalPrinterColumns"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "Old", "type": "string", "jsonPath": ".spec.eventId"}));
+    // Created the way helm creates crds/ (a plain create, not an apply).
+    k.run(
+        &[
+            "delete",
+            "crd",
+            "scheduledevents.forewarn.dev",
+            "--wait=true",
+        ],
+        None,
+    );
+    k.ok_stdin(&["create", "-f", "-"], &old.to_string());
+    k.ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/scheduledevents.forewarn.dev",
+    ]);
+    let event = r#"{"apiVersion":"forewarn.dev/v1alpha1","kind":"ScheduledEvent","metadata":{"name":"crd-upgrade-probe"},
+        "spec":{"eventId":"crd-upgrade-probe","eventStatus":"Scheduled","eventType":"Reboot","resourceType":"VirtualMachine"}}"#;
+    let before = eventually("old schema served", Duration::from_secs(30), || {
+        let out = k.run(
+            &["create", "--dry-run=server", "--validate=strict", "-f", "-"],
+            Some(event),
+        );
+        (!out.ok && out.stderr.contains("resourceType")).then_some(out.stderr)
+    });
+    println!("old CRD refuses the new field: {}", before.trim());
+
+    // The upgrade step.
+    let step = k.ok(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        &repo_root().join("charts/forewarn/crds/").to_string_lossy(),
+    ]);
+    println!("upgrade step: {}", step.trim());
+    k.ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/scheduledevents.forewarn.dev",
+    ]);
+    // The stored CRD is the chart's, the extra column is gone...
+    let stored = k.json(&["get", "crd", "scheduledevents.forewarn.dev"]);
+    let new: Value = serde_yaml::from_str(&std::fs::read_to_string(&crd_file).unwrap()).unwrap();
+    assert_eq!(
+        same_numbers(&stored["spec"]["versions"][0]["schema"]),
+        same_numbers(&new["spec"]["versions"][0]["schema"])
+    );
+    assert_eq!(
+        stored["spec"]["versions"][0]["additionalPrinterColumns"],
+        new["spec"]["versions"][0]["additionalPrinterColumns"]
+    );
+    // ... and the served schema (OpenAPI v3 and validation) is the new one.
+    eventually("new schema served", Duration::from_secs(30), || {
+        let openapi = k.run(
+            &["get", "--raw", "/openapi/v3/apis/forewarn.dev/v1alpha1"],
+            None,
+        );
+        let out = k.run(
+            &["create", "--dry-run=server", "--validate=strict", "-f", "-"],
+            Some(event),
+        );
+        (openapi.ok && openapi.stdout.contains("resourceType") && out.ok).then_some(())
+    });
+}
+
+/// The API server's address and CA, from the admin kubeconfig.
+fn server_and_ca(k: &Kubectl) -> (String, String) {
+    let cfg = k.json(&["config", "view", "--raw", "--minify", "--flatten"]);
+    let cluster = &cfg["clusters"][0]["cluster"];
+    (
+        cluster["server"].as_str().expect("server").to_string(),
+        cluster["certificate-authority-data"]
+            .as_str()
+            .expect("certificate-authority-data")
+            .to_string(),
+    )
+}
+
+/// A kubeconfig that authenticates with `token` only.
+fn token_kubeconfig(admin: &Kubectl, name: &str, token: &str) -> Kubectl {
+    let (server, ca) = server_and_ca(admin);
+    let path = out_dir().join(format!("{name}.kubeconfig"));
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
+         users:\n- name: {name}\n  user:\n    token: {token}\ncontexts:\n- name: {name}\n  context:\n    cluster: local\n    user: {name}\n    namespace: {NS}\n\
+         current-context: {name}\n"
+    );
+    std::fs::write(&path, text).expect("write kubeconfig");
+    Kubectl {
+        bin: admin.bin.clone(),
+        kubeconfig: path,
+    }
+}
+
+/// A TokenRequest token of `sa`, bound to `pod` when given.
+fn token(k: &Kubectl, sa: &str, pod: Option<(&str, &str)>) -> String {
+    let mut args = vec!["create", "token", sa, "-n", NS, "--duration", "1h"];
+    if let Some((name, uid)) = pod {
+        args.extend_from_slice(&[
+            "--bound-object-kind",
+            "Pod",
+            "--bound-object-name",
+            name,
+            "--bound-object-uid",
+            uid,
+        ]);
+    }
+    k.ok(&args).trim().to_string()
+}
+
+/// Installs (or upgrades) the release with default values and waits for it.
+fn install(k: &Kubectl, c: &Cluster) {
+    ensure_namespace(k, NS, "privileged");
+    let chart = chart_dir();
+    let kubeconfig = c.kubeconfig.to_string_lossy().into_owned();
+    let out = helm(&[
+        "upgrade",
+        "--install",
+        RELEASE,
+        &chart,
+        "--namespace",
+        NS,
+        "--kubeconfig",
+        &kubeconfig,
+        "--wait",
+        "--timeout",
+        "180s",
+    ]);
+    assert!(out.ok, "helm install failed:\n{}{}", out.stdout, out.stderr);
+    println!("{}", out.stdout);
+}
+
+/// The agent pod the DaemonSet put on `node`: (name, uid).
+fn agent_pod_on(k: &Kubectl, node: &str) -> (String, String) {
+    let pods = k.json(&[
+        "get",
+        "pods",
+        "-n",
+        NS,
+        "-l",
+        "app.kubernetes.io/component=agent",
+        "--field-selector",
+        &format!("spec.nodeName={node}"),
+    ]);
+    let p = &pods["items"][0];
+    (
+        p["metadata"]["name"]
+            .as_str()
+            .expect("agent pod on the node")
+            .to_string(),
+        p["metadata"]["uid"].as_str().expect("uid").to_string(),
+    )
+}
+
+fn annotation(k: &Kubectl, node: &str) -> Option<String> {
+    let n = k.json(&["get", "node", node]);
+    n["metadata"]["annotations"][VM_ANNOTATION]
+        .as_str()
+        .map(str::to_string)
+}
+
+fn merge_patch(key: &str, value: &str) -> String {
+    format!(r#"{{"metadata":{{"annotations":{{"{key}":"{value}"}}}}}}"#)
+}
+
+/// Server-side apply of `status` on the ScheduledEvent `name` (status
+/// subresource, field manager `manager`, forced), with the credentials
+/// of `kubeconfig`: exactly the request the agent and controller make.
+fn apply_status(kubeconfig: &Path, name: &str, status: Value, manager: &str) -> Result<(), String> {
+    use forewarn::crd::ScheduledEvent;
+    use kube::api::{Api, Patch, PatchParams};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let client = forewarn::harness::cluster::client_for(kubeconfig)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        let api: Api<ScheduledEvent> = Api::all(client);
+        let body = serde_json::json!({
+            "apiVersion": "forewarn.dev/v1alpha1",
+            "kind": "ScheduledEvent",
+            "metadata": { "name": name },
+            "status": status,
+        });
+        api.patch_status(
+            name,
+            &PatchParams::apply(manager).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| match e {
+            kube::Error::Api(s) => format!("{} ({}): {}", s.reason, s.code, s.message),
+            e => e.to_string(),
+        })
+    })
+}
+
+/// `helm install`, then the chart's ServiceAccounts with TokenRequest tokens:
+/// each may do what its role needs and nothing more.
+#[test]
+fn installed_chart_confines_each_service_account() {
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    install(&k, &c);
+    let mut record = String::new();
+
+    // What the release created.
+    for (kind, name) in [
+        ("daemonset", "forewarn-agent"),
+        ("deployment", "forewarn-controller"),
+        ("serviceaccount", AGENT_SA),
+        ("serviceaccount", CONTROLLER_SA),
+        ("configmap", "forewarn-policy"),
+        ("service", "forewarn-agent-metrics"),
+        ("service", "forewarn-controller-metrics"),
+        ("poddisruptionbudget", "forewarn-controller"),
+        ("role", "forewarn-controller-lease"),
+        ("rolebinding", "forewarn-controller-lease"),
+    ] {
+        k.ok(&["get", "-n", NS, kind, name]);
+    }
+    for (kind, name) in [
+        ("clusterrole", "forewarn-agent"),
+        ("clusterrole", "forewarn-controller"),
+        ("clusterrolebinding", "forewarn-agent"),
+        ("clusterrolebinding", "forewarn-controller"),
+        ("validatingadmissionpolicy", "forewarn-agent-node"),
+        ("validatingadmissionpolicy", "forewarn-agent-status"),
+        ("validatingadmissionpolicybinding", "forewarn-agent-node"),
+        ("validatingadmissionpolicybinding", "forewarn-agent-status"),
+        ("crd", "scheduledevents.forewarn.dev"),
+    ] {
+        k.ok(&["get", kind, name]);
+    }
+    // The API server type-checked the policies' CEL against the real
+    // schemas (Node, the CRD) and found nothing to warn about.
+    for vap in ["forewarn-agent-node", "forewarn-agent-status"] {
+        let status = eventually("policy type-checked", Duration::from_secs(30), || {
+            let p = k.json(&["get", "validatingadmissionpolicy", vap]);
+            (p["status"]["observedGeneration"] == p["metadata"]["generation"])
+                .then(|| p["status"].clone())
+        });
+        assert!(
+            status["typeChecking"]["expressionWarnings"].is_null(),
+            "{vap}: type-checking warnings: {}",
+            status["typeChecking"]
+        );
+    }
+    let ds = k.json(&["get", "-n", NS, "daemonset", "forewarn-agent"]);
+    assert_eq!(
+        ds["status"]["numberReady"], 3,
+        "one agent per node: {}",
+        ds["status"]
+    );
+    let dep = k.json(&["get", "-n", NS, "deployment", "forewarn-controller"]);
+    assert_eq!(dep["status"]["readyReplicas"], 2, "{}", dep["status"]);
+
+    let nodes = ["node-000000", "node-000001", "node-000002"];
+    let (agent_pod, agent_uid) = agent_pod_on(&k, nodes[0]);
+    let agent = token_kubeconfig(
+        &k,
+        "agent",
+        &token(&k, AGENT_SA, Some((&agent_pod, &agent_uid))),
+    );
+    let ctl_pods = k.json(&[
+        "get",
+        "pods",
+        "-n",
+        NS,
+        "-l",
+        "app.kubernetes.io/component=controller",
+    ]);
+    let ctl_pod = &ctl_pods["items"][0]["metadata"];
+    let controller = token_kubeconfig(
+        &k,
+        "controller",
+        &token(
+            &k,
+            CONTROLLER_SA,
+            Some((
+                ctl_pod["name"].as_str().unwrap(),
+                ctl_pod["uid"].as_str().unwrap(),
+            )),
+        ),
+    );
+    let unbound_agent = token_kubeconfig(&k, "agent-unbound", &token(&k, AGENT_SA, None));
+
+    // The fact the admission policy rests on: a pod-bound token carries the
+    // node of the pod in the user's extra info.
+    let who = agent.json(&["auth", "whoami"]);
+    let info = &who["status"]["userInfo"];
+    record += &format!(
+        "agent token (bound to pod {agent_pod} on {}): {info}\n\n",
+        nodes[0]
+    );
+    assert_eq!(
+        info["username"],
+        format!("system:serviceaccount:{NS}:{AGENT_SA}")
+    );
+    assert_eq!(
+        info["extra"]["authentication.kubernetes.io/node-name"],
+        serde_json::json!([nodes[0]]),
+        "no node name in the pod-bound token: {info}"
+    );
+    let who = unbound_agent.json(&["auth", "whoami"]);
+    assert!(
+        who["status"]["userInfo"]["extra"]["authentication.kubernetes.io/node-name"].is_null(),
+        "an unbound token carries a node name: {}",
+        who["status"]["userInfo"]
+    );
+
+    // --- agent: its own node's vm-name annotation, nothing else.
+    agent.ok(&[
+        "patch",
+        "node",
+        nodes[0],
+        "--type=merge",
+        "-p",
+        &merge_patch(VM_ANNOTATION, "vm-chart-0"),
+    ]);
+    assert_eq!(annotation(&k, nodes[0]).as_deref(), Some("vm-chart-0"));
+    // As the agent writes it: server-side apply.
+    agent.ok_stdin(
+        &["apply", "--server-side", "--force-conflicts", "--field-manager=forewarn-agent", "-f", "-"],
+        &format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {}\n  annotations:\n    {VM_ANNOTATION}: vm-chart-0b\n",
+            nodes[0]
+        ),
+    );
+    assert_eq!(annotation(&k, nodes[0]).as_deref(), Some("vm-chart-0b"));
+    let node = k.json(&["get", "node", nodes[0], "--show-managed-fields"]);
+    let managers: Vec<&str> = node["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["manager"].as_str())
+        .collect();
+    assert!(managers.contains(&"forewarn-agent"), "{managers:?}");
+
+    let denials = std::cell::RefCell::new(Vec::new());
+    let deny = |who: &Kubectl, what: &str, args: &[&str], expect: &str| {
+        let msg = who.denied(args);
+        assert!(
+            msg.contains(expect),
+            "{what}: refused, but not for the expected reason ({expect}): {msg}"
+        );
+        denials.borrow_mut().push(format!("{what}:\n  {msg}"));
+    };
+    let other = merge_patch(VM_ANNOTATION, "vm-chart-0");
+    deny(
+        &agent,
+        "agent patches another node's vm-name",
+        &["patch", "node", nodes[1], "--type=merge", "-p", &other],
+        &format!("may change only its own Node, not {}", nodes[1]),
+    );
+    assert_eq!(annotation(&k, nodes[1]), None);
+    deny(
+        &agent,
+        "agent cordons its own node",
+        &["cordon", nodes[0]],
+        "may change only the forewarn.dev/vm-name annotation",
+    );
+    deny(
+        &agent,
+        "agent taints its own node",
+        &["taint", "node", nodes[0], "forewarn.dev/x=y:NoSchedule"],
+        "may change only the forewarn.dev/vm-name annotation",
+    );
+    deny(
+        &agent,
+        "agent labels its own node",
+        &["label", "node", nodes[0], "forewarn.dev/x=y"],
+        "may change only the forewarn.dev/vm-name annotation",
+    );
+    deny(
+        &agent,
+        "agent sets another annotation on its own node",
+        &[
+            "patch",
+            "node",
+            nodes[0],
+            "--type=merge",
+            "-p",
+            &merge_patch("forewarn.dev/cordoned-for", "x"),
+        ],
+        "may change only the forewarn.dev/vm-name annotation",
+    );
+    deny(
+        &unbound_agent,
+        "agent token not bound to a pod patches its node",
+        &[
+            "patch",
+            "node",
+            nodes[0],
+            "--type=merge",
+            "-p",
+            &merge_patch(VM_ANNOTATION, "vm-x"),
+        ],
+        "the token carries no node name",
+    );
+    let n0 = k.json(&["get", "node", nodes[0]]);
+    assert!(
+        n0["spec"]["unschedulable"].is_null() && n0["spec"]["taints"].is_null(),
+        "{}",
+        n0["spec"]
+    );
+    assert!(n0["metadata"]["labels"]["forewarn.dev/x"].is_null());
+
+    // A pod to evict.
+    ensure_namespace(&k, "chart-victims", "baseline");
+    k.ok_stdin(&["apply", "-f", "-"], "apiVersion: v1\nkind: Pod\nmetadata:\n  name: victim\n  namespace: chart-victims\nspec:\n  containers:\n  - name: c\n    image: example.invalid/app:1\n");
+    let eviction = r#"{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name":"victim","namespace":"chart-victims"}}"#;
+    let eviction_file = out_dir().join("eviction.json");
+    std::fs::write(&eviction_file, eviction).unwrap();
+    let ev = eviction_file.to_string_lossy().into_owned();
+    deny(
+        &agent,
+        "agent evicts a pod",
+        &[
+            "create",
+            "--raw",
+            "/api/v1/namespaces/chart-victims/pods/victim/eviction",
+            "-f",
+            &ev,
+        ],
+        "forbidden",
+    );
+    deny(
+        &agent,
+        "agent reads secrets",
+        &["get", "secrets", "-n", NS],
+        "forbidden",
+    );
+
+    // A ScheduledEvent with the controller's status.
+    let sev = "chart-trust-probe";
+    k.run(
+        &["delete", "scheduledevent", sev, "--ignore-not-found"],
+        None,
+    );
+    k.ok_stdin(&["create", "-f", "-"], &format!(
+        r#"{{"apiVersion":"forewarn.dev/v1alpha1","kind":"ScheduledEvent","metadata":{{"name":"{sev}"}},
+           "spec":{{"eventId":"{sev}","eventStatus":"Scheduled","eventType":"Reboot","resources":["vm-chart-1"]}}}}"#));
+    k.ok(&[
+        "patch",
+        "scheduledevent",
+        sev,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"phase":"Draining","approval":{"reason":"waiting for the drain"}}}"#,
+    ]);
+    deny(
+        &agent,
+        "agent deletes a ScheduledEvent",
+        &["delete", "scheduledevent", sev],
+        "forbidden",
+    );
+    // Status writes as the agent makes them: server-side apply on the status
+    // subresource (kube, like src/agent), with no GET first.
+    let agent_status = |what: &str, status: Value| -> Result<(), String> {
+        apply_status(&agent.kubeconfig, sev, status, forewarn::crd::AGENT_MANAGER)
+            .map_err(|e| format!("{what}:\n  {e}"))
+    };
+    for (what, status) in [
+        (
+            "agent writes status.approval.decidedAt",
+            serde_json::json!({"approval": {"decidedAt": "2026-01-01T00:00:00Z"}}),
+        ),
+        (
+            "agent writes status.phase",
+            serde_json::json!({"phase": "Approved"}),
+        ),
+        (
+            "agent writes status.nodes",
+            serde_json::json!({"nodes": [{"name": nodes[1], "vmName": "vm-chart-1", "drainedAt": "2026-01-01T00:00:00Z"}]}),
+        ),
+    ] {
+        let msg = agent_status(what, status).expect_err("must be refused");
+        assert!(
+            msg.contains("may write only status.approval.sentAt, sentBy and result"),
+            "{msg}"
+        );
+        denials.borrow_mut().push(msg);
+    }
+    // What it records after sending an approval: allowed.
+    agent_status(
+        "agent records the approval it sent",
+        serde_json::json!({"approval": {"sentAt": "2026-01-01T00:00:01Z", "sentBy": nodes[0], "result": "Accepted"}}),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let stored = k.json(&["get", "scheduledevent", sev]);
+    assert_eq!(stored["status"]["phase"], "Draining");
+    assert!(
+        stored["status"]["approval"]["decidedAt"].is_null(),
+        "{}",
+        stored["status"]
+    );
+    assert_eq!(
+        stored["status"]["approval"]["reason"],
+        "waiting for the drain"
+    );
+    assert_eq!(stored["status"]["approval"]["sentBy"], nodes[0]);
+    assert_eq!(stored["status"]["approval"]["result"], "Accepted");
+    // Creating and mirroring events stays allowed.
+    agent.ok_stdin(&["create", "-f", "-"], &format!(
+        r#"{{"apiVersion":"forewarn.dev/v1alpha1","kind":"ScheduledEvent","metadata":{{"name":"{sev}-2"}},
+           "spec":{{"eventId":"{sev}-2","eventStatus":"Scheduled","eventType":"Freeze","resources":["vm-chart-0"]}}}}"#));
+    // As the agent writes a spec: the object as read, replaced (update).
+    let replace = |name: &str, change: &dyn Fn(&mut Value)| {
+        let mut obj = agent.json(&["get", "scheduledevent", name]);
+        change(&mut obj);
+        agent.ok_stdin(&["replace", "-f", "-"], &obj.to_string());
+    };
+    replace(&format!("{sev}-2"), &|o| {
+        o["spec"]["eventStatus"] = "Started".into()
+    });
+    assert_eq!(
+        k.json(&["get", "scheduledevent", &format!("{sev}-2")])["spec"]["eventStatus"],
+        "Started"
+    );
+    // A status sent along with a create or a main-resource update is dropped
+    // by the API server (status subresource), so it needs no policy.
+    agent.ok_stdin(&["create", "-f", "-"], &format!(
+        r#"{{"apiVersion":"forewarn.dev/v1alpha1","kind":"ScheduledEvent","metadata":{{"name":"{sev}-3"}},
+           "spec":{{"eventId":"{sev}-3","eventStatus":"Scheduled","eventType":"Freeze","resources":["vm-chart-0"]}},
+           "status":{{"phase":"Approved","approval":{{"decidedAt":"2026-01-01T00:00:00Z"}}}}}}"#));
+    replace(
+        &format!("{sev}-3"),
+        &|o| o["status"] = serde_json::json!({"phase": "Approved", "approval": {"decidedAt": "2026-01-01T00:00:00Z"}}),
+    );
+    let forged = k.json(&["get", "scheduledevent", &format!("{sev}-3")]);
+    assert!(
+        forged["status"].is_null(),
+        "status written through the main resource: {}",
+        forged["status"]
+    );
+
+    // --- controller: what it needs works, Secrets do not.
+    deny(
+        &controller,
+        "controller reads secrets",
+        &["get", "secrets", "-n", NS],
+        "forbidden",
+    );
+    deny(
+        &controller,
+        "controller lists secrets cluster-wide",
+        &["get", "secrets", "-A"],
+        "forbidden",
+    );
+    let lease_file = out_dir().join("lease-default.yaml");
+    std::fs::write(&lease_file, "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: forewarn-controller\n  namespace: default\n").unwrap();
+    deny(
+        &controller,
+        "controller creates a Lease outside its namespace",
+        &["create", "-f", &lease_file.to_string_lossy()],
+        "forbidden",
+    );
+    deny(
+        &controller,
+        "controller creates a pod",
+        &["run", "x", "--image=example.invalid/x", "-n", NS],
+        "forbidden",
+    );
+    controller.ok(&["cordon", nodes[2]]);
+    controller.ok(&["uncordon", nodes[2]]);
+    controller.ok(&[
+        "get",
+        "pods",
+        "-A",
+        "--field-selector",
+        &format!("spec.nodeName={}", nodes[2]),
+    ]);
+    controller.ok(&[
+        "create",
+        "--raw",
+        "/api/v1/namespaces/chart-victims/pods/victim/eviction",
+        "-f",
+        &ev,
+    ]);
+    apply_status(
+        &controller.kubeconfig,
+        sev,
+        serde_json::json!({"phase": "Approved", "approval": {"decidedAt": "2026-01-01T00:00:00Z"}}),
+        forewarn::crd::CONTROLLER_MANAGER,
+    )
+    .unwrap_or_else(|e| panic!("the controller cannot write the approval decision: {e}"));
+    controller.ok(&[
+        "delete",
+        "scheduledevent",
+        sev,
+        &format!("{sev}-2"),
+        &format!("{sev}-3"),
+    ]);
+    controller.ok_stdin(&["apply", "--server-side", "-f", "-"], &format!(
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: forewarn-controller\n  namespace: {NS}\nspec:\n  holderIdentity: chart-test\n"));
+    k.ok(&["delete", "lease", "-n", NS, "forewarn-controller"]);
+
+    // What each ServiceAccount may do, as the API server sees it.
+    for (name, who) in [("agent", &agent), ("controller", &controller)] {
+        let list = who.ok(&["auth", "can-i", "--list", "-n", NS]);
+        std::fs::write(out_dir().join(format!("can-i-{name}.txt")), &list).unwrap();
+        record += &format!("kubectl auth can-i --list -n {NS} ({name} token):\n{list}\n");
+        assert!(
+            !list.contains("secrets"),
+            "{name} may touch secrets:\n{list}"
+        );
+        assert!(
+            !list.lines().any(|l| l.starts_with("*.*")),
+            "{name} has a wildcard:\n{list}"
+        );
+    }
+    record += &format!("denials:\n{}\n", denials.borrow().join("\n"));
+    std::fs::write(out_dir().join("confinement.txt"), &record).unwrap();
+    println!("{record}");
+}
+
+/// Options to play platform-redeploy.yaml with TokenRequest tokens of the
+/// chart's ServiceAccounts: each agent's bound to the chart's agent pod on
+/// its node (with `swap`, the agents of node-000000 and node-000001 get
+/// each other's token), the controller's unbound (the drain may evict the
+/// controller's pods, and a bound token dies with its pod).
+fn chart_run_options(
+    k: &Kubectl,
+    run: &str,
+    lease: &str,
+    swap: bool,
+) -> forewarn::harness::run::RunOptions {
+    use forewarn::harness::procs::Credentials;
+    use forewarn::harness::run::RunOptions;
+    let nodes = ["node-000000", "node-000001", "node-000002"];
+    let mut agents = std::collections::BTreeMap::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let bound_to = match (swap, i) {
+            (true, 0) => nodes[1],
+            (true, 1) => nodes[0],
+            _ => node,
+        };
+        let (pod, uid) = agent_pod_on(k, bound_to);
+        let kc = token_kubeconfig(
+            k,
+            &format!("{run}-agent-{node}"),
+            &token(k, AGENT_SA, Some((&pod, &uid))),
+        );
+        agents.insert(node.to_string(), kc.kubeconfig);
+    }
+    let controller = token_kubeconfig(
+        k,
+        &format!("{run}-controller"),
+        &token(k, CONTROLLER_SA, None),
+    );
+    k.run(
+        &["delete", "lease", "-n", NS, lease, "--ignore-not-found"],
+        None,
+    );
+    let mut opts = RunOptions::new(
+        repo_root().join("tests/fixtures/platform-redeploy.yaml"),
+        PathBuf::from(env!("CARGO_BIN_EXE_forewarn")),
+    );
+    opts.log_dir = repo_root().join("target/forewarn-runs").join(run);
+    opts.timeout = Duration::from_secs(150);
+    opts.credentials = Some(Credentials {
+        controller: controller.kubeconfig,
+        agents,
+        lease_namespace: NS.into(),
+        lease_name: lease.into(),
+    });
+    opts
+}
+
+/// The control for the scenario test below: the same processes with the
+/// tokens of the agents of node-000000 and node-000001 swapped are refused
+/// by the API server when each records its VM name on its Node. So the
+/// processes really authenticate with the tokens given (and a node's token
+/// is no good on another node).
+#[test]
+fn swapped_agent_tokens_are_refused_during_a_scenario() {
+    use forewarn::harness::procs::Fleet;
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    install(&k, &c);
+    let opts = chart_run_options(&k, "chart-swapped-tokens", "forewarn-controller", true);
+    k.ok(&[
+        "annotate",
+        "node",
+        "node-000001",
+        &format!("{VM_ANNOTATION}-"),
+    ]);
+    std::fs::create_dir_all(&opts.log_dir).expect("log dir");
+    let vms: Vec<(String, String)> = (0..3)
+        .map(|i| {
+            (
+                format!("node-00000{i}"),
+                format!("aks-nodepool1-27351046-vmss_{i}"),
+            )
+        })
+        .collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let log = opts.log_dir.join("agent-node-000001.log");
+    let refusal = rt.block_on(async {
+        let mut fleet = Fleet::start_as(
+            &opts.forewarn_bin,
+            &[("RUST_LOG", "info,kube=warn")],
+            &opts.log_dir,
+            &opts.scenario,
+            "127.0.0.2:0",
+            "unused",
+            &vms,
+            opts.credentials.clone(),
+        )
+        .await
+        .expect("fleet starts");
+        let start = Instant::now();
+        let found = loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(l) = text
+                .lines()
+                .find(|l| l.contains("may change only its own Node"))
+            {
+                break Some(l.to_string());
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        for p in fleet.all_mut() {
+            let _ = p.terminate(Duration::from_secs(10)).await;
+        }
+        found
+    });
+    let refusal = refusal.unwrap_or_else(|| {
+        panic!(
+            "no admission refusal in {}:\n{}",
+            log.display(),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        )
+    });
+    println!("agent of node-000001 holding node-000000's token: {refusal}");
+    // And the API server kept node-000001 unannotated.
+    assert_eq!(annotation(&k, "node-000001"), None);
+}
+
+/// The real agent and controller processes of the harness, each with a
+/// TokenRequest token of the chart's ServiceAccount (every agent's bound to
+/// the chart's agent pod on its node, so it carries the node claim), play
+/// `platform-redeploy.yaml` to the end: the chart's RBAC and admission
+/// policies are enough for the whole cycle (annotate, mirror, cordon,
+/// drain, approve, record the approval, uncordon).
+#[test]
+fn scenario_plays_with_the_chart_credentials() {
+    use forewarn::harness::run::{run_scenario, summary};
+
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    install(&k, &c);
+    let lease = "forewarn-controller";
+    let opts = chart_run_options(&k, "chart-platform-redeploy", lease, false);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let report = rt
+        .block_on(run_scenario(&c, &opts))
+        .unwrap_or_else(|e| panic!("platform-redeploy with the chart's credentials: {e:#}"));
+    println!("{}\n{}", report.timeline.join("\n"), summary(&report));
+    assert!(
+        report.ok(),
+        "platform-redeploy with the chart's credentials:\n{}\n{}",
+        report.timeline.join("\n"),
+        summary(&report)
+    );
+    assert!(
+        report.min_ready >= report.min_available,
+        "PodDisruptionBudget violated"
+    );
+    // The controller took the chart's Lease, in the release namespace (and
+    // released it on SIGTERM at the end, so no holder is left).
+    let held = k.json(&["get", "lease", "-n", NS, lease]);
+    assert!(
+        held["spec"]["leaseTransitions"]
+            .as_i64()
+            .is_some_and(|t| t >= 1),
+        "{}",
+        held["spec"]
+    );
+    // No process fell back to anything but its token: the logs show no
+    // authorization failure.
+    for entry in std::fs::read_dir(&opts.log_dir).expect("log dir") {
+        let path = entry.expect("log entry").path();
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        for bad in ["forbidden", "Forbidden", "ValidatingAdmissionPolicy"] {
+            assert!(
+                !text.contains(bad),
+                "{}: {bad} in the log:\n{}",
+                path.display(),
+                text.lines()
+                    .filter(|l| l.contains(bad))
+                    .take(5)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+    }
+}
+
+#[test]
+fn controller_host_network_is_opt_in_and_keeps_its_own_port() {
+    let docs = documents(&render(&["--set", "controller.hostNetwork=true"]));
+    let find = |kind: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind}"))
+            .clone()
+    };
+    let (dep, ds) = (find("Deployment"), find("DaemonSet"));
+    let pod = &dep["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+    // Both roles then listen on ports of the same node: they must differ.
+    let port = |w: &Value| {
+        w["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"].clone()
+    };
+    assert_eq!(port(&dep), 9102);
+    assert_eq!(port(&ds), 9101);
+    // The schema types it.
+    let chart = chart_dir();
+    let out = helm(&[
+        "template",
+        RELEASE,
+        &chart,
+        "--set-string",
+        "controller.hostNetwork=yes",
+    ]);
+    assert!(!out.ok, "a string controller.hostNetwork was accepted");
+    assert!(out.stderr.contains("hostNetwork"), "{}", out.stderr);
+}

@@ -1,0 +1,290 @@
+//! Leader election of `forewarn controller`, with real processes on a real
+//! local control plane: never two leaders at once, a hand-over at once on
+//! SIGTERM, and a leader cut off from the API server stops acting before a
+//! standby may take over (the renew deadline). Leadership is read from each
+//! process's own `/metrics` (`forewarn_controller_leader`) and logs, and
+//! from the Lease the API server holds. They fail, never skip, when the
+//! cluster cannot start.
+#![cfg(feature = "harness")]
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use forewarn::harness::cluster::Cluster;
+use forewarn::harness::procs::{Proc, free_port};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+
+fn cluster() -> Cluster {
+    static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+    CLUSTER
+        .get_or_init(|| Cluster::start("forewarn-leader", 1).map_err(|e| format!("{e:#}")))
+        .clone()
+        .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"))
+}
+
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn log_dir(name: &str) -> PathBuf {
+    let dir = forewarn::harness::cluster::repo_root()
+        .join("target/forewarn-runs/leader")
+        .join(name);
+    std::fs::create_dir_all(&dir).expect("log dir");
+    dir
+}
+
+/// A controller process and its metrics port.
+struct Controller {
+    proc: Proc,
+    port: u16,
+}
+
+fn start_controller(kubeconfig: &Path, lease: &str, identity: &str, dir: &Path) -> Controller {
+    let port = free_port().expect("port");
+    let args: Vec<String> = [
+        "controller",
+        "--metrics-addr",
+        &format!("127.0.0.1:{port}"),
+        "--lease-namespace",
+        "default",
+        "--lease-name",
+        lease,
+        "--identity",
+        identity,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let kubeconfig = kubeconfig.to_string_lossy().into_owned();
+    let env = [
+        ("KUBECONFIG", kubeconfig.as_str()),
+        ("RUST_LOG", "info,kube=warn"),
+    ];
+    let (proc, _) = Proc::spawn(
+        identity,
+        Path::new(env!("CARGO_BIN_EXE_forewarn")),
+        &args,
+        &env,
+        dir,
+        identity,
+    )
+    .expect("start controller");
+    Controller { proc, port }
+}
+
+/// `Some(true)` when the process reports that it leads, `None` when its
+/// metrics cannot be read.
+async fn leads(http: &reqwest::Client, port: u16) -> Option<bool> {
+    let text = http
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find(|l| l.starts_with("forewarn_controller_leader "))
+        .map(|l| l.ends_with(" 1"))
+}
+
+fn count_in_log(p: &Proc, needle: &str) -> usize {
+    std::fs::read_to_string(&p.log)
+        .unwrap_or_default()
+        .matches(needle)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_controllers_started_together_never_lead_at_once_and_hand_over_on_sigterm() {
+    let _turn = TURN.lock().await;
+    let cluster = tokio::task::spawn_blocking(cluster).await.expect("cluster");
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let leases: Api<Lease> = Api::namespaced(cluster.client().await.unwrap(), "default");
+    let mut handovers = Vec::new();
+    for round in 0..20 {
+        let lease = format!("together-{round}");
+        let dir = log_dir(&lease);
+        let mut a = start_controller(&cluster.kubeconfig, &lease, "replica-a", &dir);
+        let mut b = start_controller(&cluster.kubeconfig, &lease, "replica-b", &dir);
+        // 3 s of samples every 50 ms: never both leading, and one leads.
+        let mut someone = false;
+        let end = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < end {
+            let (la, lb) = (leads(&http, a.port).await, leads(&http, b.port).await);
+            assert!(
+                !(la == Some(true) && lb == Some(true)),
+                "round {round}: both replicas lead at once (logs in {})",
+                dir.display()
+            );
+            someone |= la == Some(true) || lb == Some(true);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            someone,
+            "round {round}: no replica leads after 3 s (logs in {})",
+            dir.display()
+        );
+        let leading = count_in_log(&a.proc, "Leading: reconciling")
+            + count_in_log(&b.proc, "Leading: reconciling");
+        assert_eq!(
+            leading, 1,
+            "round {round}: {leading} replicas logged that they lead"
+        );
+        let holder = leases
+            .get(&lease)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .holder_identity
+            .unwrap_or_default();
+        let (leader, standby) = if leads(&http, a.port).await == Some(true) {
+            (&mut a, &mut b)
+        } else {
+            (&mut b, &mut a)
+        };
+        assert_eq!(
+            holder, leader.proc.name,
+            "round {round}: the Lease names another holder"
+        );
+        // SIGTERM: the Lease is handed over at once, not after its 15 s.
+        let stopped = Instant::now();
+        leader
+            .proc
+            .terminate(Duration::from_secs(10))
+            .await
+            .expect("leader stops on SIGTERM");
+        while leads(&http, standby.port).await != Some(true) {
+            assert!(
+                stopped.elapsed() < Duration::from_secs(8),
+                "round {round}: the standby did not take over within 8 s of the leader's SIGTERM"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        handovers.push(stopped.elapsed().as_secs_f64());
+        standby
+            .proc
+            .terminate(Duration::from_secs(10))
+            .await
+            .expect("standby stops");
+    }
+    handovers.sort_by(f64::total_cmp);
+    println!(
+        "20 rounds, never two leaders; hand-over after SIGTERM: median {:.2} s, max {:.2} s",
+        handovers[handovers.len() / 2],
+        handovers[handovers.len() - 1]
+    );
+}
+
+/// A TCP proxy to `target` on a free loopback port, until `stop` is sent:
+/// then it drops its listener and every connection at once.
+async fn proxy(target: String) -> (u16, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let mut conns = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                _ = &mut rx => break,
+                accepted = listener.accept() => {
+                    let Ok((mut inbound, _)) = accepted else { continue };
+                    let target = target.clone();
+                    conns.spawn(async move {
+                        if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                    });
+                }
+            }
+        }
+        conns.abort_all();
+    });
+    (port, tx)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn leader_cut_off_from_the_api_server_stops_before_a_standby_may_lead() {
+    let _turn = TURN.lock().await;
+    let cluster = tokio::task::spawn_blocking(cluster).await.expect("cluster");
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let kubeconfig = std::fs::read_to_string(&cluster.kubeconfig).unwrap();
+    let server = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://"))
+        .expect("server in kubeconfig")
+        .to_string();
+    let (port, cut) = proxy(server.clone()).await;
+    let dir = log_dir("cut-off");
+    // The serving certificate names 127.0.0.1: another port is fine.
+    let proxied = dir.join("kubeconfig-proxied.yaml");
+    std::fs::write(
+        &proxied,
+        kubeconfig.replace(
+            &format!("https://{server}"),
+            &format!("https://127.0.0.1:{port}"),
+        ),
+    )
+    .unwrap();
+    let lease = "cut-off";
+    let mut leader = start_controller(&proxied, lease, "replica-far", &dir);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while leads(&http, leader.port).await != Some(true) {
+        assert!(Instant::now() < deadline, "the proxied replica never led");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut standby = start_controller(&cluster.kubeconfig, lease, "replica-near", &dir);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        leads(&http, standby.port).await,
+        Some(false),
+        "the standby leads while the leader is healthy"
+    );
+
+    cut.send(()).unwrap();
+    let cut_at = Instant::now();
+    let mut leader_stopped = None;
+    let mut standby_led = None;
+    while leader_stopped.is_none() || standby_led.is_none() {
+        assert!(
+            cut_at.elapsed() < Duration::from_secs(60),
+            "no resolution within 60 s (logs in {})",
+            dir.display()
+        );
+        if leader_stopped.is_none() && leader.proc.exited().is_some() {
+            leader_stopped = Some(cut_at.elapsed());
+        }
+        if standby_led.is_none() && leads(&http, standby.port).await == Some(true) {
+            standby_led = Some(cut_at.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (stopped, led) = (leader_stopped.unwrap(), standby_led.unwrap());
+    println!(
+        "cut off at 0 s: the old leader stopped acting at {stopped:?}, the standby led at {led:?}"
+    );
+    assert!(
+        stopped < led,
+        "the standby led at {led:?}, before the cut-off leader stopped at {stopped:?}"
+    );
+    assert!(
+        count_in_log(&leader.proc, "renew deadline") >= 1,
+        "the old leader did not stop for its renew deadline:\n{}",
+        leader.proc.log_tail(10)
+    );
+    standby
+        .proc
+        .terminate(Duration::from_secs(10))
+        .await
+        .expect("standby stops");
+}
