@@ -19,7 +19,7 @@ mkdir -p "$logs"
 rm -f "$logs"/*.log
 
 # Each end-to-end binary starts its own cluster; these names are torn down at the end.
-clusters=(forewarn-test forewarn-test-b forewarn-drain forewarn-agent forewarn-chart forewarn-leader forewarn-prom)
+clusters=(forewarn-test forewarn-test-b forewarn-drain forewarn-agent forewarn-chart forewarn-leader forewarn-prom forewarn-life)
 teardown() {
   for c in "${clusters[@]}"; do bash hack/cluster.sh down --name "$c" >/dev/null 2>&1 || true; done
 }
@@ -44,7 +44,7 @@ if [[ "${FOREWARN_SKIP_REAL_NODE:-}" != 1 ]]; then
     { cat "$logs/real_node-build.log"; echo "[test] FAILED: the real node cannot be built here (FOREWARN_SKIP_REAL_NODE=1 skips it on machines without root or unshare)"; exit 1; }
 fi
 
-suites=(lib imds_mock scenarios drain agent_imds leader alerts)
+suites=(lib imds_mock scenarios drain agent_imds leader alerts lifecycle)
 [[ -f tests/chart.rs ]] && suites+=(chart)
 declare -A pid
 started=$SECONDS

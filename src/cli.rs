@@ -114,6 +114,13 @@ pub struct ControllerArgs {
     /// Evictions that may be sent at once above the rate before it applies.
     #[arg(long, env = "FOREWARN_EVICTION_BURST", default_value_t = 40, value_parser = clap::value_parser!(u32).range(1..))]
     pub eviction_burst: u32,
+    /// Decide and record what would be done (status, Events, logs) without
+    /// cordoning, evicting or approving: no node is written, no eviction
+    /// requested, and the would-be approval is recorded in `status.dryRun`,
+    /// which no agent sends. Objects past their retention are still deleted
+    /// (bookkeeping, not maintenance).
+    #[arg(long, env = "FOREWARN_DRY_RUN")]
+    pub dry_run: bool,
     /// `ScheduledEvent`s reconciled at once.
     #[arg(long, env = "FOREWARN_RECONCILE_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub reconcile_concurrency: u16,

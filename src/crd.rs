@@ -7,6 +7,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::policy::Action;
+
 /// Field manager of the agents' server-side applies.
 pub const AGENT_MANAGER: &str = "forewarn-agent";
 /// Field manager of the controller's server-side applies.
@@ -90,8 +92,10 @@ pub struct ScheduledEventSpec {
     pub event_type: String,
     /// `EventStatus`: `Scheduled`, then `Started`, then `Completed` once IMDS no
     /// longer lists the event (finished or cancelled). Only ever moves forward
-    /// within one `appearance`.
-    pub event_status: String,
+    /// within one `appearance`. Any other value is refused by the API server;
+    /// agents write an `EventStatus` IMDS sends that they do not know as
+    /// `Started` (see [`EventStatus`]).
+    pub event_status: EventStatus,
     /// `EventSource`: `Platform` or `User`.
     #[serde(default)]
     pub event_source: String,
@@ -136,18 +140,19 @@ fn minus_one() -> i64 {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ScheduledEventStatus {
-    /// `Pending`, `Draining`, `Drained`, `Approved`, `Started`, then
-    /// `Completed` or `Cancelled` (gone before it started); `Ignored` when the
-    /// policy says to do nothing.
+    /// `Pending`, `Draining`, `Drained`, `Approved` (IMDS accepted the
+    /// approval), `Started`, then `Completed` or `Cancelled` (gone before it
+    /// started); `Ignored` when the policy says to do nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub phase: Option<Phase>,
     /// The policy action chosen: `Ignore`, `Approve`, `Cordon`, `Drain` or `DrainAndApprove`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub action: Option<String>,
+    pub action: Option<Action>,
     /// Affected nodes drained over affected nodes in this cluster, e.g. `1/2`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes_drained: Option<String>,
-    /// Per-node progress for each entry of `Resources` that maps to a node.
+    /// Per-node progress for each entry of `Resources` that maps to a node
+    /// (a node since deleted keeps its last record).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<Vec<NodeProgress>>,
     /// Entries of `Resources` that map to no node of this cluster (other VMs
@@ -157,6 +162,11 @@ pub struct ScheduledEventStatus {
     /// The approval: decided by the controller, sent by an agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<Approval>,
+    /// What a controller run with `--dry-run` would have done, and never
+    /// did: no agent sends an approval recorded here (agents read only
+    /// `approval`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<DryRun>,
     /// When the controller first saw the event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_seen: Option<DateTime<Utc>>,
@@ -168,7 +178,12 @@ pub struct ScheduledEventStatus {
     pub finished_at: Option<DateTime<Utc>>,
     /// Standard conditions: `Drained`, `DrainBlocked`, `DrainIncomplete`
     /// (the deadline passed or the event started or ended with pods left),
-    /// `PodsKept`, `ApprovalWithheld`.
+    /// `PodsKept`, `ApprovalWithheld`, `ApprovalPending` (decided, not yet
+    /// accepted by IMDS, and why), `DrainScheduled` (the drain waits for
+    /// `NotBefore` minus the policy's `drainLeadTimeSeconds`),
+    /// `EndedWithoutObserver` (ended by the controller: no agent is left to
+    /// see the event leave IMDS), `DryRun` (what a `--dry-run` controller
+    /// would have done).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<Condition>>,
     /// The `spec.appearance` this status describes. When the `EventId`
@@ -203,6 +218,87 @@ pub struct PreviousAppearance {
     /// Whether an approval had been decided, and what IMDS answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<String>,
+}
+
+/// What a `--dry-run` controller would have done for an event.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DryRun {
+    /// Nodes it would have cordoned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub would_cordon: Vec<String>,
+    /// Pods (`namespace/name`) it would have evicted, over all its passes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub would_evict: Vec<String>,
+    /// When it would have decided the approval (first time only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub would_approve_at: Option<DateTime<Utc>>,
+    /// Why it would have approved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub would_approve_reason: Option<String>,
+}
+
+/// `spec.eventStatus`: the event's status as IMDS shows it, plus
+/// `Completed`, which IMDS never sends (the event left the document).
+///
+/// A string on the wire; the schema lists the three values, so the API
+/// server refuses any other. Ordered: `Scheduled < Started < Completed`.
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
+pub enum EventStatus {
+    /// Announced; `NotBefore` says when it may start.
+    Scheduled,
+    /// Under way (approved, `NotBefore` passed, or a hardware failure).
+    Started,
+    /// No longer listed by IMDS (finished or cancelled).
+    Completed,
+}
+
+impl EventStatus {
+    /// The name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventStatus::Scheduled => "Scheduled",
+            EventStatus::Started => "Started",
+            EventStatus::Completed => "Completed",
+        }
+    }
+}
+
+impl std::fmt::Display for EventStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<str> for EventStatus {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for EventStatus {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+/// An IMDS status as the agents mirror it. An `EventStatus` this version
+/// does not know (IMDS documents only `Scheduled` and `Started`) is mirrored
+/// as `Started`: something under way that forewarn cannot read. The
+/// controller then drains as for a started event but never decides an
+/// approval (only `Scheduled` events are approved), and forward-only
+/// mirroring keeps it from moving back to `Scheduled`.
+impl From<&crate::imds::model::EventStatus> for EventStatus {
+    fn from(s: &crate::imds::model::EventStatus) -> Self {
+        use crate::imds::model::EventStatus as Imds;
+        match s {
+            Imds::Scheduled => EventStatus::Scheduled,
+            Imds::Started | Imds::Other(_) => EventStatus::Started,
+            Imds::Completed => EventStatus::Completed,
+        }
+    }
 }
 
 /// Progress on one affected node.
@@ -290,8 +386,9 @@ pub struct Condition {
     pub last_transition_time: DateTime<Utc>,
 }
 
-/// The lifecycle phases, in order (see [`ScheduledEventStatus::phase`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The lifecycle phases, in order (see [`ScheduledEventStatus::phase`]);
+/// a string on the wire, one of these in the schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 pub enum Phase {
     /// Seen, nothing done yet.
     Pending,
@@ -299,7 +396,7 @@ pub enum Phase {
     Draining,
     /// Every affected node drained; waiting for approval or `NotBefore`.
     Drained,
-    /// The approval was decided (and sent by an agent).
+    /// IMDS accepted the approval (`approval.result` is `Accepted`).
     Approved,
     /// Azure started the event.
     Started,
@@ -332,16 +429,22 @@ impl Phase {
     }
 }
 
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The CRD as YAML, as `forewarn crd` prints it and `crds/` holds it.
 ///
 /// # Errors
 /// Only if serialization fails, which would be a bug.
-pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+pub fn crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
     use kube::CustomResourceExt;
     let crd = ScheduledEvent::crd();
     Ok(format!(
         "# Generated by `forewarn crd`; do not edit. Regenerate with `make generate`.\n{}",
-        serde_yaml::to_string(&crd)?
+        serde_saphyr::to_string(&crd)?
     ))
 }
 

@@ -200,6 +200,8 @@ pub struct ControllerMetrics {
     pub approvals_decided: IntCounterVec,
     /// Events whose drain did not finish before its deadline, start or end, by `type`.
     pub drains_incomplete: IntCounterVec,
+    /// Changes of the policy file by `result`: `loaded`, `refused`.
+    pub policy_reloads: IntCounterVec,
     /// Event appearances seen for the first time, by `type` and `source`.
     pub events_observed: IntCounterVec,
     /// Notice received: `NotBefore` minus the time the controller first saw
@@ -275,6 +277,11 @@ impl ControllerMetrics {
                 "Events whose drain did not finish before the deadline, the start or the end, by event type",
                 &["type"],
             )?,
+            policy_reloads: counter(
+                "forewarn_controller_policy_reloads_total",
+                "Changes of the policy file, by result: loaded, or refused (invalid; the policy in force stays)",
+                &["result"],
+            )?,
             events_observed: counter(
                 "forewarn_controller_events_observed_total",
                 "Event appearances first seen by the controller, by event type and source",
@@ -316,6 +323,7 @@ impl ControllerMetrics {
             Box::new(self.node_writes.clone()),
             Box::new(self.approvals_decided.clone()),
             Box::new(self.drains_incomplete.clone()),
+            Box::new(self.policy_reloads.clone()),
             Box::new(self.events_observed.clone()),
             Box::new(self.notice.clone()),
             Box::new(self.detection_to_cordon.clone()),
@@ -594,7 +602,7 @@ impl CacheGauges {
         let none = ScheduledEventStatus::default();
         for ev in events {
             let status = ev.status.as_ref().unwrap_or(&none);
-            let phase = phase_label(status.phase.as_deref().unwrap_or("Pending"));
+            let phase = phase_label(status.phase.map_or("Pending", |p| p.as_str()));
             if matches!(phase, "Completed" | "Cancelled") {
                 continue;
             }
@@ -615,8 +623,8 @@ impl CacheGauges {
                     .or_insert(left);
             }
             let approves = matches!(
-                status.action.as_deref(),
-                Some("Approve" | "DrainAndApprove")
+                status.action,
+                Some(crate::policy::Action::Approve | crate::policy::Action::DrainAndApprove)
             );
             let accepted =
                 status.approval.as_ref().and_then(|a| a.result.as_deref()) == Some("Accepted");
@@ -704,7 +712,8 @@ mod tests {
             ScheduledEventSpec {
                 event_id: name.into(),
                 event_type: ty.into(),
-                event_status: status.into(),
+                event_status: serde_json::from_value(serde_json::json!(status))
+                    .expect("a known eventStatus"),
                 event_source: "Platform".into(),
                 resource_type: "VirtualMachine".into(),
                 resources: vec![],
@@ -751,8 +760,8 @@ mod tests {
     fn cache_gauges_count_blocked_unapproved_and_orphaned_cordons() {
         let now = Utc::now();
         let live = |phase: &str, action: &str| ScheduledEventStatus {
-            phase: Some(phase.into()),
-            action: Some(action.into()),
+            phase: Some(serde_json::from_value(serde_json::json!(phase)).expect("a phase")),
+            action: Some(serde_json::from_value(serde_json::json!(action)).expect("an action")),
             first_seen: Some(now - Duration::seconds(60)),
             ..Default::default()
         };

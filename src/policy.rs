@@ -20,8 +20,17 @@
 //!                              # e.g. [Terminate, Preempt]: the VM is deleted, the pods are lost anyway
 //! releaseDelaySeconds: 3       # wait after an event ends before releasing its nodes
 //! approveForeignVms: false     # approve although Resources names VMs outside this cluster
-//! retention: 24h               # how long finished ScheduledEvents are kept
+//! retention: 24h               # how long finished ScheduledEvents are kept (every final phase)
+//! drainLeadTimeSeconds: 3600   # cordon and drain no earlier than NotBefore minus this
+//!                              # (a predicted-failure Redeploy may come days ahead)
+//! orphanedAfterSeconds: 300    # end an event none of whose Resources maps to a node any more
+//!                              # (it had mapped one) this long after it started or NotBefore passed
+//! staleAfterSeconds: 86400     # end any unfinished event no agent has written for this long,
+//!                              # once this long has passed since it started (or NotBefore)
 //! ```
+//!
+//! The file is read again when it changes (see [`crate::controller::reload`]);
+//! a new file that is not valid is refused and the policy in force stays.
 
 use std::time::Duration;
 
@@ -29,8 +38,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::imds::model::EventType;
 
-/// What forewarn does about an event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// What forewarn does about an event; also `status.action` of a
+/// `ScheduledEvent` (a string on the wire, one of these in the schema).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum Action {
     /// Record only.
     Ignore,
@@ -129,6 +139,29 @@ pub struct Policy {
     /// How long finished `ScheduledEvent`s are kept as history.
     #[serde(default = "one_day", with = "humantime_serde")]
     pub retention: Duration,
+    /// Seconds before `NotBefore` at which the cordon and drain start, at
+    /// the earliest. Azure gives most events 5 to 15 minutes' notice, but a
+    /// predicted-failure `Redeploy` may come days ahead: its nodes are not
+    /// taken out of service a week early. Until then the event is `Pending`
+    /// with the condition `DrainScheduled`. Default 3600.
+    #[serde(default = "one_hour")]
+    pub drain_lead_time_seconds: u64,
+    /// Seconds after which an event ends (`Completed`, condition
+    /// `EndedWithoutObserver`, reason `NoNodeLeft`) when none of its
+    /// `Resources` maps to a node any more though one did, counted from
+    /// when it started or `NotBefore` passed: the VMs were deleted (a scale
+    /// set's `Terminate`/`Preempt`), and with them the only agents that
+    /// could see it leave IMDS. Default 300.
+    #[serde(default = "five_minutes")]
+    pub orphaned_after_seconds: u64,
+    /// Seconds after which any unfinished event ends (condition
+    /// `EndedWithoutObserver`, reason `NoAgentUpdate`) when no agent has
+    /// written it for that long and that long has passed since it started
+    /// (or since `NotBefore`, or since it was created): every agent that
+    /// reported it is gone. Azure events last minutes, so a day is far
+    /// beyond any live one. Default 86400.
+    #[serde(default = "one_day_secs")]
+    pub stale_after_seconds: u64,
 }
 
 fn drain_and_approve() -> Action {
@@ -148,6 +181,15 @@ const MAX_RETENTION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 fn one_day() -> Duration {
     Duration::from_secs(24 * 3600)
 }
+fn one_hour() -> u64 {
+    3600
+}
+fn five_minutes() -> u64 {
+    300
+}
+fn one_day_secs() -> u64 {
+    24 * 3600
+}
 
 impl Default for Policy {
     fn default() -> Self {
@@ -166,6 +208,9 @@ impl Default for Policy {
             release_delay_seconds: 3,
             approve_foreign_vms: false,
             retention: one_day(),
+            drain_lead_time_seconds: one_hour(),
+            orphaned_after_seconds: five_minutes(),
+            stale_after_seconds: one_day_secs(),
         }
     }
 }
@@ -189,7 +234,7 @@ pub enum Error {
         path: String,
         /// The YAML error, with line and column.
         #[source]
-        source: serde_yaml::Error,
+        source: Box<serde_saphyr::Error>,
     },
     /// A setting out of range.
     #[error("invalid policy file {path}: {reason}")]
@@ -229,9 +274,9 @@ impl Policy {
     /// # Errors
     /// As [`Policy::load`].
     pub fn parse(text: &str, path: &str) -> Result<Self, Error> {
-        let p: Policy = serde_yaml::from_str(text).map_err(|source| Error::Parse {
+        let p: Policy = serde_saphyr::from_str(text).map_err(|source| Error::Parse {
             path: path.into(),
-            source,
+            source: Box::new(source),
         })?;
         for (index, r) in p.rules.iter().enumerate() {
             if let (Some(lo), Some(hi)) = (r.min_duration_seconds, r.max_duration_seconds)
@@ -282,7 +327,37 @@ impl Policy {
                 ),
             });
         }
+        const WEEK: u64 = 7 * 24 * 3600;
+        for (name, value) in [
+            ("drainLeadTimeSeconds", p.drain_lead_time_seconds),
+            ("orphanedAfterSeconds", p.orphaned_after_seconds),
+            ("staleAfterSeconds", p.stale_after_seconds),
+        ] {
+            if value > 4 * WEEK {
+                return Err(Error::Setting {
+                    path: path.into(),
+                    reason: format!("{name} {value} is longer than four weeks"),
+                });
+            }
+        }
+        if p.drain_lead_time_seconds < p.drain_margin_seconds {
+            return Err(Error::Setting {
+                path: path.into(),
+                reason: format!(
+                    "drainLeadTimeSeconds {} is shorter than drainMarginSeconds {}: the drain would have to be done before it may start",
+                    p.drain_lead_time_seconds, p.drain_margin_seconds
+                ),
+            });
+        }
         Ok(p)
+    }
+
+    /// `secs` as a `chrono` duration, saturating at a thousand years
+    /// (settings are bounded at load; this never panics, also for a
+    /// `Policy` built in code).
+    pub fn seconds(secs: u64) -> chrono::TimeDelta {
+        const LONGEST: u64 = 1000 * 365 * 24 * 3600;
+        chrono::TimeDelta::seconds(i64::try_from(secs.min(LONGEST)).unwrap_or(0))
     }
 
     /// Whether pods without a controller are evicted for events of `event_type`.
@@ -406,6 +481,15 @@ mod tests {
         assert!(p.evicts_unmanaged(&EventType::Terminate));
         assert!(p.evicts_unmanaged(&EventType::Preempt));
         assert!(!p.evicts_unmanaged(&EventType::Freeze));
+    }
+
+    #[test]
+    fn seconds_saturate_instead_of_panicking() {
+        assert_eq!(Policy::seconds(60), chrono::TimeDelta::minutes(1));
+        assert_eq!(
+            Policy::seconds(u64::MAX),
+            chrono::TimeDelta::days(365 * 1000)
+        );
     }
 
     #[test]

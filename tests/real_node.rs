@@ -753,7 +753,7 @@ async fn redeploy_drains_the_real_node_with_real_grace() {
             let p = ev
                 .status
                 .as_ref()
-                .and_then(|s| s.phase.clone())
+                .and_then(|s| s.phase.map(|p| p.to_string()))
                 .unwrap_or_default();
             if p != phase {
                 round.push(format!("phase {p}"));

@@ -923,7 +923,7 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
             let p = ev
                 .status
                 .as_ref()
-                .and_then(|s| s.phase.clone())
+                .and_then(|s| s.phase.map(|p| p.to_string()))
                 .unwrap_or_default();
             if p != phase {
                 round.push(format!("phase {p}"));

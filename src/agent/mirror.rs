@@ -15,12 +15,15 @@ use std::collections::{HashMap, HashSet};
 use crate::crd::ScheduledEventSpec;
 use crate::imds::model::{Document, Event, EventStatus};
 
-/// The spec an agent writes for `event` as IMDS shows it now (first appearance).
+/// The spec an agent writes for `event` as IMDS shows it now (first
+/// appearance). An `EventStatus` this version does not know is written as
+/// `Started` (the schema allows only the three known values; see
+/// [`crate::crd::EventStatus`]): drained, never approved, never a crash.
 pub fn spec_for(event: &Event) -> ScheduledEventSpec {
     ScheduledEventSpec {
         event_id: event.event_id.clone(),
         event_type: event.event_type.to_string(),
-        event_status: event.event_status.to_string(),
+        event_status: (&event.event_status).into(),
         event_source: event.event_source.clone(),
         resource_type: event.resource_type.clone(),
         resources: event.resources.clone(),
@@ -92,7 +95,7 @@ pub fn plan_completed(
         return None;
     }
     Some(ScheduledEventSpec {
-        event_status: EventStatus::Completed.to_string(),
+        event_status: crate::crd::EventStatus::Completed,
         not_before: None,
         ..stored.clone()
     })
@@ -175,6 +178,15 @@ mod tests {
     }
     fn started() -> ScheduledEventSpec {
         spec_for(&doc(STARTED).events[0])
+    }
+
+    #[test]
+    fn an_unknown_imds_status_is_mirrored_as_started_and_never_moves_back() {
+        let paused = SCHEDULED.replace("\"Scheduled\"", "\"Paused\"");
+        let spec = spec_for(&doc(&paused).events[0]);
+        assert_eq!(spec.event_status, crate::crd::EventStatus::Started);
+        // Stored Started (from the unknown status), IMDS then says Scheduled: kept.
+        assert_eq!(plan_listed(Some(&spec), scheduled(), false), None);
     }
 
     #[test]

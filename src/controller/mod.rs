@@ -11,6 +11,7 @@ pub mod drain;
 pub mod nodes;
 pub mod plan;
 pub mod reconcile;
+pub mod reload;
 pub mod report;
 pub mod run;
 pub mod status;
@@ -83,6 +84,13 @@ impl Error {
     }
 }
 
+impl Context {
+    /// The policy in force now.
+    pub fn policy(&self) -> Arc<Policy> {
+        reload::current(&self.policy)
+    }
+}
+
 /// `Result` with this module's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -95,7 +103,10 @@ pub struct Context {
     /// The controller's own cache of `ScheduledEvent`s, to see which other
     /// events claim a node before releasing it.
     events: Store<ScheduledEvent>,
-    policy: Policy,
+    /// The policy in force; replaced whole when the file changes ([`reload`]).
+    policy: reload::Shared,
+    /// `--dry-run`: decide and record, never write a node, evict or approve.
+    dry_run: bool,
     recorder: Recorder,
     metrics: ControllerMetrics,
     per_node: usize,

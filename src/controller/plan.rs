@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::crd::{Phase, ScheduledEvent};
-use crate::imds::model::{EventStatus, EventType};
+use crate::crd::{AGENT_MANAGER, EventStatus, Phase, ScheduledEvent};
+use crate::imds::model::EventType;
 use crate::policy::{Action, Policy};
 
 /// A pod that the drain has to consider on a node.
@@ -189,6 +189,15 @@ pub struct Plan {
     pub decide_approval: Option<String>,
     /// Why approval is withheld although the drain is done, if it is.
     pub approval_withheld: Option<String>,
+    /// A decided approval IMDS has not accepted yet: `(reason, message)`,
+    /// e.g. `("AgentMissing", "...")`; the phase stays where it was.
+    pub approval_pending: Option<(String, String)>,
+    /// The cordon and drain wait until this time (`NotBefore` minus the
+    /// policy's `drainLeadTimeSeconds`).
+    pub drain_starts_at: Option<DateTime<Utc>>,
+    /// The controller ends the event itself, no agent being left to see it
+    /// leave IMDS: `(reason, message)` for the `EndedWithoutObserver` condition.
+    pub ended_unobserved: Option<(String, String)>,
     /// Delete the object: finished and past retention.
     pub delete: bool,
     /// When to look again.
@@ -247,11 +256,111 @@ pub fn eviction_grace(own: i64, budget: Option<i64>, floor: i64) -> i64 {
     clipped.max(floor.min(own)).max(1)
 }
 
-fn was_started(ev: &ScheduledEvent, spec_status: &EventStatus) -> bool {
+fn was_started(ev: &ScheduledEvent, spec_status: EventStatus) -> bool {
     // An accepted approval is not proof of a start: the platform may wait
     // for the host's other tenants, and the event may still be cancelled.
-    *spec_status == EventStatus::Started
+    spec_status == EventStatus::Started
         || ev.status.as_ref().is_some_and(|s| s.started_at.is_some())
+}
+
+/// Whether nothing more will happen to the event in its current appearance:
+/// an agent saw it leave IMDS, or the controller ended it (a final phase
+/// recorded for this appearance).
+pub fn is_over(ev: &ScheduledEvent) -> bool {
+    ev.spec.event_status == EventStatus::Completed || final_phase(ev).is_some()
+}
+
+/// The final phase recorded for the current appearance, if any.
+fn final_phase(ev: &ScheduledEvent) -> Option<Phase> {
+    let s = ev.status.as_ref()?;
+    if s.appearance.unwrap_or(1) != ev.spec.appearance {
+        return None;
+    }
+    s.phase.filter(|p| p.is_final())
+}
+
+/// When an agent last wrote the object (`managedFields` of the agents'
+/// field manager, spec or status), else its creation time.
+pub fn last_agent_write(ev: &ScheduledEvent) -> Option<DateTime<Utc>> {
+    let to_chrono = |t: &k8s_openapi::jiff::Timestamp| {
+        DateTime::from_timestamp(
+            t.as_second(),
+            u32::try_from(t.subsec_nanosecond()).unwrap_or(0),
+        )
+    };
+    ev.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| m.manager.as_deref() == Some(AGENT_MANAGER))
+        .filter_map(|m| m.time.as_ref().and_then(|t| to_chrono(&t.0)))
+        .max()
+        .or_else(|| {
+            ev.metadata
+                .creation_timestamp
+                .as_ref()
+                .and_then(|t| to_chrono(&t.0))
+        })
+}
+
+/// Whether the controller ends a live event itself (DESIGN.md: every object
+/// reaches a final phase), with the condition's reason and message:
+///
+/// - `NoNodeLeft`: the event had mapped nodes (recorded in `status.nodes`),
+///   none of its `Resources` maps to a node now, and `orphanedAfterSeconds`
+///   have passed since it started (or `NotBefore` passed). The VMs were
+///   deleted, and with them the agents that could see it end.
+/// - `NoAgentUpdate`: no agent has written the object for
+///   `staleAfterSeconds`, and as long has passed since it started (or
+///   `NotBefore`, or its creation).
+fn unobserved_end(
+    ev: &ScheduledEvent,
+    seen: &Observed,
+    policy: &Policy,
+    now: DateTime<Utc>,
+) -> Option<(String, String)> {
+    let status = ev.status.as_ref();
+    let since = status
+        .and_then(|s| s.started_at)
+        .or(ev.spec.not_before.filter(|nb| *nb <= now));
+    let had_nodes = status
+        .and_then(|s| s.nodes.as_ref())
+        .is_some_and(|n| n.iter().any(|n| !n.vm_name.is_empty()));
+    let mapped_now = seen.nodes.iter().any(|n| !n.vm_name.is_empty());
+    let orphaned = Policy::seconds(policy.orphaned_after_seconds);
+    if had_nodes
+        && !mapped_now
+        && let Some(since) = since.filter(|s| now >= *s + orphaned)
+    {
+        return Some((
+            "NoNodeLeft".into(),
+            format!(
+                "none of its Resources ({}) maps to a node any more, and it started or reached NotBefore at {}, {}s ago (orphanedAfterSeconds {}): no agent is left to see it leave IMDS",
+                ev.spec.resources.join(", "),
+                since.to_rfc3339(),
+                (now - since).num_seconds(),
+                policy.orphaned_after_seconds
+            ),
+        ));
+    }
+    let stale = Policy::seconds(policy.stale_after_seconds);
+    let last = last_agent_write(ev)?;
+    let reference = since
+        .or(ev.spec.not_before)
+        .or(status.and_then(|s| s.first_seen))
+        .unwrap_or(last);
+    if now >= last + stale && now >= reference + stale {
+        return Some((
+            "NoAgentUpdate".into(),
+            format!(
+                "no agent has written it since {} and it started (or reached NotBefore, or was created) at {}; staleAfterSeconds is {}: every agent that reported it is gone",
+                last.to_rfc3339(),
+                reference.to_rfc3339(),
+                policy.stale_after_seconds
+            ),
+        ));
+    }
+    None
 }
 
 /// Whether IMDS accepted an approval of the event (the agent's record).
@@ -378,12 +487,13 @@ fn plan_finished(
     let me = name_of(ev);
     // After an accepted approval the platform may start the event at once;
     // one that then leaves IMDS unseen (an outage, a fast run) most likely
-    // ran: it is recorded as completed (unobserved), not cancelled.
-    p.phase = if started || approval_accepted(ev) {
+    // ran: it is recorded as completed (unobserved), not cancelled. A final
+    // phase once recorded for this appearance stays.
+    p.phase = final_phase(ev).unwrap_or(if started || approval_accepted(ev) {
         Phase::Completed
     } else {
         Phase::Cancelled
-    };
+    });
     let finished = ev
         .status
         .as_ref()
@@ -415,10 +525,11 @@ fn plan_finished(
 /// Plans the next step for `ev` (DESIGN.md, "Policy" and "Rules").
 pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime<Utc>) -> Plan {
     let me = name_of(ev);
-    let spec_status = EventStatus::from(ev.spec.event_status.as_str());
+    let spec_status = ev.spec.event_status;
     let event_type = EventType::from(ev.spec.event_type.as_str());
     let action = policy.decide(&event_type, &ev.spec.event_source, ev.spec.duration_seconds);
-    let started = was_started(ev, &spec_status);
+    let started = was_started(ev, spec_status);
+    let accepted = approval_accepted(ev);
     let decided = approval_decided(ev);
     let deadline = ev.spec.not_before.map(|nb| {
         nb - chrono::Duration::seconds(
@@ -435,12 +546,23 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         deadline,
         decide_approval: None,
         approval_withheld: None,
+        approval_pending: None,
+        drain_starts_at: None,
+        ended_unobserved: None,
         delete: false,
         requeue: Duration::from_secs(5),
     };
 
-    if spec_status == EventStatus::Completed {
+    if is_over(ev) {
         plan_finished(&mut p, ev, seen, policy, now, started);
+        return p;
+    }
+    if let Some(end) = unobserved_end(ev, seen, policy, now) {
+        // Past NotBefore the platform starts the event whether or not anyone
+        // approved it: taken as run. Before, it cannot have run.
+        let ran = started || accepted || ev.spec.not_before.is_some_and(|nb| nb <= now);
+        p.ended_unobserved = Some(end);
+        plan_finished(&mut p, ev, seen, policy, now, ran);
         return p;
     }
 
@@ -466,11 +588,14 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
             }
             p.phase = if started {
                 Phase::Started
-            } else if decided || p.decide_approval.is_some() {
+            } else if accepted {
                 Phase::Approved
             } else {
                 Phase::Pending
             };
+            if !started && !accepted && (decided || p.decide_approval.is_some()) {
+                p.approval_pending = Some(approval_pending(ev, seen));
+            }
             p.node_writes = release(&me, &seen.nodes);
             p.requeue = Duration::from_secs(10);
             return p;
@@ -483,6 +608,31 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         .iter()
         .filter(|n| !n.vm_name.is_empty())
         .collect();
+    // The drain lead time: an event announced long ahead (a predicted
+    // failure) is not drained until NotBefore minus the lead time. Once
+    // begun (a node holds the cordon for it), a drain goes on.
+    let holding = mapped.iter().any(|n| n.holds.contains(&me));
+    if let Some(start) = ev
+        .spec
+        .not_before
+        .map(|nb| nb - Policy::seconds(policy.drain_lead_time_seconds))
+        .filter(|start| now < *start && !started && !decided && !holding)
+    {
+        p.drain_starts_at = Some(start);
+        p.phase = Phase::Pending;
+        let stray: Vec<ObservedNode> = seen
+            .nodes
+            .iter()
+            .filter(|n| n.vm_name.is_empty())
+            .cloned()
+            .collect();
+        p.node_writes = release(&me, &stray);
+        p.requeue = (start - now)
+            .to_std()
+            .unwrap_or(Duration::from_secs(1))
+            .clamp(Duration::from_secs(1), Duration::from_secs(300));
+        return p;
+    }
     p.node_writes = cordon(&me, &mapped);
     // Nodes that hold a cordon for the event but no longer map to it.
     let stray: Vec<ObservedNode> = seen
@@ -507,9 +657,14 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
     if action == Action::DrainAndApprove && spec_status == EventStatus::Scheduled && !decided {
         decide_approval(&mut p, &mapped, seen, policy, all_drained);
     }
+    if !started && !accepted && (decided || p.decide_approval.is_some()) {
+        p.approval_pending = Some(approval_pending(ev, seen));
+    }
+    // `Approved` means IMDS accepted the approval; a decided approval that
+    // no agent has sent yet keeps the phase where the drain is.
     p.phase = if started {
         Phase::Started
-    } else if decided || p.decide_approval.is_some() {
+    } else if accepted {
         Phase::Approved
     } else if action.drains() && all_drained {
         Phase::Drained
@@ -525,6 +680,46 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         _ => Duration::from_secs(5),
     };
     p
+}
+
+/// Why a decided approval has not been accepted by IMDS yet:
+/// `(reason, message)`.
+///
+/// - `AgentMissing`: a `Terminate` is sent only by the agent of the VM it
+///   names (Azure's advice; see `agent::approval`), and a VM it names maps
+///   to no node (no node carries its `forewarn.dev/vm-name` annotation: the
+///   agent never ran there, or the node is gone).
+/// - `Refused`: an agent sent it and IMDS answered with an error; agents retry.
+/// - `AwaitingAgent`: decided, no agent has sent it yet.
+fn approval_pending(ev: &ScheduledEvent, seen: &Observed) -> (String, String) {
+    let approval = ev.status.as_ref().and_then(|s| s.approval.as_ref());
+    if EventType::from(ev.spec.event_type.as_str()) == EventType::Terminate
+        && !seen.unmapped.is_empty()
+    {
+        return (
+            "AgentMissing".into(),
+            format!(
+                "only the agent of the VM a Terminate names may send its approval, and no node carries the {} annotation of {}: the approval waits for that VM's agent",
+                crate::crd::VM_NAME_ANNOTATION,
+                seen.unmapped.join(", ")
+            ),
+        );
+    }
+    if let Some(result) = approval.and_then(|a| a.result.as_deref()) {
+        return (
+            "Refused".into(),
+            format!(
+                "IMDS answered the approval sent by {}: {result}; the agents try again",
+                approval
+                    .and_then(|a| a.sent_by.as_deref())
+                    .unwrap_or("an agent")
+            ),
+        );
+    }
+    (
+        "AwaitingAgent".into(),
+        "decided; waiting for an agent whose IMDS lists the event Scheduled to send it".into(),
+    )
 }
 
 fn foreign_message(unmapped: &[String]) -> String {

@@ -19,7 +19,6 @@ use super::report::{self, Subject};
 use super::status::{self, Outcome};
 use super::{Context, Error, Result, drain, nodes};
 use crate::crd::ScheduledEvent;
-use crate::imds::model::EventStatus;
 
 /// When to look again at an event whose evictions a budget refused.
 const BLOCKED_REQUEUE: std::time::Duration = std::time::Duration::from_secs(1);
@@ -42,8 +41,9 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         );
         report::clear_approval(&ev, &ctx).await?;
     }
+    let policy = ctx.policy();
     let (seen, snapshots) = observe(&ev, &ctx).await?;
-    let plan = plan::plan(&ev, &seen, &ctx.policy, now);
+    let plan = plan::plan(&ev, &seen, &policy, now);
     if plan.delete {
         let name = ev.name_any();
         Api::<ScheduledEvent>::all(ctx.client.clone())
@@ -56,9 +56,16 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         info!("Deleted ScheduledEvent past its retention");
         return Ok(Requeue::await_change());
     }
-    write_nodes(&ev, &plan, &snapshots, &ctx).await?;
-    let outcomes = evict(&ev, &plan, &ctx).await;
-    let status = status::next_status(&ev, &seen, &plan, &outcomes, now);
+    let outcomes = if ctx.dry_run {
+        Vec::new()
+    } else {
+        write_nodes(&ev, &plan, &snapshots, &ctx).await?;
+        evict(&ev, &plan, &ctx).await
+    };
+    let mut status = status::next_status(&ev, &seen, &plan, &outcomes, now);
+    if ctx.dry_run {
+        status::as_dry_run(&mut status, ev.status.as_ref(), &plan, now);
+    }
     report::report(&ev, &plan, &status, &ctx).await?;
     ctx.metrics.reconciles.with_label_values(&["ok"]).inc();
     ctx.failures
@@ -86,12 +93,10 @@ fn claims(me: &str, ctx: &Context, cached: &[Arc<Node>]) -> HashMap<String, Vec<
     let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
     for other in ctx.events.state() {
         let name = other.name_any();
-        if name == me
-            || EventStatus::from(other.spec.event_status.as_str()) == EventStatus::Completed
-        {
+        if name == me || plan::is_over(&other) {
             continue;
         }
-        let action = ctx.policy.decide(
+        let action = ctx.policy().decide(
             &other.spec.event_type.as_str().into(),
             &other.spec.event_source,
             other.spec.duration_seconds,
@@ -123,13 +128,13 @@ async fn observe(
         unmapped,
         doubts,
     } = nodes::map_resources(&ev.spec.resources, cached.iter().map(AsRef::as_ref));
-    let completed = EventStatus::from(ev.spec.event_status.as_str()) == EventStatus::Completed;
+    let completed = plan::is_over(ev);
     let recorded = ev
         .status
         .as_ref()
         .and_then(|s| s.nodes.as_ref())
         .is_some_and(|n| !n.is_empty());
-    let action = ctx.policy.decide(
+    let action = ctx.policy().decide(
         &ev.spec.event_type.as_str().into(),
         &ev.spec.event_source,
         ev.spec.duration_seconds,

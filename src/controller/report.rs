@@ -106,7 +106,44 @@ pub async fn report(
             .await;
         }
     }
-    if plan.decide_approval.is_some() {
+    if ctx.dry_run {
+        report_dry_run(ev, &prev, status, ctx).await;
+    }
+    let newly_true = |type_: &str| {
+        let is = |s: &ScheduledEventStatus| {
+            s.conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == type_ && c.status == "True")
+                .map(|c| c.message.clone())
+        };
+        is(status).filter(|_| is(&prev).is_none())
+    };
+    if let Some(message) = newly_true("EndedWithoutObserver") {
+        warn!(%message, "Ended without an observer");
+        publish(
+            ctx,
+            ev,
+            Subject::Event,
+            KubeEventType::Warning,
+            "EndedWithoutObserver",
+            format!("{name}: {message}"),
+        )
+        .await;
+    }
+    if let Some(message) = newly_true("DrainScheduled") {
+        info!(%message, "Drain scheduled");
+        publish(
+            ctx,
+            ev,
+            Subject::Event,
+            KubeEventType::Normal,
+            "DrainScheduled",
+            format!("{name}: {message}"),
+        )
+        .await;
+    }
+    if plan.decide_approval.is_some() && !ctx.dry_run {
         ctx.metrics.approval_decided(
             ev,
             status
@@ -151,7 +188,7 @@ pub async fn report(
         )
         .await;
     }
-    let prev_phase = prev.phase.clone().unwrap_or_default();
+    let prev_phase = prev.phase.map(Phase::as_str).unwrap_or_default();
     let phase = plan.phase.as_str();
     if prev_phase != phase {
         info!(from = %prev_phase, to = %phase, "Phase changed");
@@ -164,6 +201,81 @@ pub async fn report(
         }
     }
     Ok(())
+}
+
+/// The Events of a `--dry-run` pass: what would have been done, each once
+/// when it first appears in `status.dryRun`.
+async fn report_dry_run(
+    ev: &ScheduledEvent,
+    prev: &ScheduledEventStatus,
+    status: &ScheduledEventStatus,
+    ctx: &Context,
+) {
+    let name = ev.name_any();
+    let (Some(now), before) = (
+        status.dry_run.as_ref(),
+        prev.dry_run.clone().unwrap_or_default(),
+    ) else {
+        return;
+    };
+    for node in now
+        .would_cordon
+        .iter()
+        .filter(|n| !before.would_cordon.contains(n))
+    {
+        info!(node = %node, "Dry run: would cordon and drain");
+        let note = format!(
+            "Dry run: would cordon and drain {node} for {} {name}",
+            ev.spec.event_type
+        );
+        publish(
+            ctx,
+            ev,
+            Subject::Event,
+            KubeEventType::Normal,
+            "DryRunCordon",
+            note,
+        )
+        .await;
+    }
+    let fresh: Vec<&String> = now
+        .would_evict
+        .iter()
+        .filter(|p| !before.would_evict.contains(p))
+        .collect();
+    if !fresh.is_empty() {
+        info!(pods = ?fresh, "Dry run: would evict");
+        let note = format!(
+            "Dry run: would evict {}",
+            fresh
+                .iter()
+                .map(|p| p.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        publish(
+            ctx,
+            ev,
+            Subject::Event,
+            KubeEventType::Normal,
+            "DryRunEvict",
+            note,
+        )
+        .await;
+    }
+    if let (Some(reason), None) = (&now.would_approve_reason, &before.would_approve_at) {
+        info!(%reason, "Dry run: would approve");
+        let note = format!("Dry run: would approve {name} ({reason}); nothing is sent to IMDS");
+        publish(
+            ctx,
+            ev,
+            Subject::Event,
+            KubeEventType::Normal,
+            "DryRunApproval",
+            note,
+        )
+        .await;
+    }
 }
 
 /// Removes `status.approval` altogether, the agent's fields too (a

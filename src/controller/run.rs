@@ -19,7 +19,7 @@ use kube_lease_manager::LeaseManagerBuilder;
 use prometheus::Registry;
 use tracing::{info, warn};
 
-use super::{Context, Error, drain, reconcile::reconcile, sweep};
+use super::{Context, Error, drain, reconcile::reconcile, reload, sweep};
 use crate::cli::ControllerArgs;
 use crate::crd::{CONTROLLER_MANAGER, ScheduledEvent};
 use crate::metrics::ControllerMetrics;
@@ -52,9 +52,17 @@ const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(60);
 /// A bad policy file, no Kubernetes configuration, or a metrics address that
 /// cannot be bound; all later failures are retried.
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
-    let policy = match &args.policy_file {
-        Some(path) => Policy::load(&path.to_string_lossy())?,
-        None => Policy::default(),
+    let (policy, policy_text) = match &args.policy_file {
+        Some(path) => {
+            let shown = path.to_string_lossy();
+            let text =
+                std::fs::read_to_string(path).map_err(|source| crate::policy::Error::Read {
+                    path: shown.to_string(),
+                    source,
+                })?;
+            (Policy::parse(&text, &shown)?, text)
+        }
+        None => (Policy::default(), String::new()),
     };
     let config = kube::Config::infer().await?;
     let client = Client::try_from(config.clone())?;
@@ -151,13 +159,33 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     }
     drop(released);
     metrics.leader.set(1);
-    info!(%identity, ?policy, "Leading: reconciling ScheduledEvents");
+    info!(%identity, ?policy, dry_run = args.dry_run, "Leading: reconciling ScheduledEvents");
+    if args.dry_run {
+        warn!(
+            "--dry-run: deciding and recording only; no node is cordoned, no pod evicted, no approval sent"
+        );
+    }
+    let shared: reload::Shared = Arc::new(std::sync::RwLock::new(Arc::new(policy)));
+    // A valid new policy file has every event reconciled again at once.
+    let (reload_tx, reload_rx) = futures::channel::mpsc::unbounded::<()>();
+    let reload_task = args.policy_file.clone().map(|path| {
+        tokio::spawn(reload::watch(
+            path,
+            policy_text,
+            shared.clone(),
+            metrics.clone(),
+            move || {
+                let _ = reload_tx.unbounded_send(());
+            },
+        ))
+    });
 
     let controller = Controller::new(
         Api::<ScheduledEvent>::all(client.clone()),
         watcher::Config::default().any_semantic(),
     )
     .trigger_backoff(watch_backoff())
+    .reconcile_all_on(reload_rx)
     .with_config(controller::Config::default().concurrency(args.reconcile_concurrency));
     let events = controller.store();
     metrics.watch_caches(nodes.clone(), events.clone());
@@ -173,7 +201,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         evict_client,
         nodes,
         events,
-        policy,
+        policy: shared,
+        dry_run: args.dry_run,
         metrics: metrics.clone(),
         per_node: usize::from(args.max_evictions_per_node),
         limiter: drain::rate_limiter(args.eviction_qps, args.eviction_burst),
@@ -194,7 +223,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         args.lease_name.clone(),
         identity.clone(),
     );
-    let sweep = tokio::spawn(sweep::sweep_orphaned_holds(ctx.clone()));
+    // A dry run writes no node, so it releases no hold either.
+    let sweep = (!args.dry_run).then(|| tokio::spawn(sweep::sweep_orphaned_holds(ctx.clone())));
     let controller = controller
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {
@@ -212,7 +242,12 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         _ = controller => Ok(()),
     };
     node_task.abort();
-    sweep.abort();
+    if let Some(sweep) = sweep {
+        sweep.abort();
+    }
+    if let Some(reload) = reload_task {
+        reload.abort();
+    }
     ready.set(false);
     // Dropping the receiver stops the renewals; releasing hands the Lease to
     // a standby at once instead of after its duration.

@@ -5,12 +5,12 @@
 
 use chrono::{DateTime, Utc};
 
+use super::plan::NodeWrite;
 use super::plan::{EvictionOutcome, Observed, ObservedNode, Plan, must_leave, name_of};
 use crate::crd::{
-    Approval, Condition, NodeProgress, Phase, PreviousAppearance, ScheduledEvent,
-    ScheduledEventStatus,
+    Approval, Condition, DryRun, EventStatus, NodeProgress, Phase, PreviousAppearance,
+    ScheduledEvent, ScheduledEventStatus,
 };
-use crate::imds::model::EventStatus;
 
 /// One eviction's result: `(node, pod name, outcome)`.
 pub type Outcome = (String, String, EvictionOutcome);
@@ -197,7 +197,7 @@ pub fn for_current_appearance(ev: &ScheduledEvent) -> (ScheduledEvent, bool) {
     let mut previous = old.previous_appearances.clone();
     previous.push(PreviousAppearance {
         appearance: recorded,
-        phase: old.phase.clone().unwrap_or_default(),
+        phase: old.phase.map(|p| p.to_string()).unwrap_or_default(),
         nodes_drained: old.nodes_drained.clone().unwrap_or_default(),
         first_seen: old.first_seen,
         finished_at: old.finished_at,
@@ -236,14 +236,27 @@ pub fn next_status(
     let nodes: Vec<NodeProgress> = if finished {
         final_progress(&me, seen, plan, &prev_nodes)
     } else {
-        seen.nodes
+        let mut live: Vec<NodeProgress> = seen
+            .nodes
             .iter()
             .filter(|n| !n.vm_name.is_empty())
             .map(|n| {
                 let before = prev_nodes.iter().find(|p| p.name == n.name);
                 live_progress(&me, n, plan, outcomes, before, now)
             })
-            .collect()
+            .collect();
+        // A node that is gone from the cluster (its VM deleted) keeps its
+        // last record, frozen: the event did affect it, and that it had
+        // nodes is what lets it end once none is left.
+        for p in &prev_nodes {
+            if !p.vm_name.is_empty() && !seen.nodes.iter().any(|n| n.name == p.name) {
+                live.push(NodeProgress {
+                    cordoned_by_us: false,
+                    ..p.clone()
+                });
+            }
+        }
+        live
     };
 
     let drained = nodes.iter().filter(|n| n.drained_at.is_some()).count();
@@ -282,6 +295,48 @@ pub fn next_status(
             "left IMDS after IMDS accepted its approval, without being seen Started: taken as run, not cancelled".into(),
         );
     }
+    if let Some((reason, message)) = &plan.approval_pending {
+        c.set("ApprovalPending", true, reason, message.clone());
+    } else if plan.phase == Phase::Approved
+        || prev_conditions
+            .iter()
+            .any(|x| x.type_ == "ApprovalPending" && x.status == "True")
+    {
+        c.set(
+            "ApprovalPending",
+            false,
+            "Accepted",
+            "IMDS accepted the approval, or no approval waits".into(),
+        );
+    }
+    if let Some(start) = plan.drain_starts_at {
+        c.set(
+            "DrainScheduled",
+            true,
+            "WaitingForLeadTime",
+            format!(
+                "NotBefore is {}; the cordon and drain start at {} (the policy's drainLeadTimeSeconds before it)",
+                ev.spec.not_before.map(|t| t.to_rfc3339()).unwrap_or_default(),
+                start.to_rfc3339()
+            ),
+        );
+    } else if prev_conditions
+        .iter()
+        .any(|x| x.type_ == "DrainScheduled" && x.status == "True")
+    {
+        let (reason, message) = if finished {
+            (
+                "EventEnded",
+                "the event ended before the drain lead time began",
+            )
+        } else {
+            ("LeadTimeReached", "the drain lead time began")
+        };
+        c.set("DrainScheduled", false, reason, message.into());
+    }
+    if let Some((reason, message)) = &plan.ended_unobserved {
+        c.set("EndedWithoutObserver", true, reason, message.clone());
+    }
     if let Some(why) = &plan.approval_withheld {
         c.set(
             "ApprovalWithheld",
@@ -291,10 +346,10 @@ pub fn next_status(
         );
     }
 
-    let spec_started = ev.spec.event_status == EventStatus::Started.to_string();
+    let spec_started = ev.spec.event_status == EventStatus::Started;
     ScheduledEventStatus {
-        phase: Some(plan.phase.as_str().into()),
-        action: Some(plan.action.as_str().into()),
+        phase: Some(plan.phase),
+        action: Some(plan.action),
         nodes_drained: Some(format!("{drained}/{}", nodes.len())),
         nodes: Some(nodes),
         unmapped_resources: Some(seen.unmapped.clone()),
@@ -307,13 +362,93 @@ pub fn next_status(
             None
         },
         conditions: Some(c.out),
+        dry_run: prev.dry_run,
         appearance: Some(ev.spec.appearance),
         previous_appearances: prev.previous_appearances,
     }
 }
 
 fn spec_started_ever(ev: &ScheduledEvent) -> bool {
-    ev.spec.event_status == EventStatus::Started.to_string()
+    ev.spec.event_status == EventStatus::Started
+}
+
+/// Turns the status of a pass that did nothing (`--dry-run`: no node
+/// written, no pod evicted) into an honest record of what would have
+/// happened: no node is recorded as cordoned by forewarn, the approval is
+/// never written to `approval` (which agents send) but to `dryRun` (which
+/// no agent reads), and the `DryRun` condition says it all.
+pub fn as_dry_run(
+    status: &mut ScheduledEventStatus,
+    prev: Option<&ScheduledEventStatus>,
+    plan: &Plan,
+    now: DateTime<Utc>,
+) {
+    let before = prev.and_then(|p| p.dry_run.clone()).unwrap_or_default();
+    let mut would_cordon: Vec<String> = before.would_cordon.clone();
+    for w in &plan.node_writes {
+        if matches!(w, NodeWrite::Cordon { .. } | NodeWrite::AddHold { .. })
+            && !would_cordon.iter().any(|n| n == w.node())
+        {
+            would_cordon.push(w.node().to_string());
+        }
+    }
+    let mut would_evict: Vec<String> = before.would_evict.clone();
+    for e in &plan.evictions {
+        let key = e.pod.key();
+        if !would_evict.contains(&key) {
+            would_evict.push(key);
+        }
+    }
+    let (would_approve_at, would_approve_reason) =
+        match (&before.would_approve_at, &plan.decide_approval) {
+            (Some(at), _) => (Some(*at), before.would_approve_reason.clone()),
+            (None, Some(reason)) => (Some(now), Some(reason.clone())),
+            (None, None) => (None, None),
+        };
+    let dry = DryRun {
+        would_cordon,
+        would_evict,
+        would_approve_at,
+        would_approve_reason,
+    };
+    for n in status.nodes.iter_mut().flatten() {
+        n.cordoned_by_us = false;
+    }
+    // Only an approval decided by a real controller is ever written where agents read.
+    status.approval = None;
+    let mut parts = Vec::new();
+    if !dry.would_cordon.is_empty() {
+        parts.push(format!("would cordon {}", dry.would_cordon.join(", ")));
+    }
+    if !dry.would_evict.is_empty() {
+        parts.push(format!("would evict {} pods", dry.would_evict.len()));
+    }
+    if let Some(reason) = &dry.would_approve_reason {
+        parts.push(format!("would approve ({reason})"));
+    }
+    if parts.is_empty() {
+        parts.push("nothing to do yet".into());
+    }
+    let stored = prev.and_then(|p| p.conditions.clone()).unwrap_or_default();
+    let out = status.conditions.clone().unwrap_or_default();
+    let generation = out.first().and_then(|c| c.observed_generation);
+    let mut c = Conditions {
+        prev: &stored,
+        out,
+        generation,
+        now,
+    };
+    c.set(
+        "DryRun",
+        true,
+        "DryRun",
+        format!(
+            "controller in --dry-run: nothing was done; {}",
+            parts.join("; ")
+        ),
+    );
+    status.conditions = Some(c.out);
+    status.dry_run = Some(dry);
 }
 
 /// `Drained`, `DrainBlocked`, `PodsKept` while live; `DrainIncomplete`

@@ -83,6 +83,30 @@ pub struct RunOptions {
     /// `forewarn-controller`, each agent with `job` `forewarn-agent` and its
     /// `node`), so that a Prometheus server started before the run scrapes it.
     pub prometheus_targets: Option<PathBuf>,
+    /// More environment for every forewarn process, e.g.
+    /// `FOREWARN_DRY_RUN=true` (read by the controller only).
+    pub extra_env: Vec<(String, String)>,
+    /// The VM of this node is deleted (a scale set's last VM, a GPU VM):
+    /// when the trigger fires, its agent is SIGKILLed for good and its Node
+    /// object deleted. The Node is created again (without forewarn's marks)
+    /// after the run, so the cluster stays whole for the next test.
+    pub delete_node: Option<(NodeDeletion, String)>,
+    /// The policy file is rewritten with this text this long after the
+    /// scenario starts (the controller must notice; an invalid text must be
+    /// refused and the policy in force kept).
+    pub timed_policy: Vec<(Duration, String)>,
+    /// The run ends only once every `ScheduledEvent` is deleted too (its
+    /// retention over), with the controller still running.
+    pub until_deleted: bool,
+}
+
+/// When [`RunOptions::delete_node`] deletes the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeDeletion {
+    /// As soon as an event is seen `Started`.
+    WhenStarted,
+    /// This long after the scenario started.
+    After(Duration),
 }
 
 impl RunOptions {
@@ -115,6 +139,10 @@ impl RunOptions {
             forbid_force_delete: true,
             credentials: None,
             prometheus_targets: None,
+            extra_env: Vec::new(),
+            delete_node: None,
+            timed_policy: Vec::new(),
+            until_deleted: false,
         }
     }
 }
@@ -151,6 +179,8 @@ pub struct Report {
     /// Every change of a node's `spec.unschedulable`, as a watch delivered
     /// them: `(when seen, node, unschedulable)`.
     pub node_changes: Vec<(DateTime<Utc>, String, bool)>,
+    /// Nodes deleted during the run ([`RunOptions::delete_node`]), and when.
+    pub deleted_nodes: Vec<(DateTime<Utc>, String)>,
 }
 
 /// A pod deletion as the API server applied it: the first version of the
@@ -472,6 +502,9 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
     if opts.policy.is_some() {
         env.push(("FOREWARN_POLICY_FILE", policy_path.as_str()));
     }
+    for (k, v) in &opts.extra_env {
+        env.push((k.as_str(), v.as_str()));
+    }
     let stem = opts
         .log_dir
         .file_name()
@@ -537,7 +570,20 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         metrics.push((name, text));
     }
     let mut stop_problems = Vec::new();
-    let procs: Vec<&mut Proc> = fleet.all_mut().collect();
+    // The agents of deleted VMs were killed for good.
+    let gone: Vec<String> = report
+        .as_ref()
+        .map(|r| {
+            r.deleted_nodes
+                .iter()
+                .map(|(_, n)| format!("agent {n}"))
+                .collect()
+        })
+        .unwrap_or_default();
+    let procs: Vec<&mut Proc> = fleet
+        .all_mut()
+        .filter(|p| !gone.contains(&p.name))
+        .collect();
     for p in procs.into_iter().rev() {
         match p.terminate(Duration::from_secs(15)).await {
             Ok(s) if s.success() => {}
@@ -718,6 +764,8 @@ async fn observe(
     let mut left_nodes: HashSet<String> = HashSet::new();
     let mut mock_phase: HashMap<String, String> = HashMap::new();
     let mut killed = false;
+    let mut deleted_node: Option<Node> = None;
+    let mut timed_policy = opts.timed_policy.clone();
     let mut agent_down = false;
     let mut agent_back = false;
     let deadline = Instant::now() + opts.timeout;
@@ -783,7 +831,7 @@ async fn observe(
             let name = sev.name_any();
             let st = sev_state.entry(name.clone()).or_default();
             let id = short(&name).to_string();
-            if sev.spec.event_status != st.spec_status {
+            if sev.spec.event_status.as_str() != st.spec_status {
                 if st.spec_status.is_empty() {
                     tl.at(
                         seen_at,
@@ -803,10 +851,10 @@ async fn observe(
                         ),
                     );
                 }
-                st.spec_status = sev.spec.event_status.clone();
+                st.spec_status = sev.spec.event_status.to_string();
             }
             let status = sev.status.clone().unwrap_or_default();
-            let phase = status.phase.clone().unwrap_or_default();
+            let phase = status.phase.map(|p| p.to_string()).unwrap_or_default();
             if phase != st.phase && !phase.is_empty() {
                 tl.at(
                     seen_at,
@@ -834,8 +882,7 @@ async fn observe(
                     && st.drained_nodes.insert(n.name.clone())
                     && status
                         .action
-                        .as_deref()
-                        .is_some_and(|a| a.starts_with("Drain"))
+                        .is_some_and(|a| a.as_str().starts_with("Drain"))
                 {
                     tl.at(
                         at,
@@ -862,7 +909,7 @@ async fn observe(
                     .filter(|n| n.drained_at.is_none_or(|d| Some(d) > approval.decided_at))
                     .map(|n| n.name.clone())
                     .collect();
-                let needs_drain = status.action.as_deref() == Some("DrainAndApprove");
+                let needs_drain = status.action == Some(crate::policy::Action::DrainAndApprove);
                 if needs_drain && !undrained.is_empty() {
                     report.violations.push(format!(
                         "rule 2: {id} approval decided before {} drained",
@@ -933,6 +980,8 @@ async fn observe(
 
         // Nodes, from the API server.
         let nodes = nodes_api.list(&ListParams::default()).await?;
+        // A deleted node is no longer cordoned by anyone.
+        cordoned_now.retain(|c| nodes.iter().any(|n| n.name_any() == *c));
         for n in &nodes {
             let name = n.name_any();
             let cordoned = is_cordoned(n);
@@ -978,6 +1027,35 @@ async fn observe(
                 );
             }
         }
+
+        if let Some((when, node)) = &opts.delete_node {
+            let due = match when {
+                NodeDeletion::WhenStarted => started,
+                NodeDeletion::After(d) => started_at.elapsed() >= *d,
+            };
+            if due && deleted_node.is_none() {
+                fleet.kill_agent(node).await;
+                deleted_node = Some(nodes_api.get(node).await?);
+                nodes_api
+                    .delete(node, &DeleteParams::default())
+                    .await
+                    .with_context(|| format!("failed to delete node {node}"))?;
+                report.deleted_nodes.push((Utc::now(), node.clone()));
+                tl.say(
+                    "harness",
+                    format!("the VM of {node} is deleted: its agent killed (SIGKILL) for good, its Node object deleted"),
+                );
+            }
+        }
+        let elapsed_now = started_at.elapsed();
+        for (_, text) in timed_policy.iter().filter(|(at, _)| *at <= elapsed_now) {
+            std::fs::write(opts.log_dir.join("policy.yaml"), text)?;
+            tl.say(
+                "harness",
+                format!("policy file rewritten: {}", text.trim().replace('\n', "; ")),
+            );
+        }
+        timed_policy.retain(|(at, _)| *at > elapsed_now);
 
         while let Ok((seen_at, p)) = pod_rx.try_recv() {
             if p.namespace().as_deref() == Some("kube-system")
@@ -1045,8 +1123,13 @@ async fn observe(
             .as_ref()
             .filter(|_| agent_down && !agent_back)
             .map(|n| format!("agent {n}"));
+        let dead: Vec<String> = report
+            .deleted_nodes
+            .iter()
+            .map(|(_, n)| format!("agent {n}"))
+            .collect();
         for p in fleet.all_mut() {
-            if down.as_deref() == Some(p.name.as_str()) {
+            if down.as_deref() == Some(p.name.as_str()) || dead.contains(&p.name) {
                 continue;
             }
             if let Some(status) = p.exited() {
@@ -1075,7 +1158,13 @@ async fn observe(
                 .all(|s| matches!(s.phase.as_str(), "Completed" | "Cancelled" | "Ignored"));
         let nodes_released = cordoned_now.iter().all(|n| opts.precordoned.contains(n))
             && nodes.iter().all(|n| holds(n).is_empty());
-        if events_over && sevs_over && nodes_released {
+        let sevs_deleted = !opts.until_deleted
+            || Api::<ScheduledEvent>::all(client.clone())
+                .list_metadata(&ListParams::default())
+                .await?
+                .items
+                .is_empty();
+        if events_over && sevs_over && nodes_released && sevs_deleted {
             // One more pass after a moment: the Events that mark the last
             // steps are posted just after the writes this pass saw.
             if settling {
@@ -1089,7 +1178,7 @@ async fn observe(
         settling = false;
         if Instant::now() > deadline {
             report.violations.push(format!(
-                "time bound of {:?} reached: events over {events_over}, ScheduledEvents final {sevs_over}, nodes released {nodes_released}",
+                "time bound of {:?} reached: events over {events_over}, ScheduledEvents final {sevs_over}, nodes released {nodes_released}, ScheduledEvents deleted (if asked) {sevs_deleted}",
                 opts.timeout
             ));
             break;
@@ -1098,6 +1187,9 @@ async fn observe(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     report.elapsed = tl.elapsed();
+    if let Some(node) = deleted_node {
+        restore_node(&nodes_api, node, &mut report).await;
+    }
     for n in &left_nodes {
         tl.say("check", format!("{n} is schedulable again"));
     }
@@ -1211,6 +1303,68 @@ async fn observe(
     report.cordoned = cordoned_ever.into_iter().collect();
     report.cordoned.sort();
     Ok(report)
+}
+
+/// Creates a deleted node again, without forewarn's marks, and waits until
+/// it is Ready, so that the next test on the cluster has all its nodes.
+async fn restore_node(nodes_api: &Api<Node>, node: Node, report: &mut Report) {
+    let name = node.name_any();
+    let mut annotations = node.metadata.annotations.clone().unwrap_or_default();
+    annotations.remove(CORDONED_FOR_ANNOTATION);
+    annotations.remove(VM_NAME_ANNOTATION);
+    let fresh = Node {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            labels: node.metadata.labels.clone(),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: node
+            .spec
+            .clone()
+            .map(|s| k8s_openapi::api::core::v1::NodeSpec {
+                unschedulable: None,
+                taints: None,
+                ..s
+            }),
+        status: None,
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        // The old object may still be going (finalizers are rare on nodes).
+        match nodes_api.create(&PostParams::default(), &fresh).await {
+            Ok(_) => break,
+            Err(e) if Instant::now() > deadline => {
+                report
+                    .violations
+                    .push(format!("harness: could not create node {name} again: {e}"));
+                return;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+    loop {
+        let ready = nodes_api
+            .get_opt(&name)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|n| {
+                n.status
+                    .and_then(|s| s.conditions)
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            });
+        if ready {
+            return;
+        }
+        if Instant::now() > deadline {
+            report.violations.push(format!(
+                "harness: node {name} created again is not Ready within 30 s"
+            ));
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
 
 /// Renders the report's ending: the table and the verdict.

@@ -1,6 +1,6 @@
 use super::*;
 use crate::controller::status::next_status;
-use crate::crd::{Approval, ScheduledEventSpec, ScheduledEventStatus};
+use crate::crd::{Approval, NodeProgress, ScheduledEventSpec, ScheduledEventStatus};
 
 fn t(s: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
@@ -16,7 +16,7 @@ fn event(type_: &str, status: &str, resources: &[&str]) -> ScheduledEvent {
         ScheduledEventSpec {
             event_id: "EV-1".into(),
             event_type: type_.into(),
-            event_status: status.into(),
+            event_status: serde_json::from_value(serde_json::json!(status)).unwrap(),
             event_source: "Platform".into(),
             resource_type: "VirtualMachine".into(),
             resources: resources.iter().map(|s| s.to_string()).collect(),
@@ -127,11 +127,16 @@ fn approval_is_decided_only_when_every_affected_node_is_drained() {
         p.decide_approval.as_deref(),
         Some("all 2 affected nodes drained")
     );
-    assert_eq!(p.phase, Phase::Approved);
+    // Decided, not yet accepted by IMDS: the phase stays Drained.
+    assert_eq!(p.phase, Phase::Drained);
     assert!(p.node_writes.is_empty());
     let st = next_status(&ev, &all, &p, &[], now());
-    assert_eq!(st.approval.unwrap().decided_at, Some(now()));
+    assert_eq!(st.approval.as_ref().unwrap().decided_at, Some(now()));
     assert_eq!(st.nodes_drained.as_deref(), Some("2/2"));
+    assert_eq!(
+        cond(&st, "ApprovalPending"),
+        Some(("True".into(), "AwaitingAgent".into()))
+    );
 }
 
 #[test]
@@ -296,7 +301,11 @@ fn short_freeze_is_approved_at_once_without_cordon() {
     assert_eq!(p.action, Action::Approve);
     assert!(p.node_writes.is_empty() && p.evictions.is_empty());
     assert!(p.decide_approval.is_some());
-    assert_eq!(p.phase, Phase::Approved);
+    assert_eq!(
+        p.phase,
+        Phase::Pending,
+        "Approved only once IMDS accepted it"
+    );
     let st = next_status(&ev, &obs, &p, &[], now());
     assert_eq!(
         st.nodes_drained.as_deref(),
@@ -357,7 +366,7 @@ fn blocked_eviction_is_reported_as_a_condition_not_a_phase() {
         },
     )];
     let st = next_status(&ev, &obs, &p, &outcomes, now());
-    assert_eq!(st.phase.as_deref(), Some("Draining"));
+    assert_eq!(st.phase, Some(Phase::Draining));
     let n = &st.nodes.as_ref().unwrap()[0];
     assert_eq!(
         n.blocked_by.as_deref(),
@@ -708,7 +717,7 @@ fn an_event_that_comes_back_is_handled_afresh_with_its_history_kept() {
     let mut ev = with_status(
         event("Reboot", "Scheduled", &["vm_1"]),
         ScheduledEventStatus {
-            phase: Some("Cancelled".into()),
+            phase: Some(Phase::Cancelled),
             nodes_drained: Some("1/1".into()),
             finished_at: Some(now()),
             approval: Some(Approval {
@@ -741,6 +750,409 @@ fn an_event_that_comes_back_is_handled_afresh_with_its_history_kept() {
     assert_eq!(next.previous_appearances.len(), 1);
     let (_, again) = for_current_appearance(&with_status(fresh.clone(), next));
     assert!(!again, "one start-over per appearance");
+}
+
+fn cond(st: &ScheduledEventStatus, type_: &str) -> Option<(String, String)> {
+    st.conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+fn decided(at: DateTime<Utc>, result: Option<&str>) -> Approval {
+    Approval {
+        decided_at: Some(at),
+        reason: Some("all 1 affected nodes drained".into()),
+        sent_at: result.map(|_| at),
+        sent_by: result.map(|_| "node-1".into()),
+        result: result.map(String::from),
+    }
+}
+
+#[test]
+fn approved_means_imds_accepted_and_the_decision_is_never_rewritten() {
+    let ev = event("Reboot", "Scheduled", &["vm_1"]);
+    let drained = seen(vec![node("node-1", "vm_1", true, &["ev-1"], vec![])], &[]);
+    let first = now() - chrono::Duration::seconds(30);
+    // Decided 30 s ago, not sent: Drained, ApprovalPending, decision kept.
+    let waiting = with_status(
+        ev.clone(),
+        ScheduledEventStatus {
+            approval: Some(decided(first, None)),
+            ..Default::default()
+        },
+    );
+    let p = plan(&waiting, &drained, &Policy::default(), now());
+    assert_eq!(p.phase, Phase::Drained);
+    assert_eq!(p.decide_approval, None, "decided once, never again");
+    let st = next_status(&waiting, &drained, &p, &[], now());
+    assert_eq!(st.approval.as_ref().unwrap().decided_at, Some(first));
+    assert_eq!(
+        cond(&st, "ApprovalPending"),
+        Some(("True".into(), "AwaitingAgent".into()))
+    );
+    // IMDS refused it: still not Approved, and the reason says so.
+    let refused = with_status(
+        ev.clone(),
+        ScheduledEventStatus {
+            approval: Some(decided(first, Some("HTTP 400: bad request"))),
+            ..Default::default()
+        },
+    );
+    let p = plan(&refused, &drained, &Policy::default(), now());
+    assert_eq!(p.phase, Phase::Drained);
+    assert_eq!(p.approval_pending.as_ref().unwrap().0, "Refused");
+    // Accepted: Approved, the decision still the first one.
+    let accepted = with_status(
+        ev,
+        ScheduledEventStatus {
+            approval: Some(decided(first, Some("Accepted"))),
+            ..Default::default()
+        },
+    );
+    let p = plan(&accepted, &drained, &Policy::default(), now());
+    assert_eq!(p.phase, Phase::Approved);
+    assert_eq!(p.decide_approval, None);
+    assert_eq!(p.approval_pending, None);
+    let st = next_status(&accepted, &drained, &p, &[], now());
+    assert_eq!(st.approval.as_ref().unwrap().decided_at, Some(first));
+    assert_eq!(
+        cond(&st, "ApprovalPending"),
+        Some(("False".into(), "Accepted".into()))
+    );
+}
+
+#[test]
+fn a_terminate_whose_vm_has_no_agent_waits_and_says_why() {
+    let ev = with_status(
+        event("Terminate", "Scheduled", &["vmss_2"]),
+        ScheduledEventStatus {
+            approval: Some(decided(now() - chrono::Duration::seconds(10), None)),
+            nodes: Some(vec![NodeProgress {
+                name: "node-2".into(),
+                vm_name: "vmss_2".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        },
+    );
+    // The node went (or lost its forewarn.dev/vm-name annotation).
+    let obs = seen(vec![], &["vmss_2"]);
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    assert_ne!(p.phase, Phase::Approved);
+    let (reason, message) = p.approval_pending.clone().unwrap();
+    assert_eq!(reason, "AgentMissing");
+    assert!(
+        message.contains("vmss_2") && message.contains("forewarn.dev/vm-name"),
+        "{message}"
+    );
+}
+
+#[test]
+fn the_drain_waits_for_not_before_minus_the_lead_time() {
+    let mut ev = event("Redeploy", "Scheduled", &["vm_1"]);
+    ev.spec.not_before = Some(now() + chrono::Duration::days(5));
+    let obs = seen(
+        vec![node("node-1", "vm_1", false, &[], vec![pod("a")])],
+        &[],
+    );
+    let policy = Policy::default();
+    let p = plan(&ev, &obs, &policy, now());
+    assert_eq!(p.phase, Phase::Pending);
+    assert!(p.node_writes.is_empty() && p.evictions.is_empty());
+    assert_eq!(p.decide_approval, None);
+    let start = now() + chrono::Duration::days(5) - chrono::Duration::hours(1);
+    assert_eq!(p.drain_starts_at, Some(start));
+    assert_eq!(
+        p.requeue,
+        Duration::from_secs(300),
+        "looks again within 5 min"
+    );
+    let st = next_status(&ev, &obs, &p, &[], now());
+    assert_eq!(
+        cond(&st, "DrainScheduled"),
+        Some(("True".into(), "WaitingForLeadTime".into()))
+    );
+    let msg = st
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "DrainScheduled")
+        .unwrap()
+        .message
+        .clone();
+    assert!(msg.contains(&start.to_rfc3339()), "{msg}");
+    // Close to the start the requeue is exact.
+    let later = start - chrono::Duration::seconds(40);
+    assert_eq!(
+        plan(&ev, &obs, &policy, later).requeue,
+        Duration::from_secs(40)
+    );
+    // Within the lead time the drain starts, and the condition turns False.
+    let then = with_status(ev.clone(), st);
+    let p = plan(&then, &obs, &policy, start);
+    assert_eq!(p.phase, Phase::Draining);
+    assert_eq!(p.evictions.len(), 1);
+    let st = next_status(&then, &obs, &p, &[], start);
+    assert_eq!(
+        cond(&st, "DrainScheduled"),
+        Some(("False".into(), "LeadTimeReached".into()))
+    );
+    // An ordinary 15-minute notice drains at once with the default lead time.
+    let mut soon = event("Redeploy", "Scheduled", &["vm_1"]);
+    soon.spec.not_before = Some(now() + chrono::Duration::minutes(15));
+    assert_eq!(plan(&soon, &obs, &policy, now()).phase, Phase::Draining);
+}
+
+#[test]
+fn the_lead_time_is_a_policy_setting_with_limits() {
+    let p = Policy::parse("drainLeadTimeSeconds: 600\n", "p").unwrap();
+    assert_eq!(p.drain_lead_time_seconds, 600);
+    assert_eq!(Policy::default().drain_lead_time_seconds, 3600);
+    let e = Policy::parse("drainLeadTimeSeconds: 2\ndrainMarginSeconds: 5\n", "p").unwrap_err();
+    assert!(e.to_string().contains("drainLeadTimeSeconds"), "{e}");
+    let e = Policy::parse("orphanedAfterSeconds: 99999999\n", "p").unwrap_err();
+    assert!(e.to_string().contains("four weeks"), "{e}");
+}
+
+/// A started Terminate whose node is gone: the VM was deleted with its agent.
+fn orphan(started_secs_ago: i64) -> ScheduledEvent {
+    with_status(
+        event("Terminate", "Started", &["vmss_2"]),
+        ScheduledEventStatus {
+            phase: Some(Phase::Started),
+            started_at: Some(now() - chrono::Duration::seconds(started_secs_ago)),
+            first_seen: Some(now() - chrono::Duration::seconds(started_secs_ago + 60)),
+            nodes: Some(vec![NodeProgress {
+                name: "node-2".into(),
+                vm_name: "vmss_2".into(),
+                drained_at: Some(now() - chrono::Duration::seconds(started_secs_ago + 5)),
+                ..Default::default()
+            }]),
+            approval: Some(decided(
+                now() - chrono::Duration::seconds(started_secs_ago + 2),
+                Some("Accepted"),
+            )),
+            appearance: Some(1),
+            ..Default::default()
+        },
+    )
+}
+
+#[test]
+fn an_event_whose_nodes_are_all_gone_ends_after_the_orphan_time() {
+    let policy = Policy::parse("orphanedAfterSeconds: 60\n", "p").unwrap();
+    let gone = seen(vec![], &["vmss_2"]);
+    // Not yet: started 30 s ago.
+    let p = plan(&orphan(30), &gone, &policy, now());
+    assert_eq!(p.phase, Phase::Started);
+    assert_eq!(p.ended_unobserved, None);
+    // 61 s after it started: Completed, with the reason.
+    let ev = orphan(61);
+    let p = plan(&ev, &gone, &policy, now());
+    assert_eq!(p.phase, Phase::Completed);
+    assert_eq!(p.ended_unobserved.as_ref().unwrap().0, "NoNodeLeft");
+    let st = next_status(&ev, &gone, &p, &[], now());
+    assert_eq!(st.finished_at, Some(now()));
+    assert_eq!(
+        cond(&st, "EndedWithoutObserver"),
+        Some(("True".into(), "NoNodeLeft".into()))
+    );
+    // Afterwards it is over: it stays Completed (its spec still says
+    // Started), claims no node, and is deleted after the retention.
+    let ended = with_status(ev, st);
+    assert!(is_over(&ended));
+    let later = now() + chrono::Duration::hours(25);
+    let p = plan(&ended, &gone, &policy, later);
+    assert_eq!(p.phase, Phase::Completed);
+    assert!(
+        p.delete,
+        "retention applies to an event ended without observer"
+    );
+    // A node that still maps keeps it alive.
+    let here = seen(vec![node("node-2", "vmss_2", true, &["ev-1"], vec![])], &[]);
+    assert_eq!(
+        plan(&orphan(600), &here, &policy, now()).phase,
+        Phase::Started
+    );
+}
+
+#[test]
+fn a_scheduled_event_whose_node_went_ends_once_not_before_and_the_orphan_time_passed() {
+    let policy = Policy::parse("orphanedAfterSeconds: 60\n", "p").unwrap();
+    let mut ev = with_status(
+        event("Reboot", "Scheduled", &["gpu_1"]),
+        ScheduledEventStatus {
+            phase: Some(Phase::Draining),
+            nodes: Some(vec![NodeProgress {
+                name: "node-1".into(),
+                vm_name: "gpu_1".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        },
+    );
+    ev.spec.not_before = Some(now() - chrono::Duration::seconds(61));
+    let gone = seen(vec![], &["gpu_1"]);
+    let p = plan(&ev, &gone, &policy, now());
+    assert_eq!(
+        p.phase,
+        Phase::Completed,
+        "past NotBefore the platform ran it"
+    );
+    assert_eq!(p.ended_unobserved.as_ref().unwrap().0, "NoNodeLeft");
+    // NotBefore ahead: it waits, and its record keeps the vanished node,
+    // so that it still ends once NotBefore and the orphan time passed.
+    ev.spec.not_before = Some(now() + chrono::Duration::seconds(30));
+    let p = plan(&ev, &gone, &policy, now());
+    assert_eq!(p.ended_unobserved, None);
+    let st = next_status(&ev, &gone, &p, &[], now());
+    assert_eq!(st.nodes.as_ref().unwrap()[0].name, "node-1");
+    let waited = with_status(ev, st);
+    let later = now() + chrono::Duration::seconds(91);
+    let p = plan(&waited, &gone, &policy, later);
+    assert_eq!(p.phase, Phase::Completed);
+    assert_eq!(p.ended_unobserved.as_ref().unwrap().0, "NoNodeLeft");
+}
+
+#[test]
+fn an_event_no_agent_has_written_for_the_ttl_ends_whatever_its_phase() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
+    let policy = Policy::parse("staleAfterSeconds: 3600\n", "p").unwrap();
+    let written = |ev: &mut ScheduledEvent, ago: i64| {
+        let t = now() - chrono::Duration::seconds(ago);
+        ev.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some(crate::crd::AGENT_MANAGER.into()),
+            time: Some(Time(
+                k8s_openapi::jiff::Timestamp::from_second(t.timestamp()).unwrap(),
+            )),
+            ..Default::default()
+        }]);
+    };
+    // An ignored Freeze, seen Started 2 h ago by agents that are all gone:
+    // no mapped node was ever recorded (it names foreign VMs only).
+    let mut ev = with_status(
+        event("Freeze", "Started", &["elsewhere_0"]),
+        ScheduledEventStatus {
+            started_at: Some(now() - chrono::Duration::hours(2)),
+            ..Default::default()
+        },
+    );
+    written(&mut ev, 2 * 3600);
+    let policy_ignore = Policy {
+        default_action: Action::Ignore,
+        rules: Vec::new(),
+        ..policy.clone()
+    };
+    let p = plan(&ev, &seen(vec![], &["elsewhere_0"]), &policy_ignore, now());
+    assert_eq!(p.phase, Phase::Completed);
+    assert_eq!(p.ended_unobserved.as_ref().unwrap().0, "NoAgentUpdate");
+    // Written by an agent 10 min ago: alive.
+    written(&mut ev, 600);
+    assert_eq!(
+        plan(&ev, &seen(vec![], &["elsewhere_0"]), &policy_ignore, now()).phase,
+        Phase::Ignored
+    );
+    // A Scheduled event announced days ahead is not stale before its NotBefore.
+    let mut far = event("Redeploy", "Scheduled", &["elsewhere_0"]);
+    far.spec.not_before = Some(now() + chrono::Duration::days(3));
+    written(&mut far, 2 * 24 * 3600);
+    assert_eq!(
+        plan(&far, &seen(vec![], &["elsewhere_0"]), &policy, now()).ended_unobserved,
+        None
+    );
+    // Stale and never started, NotBefore 2 h ago: the platform ran it.
+    far.spec.not_before = Some(now() - chrono::Duration::hours(2));
+    let p = plan(&far, &seen(vec![], &["elsewhere_0"]), &policy, now());
+    assert_eq!(p.phase, Phase::Completed);
+}
+
+#[test]
+fn an_ignored_event_that_ended_is_deleted_after_the_retention() {
+    let policy = Policy {
+        default_action: Action::Ignore,
+        rules: Vec::new(),
+        ..Policy::default()
+    };
+    let ev = ended("Reboot", &["vm_1"]);
+    let p = plan(
+        &ev,
+        &seen(vec![], &[]),
+        &policy,
+        now() + chrono::Duration::hours(25),
+    );
+    assert_eq!(p.action, Action::Ignore);
+    assert!(p.phase.is_final());
+    assert!(p.delete);
+}
+
+#[test]
+fn a_dry_run_records_what_it_would_do_and_never_an_approval_agents_send() {
+    use crate::controller::status::as_dry_run;
+    let ev = event("Reboot", "Scheduled", &["vm_1"]);
+    let obs = seen(
+        vec![node("node-1", "vm_1", false, &[], vec![pod("a")])],
+        &[],
+    );
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    let mut st = next_status(&ev, &obs, &p, &[], now());
+    as_dry_run(&mut st, None, &p, now());
+    let dry = st.dry_run.clone().unwrap();
+    assert_eq!(dry.would_cordon, ["node-1"]);
+    assert_eq!(dry.would_evict, ["default/a"]);
+    assert!(!st.nodes.as_ref().unwrap()[0].cordoned_by_us);
+    assert_eq!(cond(&st, "DryRun"), Some(("True".into(), "DryRun".into())));
+    // Empty node (nothing to evict): the approval is decided, recorded in
+    // dryRun only, with its first time kept.
+    let empty = seen(vec![node("node-1", "vm_1", false, &[], vec![])], &[]);
+    let before = with_status(ev.clone(), st.clone());
+    let p = plan(&before, &empty, &Policy::default(), now());
+    assert!(p.decide_approval.is_some());
+    let mut st2 = next_status(&before, &empty, &p, &[], now());
+    as_dry_run(&mut st2, before.status.as_ref(), &p, now());
+    assert_eq!(
+        st2.approval, None,
+        "agents must never see a dry-run approval"
+    );
+    assert_eq!(st2.dry_run.as_ref().unwrap().would_approve_at, Some(now()));
+    let again = with_status(ev, st2.clone());
+    let later = now() + chrono::Duration::seconds(5);
+    let p = plan(&again, &empty, &Policy::default(), later);
+    let mut st3 = next_status(&again, &empty, &p, &[], later);
+    as_dry_run(&mut st3, again.status.as_ref(), &p, later);
+    assert_eq!(st3.dry_run.as_ref().unwrap().would_approve_at, Some(now()));
+    assert_eq!(st3.approval, None);
+    let dry_cond = |s: &ScheduledEventStatus| {
+        s.conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "DryRun")
+            .unwrap()
+            .last_transition_time
+    };
+    assert_eq!(
+        dry_cond(&st3),
+        dry_cond(&st2),
+        "a steady dry run does not rewrite its condition"
+    );
+}
+
+#[test]
+fn unknown_imds_statuses_are_mirrored_as_started_and_bogus_spec_values_do_not_parse() {
+    use crate::imds::model::EventStatus as Imds;
+    assert_eq!(
+        EventStatus::from(&Imds::Other("Paused".into())),
+        EventStatus::Started
+    );
+    assert_eq!(EventStatus::from(&Imds::Scheduled), EventStatus::Scheduled);
+    assert!(serde_json::from_value::<EventStatus>(serde_json::json!("Bogus")).is_err());
+    assert!(serde_json::from_value::<Phase>(serde_json::json!("Approvedish")).is_err());
+    assert_eq!(serde_json::to_value(Phase::Drained).unwrap(), "Drained");
+    assert_eq!(
+        serde_json::to_value(Action::DrainAndApprove).unwrap(),
+        "DrainAndApprove"
+    );
 }
 
 #[test]
