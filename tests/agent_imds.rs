@@ -664,8 +664,20 @@ async fn fallback_agent_waits_its_own_delay_whatever_the_decision_time() {
             waited >= Duration::from_millis(7500) && waited <= Duration::from_secs(13),
             "{id}: sent {waited:?} after the decision, expected the 8 s fallback"
         );
-        let obj = rig.get(id).await.unwrap();
-        let a = obj.status.unwrap().approval.unwrap();
+        // The agent records the result once IMDS has answered: a moment
+        // after the mock logged the request.
+        let a = rig
+            .wait_for(
+                &format!("the approval result of {id}"),
+                Duration::from_secs(10),
+                || async {
+                    rig.get(id)
+                        .await
+                        .and_then(|o| o.status?.approval)
+                        .filter(|a| a.result.is_some())
+                },
+            )
+            .await;
         assert_eq!(a.sent_by.as_deref(), Some("node-000000"));
         assert_eq!(a.result.as_deref(), Some("Accepted"));
     }

@@ -23,6 +23,9 @@ use crate::crd::ScheduledEvent;
 /// When to look again at an event whose evictions a budget refused.
 const BLOCKED_REQUEUE: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Kubernetes Events posted at once by one reconcile.
+const EVENT_CONCURRENCY: usize = 16;
+
 /// Node writes in flight at once for one event.
 const NODE_WRITE_CONCURRENCY: usize = 16;
 
@@ -273,6 +276,11 @@ async fn evict(ev: &ScheduledEvent, plan: &Plan, ctx: &Context) -> Vec<Outcome> 
         ctx.per_node,
     )
     .await;
+    // Events are posted together, not one after another: a pass over a node
+    // of 100 pods must not spend seconds on them. A refusal gets one Event
+    // per node and set of budgets per pass, however many pods it holds back.
+    let mut notes: Vec<(Subject<'_>, KubeEventType, &'static str, String)> = Vec::new();
+    let mut blocked: Vec<(&str, &Vec<String>, &String, Vec<String>)> = Vec::new();
     for (node, pod, outcome) in &outcomes {
         let label = match outcome {
             EvictionOutcome::Evicted => "evicted",
@@ -289,37 +297,29 @@ async fn evict(ev: &ScheduledEvent, plan: &Plan, ctx: &Context) -> Vec<Outcome> 
         else {
             continue;
         };
-        let (ns, key) = (e.pod.namespace.as_str(), e.pod.key());
+        let key = e.pod.key();
         match outcome {
             EvictionOutcome::Evicted => {
                 info!(node, pod = %key, grace_seconds = e.grace_seconds, "Evicted pod");
-                report::publish(
-                    ctx,
-                    ev,
-                    Subject::Pod(ns, pod),
+                notes.push((
+                    Subject::Pod(&e.pod.namespace, &e.pod.name),
                     KubeEventType::Normal,
                     "Evicted",
                     format!(
                         "Evicted {key} from {node} with a grace period of {}s",
                         e.grace_seconds
                     ),
-                )
-                .await;
+                ));
             }
             EvictionOutcome::Blocked { budgets, message } => {
                 info!(node, pod = %key, ?budgets, %message, "Eviction blocked; will retry");
-                report::publish(
-                    ctx,
-                    ev,
-                    Subject::Pod(ns, pod),
-                    KubeEventType::Warning,
-                    "EvictionBlocked",
-                    format!(
-                        "Eviction of {key} from {node} blocked by PodDisruptionBudget {}: {message}",
-                        budgets.join(", ")
-                    ),
-                )
-                .await;
+                match blocked
+                    .iter_mut()
+                    .find(|(n, b, _, _)| n == node && *b == budgets)
+                {
+                    Some((_, _, _, pods)) => pods.push(key),
+                    None => blocked.push((node.as_str(), budgets, message, vec![key])),
+                }
             }
             EvictionOutcome::Throttled {
                 retry_after_seconds,
@@ -332,5 +332,29 @@ async fn evict(ev: &ScheduledEvent, plan: &Plan, ctx: &Context) -> Vec<Outcome> 
             EvictionOutcome::Gone => {}
         }
     }
+    for (node, budgets, message, pods) in blocked {
+        let more = match pods.len() {
+            1 => String::new(),
+            n => format!(" and {} more", n - 1),
+        };
+        notes.push((
+            Subject::Node(node),
+            KubeEventType::Warning,
+            "EvictionBlocked",
+            format!(
+                "Eviction of {}{more} from {node} blocked by PodDisruptionBudget {}: {message}",
+                pods[0],
+                budgets.join(", ")
+            ),
+        ));
+    }
+    let mut posts = Vec::new();
+    for (subject, type_, reason, note) in notes {
+        posts.push(report::publish(ctx, ev, subject, type_, reason, note));
+    }
+    futures::stream::iter(posts)
+        .buffer_unordered(EVENT_CONCURRENCY)
+        .collect::<Vec<()>>()
+        .await;
     outcomes
 }
