@@ -138,36 +138,27 @@ pub fn classify_refusal(s: &Status) -> EvictionOutcome {
     let msg = s.message.clone();
     match s.code {
         429 => {
-            let budgets: Vec<String> = s
+            let causes: Vec<&kube::core::response::StatusCause> = s
                 .details
                 .iter()
                 .flat_map(|d| &d.causes)
                 .filter(|c| c.reason == "DisruptionBudget")
-                .filter_map(|c| budget_name(&c.message))
                 .collect();
-            let has_cause = s
-                .details
-                .iter()
-                .flat_map(|d| &d.causes)
-                .any(|c| c.reason == "DisruptionBudget");
-            if has_cause {
-                EvictionOutcome::Blocked {
-                    budgets,
-                    message: s
-                        .details
+            match causes.first() {
+                Some(first) => EvictionOutcome::Blocked {
+                    budgets: causes
                         .iter()
-                        .flat_map(|d| &d.causes)
-                        .find(|c| c.reason == "DisruptionBudget")
-                        .map_or(msg, |c| c.message.clone()),
-                }
-            } else {
-                EvictionOutcome::Throttled {
+                        .filter_map(|c| budget_name(&c.message))
+                        .collect(),
+                    message: first.message.clone(),
+                },
+                None => EvictionOutcome::Throttled {
                     retry_after_seconds: s
                         .details
                         .as_ref()
                         .map_or(1, |d| d.retry_after_seconds)
                         .max(1),
-                }
+                },
             }
         }
         404 => EvictionOutcome::Gone,

@@ -10,7 +10,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::plan::Plan;
-use super::status::newly_incomplete;
+use super::status::newly_true;
 use super::{Context, Error, Result};
 use crate::crd::{CONTROLLER_MANAGER, Phase, ScheduledEvent, ScheduledEventStatus};
 use crate::metrics::type_label;
@@ -109,17 +109,7 @@ pub async fn report(
     if ctx.dry_run {
         report_dry_run(ev, &prev, status, ctx).await;
     }
-    let newly_true = |type_: &str| {
-        let is = |s: &ScheduledEventStatus| {
-            s.conditions
-                .iter()
-                .flatten()
-                .find(|c| c.type_ == type_ && c.status == "True")
-                .map(|c| c.message.clone())
-        };
-        is(status).filter(|_| is(&prev).is_none())
-    };
-    if let Some(message) = newly_true("EndedWithoutObserver") {
+    if let Some(message) = newly_true(&prev, status, "EndedWithoutObserver") {
         warn!(%message, "Ended without an observer");
         publish(
             ctx,
@@ -131,7 +121,7 @@ pub async fn report(
         )
         .await;
     }
-    if let Some(message) = newly_true("DrainScheduled") {
+    if let Some(message) = newly_true(&prev, status, "DrainScheduled") {
         info!(%message, "Drain scheduled");
         publish(
             ctx,
@@ -165,18 +155,11 @@ pub async fn report(
         )
         .await;
     }
-    if newly_incomplete(&prev, status) {
+    if let Some(why) = newly_true(&prev, status, "DrainIncomplete") {
         ctx.metrics
             .drains_incomplete
             .with_label_values(&[type_label(&ev.spec.event_type)])
             .inc();
-        let why = status
-            .conditions
-            .iter()
-            .flatten()
-            .find(|c| c.type_ == "DrainIncomplete")
-            .map(|c| c.message.clone())
-            .unwrap_or_default();
         warn!(%why, "Drain incomplete");
         publish(
             ctx,

@@ -542,13 +542,19 @@ fn drain_conditions(
     );
 }
 
-/// Whether this status write records a new `DrainIncomplete`.
-pub fn newly_incomplete(prev: &ScheduledEventStatus, next: &ScheduledEventStatus) -> bool {
-    let is = |s: &ScheduledEventStatus| {
+/// The message of condition `type_` when this status write makes it `True`
+/// (it was not `True` before), else `None`.
+pub fn newly_true(
+    prev: &ScheduledEventStatus,
+    next: &ScheduledEventStatus,
+    type_: &str,
+) -> Option<String> {
+    let message = |s: &ScheduledEventStatus| {
         s.conditions
             .iter()
             .flatten()
-            .any(|c| c.type_ == "DrainIncomplete" && c.status == "True")
+            .find(|c| c.type_ == type_ && c.status == "True")
+            .map(|c| c.message.clone())
     };
-    is(next) && !is(prev)
+    message(next).filter(|_| message(prev).is_none())
 }
