@@ -483,19 +483,30 @@ async fn eviction_reaches_the_api_server_with_its_grace_and_uid_precondition() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let second = pods
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("recreate p");
-    // The API server deletes a pod that never ran at once, whatever the
-    // grace: wait until KWOK has it Running, as a kubelet would.
+    // Recreated under the same name, and Running: the API server deletes a
+    // pod that never ran at once, whatever the grace. KWOK may still finish
+    // the old pod's deletion against the new one: then create it again.
+    let mut second = None;
     for _ in 0..100 {
-        let p = pods.get("p").await.expect("get p");
-        if p.status.and_then(|s| s.phase).as_deref() == Some("Running") {
-            break;
+        match pods.get_opt("p").await.expect("get p") {
+            None => {
+                pods.create(&PostParams::default(), &pod)
+                    .await
+                    .expect("recreate p");
+            }
+            Some(p)
+                if p.uid() != Some(old_uid.clone())
+                    && p.metadata.deletion_timestamp.is_none()
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") =>
+            {
+                second = Some(p);
+                break;
+            }
+            Some(_) => {}
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let second = second.expect("the recreated pod p never ran");
     let evict_client = {
         let mut config = kube::Config::from_custom_kubeconfig(
             kube::config::Kubeconfig::read_from(&cluster.kubeconfig).unwrap(),
