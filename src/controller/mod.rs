@@ -8,6 +8,7 @@
 //! [`sweep`] releases holds of deleted objects.
 
 pub mod drain;
+pub mod lease;
 pub mod nodes;
 pub mod plan;
 pub mod reconcile;
