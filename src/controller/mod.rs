@@ -17,6 +17,7 @@ pub mod report;
 pub mod run;
 pub mod status;
 pub mod sweep;
+pub mod trust;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

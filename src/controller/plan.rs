@@ -86,8 +86,14 @@ pub struct Observed {
     /// Entries of `Resources` that map to no node.
     pub unmapped: Vec<String>,
     /// Why the mapping cannot be trusted for an approval (a VM claimed by
-    /// several nodes, an annotation contradicting a providerID).
+    /// several nodes, an annotation contradicting a providerID, a node no
+    /// trusted report confirms).
     pub doubts: Vec<String>,
+    /// Nodes `Resources` maps to that no trusted report confirms (see
+    /// [`super::trust`]): left alone, listed as `node: why`.
+    pub unconfirmed: Vec<String>,
+    /// Why a spec `Completed` is not taken as the end, if so.
+    pub completion_unconfirmed: Option<String>,
 }
 
 /// A write to a Node's cordon, taint and hold list.
@@ -280,7 +286,8 @@ fn final_phase(ev: &ScheduledEvent) -> Option<Phase> {
 }
 
 /// When an agent last wrote the object (`managedFields` of the agents'
-/// field manager, spec or status), else its creation time.
+/// field managers, `forewarn-agent` and each agent's report manager; spec
+/// or status), else its creation time.
 pub fn last_agent_write(ev: &ScheduledEvent) -> Option<DateTime<Utc>> {
     let to_chrono = |t: &k8s_openapi::jiff::Timestamp| {
         DateTime::from_timestamp(
@@ -292,7 +299,11 @@ pub fn last_agent_write(ev: &ScheduledEvent) -> Option<DateTime<Utc>> {
         .managed_fields
         .iter()
         .flatten()
-        .filter(|m| m.manager.as_deref() == Some(AGENT_MANAGER))
+        .filter(|m| {
+            m.manager
+                .as_deref()
+                .is_some_and(|n| n.starts_with(AGENT_MANAGER))
+        })
         .filter_map(|m| m.time.as_ref().and_then(|t| to_chrono(&t.0)))
         .max()
         .or_else(|| {

@@ -17,7 +17,7 @@ use tracing::{info, instrument, warn};
 use super::plan::{self, EvictionOutcome, NodeWrite, Observed, ObservedNode, Plan};
 use super::report::{self, Subject};
 use super::status::{self, Outcome};
-use super::{Context, Error, Result, drain, nodes};
+use super::{Context, Error, Result, drain, nodes, trust};
 use crate::crd::ScheduledEvent;
 
 /// When to look again at an event whose evictions a budget refused.
@@ -45,7 +45,7 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         report::clear_approval(&ev, &ctx).await?;
     }
     let policy = ctx.policy();
-    let (seen, snapshots) = observe(&ev, &ctx).await?;
+    let (ev, seen, snapshots) = observe(ev, &ctx, policy.trust_any_agent).await?;
     let plan = plan::plan(&ev, &seen, &policy, now);
     if plan.delete {
         let name = ev.name_any();
@@ -120,17 +120,45 @@ fn claims(me: &str, ctx: &Context, cached: &[Arc<Node>]) -> HashMap<String, Vec<
 /// still hold a cordon for it, and lists the pods of the mapped ones. Node
 /// writes are conditional on the `resourceVersion` read here, so a stale
 /// cache costs a 409 and a retry, never a wrong write.
+///
+/// Returns the event as the controller acts on it (see
+/// [`trust::Assessment::effective`]): a node that no trusted report confirms
+/// is not among the mapped nodes (it is released if it holds the event's
+/// cordon), and is listed in `Observed::unconfirmed`.
 async fn observe(
-    ev: &ScheduledEvent,
+    ev: ScheduledEvent,
     ctx: &Context,
-) -> Result<(Observed, HashMap<String, Arc<Node>>)> {
+    trust_any_agent: bool,
+) -> Result<(ScheduledEvent, Observed, HashMap<String, Arc<Node>>)> {
     let me = ev.name_any();
     let cached = ctx.nodes.state();
     let nodes::Mapping {
         mapped,
         unmapped,
-        doubts,
+        mut doubts,
     } = nodes::map_resources(&ev.spec.resources, cached.iter().map(AsRef::as_ref));
+    let assessment = trust::assess(
+        &ev,
+        mapped.iter().map(|(_, node)| node.as_str()),
+        trust_any_agent,
+    );
+    let ev = assessment.effective(ev);
+    let ev = &ev;
+    let unconfirmed = assessment.unconfirmed();
+    doubts.extend(
+        unconfirmed
+            .iter()
+            .map(|u| format!("no trusted report for node {u}")),
+    );
+    let mapped: Vec<(String, String)> = mapped
+        .into_iter()
+        .filter(|(_, node)| {
+            assessment
+                .verdicts
+                .get(node)
+                .is_some_and(trust::Verdict::is_live)
+        })
+        .collect();
     let completed = plan::is_over(ev);
     let recorded = ev
         .status
@@ -155,6 +183,8 @@ async fn observe(
         nodes: Vec::new(),
         unmapped,
         doubts,
+        unconfirmed,
+        completion_unconfirmed: assessment.completion_unconfirmed.clone(),
     };
     let mut snapshots = HashMap::new();
     for (name, vm) in wanted {
@@ -178,7 +208,7 @@ async fn observe(
         });
         snapshots.insert(name, node);
     }
-    Ok((seen, snapshots))
+    Ok((ev.clone(), seen, snapshots))
 }
 
 /// The Event reason, metric label and note of a node write.

@@ -334,6 +334,47 @@ pub fn next_status(
         };
         c.set("DrainScheduled", false, reason, message.into());
     }
+    // Trust (DESIGN.md): nodes left alone for want of a trusted report, and
+    // a completion no trusted report confirms.
+    if !seen.unconfirmed.is_empty() {
+        c.set(
+            "NodesUnconfirmed",
+            true,
+            "NoTrustedReport",
+            format!(
+                "not acted on without its own agent's report or two other agents': {}",
+                seen.unconfirmed.join("; ")
+            ),
+        );
+    } else if prev_conditions
+        .iter()
+        .any(|x| x.type_ == "NodesUnconfirmed" && x.status == "True")
+    {
+        c.set(
+            "NodesUnconfirmed",
+            false,
+            "Confirmed",
+            "every node the event names is confirmed by a trusted report".into(),
+        );
+    }
+    if let Some(why) = &seen.completion_unconfirmed {
+        c.set(
+            "CompletionUnconfirmed",
+            true,
+            "NodeStillListsEvent",
+            why.clone(),
+        );
+    } else if prev_conditions
+        .iter()
+        .any(|x| x.type_ == "CompletionUnconfirmed" && x.status == "True")
+    {
+        c.set(
+            "CompletionUnconfirmed",
+            false,
+            "Confirmed",
+            "no trusted report lists the event any more".into(),
+        );
+    }
     if let Some((reason, message)) = &plan.ended_unobserved {
         c.set("EndedWithoutObserver", true, reason, message.clone());
     }

@@ -24,6 +24,7 @@ fn event(type_: &str, status: &str, resources: &[&str]) -> ScheduledEvent {
             duration_seconds: -1,
             description: String::new(),
             appearance: 1,
+            reports: Vec::new(),
         },
     );
     ev.status = None;
@@ -56,7 +57,7 @@ fn seen(nodes: Vec<ObservedNode>, unmapped: &[&str]) -> Observed {
     Observed {
         nodes,
         unmapped: unmapped.iter().map(|s| s.to_string()).collect(),
-        doubts: Vec::new(),
+        ..Observed::default()
     }
 }
 
