@@ -94,12 +94,13 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
 /// cordons it, from the controller's cache of `ScheduledEvent`s.
 fn claims(me: &str, ctx: &Context, cached: &[Arc<Node>]) -> HashMap<String, Vec<String>> {
     let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
+    let policy = ctx.policy();
     for other in ctx.events.state() {
         let name = other.name_any();
-        if name == me || plan::is_over(&other) {
+        if name == me {
             continue;
         }
-        let action = ctx.policy().decide(
+        let action = policy.decide(
             &other.spec.event_type.as_str().into(),
             &other.spec.event_source,
             other.spec.duration_seconds,
@@ -107,10 +108,26 @@ fn claims(me: &str, ctx: &Context, cached: &[Arc<Node>]) -> HashMap<String, Vec<
         if !action.cordons() {
             continue;
         }
+        // Only nodes the other event holds on trusted word (see `trust`),
+        // and only while it is live on that word.
         let mapped =
             nodes::map_resources(&other.spec.resources, cached.iter().map(AsRef::as_ref)).mapped;
+        let assessment = trust::assess(
+            &other,
+            mapped.iter().map(|(_, node)| node.as_str()),
+            policy.trust_any_agent,
+        );
+        if plan::is_over(&assessment.effective((*other).clone())) {
+            continue;
+        }
         for (_, node) in mapped {
-            by_node.entry(node).or_default().push(name.clone());
+            if assessment
+                .verdicts
+                .get(&node)
+                .is_some_and(trust::Verdict::is_live)
+            {
+                by_node.entry(node).or_default().push(name.clone());
+            }
         }
     }
     by_node

@@ -179,7 +179,6 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         reload.abort();
     }
     ready.set(false);
-    leader_gauge.set(0);
     // Releasing hands the Lease to a standby at once instead of after its
     // duration; only a Lease this replica still holds is released.
     match elector.release().await {
@@ -189,6 +188,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             warn!(error = %e, "Could not release the Lease; a standby takes over when it expires")
         }
     }
+    // 1 while this replica holds the Lease: until it was released.
+    leader_gauge.set(0);
     info!("Controller stopped");
     outcome
 }
