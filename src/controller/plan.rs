@@ -585,7 +585,10 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
             return p;
         }
         Action::Approve => {
-            if !decided && spec_status == EventStatus::Scheduled {
+            if !decided
+                && spec_status == EventStatus::Scheduled
+                && seen.completion_unconfirmed.is_none()
+            {
                 if !seen.doubts.is_empty() {
                     p.approval_withheld = Some(seen.doubts.join("; "));
                 } else if seen.unmapped.is_empty() || policy.approve_foreign_vms {
@@ -614,10 +617,15 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         Action::Cordon | Action::Drain | Action::DrainAndApprove => {}
     }
 
+    // A spec `Completed` that a node's own report does not confirm yet (it
+    // lags a poll behind, or the spec was forged): keep what is held and
+    // the drains begun, start nothing new (trust::Assessment::effective).
+    let hold_only = seen.completion_unconfirmed.is_some();
     let mapped: Vec<&ObservedNode> = seen
         .nodes
         .iter()
         .filter(|n| !n.vm_name.is_empty())
+        .filter(|n| !hold_only || n.holds.contains(&me))
         .collect();
     // The drain lead time: an event announced long ahead (a predicted
     // failure) is not drained until NotBefore minus the lead time. Once
@@ -665,7 +673,11 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
     }
 
     let all_drained = !mapped.is_empty() && mapped.iter().all(|n| node_drained(n, now));
-    if action == Action::DrainAndApprove && spec_status == EventStatus::Scheduled && !decided {
+    if action == Action::DrainAndApprove
+        && spec_status == EventStatus::Scheduled
+        && !decided
+        && !hold_only
+    {
         decide_approval(&mut p, &mapped, seen, policy, all_drained);
     }
     if !started && !accepted && (decided || p.decide_approval.is_some()) {

@@ -70,11 +70,27 @@ pub struct Assessment {
 impl Assessment {
     /// `ev` with the `eventStatus` the controller acts on: a spec
     /// `Completed` that a node's trusted reports contradict is taken as
-    /// `Started` (hold, never approve). Only this in-memory copy changes;
-    /// the spec belongs to the agents.
+    /// what those reports say (`Started` if any says so, else
+    /// `Scheduled`). Only this in-memory copy changes; the spec belongs to
+    /// the agents. While it is so, the plan keeps the holds in place and
+    /// starts nothing new (see `plan`): the reports may just lag a poll
+    /// behind a cancellation, whose spec has lost its `NotBefore`.
     pub fn effective(&self, mut ev: ScheduledEvent) -> ScheduledEvent {
         if self.completion_unconfirmed.is_some() {
-            ev.spec.event_status = EventStatus::Started;
+            let started = self.verdicts.values().any(|v| {
+                matches!(
+                    v,
+                    Verdict::Live {
+                        status: EventStatus::Started,
+                        ..
+                    }
+                )
+            });
+            ev.spec.event_status = if started {
+                EventStatus::Started
+            } else {
+                EventStatus::Scheduled
+            };
         }
         ev
     }
@@ -315,6 +331,11 @@ mod tests {
         );
         assert!(a.completion_unconfirmed.is_some());
         assert_eq!(a.effective(ev.clone()).spec.event_status, Started);
+        // Its own agent a poll behind a cancellation: still Scheduled there.
+        let mut lag = ev.clone();
+        lag.spec.reports[1].event_status = Scheduled;
+        let a = assess(&lag, ["b"], false);
+        assert_eq!(a.effective(lag.clone()).spec.event_status, Scheduled);
         // One more agent saying it ended is still not two.
         let mut ev2 = ev.clone();
         ev2.spec.reports.push(report("c", false, Completed, r));

@@ -1178,3 +1178,36 @@ fn a_doubtful_mapping_withholds_approval_though_every_node_is_drained() {
     let st = next_status(&ev, &obs, &p, &[], now());
     assert_eq!(st.nodes_drained.as_deref(), Some("2/2"), "both drained");
 }
+
+/// A spec `Completed` that the node's own report does not confirm yet (a
+/// cancellation its agent sees a poll later, whose spec lost `NotBefore`):
+/// the event is handled as its report says (`Scheduled`), but nothing new
+/// starts: no cordon, no eviction, no approval. A node already held stays
+/// held and its drain goes on (a forged `Completed` cannot stop a drain).
+#[test]
+fn unconfirmed_completion_keeps_holds_and_starts_nothing_new() {
+    let mut obs = seen(
+        vec![node("node-1", "vm_1", false, &[], vec![pod("a")])],
+        &[],
+    );
+    obs.completion_unconfirmed = Some("node-1 still lists it".into());
+    let ev = event("Redeploy", "Scheduled", &["vm_1"]);
+    let mut ev = ev;
+    ev.spec.not_before = None;
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    assert!(p.node_writes.is_empty(), "{:?}", p.node_writes);
+    assert!(p.evictions.is_empty());
+    assert_eq!(p.decide_approval, None);
+    assert_eq!(p.phase, Phase::Pending);
+
+    let mut held = seen(
+        vec![node("node-1", "vm_1", true, &["ev-1"], vec![pod("a")])],
+        &[],
+    );
+    held.completion_unconfirmed = Some("node-1 still lists it".into());
+    let p = plan(&ev, &held, &Policy::default(), now());
+    assert!(p.node_writes.is_empty(), "{:?}", p.node_writes);
+    assert_eq!(p.evictions.len(), 1, "the drain begun goes on");
+    assert_eq!(p.decide_approval, None);
+    assert_eq!(p.phase, Phase::Draining);
+}
