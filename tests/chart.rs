@@ -1318,8 +1318,14 @@ fn installed_chart_confines_each_service_account() {
         &format!("{sev}-2"),
         &format!("{sev}-3"),
     ]);
-    controller.ok_stdin(&["apply", "--server-side", "-f", "-"], &format!(
-        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: forewarn-controller\n  namespace: {NS}\nspec:\n  holderIdentity: chart-test\n"));
+    // The Lease as the controller writes it: a create, then replaces.
+    let lease = |holder: &str| {
+        format!(
+            "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: forewarn-controller\n  namespace: {NS}\nspec:\n  holderIdentity: {holder}\n"
+        )
+    };
+    controller.ok_stdin(&["create", "-f", "-"], &lease("chart-test"));
+    controller.ok_stdin(&["replace", "-f", "-"], &lease("chart-test-2"));
     k.ok(&["delete", "lease", "-n", NS, "forewarn-controller"]);
 
     // What each ServiceAccount may do, as the API server sees it.
