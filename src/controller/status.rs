@@ -320,6 +320,18 @@ pub fn next_status(
                 start.to_rfc3339()
             ),
         );
+    } else if let Some(prev) = prev_conditions
+        .iter()
+        .find(|x| x.type_ == "DrainScheduled")
+        .filter(|_| seen.completion_unconfirmed.is_some())
+    {
+        // Held while a Completed waits for its confirmation: nothing moved.
+        c.set(
+            "DrainScheduled",
+            prev.status == "True",
+            &prev.reason,
+            prev.message.clone(),
+        );
     } else if prev_conditions
         .iter()
         .any(|x| x.type_ == "DrainScheduled" && x.status == "True")

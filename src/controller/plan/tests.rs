@@ -1210,4 +1210,33 @@ fn unconfirmed_completion_keeps_holds_and_starts_nothing_new() {
     assert_eq!(p.evictions.len(), 1, "the drain begun goes on");
     assert_eq!(p.decide_approval, None);
     assert_eq!(p.phase, Phase::Draining);
+
+    // A drain still waiting for its lead time keeps saying so meanwhile.
+    let waiting = crate::crd::Condition {
+        observed_generation: None,
+        type_: "DrainScheduled".into(),
+        status: "True".into(),
+        reason: "WaitingForLeadTime".into(),
+        message: "the cordon and drain start at ...".into(),
+        last_transition_time: now(),
+    };
+    let ev = with_status(
+        ev,
+        ScheduledEventStatus {
+            conditions: Some(vec![waiting]),
+            ..ScheduledEventStatus::default()
+        },
+    );
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    let st = next_status(&ev, &obs, &p, &[], now());
+    let kept = st
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "DrainScheduled")
+        .expect("DrainScheduled kept");
+    assert_eq!(
+        (kept.status.as_str(), kept.reason.as_str()),
+        ("True", "WaitingForLeadTime")
+    );
 }
