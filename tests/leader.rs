@@ -73,6 +73,15 @@ fn start_controller(kubeconfig: &Path, lease: &str, identity: &str, dir: &Path) 
     Controller { proc, port }
 }
 
+/// An HTTP client for the processes' `/metrics` on loopback.
+fn metrics_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .expect("HTTP client")
+}
+
 /// `Some(true)` when the process reports that it leads, `None` when its
 /// metrics cannot be read.
 async fn leads(http: &reqwest::Client, port: u16) -> Option<bool> {
@@ -100,11 +109,7 @@ fn count_in_log(p: &Proc, needle: &str) -> usize {
 async fn two_controllers_started_together_never_lead_at_once_and_hand_over_on_sigterm() {
     let _turn = TURN.lock().await;
     let cluster = tokio::task::spawn_blocking(cluster).await.expect("cluster");
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_millis(500))
-        .build()
-        .unwrap();
+    let http = metrics_client();
     let leases: Api<Lease> = Api::namespaced(cluster.client().await.unwrap(), "default");
     let mut handovers = Vec::new();
     for round in 0..20 {
@@ -213,11 +218,7 @@ async fn proxy(target: String) -> (u16, tokio::sync::oneshot::Sender<()>) {
 async fn leader_cut_off_from_the_api_server_stops_before_a_standby_may_lead() {
     let _turn = TURN.lock().await;
     let cluster = tokio::task::spawn_blocking(cluster).await.expect("cluster");
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_millis(500))
-        .build()
-        .unwrap();
+    let http = metrics_client();
     let kubeconfig = std::fs::read_to_string(&cluster.kubeconfig).unwrap();
     let server = kubeconfig
         .lines()
@@ -340,11 +341,7 @@ async fn a_leader_with_a_skewed_clock_keeps_the_lease_while_it_renews_and_loses_
  {
     let _turn = TURN.lock().await;
     let cluster = tokio::task::spawn_blocking(cluster).await.expect("cluster");
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_millis(500))
-        .build()
-        .unwrap();
+    let http = metrics_client();
     let leases: Api<Lease> = Api::namespaced(cluster.client().await.unwrap(), "default");
     let lease = "skewed";
     let hour = k8s_openapi::jiff::SignedDuration::from_hours(1);

@@ -25,6 +25,20 @@ struct Conditions<'a> {
 }
 
 impl Conditions<'_> {
+    /// `type_` True with `(reason, message)` while `now` is `Some`; once it
+    /// is `None`, False with `cleared` if it was True before, else absent.
+    fn set_while(&mut self, type_: &str, now: Option<(&str, String)>, cleared: (&str, &str)) {
+        if let Some((reason, message)) = now {
+            self.set(type_, true, reason, message);
+        } else if self
+            .prev
+            .iter()
+            .any(|x| x.type_ == type_ && x.status == "True")
+        {
+            self.set(type_, false, cleared.0, cleared.1.into());
+        }
+    }
+
     fn set(&mut self, type_: &str, status: bool, reason: &str, message: String) {
         let status = if status { "True" } else { "False" }.to_string();
         let last_transition_time = self
@@ -348,45 +362,29 @@ pub fn next_status(
     }
     // Trust (DESIGN.md): nodes left alone for want of a trusted report, and
     // a completion no trusted report confirms.
-    if !seen.unconfirmed.is_empty() {
-        c.set(
-            "NodesUnconfirmed",
-            true,
-            "NoTrustedReport",
-            format!(
-                "not acted on without its own agent's report or two other agents': {}",
-                seen.unconfirmed.join("; ")
-            ),
-        );
-    } else if prev_conditions
-        .iter()
-        .any(|x| x.type_ == "NodesUnconfirmed" && x.status == "True")
-    {
-        c.set(
-            "NodesUnconfirmed",
-            false,
+    c.set_while(
+        "NodesUnconfirmed",
+        (!seen.unconfirmed.is_empty()).then(|| {
+            (
+                "NoTrustedReport",
+                format!(
+                    "not acted on without its own agent's report or two other agents': {}",
+                    seen.unconfirmed.join("; ")
+                ),
+            )
+        }),
+        (
             "Confirmed",
-            "every node the event names is confirmed by a trusted report".into(),
-        );
-    }
-    if let Some(why) = &seen.completion_unconfirmed {
-        c.set(
-            "CompletionUnconfirmed",
-            true,
-            "NodeStillListsEvent",
-            why.clone(),
-        );
-    } else if prev_conditions
-        .iter()
-        .any(|x| x.type_ == "CompletionUnconfirmed" && x.status == "True")
-    {
-        c.set(
-            "CompletionUnconfirmed",
-            false,
-            "Confirmed",
-            "no trusted report lists the event any more".into(),
-        );
-    }
+            "every node the event names is confirmed by a trusted report",
+        ),
+    );
+    c.set_while(
+        "CompletionUnconfirmed",
+        seen.completion_unconfirmed
+            .clone()
+            .map(|why| ("NodeStillListsEvent", why)),
+        ("Confirmed", "no trusted report lists the event any more"),
+    );
     if let Some((reason, message)) = &plan.ended_unobserved {
         c.set("EndedWithoutObserver", true, reason, message.clone());
     }
