@@ -150,7 +150,9 @@ pub struct Report {
     pub vm: String,
     /// Whether its VM is among the event's `Resources`.
     pub named: bool,
-    /// The event's status in its document; `Completed` once it left it.
+    /// The event's status in its document when the agent first saw it
+    /// listed (`Scheduled` or `Started`; not rewritten when it starts), and
+    /// `Completed` once it left the document.
     pub event_status: EventStatus,
     /// The `spec.appearance` the report is about.
     #[serde(default = "one")]

@@ -131,8 +131,21 @@ impl Agent {
     /// the one it last wrote: a server-side apply of that one entry (a list
     /// map keyed by node) under this agent's own field manager, so agents
     /// never conflict with each other and none can remove another's entry.
+    ///
+    /// A move from `Scheduled` to `Started` is not written: the controller
+    /// needs to know that a node's own agent lists the event, and when it
+    /// stops listing it, so each agent writes its report twice per event
+    /// (first seen, gone), not at every change of status.
     async fn report(&mut self, name: &str, report: Report) -> Result<()> {
-        if self.reported.get(name) == Some(&report) {
+        let live = |r: &Report| r.event_status != crate::crd::EventStatus::Completed;
+        if self.reported.get(name).is_some_and(|had| {
+            had == &report
+                || (had.appearance == report.appearance
+                    && had.named == report.named
+                    && had.resources_digest == report.resources_digest
+                    && live(had)
+                    && live(&report))
+        }) {
             return Ok(());
         }
         let body = serde_json::json!({

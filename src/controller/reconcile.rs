@@ -26,6 +26,9 @@ const BLOCKED_REQUEUE: std::time::Duration = std::time::Duration::from_secs(1);
 /// Kubernetes Events posted at once by one reconcile.
 const EVENT_CONCURRENCY: usize = 16;
 
+/// Pod lists (one per affected node) in flight at once for one event.
+const POD_LIST_CONCURRENCY: usize = 16;
+
 /// Node writes in flight at once for one event.
 const NODE_WRITE_CONCURRENCY: usize = 16;
 
@@ -203,27 +206,41 @@ async fn observe(
         unconfirmed,
         completion_unconfirmed: assessment.completion_unconfirmed.clone(),
     };
+    let by_name: HashMap<String, &Arc<Node>> = cached.iter().map(|n| (n.name_any(), n)).collect();
+    // A finished event's record is frozen; pods are read only for nodes it
+    // never recorded, so that the record says what was there. The lists
+    // run side by side (an event may name hundreds of VMs), in order.
+    let claims = &claims;
+    let listed: Vec<Result<(ObservedNode, Arc<Node>)>> =
+        futures::stream::iter(wanted.into_iter().filter_map(|(name, vm)| {
+            // A node gone from the cache has nothing to drain or release.
+            let node = Arc::clone(by_name.get(&name)?);
+            Some((name, vm, node))
+        }))
+        .map(|(name, vm, node)| async move {
+            let pods = if action.drains() && !vm.is_empty() && (!completed || !recorded) {
+                drain::pods_on(&ctx.client, &name).await?
+            } else {
+                Vec::new()
+            };
+            let observed = ObservedNode {
+                cordoned: nodes::is_cordoned(&node),
+                holds: nodes::holds(&node),
+                claimed_by: claims.get(&name).cloned().unwrap_or_default(),
+                name,
+                vm_name: vm,
+                pods,
+            };
+            Ok((observed, node))
+        })
+        .buffered(POD_LIST_CONCURRENCY)
+        .collect()
+        .await;
     let mut snapshots = HashMap::new();
-    for (name, vm) in wanted {
-        let Some(node) = cached.iter().find(|n| n.name_any() == name).cloned() else {
-            continue; // gone: nothing to drain or release
-        };
-        // A finished event's record is frozen; pods are read only for nodes
-        // it never recorded, so that the record says what was there.
-        let pods = if action.drains() && !vm.is_empty() && (!completed || !recorded) {
-            drain::pods_on(&ctx.client, &name).await?
-        } else {
-            Vec::new()
-        };
-        seen.nodes.push(ObservedNode {
-            cordoned: nodes::is_cordoned(&node),
-            holds: nodes::holds(&node),
-            claimed_by: claims.get(&name).cloned().unwrap_or_default(),
-            name: name.clone(),
-            vm_name: vm,
-            pods,
-        });
-        snapshots.insert(name, node);
+    for item in listed {
+        let (observed, node) = item?;
+        snapshots.insert(observed.name.clone(), node);
+        seen.nodes.push(observed);
     }
     Ok((ev.clone(), seen, snapshots))
 }
