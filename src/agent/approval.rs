@@ -1,11 +1,14 @@
 //! Which agent sends an approval the controller decided (DESIGN.md rule 3).
 //!
 //! Only an agent whose own IMDS document lists the event as `Scheduled` may
-//! send it (the caller checks that); the agent of a VM the event names goes
-//! first, any other steps in after a fallback delay (the named VMs may be
-//! gone or not in the cluster); a `Terminate` is approved only by the VM it
-//! names, as Azure advises, since approving one VM's delete may hold back or
-//! release the others'. Sending twice is harmless: IMDS answers 200 again.
+//! send it (the caller checks that). One agent goes first: that of the
+//! first VM the event names (in lower case, sorted), so that an event
+//! naming a hundred VMs is approved once, not by a hundred agents at the
+//! same instant; any other steps in after a fallback delay (the first VM
+//! may be gone or not in the cluster). A `Terminate` is approved only by a
+//! VM it names, as Azure advises, since approving one VM's delete may hold
+//! back or release the others'. Sending twice is harmless: IMDS answers 200
+//! again.
 //!
 //! The fallback delay runs on the agent's own clock, from when it first saw
 //! the decision, never from the controller's `decidedAt`: two machines'
@@ -39,9 +42,19 @@ pub fn should_send(
     }
     let mine = event.names_vm(my_vm);
     if event.event_type == EventType::Terminate {
-        return mine;
+        return mine && (first_named(event, my_vm) || seen_for >= fallback);
     }
-    mine || seen_for >= fallback
+    (mine && first_named(event, my_vm)) || seen_for >= fallback
+}
+
+/// Whether `my_vm` is the first of the VMs `event` names, ignoring case.
+fn first_named(event: &Event, my_vm: &str) -> bool {
+    event
+        .resources
+        .iter()
+        .map(|r| r.to_ascii_lowercase())
+        .min()
+        .is_some_and(|first| first == my_vm.to_ascii_lowercase())
 }
 
 #[cfg(test)]
@@ -99,6 +112,23 @@ mod tests {
         assert!(!should_send(&ev, Some(&a), "vmss_0", JUST_SEEN, FALLBACK));
         let later = Duration::from_secs(6);
         assert!(should_send(&ev, Some(&a), "vmss_0", later, FALLBACK));
+    }
+
+    #[test]
+    fn of_many_named_vms_the_first_sends_at_once_the_others_after_the_fallback() {
+        let mut ev = event(EventType::Reboot);
+        ev.resources = (0..100).rev().map(|i| format!("VMSS_{i:02}")).collect();
+        let a = decided(Utc::now());
+        assert!(should_send(&ev, Some(&a), "vmss_00", JUST_SEEN, FALLBACK));
+        assert!(!should_send(&ev, Some(&a), "vmss_01", JUST_SEEN, FALLBACK));
+        assert!(!should_send(&ev, Some(&a), "vmss_99", JUST_SEEN, FALLBACK));
+        assert!(should_send(&ev, Some(&a), "vmss_99", FALLBACK, FALLBACK));
+        // A Terminate likewise, but never by a VM it does not name.
+        ev.event_type = EventType::Terminate;
+        assert!(should_send(&ev, Some(&a), "vmss_00", JUST_SEEN, FALLBACK));
+        assert!(!should_send(&ev, Some(&a), "vmss_01", JUST_SEEN, FALLBACK));
+        assert!(should_send(&ev, Some(&a), "vmss_01", FALLBACK, FALLBACK));
+        assert!(!should_send(&ev, Some(&a), "other", FALLBACK, FALLBACK));
     }
 
     #[test]
