@@ -656,6 +656,9 @@ struct Request {
     user: String,
     verb: String,
     resource: String,
+    subresource: String,
+    /// The HTTP status answered (0 when the log has none).
+    code: u64,
     at: DateTime<Utc>,
 }
 
@@ -696,6 +699,11 @@ fn audit_requests(path: &Path) -> anyhow::Result<Vec<Request>> {
             user: user.to_string(),
             verb: s("/verb"),
             resource: s("/objectRef/resource"),
+            subresource: s("/objectRef/subresource"),
+            code: v
+                .pointer("/responseStatus/code")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0),
             at: at.with_timezone(&Utc),
         });
     }
@@ -1011,22 +1019,52 @@ async fn burst(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result<()>
     ));
     let mut max_writes = 0;
     let mut summary = Vec::new();
+    let mut kind_notes = Vec::new();
     for b in &bursts {
+        let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+        for r in requests
+            .iter()
+            .filter(|r| r.at >= b.changed && r.at <= b.until && is_agent(r) && is_write(&r.verb))
+        {
+            let sub = if r.subresource.is_empty() {
+                String::new()
+            } else {
+                format!("/{}", r.subresource)
+            };
+            *kinds
+                .entry(format!("{} {}{sub} → {}", r.verb, r.resource, r.code))
+                .or_default() += 1;
+        }
+        kind_notes.push(
+            kinds
+                .iter()
+                .map(|(k, v)| format!("{v}× {k}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
         let mut writes: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut conflicts = 0;
         for r in requests
             .iter()
             .filter(|r| r.at >= b.changed && r.at <= b.until && is_agent(r) && is_write(&r.verb))
         {
             *writes.entry(r.user.as_str()).or_default() += 1;
+            if r.code == 409 {
+                conflicts += 1;
+            }
         }
         let most = writes.values().copied().max().unwrap_or(0);
         max_writes = max_writes.max(most);
         summary.push(format!(
-            "max {most}, {} by {} agents",
+            "max {most}, {} by {} agents ({conflicts} refused 409)",
             writes.values().sum::<usize>(),
             writes.len()
         ));
     }
+    table.note(format!(
+        "burst: the agents' writes of each event, by verb, resource and answer: {}",
+        kind_notes.join("; ")
+    ));
     table.add(
         "5 API load",
         &format!("event: writes per agent ({n} agents)"),
