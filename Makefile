@@ -21,7 +21,7 @@ test: lint
 bench:
 	$(CARGO) build --release --bin forewarn
 	$(CARGO) build --features harness --example bench --example bench_drain
-	./target/debug/examples/bench --forewarn-bin target/release/forewarn $(BENCH_ARGS)
+	./target/debug/examples/bench $(BENCH_ARGS)
 
 ## bench-drain: forewarn vs `kubectl drain` on a 105-pod node with a PDB, medians and their ratio (a figure, not a test)
 bench-drain:
