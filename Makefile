@@ -2,7 +2,7 @@
 CARGO ?= cargo
 SCENARIO ?= tests/fixtures/platform-redeploy.yaml
 
-.PHONY: demo test test-real test-real-chart real-node-down image lint unit generate manifests bench-drain cluster-up cluster-down clean-cache
+.PHONY: demo test test-real test-real-chart real-node-down image lint unit generate manifests bench bench-drain cluster-up cluster-down clean-cache
 
 ## demo: local cluster + Azure scenario + agents + controller, with a live timeline (SCENARIO=path to pick another)
 demo:
@@ -14,6 +14,14 @@ demo:
 ##  FOREWARN_SKIP_REAL_NODE=1 skips the real-node test on machines without root)
 test: lint
 	CARGO=$(CARGO) bash hack/test-all.sh
+
+## bench: detection, 100-VM burst, drain ratio, footprint, API load, 1,000-VM scale on local clusters with the
+## release binary; prints one table (figures next to their goals; a missed goal does not fail) and writes BENCHMARKS.md
+## (about 20 minutes; BENCH_ARGS="--only detection,burst" picks parts)
+bench:
+	$(CARGO) build --release --bin forewarn
+	$(CARGO) build --features harness --example bench --example bench_drain
+	./target/debug/examples/bench $(BENCH_ARGS)
 
 ## bench-drain: forewarn vs `kubectl drain` on a 105-pod node with a PDB, medians and their ratio (a figure, not a test)
 bench-drain:

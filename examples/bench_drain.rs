@@ -36,6 +36,9 @@ struct Args {
     /// Pods on the drained node.
     #[arg(long, default_value_t = 105)]
     pods: i32,
+    /// The forewarn executable (default: the one next to this program).
+    #[arg(long)]
+    forewarn_bin: Option<std::path::PathBuf>,
 }
 
 const NS: &str = "bench";
@@ -245,7 +248,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 async fn bench(args: &Args) -> anyhow::Result<()> {
-    let bin = sibling_forewarn_bin()
+    let bin = args
+        .forewarn_bin
+        .clone()
+        .or_else(sibling_forewarn_bin)
         .context("the forewarn binary is not built next to this example; run `make bench-drain`")?;
     let cluster = tokio::task::spawn_blocking(|| Cluster::start("forewarn-bench", 4)).await??;
     let client = cluster.client().await?;

@@ -18,6 +18,11 @@
 #                         clusters live in $FOREWARN_CACHE/kwok/clusters/NAME/
 #   FOREWARN_KWOK_WORKDIR overrides that kwok work dir (e.g. /dev/shm/forewarn-kwok)
 #   FOREWARN_UP_TIMEOUT   seconds allowed for each step of `up` (default 180)
+#   FOREWARN_KUBE_AUDIT_POLICY=FILE
+#                         kube-apiserver writes an audit log by this policy to
+#                         $FOREWARN_CACHE/kwok/clusters/NAME/logs/audit.log
+#                         (kwokctl --kube-audit-policy; `make bench` counts
+#                         requests per process with it)
 #   FOREWARN_KWOK_FAKE_NODES_ONLY=1
 #                         kwok-controller manages only the nodes kwokctl creates
 #                         (annotation kwok.x-k8s.io/node=fake) instead of every
@@ -215,6 +220,7 @@ YAML
     --extra-args kube-apiserver=advertise-address=127.0.0.1 \
     --extra-args kube-apiserver=endpoint-reconciler-type=none \
     --disable-qps-limits \
+    ${FOREWARN_KUBE_AUDIT_POLICY:+--kube-audit-policy "$FOREWARN_KUBE_AUDIT_POLICY"} \
     --kubeconfig "" \
     --wait "${step_timeout}s" \
     --timeout "${step_timeout}s" ||

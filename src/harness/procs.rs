@@ -91,6 +91,12 @@ impl Proc {
         let _ = self.child.kill().await;
     }
 
+    /// Its process id while it runs (`None` once reaped); `make bench`
+    /// reads its `/proc/<pid>/status` and `stat`.
+    pub fn id(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Whether the process has exited, and how.
     pub fn exited(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().ok().flatten()

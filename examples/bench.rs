@@ -1,0 +1,1520 @@
+//! `make bench`: the figures that say whether forewarn is fast and cheap,
+//! measured from outside on local clusters (hack/cluster.sh: a real
+//! kube-apiserver, KWOK nodes) with the release `forewarn` binary as IMDS
+//! mock, controller and agents. Prints one table, each figure next to its
+//! goal, and writes it to `BENCHMARKS.md` with the command, the machine and
+//! the date. A benchmark reports: a missed goal is marked `MISSED` and never
+//! fails the run; a part that cannot run at all (cluster down, timeout) is
+//! reported as such and makes the exit status non-zero.
+//!
+//! Parts (`--only` picks some):
+//! - `detection`: one node per event, `--detection-events` events appearing
+//!   at staggered times (deliverTo: resources, so only the named VM's agent
+//!   sees each); from the moment the mock's document changes to the
+//!   `ScheduledEvent` seen and to the node seen cordoned (watches held by
+//!   this program), p50/p99/max at the default 1 s poll.
+//! - `burst`: `--burst-vms` VMs named by one event, plus `--burst-bystanders`
+//!   agents not named; first the agents idle for `--idle-seconds`
+//!   (footprint: RSS and CPU from `/proc`; API requests per minute), then
+//!   the event: all cordoned, approval decided (`status.approval.decidedAt`)
+//!   and received by IMDS (the mock's `/mock/log`, counted), and the API
+//!   load of the event counted by kube-apiserver's audit log, each process
+//!   impersonating a user of its own (`bench:controller`,
+//!   `bench:agent:<node>`).
+//! - `scale`: `--scale-nodes` KWOK nodes with `--scale-pods` pods, agents on
+//!   `--scale-agents` of them (the other nodes get the VM-name annotation an
+//!   agent writes, written directly); controller RSS idle, then one event
+//!   naming every VM: time until all are cordoned, and the controller's peak
+//!   RSS.
+//! - `size`: the size of the stripped release executable.
+//! - `drain`: `bench_drain` (forewarn against `kubectl drain`), run as a
+//!   child with the same executable.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use chrono::{DateTime, Utc};
+use clap::Parser;
+use forewarn::crd::{CORDONED_FOR_ANNOTATION, ScheduledEvent, VM_NAME_ANNOTATION};
+use forewarn::harness::cluster::{Cluster, repo_root};
+use forewarn::harness::procs::{Credentials, Fleet};
+use forewarn::imds::mock::LogEntry;
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+/// Runs the benchmarks and writes BENCHMARKS.md.
+#[derive(Parser, Clone)]
+struct Args {
+    /// The forewarn executable to measure (default: target/release/forewarn).
+    #[arg(long)]
+    forewarn_bin: Option<PathBuf>,
+    /// Parts to run, comma-separated: detection, burst, scale, size, drain.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "detection,burst,scale,size,drain"
+    )]
+    only: Vec<String>,
+    /// Events (and nodes) of the detection part.
+    #[arg(long, default_value_t = 60)]
+    detection_events: usize,
+    /// VMs named by the burst event (one node and agent each).
+    #[arg(long, default_value_t = 100)]
+    burst_vms: usize,
+    /// Times the burst event is played (one after another, 30 s apart).
+    #[arg(long, default_value_t = 3)]
+    burst_events: usize,
+    /// Agents of the burst part on nodes the event does not name.
+    #[arg(long, default_value_t = 20)]
+    burst_bystanders: usize,
+    /// Idle time measured before the burst event (footprint, idle API load).
+    #[arg(long, default_value_t = 300)]
+    idle_seconds: u64,
+    /// Nodes of the scale part.
+    #[arg(long, default_value_t = 1000)]
+    scale_nodes: usize,
+    /// Pods of the scale part (spread over the nodes by the scheduler).
+    #[arg(long, default_value_t = 10_000)]
+    scale_pods: usize,
+    /// Agents of the scale part (the other nodes are annotated directly).
+    #[arg(long, default_value_t = 100)]
+    scale_agents: usize,
+    /// Runs of each drain in the drain part.
+    #[arg(long, default_value_t = 5)]
+    drain_runs: usize,
+    /// Where to write the table (empty: do not write).
+    #[arg(long, default_value = "BENCHMARKS.md")]
+    out: String,
+}
+
+/// Cluster names of the benchmark (never used by `make test`).
+const CLUSTER: &str = "forewarn-bench";
+const CLUSTER_SCALE: &str = "forewarn-bench2";
+
+/// One line of the table.
+struct Row {
+    part: &'static str,
+    figure: String,
+    measured: String,
+    goal: String,
+    /// `Some(true)`: goal met; `Some(false)`: missed; `None`: no goal.
+    met: Option<bool>,
+}
+
+#[derive(Default)]
+struct Table {
+    rows: Vec<Row>,
+    notes: Vec<String>,
+    failed: Vec<String>,
+}
+
+impl Table {
+    fn add(
+        &mut self,
+        part: &'static str,
+        figure: &str,
+        measured: String,
+        goal: &str,
+        met: Option<bool>,
+    ) {
+        println!(
+            "[bench] {part}: {figure}: {measured}{}",
+            if goal.is_empty() {
+                String::new()
+            } else {
+                format!(" (goal {goal})")
+            }
+        );
+        self.rows.push(Row {
+            part,
+            figure: figure.into(),
+            measured,
+            goal: goal.into(),
+            met,
+        });
+    }
+
+    fn note(&mut self, text: String) {
+        println!("[bench] note: {text}");
+        self.notes.push(text);
+    }
+
+    fn render(&self) -> String {
+        let mut s = String::from("| Part | Figure | Measured | Goal | |\n|---|---|---|---|---|\n");
+        for r in &self.rows {
+            let verdict = match r.met {
+                Some(true) => "met",
+                Some(false) => "**MISSED**",
+                None => "",
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} |",
+                r.part,
+                r.figure,
+                r.measured,
+                if r.goal.is_empty() { "—" } else { &r.goal },
+                verdict
+            );
+        }
+        for f in &self.failed {
+            let _ = writeln!(s, "| | **could not run** | {f} | | |");
+        }
+        if !self.notes.is_empty() {
+            s.push('\n');
+            for n in &self.notes {
+                let _ = writeln!(s, "- {n}");
+            }
+        }
+        s
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Clusters, processes, /proc
+
+/// Starts (or re-creates) the local cluster `name` with `nodes` KWOK nodes,
+/// with an audit log when `audit` is set (every request at level Metadata
+/// but the node leases), and installs the CRD.
+fn start_cluster(name: &str, nodes: usize, audit: bool) -> anyhow::Result<Cluster> {
+    let root = repo_root();
+    let run = |args: &[&str], env: Option<(&str, &Path)>| -> anyhow::Result<String> {
+        let mut cmd = Command::new("bash");
+        cmd.args(args)
+            .current_dir(&root)
+            .stderr(std::process::Stdio::inherit());
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let out = cmd
+            .output()
+            .with_context(|| format!("failed to run {}", args[0]))?;
+        if !out.status.success() {
+            bail!("{} failed with {}", args.join(" "), out.status);
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim()
+            .to_string())
+    };
+    let bin_dir = PathBuf::from(run(&["hack/build-k8s.sh"], None)?);
+    let policy = std::env::temp_dir().join(format!("forewarn-bench-audit-{name}.yaml"));
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
+         - level: None\n  namespaces: [kube-node-lease]\n- level: Metadata\n",
+    )?;
+    let nodes = nodes.to_string();
+    let kubeconfig = PathBuf::from(run(
+        &["hack/cluster.sh", "up", "--name", name, "--nodes", &nodes],
+        audit.then_some(("FOREWARN_KUBE_AUDIT_POLICY", policy.as_path())),
+    )?);
+    let cluster = Cluster {
+        name: name.into(),
+        kubeconfig,
+        bin_dir,
+    };
+    let crd = root.join("crds/scheduledevents.forewarn.dev.yaml");
+    cluster.kubectl(&["apply", "--server-side", "-f", &crd.to_string_lossy()])?;
+    cluster.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/scheduledevents.forewarn.dev",
+    ])?;
+    Ok(cluster)
+}
+
+fn audit_log(cluster: &Cluster) -> PathBuf {
+    cluster
+        .kubeconfig
+        .parent()
+        .map(|d| d.join("logs/audit.log"))
+        .unwrap_or_default()
+}
+
+/// A copy of the cluster's kubeconfig that impersonates `user` (in group
+/// `system:masters`, so every request is allowed, as with the admin's).
+fn impersonating_kubeconfig(cluster: &Cluster, dir: &Path, user: &str) -> anyhow::Result<PathBuf> {
+    let text = std::fs::read_to_string(&cluster.kubeconfig)?;
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(&text)?;
+    let users = doc
+        .get_mut("users")
+        .and_then(|u| u.as_sequence_mut())
+        .context("kubeconfig without users")?;
+    for u in users {
+        let entry = u
+            .get_mut("user")
+            .and_then(|v| v.as_mapping_mut())
+            .context("kubeconfig user without a `user` map")?;
+        entry.insert("as".into(), user.into());
+        entry.insert(
+            "as-groups".into(),
+            serde_yaml::Value::Sequence(vec!["system:masters".into()]),
+        );
+    }
+    let path = dir.join(format!("kubeconfig-{}.yaml", user.replace(':', "-")));
+    std::fs::write(&path, serde_yaml::to_string(&doc)?)?;
+    Ok(path)
+}
+
+/// VmRSS, RssAnon and VmHWM (bytes), and utime+stime (seconds) of a process.
+#[derive(Debug, Clone, Copy, Default)]
+struct ProcStat {
+    rss: u64,
+    /// RssAnon: the part not backed by the executable's file pages.
+    anon: u64,
+    hwm: u64,
+    cpu: f64,
+}
+
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+fn proc_stat(pid: u32, ticks: f64) -> anyhow::Result<ProcStat> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb = |key: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest[0] is field 3 (state); utime is field 14, stime 15.
+    let utime: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    let stime: f64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    Ok(ProcStat {
+        rss: kb("VmRSS:"),
+        anon: kb("RssAnon:"),
+        hwm: kb("VmHWM:"),
+        cpu: (utime + stime) / ticks,
+    })
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+fn forewarn_env(cluster: &Cluster) -> Vec<(String, String)> {
+    vec![
+        (
+            "KUBECONFIG".into(),
+            cluster.kubeconfig.to_string_lossy().into_owned(),
+        ),
+        ("RUST_LOG".into(), "info,kube=warn".into()),
+    ]
+}
+
+async fn start_fleet(
+    cluster: &Cluster,
+    bin: &Path,
+    dir: &Path,
+    scenario: &str,
+    vms: &[(String, String)],
+    credentials: Option<Credentials>,
+) -> anyhow::Result<Fleet> {
+    std::fs::create_dir_all(dir)?;
+    let file = dir.join("scenario.yaml");
+    std::fs::write(&file, scenario)?;
+    let env = forewarn_env(cluster);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let lease = format!("bench-{}", std::process::id());
+    let fleet = Fleet::start_as(
+        bin,
+        &env,
+        dir,
+        &file,
+        "127.0.0.1:0",
+        &lease,
+        vms,
+        credentials,
+    )
+    .await?;
+    fleet.wait_ready(Duration::from_secs(120)).await?;
+    Ok(fleet)
+}
+
+async fn stop_fleet(mut fleet: Fleet) {
+    for p in fleet.all_mut() {
+        let _ = p.terminate(Duration::from_secs(15)).await;
+    }
+}
+
+/// Starts the mock's clock; returns the time it stands for (the midpoint of
+/// the request, within a millisecond or two on loopback).
+async fn start_mock(http: &reqwest::Client, fleet: &Fleet) -> anyhow::Result<DateTime<Utc>> {
+    let before = Utc::now();
+    http.post(format!("{}/mock/start", fleet.imds_base()))
+        .send()
+        .await?
+        .error_for_status()?;
+    let after = Utc::now();
+    Ok(before + (after - before) / 2)
+}
+
+async fn mock_log(http: &reqwest::Client, fleet: &Fleet) -> anyhow::Result<Vec<LogEntry>> {
+    Ok(http
+        .get(format!("{}/mock/log", fleet.imds_base()))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?)
+}
+
+// ---------------------------------------------------------------------------
+// Watches held by the benchmark: when each node was seen cordoned and
+// released by forewarn, when each ScheduledEvent was first seen and its
+// approval decided.
+
+#[derive(Default)]
+struct Seen {
+    /// Every time each node was seen turning held (cordoned by forewarn).
+    cordoned: HashMap<String, Vec<DateTime<Utc>>>,
+    /// Every time each node was seen released after a hold.
+    released: HashMap<String, Vec<DateTime<Utc>>>,
+    held: HashSet<String>,
+    sev_first: HashMap<String, DateTime<Utc>>,
+    approval_decided: HashMap<String, (DateTime<Utc>, Option<DateTime<Utc>>)>,
+    phase: HashMap<String, String>,
+    /// Whether both watches have listed once.
+    nodes_synced: bool,
+    sevs_synced: bool,
+}
+
+struct Watches {
+    seen: Arc<Mutex<Seen>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Seen {
+    /// When `node` was seen cordoned for the `k`-th time (from 0).
+    fn cordon(&self, node: &str, k: usize) -> Option<DateTime<Utc>> {
+        self.cordoned.get(node).and_then(|v| v.get(k)).copied()
+    }
+
+    /// When `node` was seen released for the `k`-th time (from 0).
+    fn release(&self, node: &str, k: usize) -> Option<DateTime<Utc>> {
+        self.released.get(node).and_then(|v| v.get(k)).copied()
+    }
+}
+
+impl Watches {
+    async fn start(client: &Client) -> anyhow::Result<Self> {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let nodes: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
+        let s = seen.clone();
+        let node_task = tokio::spawn(async move {
+            let mut stream = watcher::watcher(nodes, watcher::Config::default()).boxed();
+            while let Some(ev) = stream.next().await {
+                let now = Utc::now();
+                let Ok(ev) = ev else { continue };
+                let mut seen = s.lock().unwrap_or_else(|p| p.into_inner());
+                match ev {
+                    watcher::Event::Apply(m) | watcher::Event::InitApply(m) => {
+                        let held = m
+                            .annotations()
+                            .get(CORDONED_FOR_ANNOTATION)
+                            .is_some_and(|v| !v.is_empty());
+                        let name = m.name_any();
+                        if held && seen.held.insert(name.clone()) {
+                            seen.cordoned.entry(name).or_default().push(now);
+                        } else if !held && seen.held.remove(&name) {
+                            seen.released.entry(name).or_default().push(now);
+                        }
+                    }
+                    watcher::Event::InitDone => seen.nodes_synced = true,
+                    _ => {}
+                }
+            }
+        });
+        let sevs: Api<ScheduledEvent> = Api::all(client.clone());
+        let s = seen.clone();
+        let sev_task = tokio::spawn(async move {
+            let mut stream = watcher::watcher(sevs, watcher::Config::default()).boxed();
+            while let Some(ev) = stream.next().await {
+                let now = Utc::now();
+                let Ok(ev) = ev else { continue };
+                let mut seen = s.lock().unwrap_or_else(|p| p.into_inner());
+                match ev {
+                    watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
+                        let id = o.spec.event_id.to_ascii_lowercase();
+                        seen.sev_first.entry(id.clone()).or_insert(now);
+                        if let Some(status) = &o.status {
+                            if let Some(a) = &status.approval
+                                && a.decided_at.is_some()
+                            {
+                                seen.approval_decided
+                                    .entry(id.clone())
+                                    .or_insert((now, a.decided_at));
+                            }
+                            if let Some(p) = &status.phase {
+                                seen.phase.insert(id, format!("{p:?}"));
+                            }
+                        }
+                    }
+                    watcher::Event::InitDone => seen.sevs_synced = true,
+                    _ => {}
+                }
+            }
+        });
+        let w = Watches {
+            seen,
+            tasks: vec![node_task, sev_task],
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !w.with(|s| s.nodes_synced && s.sevs_synced) {
+            if Instant::now() > deadline {
+                bail!("the benchmark's watches did not list within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(w)
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&Seen) -> T) -> T {
+        f(&self.seen.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Waits until `done` holds, up to `within`.
+    async fn wait(
+        &self,
+        within: Duration,
+        what: &str,
+        done: impl Fn(&Seen) -> bool,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        while !self.with(&done) {
+            if Instant::now() > deadline {
+                bail!("timed out after {within:?} waiting for {what}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+}
+
+fn secs(d: chrono::TimeDelta) -> f64 {
+    d.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6
+}
+
+fn event_id(i: usize) -> String {
+    format!("00000000-0000-4000-8000-{i:012}")
+}
+
+fn node_name(i: usize) -> String {
+    format!("node-{i:06}")
+}
+
+fn vm_name(i: usize) -> String {
+    format!("bench-vmss_{i}")
+}
+
+fn vms_yaml(range: std::ops::Range<usize>, with_node: impl Fn(usize) -> bool) -> String {
+    let mut s = String::from("vms:\n");
+    for i in range {
+        if with_node(i) {
+            let _ = writeln!(s, "  - {{name: {}, node: {}}}", vm_name(i), node_name(i));
+        } else {
+            let _ = writeln!(s, "  - {{name: {}}}", vm_name(i));
+        }
+    }
+    s
+}
+
+fn run_dir(part: &str) -> PathBuf {
+    repo_root().join(format!("target/forewarn-bench/{part}"))
+}
+
+// ---------------------------------------------------------------------------
+// 1. Detection
+
+async fn detection(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result<()> {
+    let n = args.detection_events;
+    let cluster = tokio::task::spawn_blocking(move || start_cluster(CLUSTER, n, false)).await??;
+    let client = cluster.client().await?;
+    // Appearances 613 ms apart: every phase of the 1 s poll gets sampled.
+    let at = |i: usize| Duration::from_millis(3000 + 613 * i as u64);
+    let mut scenario = vms_yaml(0..n, |_| true);
+    scenario.push_str("events:\n");
+    for i in 0..n {
+        let _ = writeln!(
+            scenario,
+            "  - {{id: {}, type: Redeploy, resources: [{}], at: {}ms, notice: 10m, runFor: 2s, deliverTo: resources}}",
+            event_id(i),
+            vm_name(i),
+            at(i).as_millis()
+        );
+    }
+    let vms: Vec<(String, String)> = (0..n).map(|i| (node_name(i), vm_name(i))).collect();
+    let fleet = start_fleet(&cluster, bin, &run_dir("detection"), &scenario, &vms, None).await?;
+    let watches = Watches::start(&client).await?;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    // Let the agents reach their steady poll first.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let origin = start_mock(&http, &fleet).await?;
+    let within = at(n) + Duration::from_secs(60);
+    let result = watches
+        .wait(within, "every detection node cordoned", |s| {
+            (0..n).all(|i| s.cordon(&node_name(i), 0).is_some())
+        })
+        .await;
+    let (mut to_sev, mut to_cordon) = (Vec::new(), Vec::new());
+    watches.with(|s| {
+        for i in 0..n {
+            let changed = origin + at(i);
+            if let Some(t) = s.sev_first.get(&event_id(i)) {
+                to_sev.push(secs(*t - changed));
+            }
+            if let Some(t) = s.cordon(&node_name(i), 0) {
+                to_cordon.push(secs(t - changed));
+            }
+        }
+    });
+    stop_fleet(fleet).await;
+    drop(watches);
+    let _ = cluster.stop();
+    result?;
+    let (to_sev, to_cordon) = (sorted(to_sev), sorted(to_cordon));
+    let fmt = |v: &[f64]| {
+        format!(
+            "p50 {:.2} s, p99 {:.2} s, max {:.2} s ({} events)",
+            percentile(v, 0.5),
+            percentile(v, 0.99),
+            v.last().copied().unwrap_or(f64::NAN),
+            v.len()
+        )
+    };
+    table.add(
+        "1 detection",
+        "IMDS change → ScheduledEvent exists",
+        fmt(&to_sev),
+        "",
+        None,
+    );
+    let p99 = percentile(&to_cordon, 0.99);
+    table.add(
+        "1 detection",
+        "IMDS change → node cordoned",
+        fmt(&to_cordon),
+        "p99 ≤ 1.5 s",
+        Some(p99 <= 1.5),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Audit log
+
+#[derive(Debug, Clone)]
+struct Request {
+    user: String,
+    verb: String,
+    resource: String,
+    subresource: String,
+    /// The HTTP status answered (0 when the log has none).
+    code: u64,
+    at: DateTime<Utc>,
+}
+
+/// The requests made by impersonated `bench:` users, from the audit log
+/// (one per audit ID, at its first stage logged).
+fn audit_requests(path: &Path) -> anyhow::Result<Vec<Request>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("failed to read {}", path.display()))?;
+    let mut ids = HashSet::new();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let Some(user) = v
+            .pointer("/impersonatedUser/username")
+            .and_then(|u| u.as_str())
+        else {
+            continue;
+        };
+        if !user.starts_with("bench:") {
+            continue;
+        }
+        let id = v["auditID"].as_str().unwrap_or_default().to_string();
+        if !ids.insert(id) {
+            continue;
+        }
+        let s = |p: &str| {
+            v.pointer(p)
+                .and_then(|x| x.as_str())
+                .unwrap_or_default()
+                .to_string()
+        };
+        let Ok(at) = DateTime::parse_from_rfc3339(&s("/requestReceivedTimestamp")) else {
+            continue;
+        };
+        out.push(Request {
+            user: user.to_string(),
+            verb: s("/verb"),
+            resource: s("/objectRef/resource"),
+            subresource: s("/objectRef/subresource"),
+            code: v
+                .pointer("/responseStatus/code")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0),
+            at: at.with_timezone(&Utc),
+        });
+    }
+    Ok(out)
+}
+
+fn is_write(verb: &str) -> bool {
+    matches!(
+        verb,
+        "create" | "update" | "patch" | "delete" | "deletecollection"
+    )
+}
+
+// ---------------------------------------------------------------------------
+// 2. Burst (with 4. agent footprint and 5. API load)
+
+async fn burst(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result<()> {
+    let named = args.burst_vms;
+    let n = named + args.burst_bystanders;
+    let cluster = tokio::task::spawn_blocking(move || start_cluster(CLUSTER, n, true)).await??;
+    let client = cluster.client().await?;
+    let dir = run_dir("burst");
+    std::fs::create_dir_all(&dir)?;
+    let mut creds = Credentials {
+        controller: impersonating_kubeconfig(&cluster, &dir, "bench:controller")?,
+        agents: BTreeMap::new(),
+        lease_namespace: "default".into(),
+        lease_name: format!("bench-{}", std::process::id()),
+    };
+    for i in 0..n {
+        creds.agents.insert(
+            node_name(i),
+            impersonating_kubeconfig(&cluster, &dir, &format!("bench:agent:{}", node_name(i)))?,
+        );
+    }
+    // The same event `--burst-events` times (new EventIds), 30 s apart:
+    // each is over (nodes released) within about 15 s.
+    let period = Duration::from_secs(30);
+    let events = args.burst_events.max(1);
+    let at = |k: usize| Duration::from_secs(1) + period * k as u32;
+    let ids: Vec<String> = (0..events).map(|k| event_id(900 + k)).collect();
+    let resources: Vec<String> = (0..named).map(vm_name).collect();
+    let mut scenario = vms_yaml(0..n, |_| true);
+    scenario.push_str("events:\n");
+    for (k, id) in ids.iter().enumerate() {
+        let _ = writeln!(
+            scenario,
+            "  - {{id: {id}, type: Redeploy, resources: [{}], at: {}s, notice: 10m, runFor: 3s}}",
+            resources.join(", "),
+            at(k).as_secs()
+        );
+    }
+    let vms: Vec<(String, String)> = (0..n).map(|i| (node_name(i), vm_name(i))).collect();
+    let fleet = start_fleet(&cluster, bin, &dir, &scenario, &vms, Some(creds)).await?;
+    let watches = Watches::start(&client).await?;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+
+    // Idle: after start-up, agents polling an empty document.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let ticks = clock_ticks();
+    let pids: Vec<u32> = fleet.agents.iter().filter_map(|a| a.proc.id()).collect();
+    let idle_from = Utc::now();
+    let before: Vec<ProcStat> = pids
+        .iter()
+        .map(|p| proc_stat(*p, ticks))
+        .collect::<anyhow::Result<_>>()?;
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
+    let after: Vec<ProcStat> = pids
+        .iter()
+        .map(|p| proc_stat(*p, ticks))
+        .collect::<anyhow::Result<_>>()?;
+    let idle_for = started.elapsed().as_secs_f64();
+    let idle_to = Utc::now();
+    let millicores = sorted(
+        before
+            .iter()
+            .zip(&after)
+            .map(|(b, a)| (a.cpu - b.cpu) / idle_for * 1000.0)
+            .collect(),
+    );
+    let rss = sorted(after.iter().map(|a| mib(a.rss)).collect());
+    let hwm = sorted(after.iter().map(|a| mib(a.hwm)).collect());
+    let anon = sorted(after.iter().map(|a| mib(a.anon)).collect());
+
+    // The events.
+    let origin = start_mock(&http, &fleet).await?;
+    let named_nodes: Vec<String> = (0..named).map(node_name).collect();
+    let mut done = Vec::new();
+    let mut result = Ok(());
+    for k in 0..events {
+        let r = async {
+            watches
+                .wait(period * 2, "every named node cordoned", |s| {
+                    named_nodes.iter().all(|n| s.cordon(n, k).is_some())
+                })
+                .await?;
+            watches
+                .wait(period * 2, "every named node released", |s| {
+                    named_nodes.iter().all(|n| s.release(n, k).is_some())
+                })
+                .await
+        }
+        .await;
+        done.push(Utc::now());
+        if let Err(e) = r {
+            result = Err(e.context(format!("burst event {k}")));
+            break;
+        }
+    }
+    // Trailing writes (records of the release) land within a moment.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let event_hwm = pids
+        .iter()
+        .filter_map(|p| proc_stat(*p, ticks).ok())
+        .map(|p| mib(p.hwm))
+        .fold(0.0, f64::max);
+    let log = mock_log(&http, &fleet).await.unwrap_or_default();
+    stop_fleet(fleet).await;
+    let requests = audit_requests(&audit_log(&cluster));
+    struct Burst {
+        changed: DateTime<Utc>,
+        seen: Option<DateTime<Utc>>,
+        all_cordoned: Option<DateTime<Utc>>,
+        decided: Option<(DateTime<Utc>, Option<DateTime<Utc>>)>,
+        approvals: Vec<LogEntry>,
+        until: DateTime<Utc>,
+    }
+    let bursts: Vec<Burst> = watches.with(|s| {
+        ids.iter()
+            .zip(&done)
+            .enumerate()
+            .map(|(k, (id, until))| Burst {
+                changed: origin + at(k),
+                seen: s.sev_first.get(id).copied(),
+                all_cordoned: named_nodes.iter().map(|n| s.cordon(n, k)).max().flatten(),
+                decided: s.approval_decided.get(id).copied(),
+                approvals: log
+                    .iter()
+                    .filter(|e| e.what == "Approved" && e.event_id.eq_ignore_ascii_case(id))
+                    .cloned()
+                    .collect(),
+                until: *until + chrono::TimeDelta::seconds(3),
+            })
+            .collect()
+    });
+    drop(watches);
+    let _ = cluster.stop();
+    result?;
+    let requests = requests?;
+
+    // 4. agent footprint at idle.
+    table.add(
+        "4 footprint",
+        &format!("agent RSS idle ({} agents, release)", pids.len()),
+        format!(
+            "median {:.1} MiB, max {:.1} MiB (anonymous max {:.1} MiB; VmHWM max {:.1} MiB idle, {:.1} MiB after the events)",
+            percentile(&rss, 0.5),
+            rss.last().copied().unwrap_or(f64::NAN),
+            anon.last().copied().unwrap_or(f64::NAN),
+            hwm.last().copied().unwrap_or(f64::NAN),
+            event_hwm
+        ),
+        "≤ 10 MiB",
+        Some(rss.last().copied().unwrap_or(f64::INFINITY) <= 10.0),
+    );
+    table.add(
+        "4 footprint",
+        &format!("agent CPU idle, 1 poll/s, over {idle_for:.0} s"),
+        format!(
+            "median {:.2} millicores, max {:.2}",
+            percentile(&millicores, 0.5),
+            millicores.last().copied().unwrap_or(f64::NAN)
+        ),
+        "≤ 1 millicore",
+        Some(millicores.last().copied().unwrap_or(f64::INFINITY) <= 1.0),
+    );
+
+    // 5. idle API load.
+    let idle_reqs = requests
+        .iter()
+        .filter(|r| r.user.starts_with("bench:agent:") && r.at >= idle_from && r.at <= idle_to)
+        .count();
+    let per_min = idle_reqs as f64 / (secs(idle_to - idle_from) / 60.0);
+    table.add(
+        "5 API load",
+        &format!(
+            "idle agents' requests ({} agents, after start-up)",
+            pids.len()
+        ),
+        format!(
+            "{per_min:.2}/min ({idle_reqs} in {:.0} s)",
+            secs(idle_to - idle_from)
+        ),
+        "0",
+        Some(idle_reqs == 0),
+    );
+
+    // 2. burst: one figure per event, in order.
+    let list = |v: Vec<Option<f64>>| -> (String, f64) {
+        let worst = v
+            .iter()
+            .map(|x| x.unwrap_or(f64::INFINITY))
+            .fold(0.0, f64::max);
+        let txt = v
+            .iter()
+            .map(|x| x.map_or("never".into(), |x| format!("{x:.2}")))
+            .collect::<Vec<_>>()
+            .join(", ");
+        (txt, worst)
+    };
+    let (cordon_txt, worst) = list(
+        bursts
+            .iter()
+            .map(|b| b.all_cordoned.map(|t| secs(t - b.changed)))
+            .collect(),
+    );
+    let (after_seen_txt, _) = list(
+        bursts
+            .iter()
+            .map(|b| b.all_cordoned.zip(b.seen).map(|(t, s)| secs(t - s)))
+            .collect(),
+    );
+    table.add(
+        "2 burst",
+        &format!("one event naming {named} VMs, {events} times: all cordoned"),
+        format!("{cordon_txt} s after the IMDS change ({after_seen_txt} s after the ScheduledEvent was seen)"),
+        "≤ 1.5 s",
+        Some(worst <= 1.5),
+    );
+    let (decided_txt, _) = list(
+        bursts
+            .iter()
+            .map(|b| b.decided.map(|(seen, _)| secs(seen - b.changed)))
+            .collect(),
+    );
+    let (recorded_txt, _) = list(
+        bursts
+            .iter()
+            .map(|b| {
+                b.decided
+                    .and_then(|(_, at)| at)
+                    .map(|t| secs(t - b.changed))
+            })
+            .collect(),
+    );
+    table.add(
+        "2 burst",
+        "approval decided (seen in status.approval)",
+        format!("{decided_txt} s after the IMDS change (status.approval.decidedAt records {recorded_txt} s)"),
+        "",
+        None,
+    );
+    let (received_txt, _) = list(
+        bursts
+            .iter()
+            .map(|b| b.approvals.first().map(|a| secs(a.time - b.changed)))
+            .collect(),
+    );
+    let counts: Vec<String> = bursts
+        .iter()
+        .map(|b| {
+            let vms: Vec<String> = b.approvals.iter().filter_map(|a| a.vm.clone()).collect();
+            if vms.len() > 1 {
+                format!("{} (from {})", vms.len(), vms.join(", "))
+            } else {
+                vms.len().to_string()
+            }
+        })
+        .collect();
+    table.add(
+        "2 burst",
+        "approval received by IMDS (the mock's /mock/log)",
+        format!(
+            "{received_txt} s after the IMDS change; POSTs per event: {}",
+            counts.join(", ")
+        ),
+        "exactly once",
+        Some(bursts.iter().all(|b| b.approvals.len() == 1)),
+    );
+
+    // 5. API load of each event, from the IMDS change to 3 s after every
+    // named node was released.
+    let named_users: HashSet<String> = named_nodes
+        .iter()
+        .map(|n| format!("bench:agent:{n}"))
+        .collect();
+    let is_agent = |r: &Request| r.user.starts_with("bench:agent:");
+    let per_event = |f: &dyn Fn(&Request) -> bool| -> Vec<usize> {
+        bursts
+            .iter()
+            .map(|b| {
+                requests
+                    .iter()
+                    .filter(|r| r.at >= b.changed && r.at <= b.until && f(r))
+                    .count()
+            })
+            .collect()
+    };
+    let join = |v: &[usize]| {
+        v.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    table.note(format!(
+        "burst: each event's API load is counted from the IMDS change to 3 s after every named node was released ({} s)",
+        bursts
+            .iter()
+            .map(|b| format!("{:.1}", secs(b.until - b.changed)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let mut max_writes = 0;
+    let mut summary = Vec::new();
+    let mut kind_notes = Vec::new();
+    for b in &bursts {
+        let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+        for r in requests
+            .iter()
+            .filter(|r| r.at >= b.changed && r.at <= b.until && is_agent(r) && is_write(&r.verb))
+        {
+            let sub = if r.subresource.is_empty() {
+                String::new()
+            } else {
+                format!("/{}", r.subresource)
+            };
+            *kinds
+                .entry(format!("{} {}{sub} → {}", r.verb, r.resource, r.code))
+                .or_default() += 1;
+        }
+        kind_notes.push(
+            kinds
+                .iter()
+                .map(|(k, v)| format!("{v}× {k}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+        let mut writes: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut conflicts = 0;
+        for r in requests
+            .iter()
+            .filter(|r| r.at >= b.changed && r.at <= b.until && is_agent(r) && is_write(&r.verb))
+        {
+            *writes.entry(r.user.as_str()).or_default() += 1;
+            if r.code == 409 {
+                conflicts += 1;
+            }
+        }
+        let most = writes.values().copied().max().unwrap_or(0);
+        max_writes = max_writes.max(most);
+        summary.push(format!(
+            "max {most}, {} by {} agents ({conflicts} refused 409)",
+            writes.values().sum::<usize>(),
+            writes.len()
+        ));
+    }
+    table.note(format!(
+        "burst: the agents' writes of each event, by verb, resource and answer: {}",
+        kind_notes.join("; ")
+    ));
+    table.add(
+        "5 API load",
+        &format!("event: writes per agent ({n} agents)"),
+        summary.join("; "),
+        "≤ 2",
+        Some(max_writes <= 2),
+    );
+    let by_watch =
+        per_event(&|r| is_agent(r) && !named_users.contains(&r.user) && r.verb == "watch");
+    let by_list = per_event(&|r| is_agent(r) && !named_users.contains(&r.user) && r.verb == "list");
+    let named_watch = per_event(&|r| named_users.contains(&r.user) && r.verb == "watch");
+    table.add(
+        "5 API load",
+        &format!(
+            "event: watches opened by the {} agents not named",
+            args.burst_bystanders
+        ),
+        format!(
+            "{} watches, {} lists (named agents: {} watches)",
+            join(&by_watch),
+            join(&by_list),
+            join(&named_watch)
+        ),
+        "",
+        None,
+    );
+    let node_gets =
+        per_event(&|r| r.user == "bench:controller" && r.verb == "get" && r.resource == "nodes");
+    table.add(
+        "5 API load",
+        "event: node GETs by the controller",
+        join(&node_gets),
+        "0",
+        Some(node_gets.iter().all(|g| *g == 0)),
+    );
+    let events_posted = per_event(&|r| {
+        r.user.starts_with("bench:") && r.resource == "events" && r.verb == "create"
+    });
+    let node_writes =
+        per_event(&|r| r.user == "bench:controller" && r.resource == "nodes" && is_write(&r.verb));
+    let ctl_all = per_event(&|r| r.user == "bench:controller");
+    table.add(
+        "5 API load",
+        "event: Events posted; controller node writes; controller requests",
+        format!(
+            "{} Events; {} node writes; {} requests",
+            join(&events_posted),
+            join(&node_writes),
+            join(&ctl_all)
+        ),
+        "",
+        None,
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// 6. Scale (with 4. controller footprint)
+
+async fn scale(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result<()> {
+    let n = args.scale_nodes;
+    let agents = args.scale_agents.min(n);
+    let cluster =
+        tokio::task::spawn_blocking(move || start_cluster(CLUSTER_SCALE, n, false)).await??;
+    let client = cluster.client().await?;
+    let result = scale_on(args, bin, table, &cluster, &client, n, agents).await;
+    let _ = cluster.stop();
+    result
+}
+
+async fn scale_on(
+    args: &Args,
+    bin: &Path,
+    table: &mut Table,
+    cluster: &Cluster,
+    client: &Client,
+    n: usize,
+    agents: usize,
+) -> anyhow::Result<()> {
+    // Pods: Deployments of at most 1,000 replicas, spread by the scheduler.
+    let per = 1000.min(args.scale_pods.max(1));
+    let deployments = args.scale_pods.div_ceil(per);
+    let mut items =
+        vec![json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench-scale"}})];
+    for d in 0..deployments {
+        let replicas = per.min(args.scale_pods - d * per);
+        items.push(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": format!("w{d}"), "namespace": "bench-scale"},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": format!("w{d}")}},
+                     "template": {"metadata": {"labels": {"app": format!("w{d}")}},
+                                  "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}}));
+    }
+    let file = std::env::temp_dir().join("forewarn-bench-scale.json");
+    std::fs::write(
+        &file,
+        serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "List", "items": items}))?,
+    )?;
+    let t = Instant::now();
+    cluster.kubectl(&["apply", "-f", &file.to_string_lossy()])?;
+    let deadline = Instant::now() + Duration::from_secs(900);
+    loop {
+        let ready = cluster.kubectl(&[
+            "get",
+            "deploy",
+            "-n",
+            "bench-scale",
+            "-o",
+            "jsonpath={.items[*].status.readyReplicas}",
+        ])?;
+        let ready: usize = ready
+            .split_whitespace()
+            .filter_map(|v| v.parse::<usize>().ok())
+            .sum();
+        if ready >= args.scale_pods {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "only {ready} of {} pods ready within 900 s",
+                args.scale_pods
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    table.note(format!(
+        "scale: {} pods in {deployments} Deployments ready on {n} KWOK nodes in {:.0} s",
+        args.scale_pods,
+        t.elapsed().as_secs_f64()
+    ));
+    // Nodes without an agent: the annotation an agent writes, written directly.
+    let nodes: Api<Node> = Api::all(client.clone());
+    futures::stream::iter(agents..n)
+        .map(|i| {
+            let nodes = nodes.clone();
+            async move {
+                let patch = json!({"metadata": {"annotations": {VM_NAME_ANNOTATION: vm_name(i)}}});
+                nodes
+                    .patch(
+                        &node_name(i),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let id = event_id(901);
+    let resources: Vec<String> = (0..n).map(vm_name).collect();
+    let mut scenario = vms_yaml(0..n, |i| i < agents);
+    let _ = writeln!(
+        scenario,
+        "events:\n  - {{id: {id}, type: Redeploy, resources: [{}], at: 1s, notice: 10m, runFor: 3s}}",
+        resources.join(", ")
+    );
+    let vms: Vec<(String, String)> = (0..agents).map(|i| (node_name(i), vm_name(i))).collect();
+    let fleet = start_fleet(cluster, bin, &run_dir("scale"), &scenario, &vms, None).await?;
+    let watches = Watches::start(client).await?;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let ticks = clock_ticks();
+    let ctl_pid = fleet.controller.id().context("the controller exited")?;
+    let idle = proc_stat(ctl_pid, ticks)?;
+    let origin = start_mock(&http, &fleet).await?;
+    let changed = origin + Duration::from_secs(1);
+    let all: Vec<String> = (0..n).map(node_name).collect();
+    let result = watches
+        .wait(Duration::from_secs(180), "every scale node cordoned", |s| {
+            all.iter().all(|x| s.cordon(x, 0).is_some())
+        })
+        .await;
+    let (first, last, count) = watches.with(|s| {
+        let times: Vec<DateTime<Utc>> = all.iter().filter_map(|x| s.cordon(x, 0)).collect();
+        (
+            times.iter().min().copied(),
+            times.iter().max().copied(),
+            times.len(),
+        )
+    });
+    let seen = watches.with(|s| s.sev_first.get(&id).copied());
+    // The controller keeps draining; its peak so far, some seconds in.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let busy = proc_stat(ctl_pid, ticks)?;
+    stop_fleet(fleet).await;
+    drop(watches);
+    table.add(
+        "4 footprint",
+        &format!(
+            "controller RSS, {n} nodes and {} pods, idle",
+            args.scale_pods
+        ),
+        format!(
+            "{:.1} MiB (anonymous {:.1} MiB)",
+            mib(idle.rss),
+            mib(idle.anon)
+        ),
+        "≤ 48 MiB",
+        Some(mib(idle.rss) <= 48.0),
+    );
+    table.add(
+        "4 footprint",
+        &format!("controller peak RSS (VmHWM), 15 s into draining the {n}-VM event"),
+        format!("{:.1} MiB", mib(busy.hwm)),
+        "",
+        None,
+    );
+    match (result, first, last) {
+        (Ok(()), Some(first), Some(last)) => {
+            table.add(
+                "6 scale",
+                &format!("one event naming {n} VMs ({agents} agents): all cordoned"),
+                format!(
+                    "{:.2} s after the IMDS change (ScheduledEvent seen at {:.2} s; first cordon at {:.2} s, then {:.0} nodes/s)",
+                    secs(last - changed),
+                    seen.map_or(f64::NAN, |t| secs(t - changed)),
+                    secs(first - changed),
+                    (n - 1) as f64 / secs(last - first).max(1e-3)
+                ),
+                "≤ 5 s",
+                Some(secs(last - changed) <= 5.0),
+            );
+        }
+        (r, _, _) => {
+            table.add(
+                "6 scale",
+                &format!("one event naming {n} VMs ({agents} agents): all cordoned"),
+                format!(
+                    "only {count} of {n} cordoned within 180 s{}",
+                    r.err().map(|e| format!(" ({e})")).unwrap_or_default()
+                ),
+                "≤ 5 s",
+                Some(false),
+            );
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// 4. Executable size, 3. drain
+
+fn size(bin: &Path, table: &mut Table) -> anyhow::Result<()> {
+    let bytes = std::fs::metadata(bin)?.len();
+    let stripped = Command::new("file")
+        .arg(bin)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(", stripped"))
+        .unwrap_or(false);
+    table.add(
+        "4 footprint",
+        "release executable size",
+        format!(
+            "{:.1} MiB ({bytes} bytes{})",
+            mib(bytes),
+            if stripped {
+                ", stripped"
+            } else {
+                ", NOT stripped"
+            }
+        ),
+        "≤ 8 MiB stripped",
+        Some(stripped && mib(bytes) <= 8.0),
+    );
+    Ok(())
+}
+
+fn drain(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
+    let bench_drain = exe.with_file_name("bench_drain");
+    if !bench_drain.is_file() {
+        bail!(
+            "{} is not built (make bench builds it)",
+            bench_drain.display()
+        );
+    }
+    let mut child = Command::new(&bench_drain)
+        .args(["--runs", &args.drain_runs.to_string(), "--forewarn-bin"])
+        .arg(bin)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()?;
+    // Its lines as they come (a run takes minutes), kept for the figures.
+    let mut text = String::new();
+    if let Some(out) = child.stdout.take() {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(out)) {
+            let line = line?;
+            println!("{line}");
+            text.push_str(&line);
+            text.push('\n');
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("bench_drain failed with {status}");
+    }
+    let value = |key: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+    };
+    let ours = value("forewarn_drain_median_seconds=")
+        .context("no forewarn median in bench_drain's output")?;
+    let theirs = value("kubectl_drain_median_seconds=")
+        .context("no kubectl median in bench_drain's output")?;
+    let ratio = value("drain_vs_kubectl_ratio=").context("no ratio in bench_drain's output")?;
+    table.add(
+        "3 drain",
+        "105 pods, PDB maxUnavailable 10: forewarn / kubectl drain (medians)",
+        format!(
+            "{ratio:.2} ({ours:.2} s / {theirs:.2} s, {} runs each)",
+            args.drain_runs
+        ),
+        "≤ 0.50",
+        Some(ratio <= 0.5),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+
+fn machine() -> String {
+    let nproc = Command::new("nproc")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| {
+                    v.split_whitespace()
+                        .next()
+                        .and_then(|k| k.parse::<f64>().ok())
+                })
+        })
+        .map(|kb| format!("{:.1} GiB", kb / 1024.0 / 1024.0))
+        .unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_default();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    format!(
+        "`nproc` {nproc}, memory {mem}, CPU {cpu}; load average at the end {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    )
+}
+
+fn git_commit() -> String {
+    Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .current_dir(repo_root())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let bin = args
+        .forewarn_bin
+        .clone()
+        .unwrap_or_else(|| repo_root().join("target/release/forewarn"));
+    if !bin.is_file() {
+        eprintln!(
+            "bench: FAIL: {} is not built (make bench builds it: cargo build --release --bin forewarn)",
+            bin.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    let started = Utc::now();
+    let commit = git_commit();
+    let mut table = Table::default();
+    let want = |p: &str| args.only.iter().any(|o| o == p);
+    let parts: [(&str, bool); 5] = [
+        ("size", want("size")),
+        ("detection", want("detection")),
+        ("burst", want("burst")),
+        ("scale", want("scale")),
+        ("drain", want("drain")),
+    ];
+    for (part, on) in parts {
+        if !on {
+            continue;
+        }
+        println!("[bench] === {part} ===");
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        table.note(format!(
+            "load average (1, 5, 15 min) at the start of `{part}`: {} (2 cores shared with other work)",
+            load.split_whitespace().take(3).collect::<Vec<_>>().join(", ")
+        ));
+        let r = match part {
+            "size" => size(&bin, &mut table),
+            "detection" => detection(&args, &bin, &mut table).await,
+            "burst" => burst(&args, &bin, &mut table).await,
+            "scale" => scale(&args, &bin, &mut table).await,
+            _ => tokio::task::block_in_place(|| {
+                // kubectl drain on a loaded machine has failed once without
+                // a message (exit 1); one more try before giving up.
+                drain(&args, &bin, &mut table).or_else(|e| {
+                    table.note(format!("drain: first attempt failed ({e:#}); tried again"));
+                    drain(&args, &bin, &mut table)
+                })
+            }),
+        };
+        if let Err(e) = r {
+            eprintln!("[bench] {part}: FAILED: {e:#}");
+            table.failed.push(format!("{part}: {e:#}"));
+        }
+    }
+    let extra: Vec<String> = std::env::args().skip(1).collect();
+    let command = if extra.is_empty() {
+        "make bench".to_string()
+    } else {
+        format!("make bench BENCH_ARGS=\"{}\"", extra.join(" "))
+    };
+    let doc = format!(
+        "# Benchmarks\n\nMeasured by `{command}` (examples/bench.rs) on {} UTC, commit `{}`, release build \
+         (`{}`); machine: {}. Local cluster (hack/cluster.sh: kube-apiserver, KWOK nodes), the IMDS mock, \
+         agents and controller as processes on loopback; times from this program's watches and the mock's log, \
+         API requests from kube-apiserver's audit log. A benchmark reports: a missed goal does not fail the run.\n\n{}",
+        started.format("%Y-%m-%d %H:%M"),
+        commit,
+        bin.strip_prefix(repo_root()).unwrap_or(&bin).display(),
+        machine(),
+        table.render()
+    );
+    println!("\n{doc}");
+    if !args.out.is_empty()
+        && let Err(e) = std::fs::write(repo_root().join(&args.out), &doc)
+    {
+        eprintln!("bench: FAIL: could not write {}: {e}", args.out);
+        return ExitCode::FAILURE;
+    }
+    if table.failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
