@@ -27,10 +27,10 @@ const BLOCKED_REQUEUE: std::time::Duration = std::time::Duration::from_secs(1);
 const EVENT_CONCURRENCY: usize = 16;
 
 /// Pod lists (one per affected node) in flight at once for one event.
-const POD_LIST_CONCURRENCY: usize = 16;
+const POD_LIST_CONCURRENCY: usize = 32;
 
 /// Node writes in flight at once for one event.
-const NODE_WRITE_CONCURRENCY: usize = 16;
+const NODE_WRITE_CONCURRENCY: usize = 32;
 
 /// One pass over one event: observe -> plan -> act -> report.
 ///
@@ -69,6 +69,15 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         evict(&ev, &plan, &ctx).await
     };
     let mut status = status::next_status(&ev, &seen, &plan, &outcomes, now);
+    // `decidedAt` says when the decision was recorded, after this pass's
+    // node writes and pod lists, not when the pass began (a pass over many
+    // nodes takes seconds).
+    if plan.decide_approval.is_some()
+        && let Some(a) = status.approval.as_mut()
+        && a.decided_at == Some(now)
+    {
+        a.decided_at = Some(Utc::now());
+    }
     if ctx.dry_run {
         status::as_dry_run(&mut status, ev.status.as_ref(), &plan, now);
     }
@@ -301,25 +310,10 @@ async fn write_nodes(
             .collect()
             .await;
     let mut first_error = None;
+    let mut written = Vec::new();
     for (w, r) in results {
         match r {
-            Ok(()) => {
-                let (label, reason, note) = describe(ev, &w);
-                ctx.metrics.node_writes.with_label_values(&[label]).inc();
-                if matches!(w, NodeWrite::Cordon { .. }) {
-                    ctx.metrics.cordoned(ev, Utc::now());
-                }
-                info!(node = w.node(), reason, "{note}");
-                report::publish(
-                    ctx,
-                    ev,
-                    Subject::Node(w.node()),
-                    KubeEventType::Normal,
-                    reason,
-                    note,
-                )
-                .await;
-            }
+            Ok(()) => written.push(w),
             Err(source) => {
                 first_error.get_or_insert(Error::PatchNode {
                     node: w.node().into(),
@@ -328,6 +322,29 @@ async fn write_nodes(
             }
         }
     }
+    let mut notes = Vec::new();
+    for w in &written {
+        let (label, reason, note) = describe(ev, w);
+        ctx.metrics.node_writes.with_label_values(&[label]).inc();
+        if matches!(w, NodeWrite::Cordon { .. }) {
+            ctx.metrics.cordoned(ev, Utc::now());
+        }
+        info!(node = w.node(), reason, "{note}");
+        notes.push(report::publish(
+            ctx,
+            ev,
+            Subject::Node(w.node()),
+            KubeEventType::Normal,
+            reason,
+            note,
+        ));
+    }
+    // One Event per node write, posted side by side (an event may name
+    // hundreds of VMs; one after another they held the pass for seconds).
+    futures::stream::iter(notes)
+        .buffer_unordered(EVENT_CONCURRENCY)
+        .collect::<Vec<()>>()
+        .await;
     first_error.map_or(Ok(()), Err)
 }
 
