@@ -735,7 +735,7 @@ fn an_event_that_comes_back_is_handled_afresh_with_its_history_kept() {
     let st = fresh.status.as_ref().unwrap();
     assert!(st.approval.is_none() && st.finished_at.is_none() && st.phase.is_none());
     assert_eq!(st.previous_appearances.len(), 1);
-    assert_eq!(st.previous_appearances[0].phase, "Cancelled");
+    assert_eq!(st.previous_appearances[0].phase, Some(Phase::Cancelled));
     let obs = seen(
         vec![node("node-1", "vm_1", false, &[], vec![pod("a")])],
         &[],
