@@ -657,7 +657,7 @@ fn nodes_are_released_only_after_the_release_delay() {
         p.node_writes.is_empty(),
         "just ended: wait for a following event to claim the node"
     );
-    assert_eq!(p.requeue, Duration::from_secs(3));
+    assert_eq!(p.requeue, Duration::from_secs(5));
     let st = next_status(&ev, &obs, &p, &[], now());
     assert_eq!(st.finished_at, Some(now()));
     let later = with_status(event("Reboot", "Completed", &["vm_1"]), st);
@@ -665,7 +665,7 @@ fn nodes_are_released_only_after_the_release_delay() {
         &later,
         &obs,
         &Policy::default(),
-        now() + chrono::Duration::seconds(3),
+        now() + chrono::Duration::seconds(5),
     );
     assert!(matches!(
         p.node_writes[..],
