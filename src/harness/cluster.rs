@@ -155,27 +155,19 @@ impl Cluster {
             .parent()
             .context("the kubeconfig has no parent directory")?
             .to_path_buf();
-        let pid_file = dir.join("pids/kube-apiserver.pid");
-        let pid = std::fs::read_to_string(&pid_file)
-            .with_context(|| format!("failed to read {}", pid_file.display()))?
-            .trim()
-            .to_string();
+        let Component { pid, argv, .. } = Component::read(&dir, "kube-apiserver")?;
+        // The components that may exit while it is down (kube-controller-
+        // manager and kube-scheduler stop when they cannot renew their
+        // leader Lease), to start again when it is back.
+        let others = [
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kwok-controller",
+        ]
+        .iter()
+        .filter_map(|name| Component::read(&dir, name).ok())
+        .collect();
         let proc_dir = PathBuf::from(format!("/proc/{pid}"));
-        let argv: Vec<String> = std::fs::read(proc_dir.join("cmdline"))
-            .with_context(|| format!("kube-apiserver (pid {pid}) is not running"))?
-            .split(|b| *b == 0)
-            .filter(|a| !a.is_empty())
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        let dir_text = dir.to_string_lossy();
-        if !argv.first().is_some_and(|a| a.ends_with("kube-apiserver"))
-            || !argv.iter().any(|a| a.contains(dir_text.as_ref()))
-        {
-            bail!(
-                "pid {pid} is no kube-apiserver of cluster {}: {argv:?}",
-                self.name
-            );
-        }
         let flag = |name: &str| {
             argv.iter()
                 .find_map(|a| a.strip_prefix(&format!("--{name}=")))
@@ -228,6 +220,7 @@ impl Cluster {
             argv,
             placeholder,
             killed,
+            others,
         })
     }
 
@@ -235,33 +228,23 @@ impl Cluster {
     /// (same binary and flags, same directory, output appended to its log,
     /// in a process group of its own as kwokctl starts it), records its pid
     /// in the cluster's pid file (so that `hack/cluster.sh down` stops it),
-    /// and waits until `/readyz` answers.
+    /// and waits until `/readyz` answers. Then starts again, the same way,
+    /// every other component that exited meanwhile, as their kubelet or
+    /// service manager would; returns their names.
     ///
     /// # Errors
-    /// When it cannot start or is not ready within 60 s.
-    pub fn start_api_server(&self, mut stopped: StoppedApiServer) -> anyhow::Result<()> {
-        use std::os::unix::process::CommandExt as _;
+    /// When it cannot start or is not ready within 60 s, or another
+    /// component cannot start.
+    pub fn start_api_server(&self, mut stopped: StoppedApiServer) -> anyhow::Result<Vec<String>> {
         // Free the port for it.
         drop(stopped.placeholder.take());
         let log_path = stopped.dir.join("logs/kube-apiserver.log");
-        let log = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(&log_path)
-            .with_context(|| format!("failed to open {}", log_path.display()))?;
-        let child = Command::new(&stopped.argv[0])
-            .args(&stopped.argv[1..])
-            .current_dir(&stopped.dir)
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .process_group(0)
-            .spawn()
-            .context("failed to start kube-apiserver again")?;
-        std::fs::write(
-            stopped.dir.join("pids/kube-apiserver.pid"),
-            child.id().to_string(),
-        )?;
+        Component {
+            name: "kube-apiserver".into(),
+            pid: String::new(),
+            argv: stopped.argv.clone(),
+        }
+        .spawn(&stopped.dir)?;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while self.kubectl(&["get", "--raw", "/readyz"]).is_err() {
             if std::time::Instant::now() > deadline {
@@ -272,7 +255,14 @@ impl Cluster {
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        Ok(())
+        let mut restarted = Vec::new();
+        for c in &stopped.others {
+            if !c.running() {
+                c.spawn(&stopped.dir)?;
+                restarted.push(c.name.clone());
+            }
+        }
+        Ok(restarted)
     }
 
     /// A client for the cluster.
@@ -307,6 +297,78 @@ pub struct StoppedApiServer {
     placeholder: Option<PortHolder>,
     /// Whether it was still running after SIGTERM and was killed (SIGKILL).
     pub killed: bool,
+    /// The other components, as they ran when it was stopped.
+    others: Vec<Component>,
+}
+
+/// A process of the cluster that kwokctl started, as its pid file and
+/// `/proc` show it.
+#[derive(Debug, Clone)]
+struct Component {
+    name: String,
+    pid: String,
+    argv: Vec<String>,
+}
+
+impl Component {
+    /// The running component `name` of the cluster in `dir`.
+    fn read(dir: &Path, name: &str) -> anyhow::Result<Self> {
+        let pid_file = dir.join(format!("pids/{name}.pid"));
+        let pid = std::fs::read_to_string(&pid_file)
+            .with_context(|| format!("failed to read {}", pid_file.display()))?
+            .trim()
+            .to_string();
+        let argv: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .with_context(|| format!("{name} (pid {pid}) is not running"))?
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let dir_text = dir.to_string_lossy();
+        if !argv.first().is_some_and(|a| a.ends_with(name))
+            || !argv.iter().any(|a| a.contains(dir_text.as_ref()))
+        {
+            bail!("pid {pid} is no {name} of the cluster in {dir_text}: {argv:?}");
+        }
+        Ok(Component {
+            name: name.into(),
+            pid,
+            argv,
+        })
+    }
+
+    /// Whether the process read is still running.
+    fn running(&self) -> bool {
+        let proc_dir = PathBuf::from(format!("/proc/{}", self.pid));
+        proc_dir.exists() && !is_zombie(&proc_dir)
+    }
+
+    /// Starts it again as kwokctl does: in `dir`, output appended to
+    /// `logs/<name>.log`, in a process group of its own, its pid in
+    /// `pids/<name>.pid`.
+    fn spawn(&self, dir: &Path) -> anyhow::Result<()> {
+        use std::os::unix::process::CommandExt as _;
+        let log_path = dir.join(format!("logs/{}.log", self.name));
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&log_path)
+            .with_context(|| format!("failed to open {}", log_path.display()))?;
+        let child = Command::new(&self.argv[0])
+            .args(&self.argv[1..])
+            .current_dir(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("failed to start {} again", self.name))?;
+        std::fs::write(
+            dir.join(format!("pids/{}.pid", self.name)),
+            child.id().to_string(),
+        )?;
+        Ok(())
+    }
 }
 
 /// A listener on a stopped server's port that closes every connection it

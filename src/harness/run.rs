@@ -1423,7 +1423,7 @@ async fn api_server_outage(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let c = cluster.clone();
-    tokio::task::spawn_blocking(move || c.start_api_server(stopped)).await??;
+    let restarted = tokio::task::spawn_blocking(move || c.start_api_server(stopped)).await??;
     let back = Utc::now();
     tl.say(
         "harness",
@@ -1432,6 +1432,15 @@ async fn api_server_outage(
             (back - down).as_seconds_f64()
         ),
     );
+    for name in restarted {
+        tl.say(
+            "harness",
+            format!("{name} had exited during the outage (its leader Lease lost); started again"),
+        );
+        report
+            .restarts
+            .push((Utc::now(), format!("{name} exited during the outage")));
+    }
     for args in &outage.then_kubectl {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = cluster
