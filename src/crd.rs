@@ -125,6 +125,66 @@ pub struct ScheduledEventSpec {
     #[serde(default = "one")]
     #[schemars(range(min = 1))]
     pub appearance: u32,
+    /// What each agent's own IMDS shows of the event, one entry per
+    /// reporting node (a map keyed by `node`). Each agent writes only its
+    /// own entry, by server-side apply under its own field manager
+    /// (`forewarn-agent-<node>`); the chart's admission policy pins the entry to
+    /// the node name in the agent's pod-bound token. The controller acts on
+    /// a node only on its own agent's word, or on two other agents' (see
+    /// `controller::trust`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// At most 1,000 entries: the most VMs of one scale set, and more than
+    /// one availability set or placement group holds.
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["node"]))]
+    #[schemars(length(max = 1000))]
+    pub reports: Vec<Report>,
+}
+
+/// One agent's view of an event, from its own IMDS document.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// The reporting agent's node (the node name its token carries).
+    pub node: String,
+    /// The reporting agent's VM (`compute.name`).
+    pub vm: String,
+    /// Whether its VM is among the event's `Resources`.
+    pub named: bool,
+    /// The event's status in its document when the agent first saw it
+    /// listed (`Scheduled` or `Started`; not rewritten when it starts), and
+    /// `Completed` once it left the document.
+    pub event_status: EventStatus,
+    /// The `spec.appearance` the report is about.
+    #[serde(default = "one")]
+    pub appearance: u32,
+    /// [`resources_digest`] of the `Resources` it was listed with: two other
+    /// agents vouch for a node only for the `Resources` the spec holds.
+    pub resources_digest: String,
+}
+
+/// Field manager of an agent's own report entry: `forewarn-agent-` and the
+/// node name (hashed when too long for a field manager's 128 bytes).
+pub fn report_manager(node: &str) -> String {
+    let name = format!("{AGENT_MANAGER}-{node}");
+    if name.len() <= 128 {
+        name
+    } else {
+        format!("{AGENT_MANAGER}-{}", short_digest(node.as_bytes()))
+    }
+}
+
+/// A short, stable digest of a `Resources` list: SHA-256 of the names in
+/// lower case, sorted and deduplicated, one per line; 16 hex digits.
+pub fn resources_digest(resources: &[String]) -> String {
+    let mut names: Vec<String> = resources.iter().map(|r| r.to_ascii_lowercase()).collect();
+    names.sort();
+    names.dedup();
+    short_digest(names.join("\n").as_bytes())
+}
+
+fn short_digest(bytes: &[u8]) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, bytes);
+    d.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn one() -> u32 {

@@ -20,6 +20,8 @@
 //!                              # e.g. [Terminate, Preempt]: the VM is deleted, the pods are lost anyway
 //! releaseDelaySeconds: 5       # wait after an event ends before releasing its nodes
 //! approveForeignVms: false     # approve although Resources names VMs outside this cluster
+//! trustAnyAgent: false         # act on a node for any agent's report, not only on its own
+//!                              # agent's (or two other agents') word
 //! retention: 24h               # how long finished ScheduledEvents are kept (every final phase)
 //! drainLeadTimeSeconds: 3600   # cordon and drain no earlier than NotBefore minus this
 //!                              # (a predicted-failure Redeploy may come days ahead)
@@ -139,6 +141,16 @@ pub struct Policy {
     /// cluster (an approval starts the impact for all of them). Off by default.
     #[serde(default)]
     pub approve_foreign_vms: bool,
+    /// Act on a node (cordon, drain, and release at the event's end) on the
+    /// word of any one agent. Off by default: the controller acts on a node
+    /// only when that node's own agent reports the event (Azure delivers
+    /// every event to the VMs it names), or, when that agent is silent, two
+    /// other agents do; so a compromised node cannot have another drained
+    /// or released (DESIGN.md, Trust). Turn it on only where every node is
+    /// trusted, or where `ScheduledEvent`s are written by something other
+    /// than forewarn's agents.
+    #[serde(default)]
+    pub trust_any_agent: bool,
     /// How long finished `ScheduledEvent`s are kept as history.
     #[serde(default = "one_day", with = "humantime_serde")]
     pub retention: Duration,
@@ -207,6 +219,7 @@ impl Default for Policy {
             evict_unmanaged_pods: Vec::new(),
             release_delay_seconds: 5,
             approve_foreign_vms: false,
+            trust_any_agent: false,
             retention: one_day(),
             drain_lead_time_seconds: one_hour(),
             orphaned_after_seconds: five_minutes(),

@@ -342,10 +342,13 @@ async fn started_event_keeps_no_not_before_and_no_stale_owner_of_it() {
         "a stale owner of f:notBefore: {:#}",
         raw["metadata"]["managedFields"]
     );
-    let managers: Vec<String> = raw["metadata"]["managedFields"]
-        .as_array()
-        .unwrap()
+    // One owner of the spec, `forewarn-agent`; besides it only each
+    // agent's own report entry, applied under its own field manager and
+    // owning nothing but that entry of `spec.reports`.
+    let fields = raw["metadata"]["managedFields"].as_array().unwrap();
+    let managers: Vec<String> = fields
         .iter()
+        .filter(|m| m["operation"] == "Update")
         .map(|m| format!("{}/{}", m["manager"], m["operation"]))
         .collect();
     assert_eq!(
@@ -353,6 +356,35 @@ async fn started_event_keeps_no_not_before_and_no_stale_owner_of_it() {
         [r#""forewarn-agent"/"Update""#],
         "spec has one owner"
     );
+    let reporters: Vec<&Value> = fields
+        .iter()
+        .filter(|m| m["operation"] == "Apply")
+        .collect();
+    assert!(!reporters.is_empty(), "no agent report: {raw:#}");
+    for m in reporters {
+        let manager = m["manager"].as_str().unwrap_or_default();
+        let node = manager
+            .strip_prefix("forewarn-agent-")
+            .unwrap_or_else(|| panic!("an Apply by {manager}"));
+        let spec = m["fieldsV1"]["f:spec"].as_object().expect("f:spec");
+        assert_eq!(
+            spec.keys().collect::<Vec<_>>(),
+            ["f:reports"],
+            "{manager} owns more than its report: {}",
+            m["fieldsV1"]
+        );
+        let entries: Vec<&String> = spec["f:reports"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| k.starts_with("k:"))
+            .collect();
+        assert_eq!(
+            entries,
+            [&format!(r#"k:{{"node":"{node}"}}"#)],
+            "{manager} owns another node's report"
+        );
+    }
     assert_eq!(raw["spec"]["eventId"], ID);
     for i in 0..2 {
         let log = rig.agent_log(i);

@@ -945,15 +945,21 @@ fn installed_chart_confines_each_service_account() {
         ("clusterrolebinding", "forewarn-controller"),
         ("validatingadmissionpolicy", "forewarn-agent-node"),
         ("validatingadmissionpolicy", "forewarn-agent-status"),
+        ("validatingadmissionpolicy", "forewarn-agent-reports"),
         ("validatingadmissionpolicybinding", "forewarn-agent-node"),
         ("validatingadmissionpolicybinding", "forewarn-agent-status"),
+        ("validatingadmissionpolicybinding", "forewarn-agent-reports"),
         ("crd", "scheduledevents.forewarn.dev"),
     ] {
         k.ok(&["get", kind, name]);
     }
     // The API server type-checked the policies' CEL against the real
     // schemas (Node, the CRD) and found nothing to warn about.
-    for vap in ["forewarn-agent-node", "forewarn-agent-status"] {
+    for vap in [
+        "forewarn-agent-node",
+        "forewarn-agent-status",
+        "forewarn-agent-reports",
+    ] {
         let status = eventually("policy type-checked", Duration::from_secs(30), || {
             let p = k.json(&["get", "validatingadmissionpolicy", vap]);
             (p["status"]["observedGeneration"] == p["metadata"]["generation"])
@@ -1312,8 +1318,14 @@ fn installed_chart_confines_each_service_account() {
         &format!("{sev}-2"),
         &format!("{sev}-3"),
     ]);
-    controller.ok_stdin(&["apply", "--server-side", "-f", "-"], &format!(
-        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: forewarn-controller\n  namespace: {NS}\nspec:\n  holderIdentity: chart-test\n"));
+    // The Lease as the controller writes it: a create, then replaces.
+    let lease = |holder: &str| {
+        format!(
+            "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: forewarn-controller\n  namespace: {NS}\nspec:\n  holderIdentity: {holder}\n"
+        )
+    };
+    controller.ok_stdin(&["create", "-f", "-"], &lease("chart-test"));
+    controller.ok_stdin(&["replace", "-f", "-"], &lease("chart-test-2"));
     k.ok(&["delete", "lease", "-n", NS, "forewarn-controller"]);
 
     // What each ServiceAccount may do, as the API server sees it.
@@ -1497,13 +1509,13 @@ fn scenario_plays_with_the_chart_credentials() {
         report.min_ready >= report.min_available,
         "PodDisruptionBudget violated"
     );
-    // The controller took the chart's Lease, in the release namespace (and
-    // released it on SIGTERM at the end, so no holder is left).
+    // The controller took the chart's Lease, in the release namespace, and
+    // released it on SIGTERM at the end: no holder, a duration of 1 s.
     let held = k.json(&["get", "lease", "-n", NS, lease]);
     assert!(
-        held["spec"]["leaseTransitions"]
-            .as_i64()
-            .is_some_and(|t| t >= 1),
+        held["spec"]["holderIdentity"].is_null()
+            && held["spec"]["leaseDurationSeconds"] == 1
+            && held["spec"]["acquireTime"].is_string(),
         "{}",
         held["spec"]
     );
@@ -1557,4 +1569,281 @@ fn controller_host_network_is_opt_in_and_keeps_its_own_port() {
     ]);
     assert!(!out.ok, "a string controller.hostNetwork was accepted");
     assert!(out.stderr.contains("hostNetwork"), "{}", out.stderr);
+}
+
+/// A `forewarn controller` process with `kubeconfig`'s credentials, stopped
+/// (SIGTERM) when dropped.
+struct ControllerProc {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl ControllerProc {
+    fn start(kubeconfig: &Path, name: &str) -> ControllerProc {
+        let log = out_dir().join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let port = forewarn::harness::procs::free_port().expect("port");
+        let child = Command::new(env!("CARGO_BIN_EXE_forewarn"))
+            .args([
+                "controller",
+                "--metrics-addr",
+                &format!("127.0.0.1:{port}"),
+                "--lease-namespace",
+                NS,
+                "--lease-name",
+                "forewarn-controller",
+                "--identity",
+                name,
+            ])
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info,kube=warn")
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .spawn()
+            .expect("start the controller");
+        ControllerProc { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for ControllerProc {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        for _ in 0..100 {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+    }
+}
+
+fn sev_yaml(name: &str, status: &str, vm: &str) -> String {
+    format!(
+        "apiVersion: forewarn.dev/v1alpha1\nkind: ScheduledEvent\nmetadata:\n  name: {name}\nspec:\n  eventId: {name}\n  eventType: Reboot\n  eventStatus: {status}\n  eventSource: Platform\n  resourceType: VirtualMachine\n  resources: [{vm}]\n  durationSeconds: -1\n  appearance: 1\n"
+    )
+}
+
+/// One agent's report entry, as the agent applies it (server-side apply of
+/// that entry alone, under its own field manager).
+fn report_yaml(
+    name: &str,
+    node: &str,
+    vm: &str,
+    named: bool,
+    status: &str,
+    resources: &[&str],
+) -> String {
+    let resources: Vec<String> = resources.iter().map(|s| s.to_string()).collect();
+    format!(
+        "apiVersion: forewarn.dev/v1alpha1\nkind: ScheduledEvent\nmetadata:\n  name: {name}\nspec:\n  reports:\n  - node: {node}\n    vm: {vm}\n    named: {named}\n    eventStatus: {status}\n    appearance: 1\n    resourcesDigest: {}\n",
+        forewarn::crd::resources_digest(&resources)
+    )
+}
+
+fn apply_report(who: &Kubectl, node: &str, yaml: &str) -> Out {
+    let manager = format!("--field-manager={}", forewarn::crd::report_manager(node));
+    who.run(
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            &manager,
+            "-f",
+            "-",
+        ],
+        Some(yaml),
+    )
+}
+
+fn unschedulable(k: &Kubectl, node: &str) -> bool {
+    k.json(&["get", "node", node])["spec"]["unschedulable"] == true
+}
+
+fn condition(k: &Kubectl, sev: &str, type_: &str) -> Option<Value> {
+    let ev = k.json(&["get", "scheduledevent", sev]);
+    ev["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .cloned()
+}
+
+/// The trust model (DESIGN.md, Trust) with the chart's own tokens and a
+/// real controller process holding the controller's token: the agent of
+/// node-000000 cannot write node-000001's report, an event it forges naming
+/// node-000001's VM drains nothing, and its forged `Completed` of
+/// node-000001's live event does not release the node; node-000001's own
+/// agent's report does.
+#[test]
+fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    install(&k, &c);
+    let (a, b) = ("node-000000", "node-000001");
+    let (vm_a, vm_b) = ("vm-trust-0", "vm-trust-1");
+    k.ok(&[
+        "annotate",
+        "--overwrite",
+        "node",
+        a,
+        &format!("{VM_ANNOTATION}={vm_a}"),
+    ]);
+    k.ok(&[
+        "annotate",
+        "--overwrite",
+        "node",
+        b,
+        &format!("{VM_ANNOTATION}={vm_b}"),
+    ]);
+    for n in [a, b] {
+        k.run(&["uncordon", n], None);
+    }
+    let agent_token = |node: &str, name: &str| {
+        let (pod, uid) = agent_pod_on(&k, node);
+        token_kubeconfig(&k, name, &token(&k, AGENT_SA, Some((&pod, &uid))))
+    };
+    let agent_a = agent_token(a, "trust-agent-a");
+    let agent_b = agent_token(b, "trust-agent-b");
+    let controller = token_kubeconfig(&k, "trust-controller", &token(&k, CONTROLLER_SA, None));
+    k.run(
+        &[
+            "delete",
+            "lease",
+            "-n",
+            NS,
+            "forewarn-controller",
+            "--ignore-not-found",
+        ],
+        None,
+    );
+    for sev in ["forged-event", "live-event"] {
+        k.run(
+            &["delete", "scheduledevent", sev, "--ignore-not-found"],
+            None,
+        );
+    }
+    let ctl = ControllerProc::start(&controller.kubeconfig, "trust-controller");
+    eventually("the controller leads", Duration::from_secs(60), || {
+        ctl.log().contains("Leading: reconciling").then_some(())
+    });
+
+    // 1. A forged event: agent A creates an event naming B's VM. Writing
+    //    B's report for it is refused; without it, B is left alone.
+    let forged = "forged-event";
+    let out = agent_a.run(
+        &["create", "-f", "-"],
+        Some(&sev_yaml(forged, "Scheduled", vm_b)),
+    );
+    assert!(out.ok, "agent A may create an event: {}", out.stderr);
+    let out = apply_report(
+        &agent_a,
+        b,
+        &report_yaml(forged, b, vm_b, true, "Scheduled", &[vm_b]),
+    );
+    assert!(
+        !out.ok
+            && out.stderr.contains(&format!(
+                "forewarn agent on node {a} may write only its own entry of spec.reports"
+            )),
+        "agent A wrote node B's report: {}{}",
+        out.stdout,
+        out.stderr
+    );
+    let out = apply_report(
+        &agent_a,
+        a,
+        &report_yaml(forged, a, vm_a, false, "Scheduled", &[vm_b]),
+    );
+    assert!(out.ok, "agent A may write its own report: {}", out.stderr);
+    let unconfirmed = eventually(
+        "NodesUnconfirmed on the forged event",
+        Duration::from_secs(30),
+        || condition(&k, forged, "NodesUnconfirmed").filter(|c| c["status"] == "True"),
+    );
+    println!("forged event: {unconfirmed}");
+    assert!(
+        unconfirmed["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(b)
+    );
+    // Given time to act, the controller has not touched B.
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(
+        !unschedulable(&k, b),
+        "node B was cordoned for an event only agent A reported"
+    );
+    let ev = k.json(&["get", "scheduledevent", forged]);
+    assert!(
+        ev["status"]["approval"]["decidedAt"].is_null(),
+        "an approval was decided for a forged event: {}",
+        ev["status"]
+    );
+
+    // 2. A live event for B, reported by B's own agent: B is cordoned.
+    let live = "live-event";
+    k.ok_stdin(&["create", "-f", "-"], &sev_yaml(live, "Scheduled", vm_b));
+    let out = apply_report(
+        &agent_b,
+        b,
+        &report_yaml(live, b, vm_b, true, "Started", &[vm_b]),
+    );
+    assert!(out.ok, "agent B may write its own report: {}", out.stderr);
+    eventually(
+        "node B cordoned on its own agent's report",
+        Duration::from_secs(30),
+        || unschedulable(&k, b).then_some(()),
+    );
+    // Agent A marks it Completed (a patch agent A is allowed to make).
+    agent_a.ok(&[
+        "patch",
+        "scheduledevent",
+        live,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"eventStatus":"Completed"}}"#,
+    ]);
+    let why = eventually(
+        "CompletionUnconfirmed on the live event",
+        Duration::from_secs(30),
+        || condition(&k, live, "CompletionUnconfirmed").filter(|c| c["status"] == "True"),
+    );
+    println!("forged completion: {why}");
+    // Past the release delay (3 s) and then some: B stays cordoned.
+    std::thread::sleep(Duration::from_secs(8));
+    assert!(
+        unschedulable(&k, b),
+        "node B was released on agent A's word alone"
+    );
+    let ev = k.json(&["get", "scheduledevent", live]);
+    assert_ne!(ev["status"]["phase"], "Completed", "{}", ev["status"]);
+
+    // 3. B's own agent reports the event gone: now B is released.
+    let out = apply_report(
+        &agent_b,
+        b,
+        &report_yaml(live, b, vm_b, true, "Completed", &[vm_b]),
+    );
+    assert!(out.ok, "agent B may write its own report: {}", out.stderr);
+    eventually(
+        "node B released on its own agent's report",
+        Duration::from_secs(30),
+        || (!unschedulable(&k, b)).then_some(()),
+    );
+    let ev = k.json(&["get", "scheduledevent", live]);
+    assert_eq!(ev["status"]["phase"], "Completed", "{}", ev["status"]);
+    drop(ctl);
+    for sev in [forged, live] {
+        k.run(
+            &["delete", "scheduledevent", sev, "--ignore-not-found"],
+            None,
+        );
+    }
 }

@@ -73,6 +73,15 @@ fn start_controller(kubeconfig: &Path, lease: &str, identity: &str, dir: &Path) 
     Controller { proc, port }
 }
 
+/// An HTTP client for the processes' `/metrics` on loopback.
+fn metrics_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .expect("HTTP client")
+}
+
 /// `Some(true)` when the process reports that it leads, `None` when its
 /// metrics cannot be read.
 async fn leads(http: &reqwest::Client, port: u16) -> Option<bool> {
@@ -100,11 +109,7 @@ fn count_in_log(p: &Proc, needle: &str) -> usize {
 async fn two_controllers_started_together_never_lead_at_once_and_hand_over_on_sigterm() {
     let _turn = TURN.lock().await;
     let cluster = tokio::task::spawn_blocking(cluster).await.expect("cluster");
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_millis(500))
-        .build()
-        .unwrap();
+    let http = metrics_client();
     let leases: Api<Lease> = Api::namespaced(cluster.client().await.unwrap(), "default");
     let mut handovers = Vec::new();
     for round in 0..20 {
@@ -213,11 +218,7 @@ async fn proxy(target: String) -> (u16, tokio::sync::oneshot::Sender<()>) {
 async fn leader_cut_off_from_the_api_server_stops_before_a_standby_may_lead() {
     let _turn = TURN.lock().await;
     let cluster = tokio::task::spawn_blocking(cluster).await.expect("cluster");
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_millis(500))
-        .build()
-        .unwrap();
+    let http = metrics_client();
     let kubeconfig = std::fs::read_to_string(&cluster.kubeconfig).unwrap();
     let server = kubeconfig
         .lines()
@@ -282,6 +283,142 @@ async fn leader_cut_off_from_the_api_server_stops_before_a_standby_may_lead() {
         "the old leader did not stop for its renew deadline:\n{}",
         leader.proc.log_tail(10)
     );
+    standby
+        .proc
+        .terminate(Duration::from_secs(10))
+        .await
+        .expect("standby stops");
+}
+
+/// Writes the Lease `name` as held by `holder`, renewed at `renew`.
+async fn write_holder(
+    leases: &Api<Lease>,
+    name: &str,
+    holder: &str,
+    renew: k8s_openapi::jiff::Timestamp,
+) {
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    let spec = LeaseSpec {
+        holder_identity: Some(holder.into()),
+        lease_duration_seconds: Some(15),
+        acquire_time: Some(MicroTime(renew)),
+        renew_time: Some(MicroTime(renew)),
+        ..LeaseSpec::default()
+    };
+    match leases.get_opt(name).await.expect("read Lease") {
+        Some(mut lease) => {
+            lease.spec = Some(spec);
+            leases
+                .replace(name, &kube::api::PostParams::default(), &lease)
+                .await
+                .expect("renew the Lease");
+        }
+        None => {
+            let lease = Lease {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(name.into()),
+                    ..Default::default()
+                },
+                spec: Some(spec),
+            };
+            leases
+                .create(&kube::api::PostParams::default(), &lease)
+                .await
+                .expect("create the Lease");
+        }
+    }
+}
+
+/// A leader whose clock is an hour behind still renews every 2 s: its
+/// `renewTime` looks an hour old, and a standby that judged expiry by
+/// comparing it with its own clock would take over (two leaders). Then it
+/// dies with a clock an hour ahead: a standby trusting `renewTime` would
+/// wait an hour. Expiry counted on the standby's own clock from the last
+/// change it saw gets both right.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_with_a_skewed_clock_keeps_the_lease_while_it_renews_and_loses_it_after_its_duration()
+ {
+    let _turn = TURN.lock().await;
+    let cluster = tokio::task::spawn_blocking(cluster).await.expect("cluster");
+    let http = metrics_client();
+    let leases: Api<Lease> = Api::namespaced(cluster.client().await.unwrap(), "default");
+    let lease = "skewed";
+    let hour = k8s_openapi::jiff::SignedDuration::from_hours(1);
+    let dir = log_dir(lease);
+    write_holder(
+        &leases,
+        lease,
+        "ghost-behind",
+        k8s_openapi::jiff::Timestamp::now() - hour,
+    )
+    .await;
+    let mut standby = start_controller(&cluster.kubeconfig, lease, "replica-honest", &dir);
+    // 20 s of renewals from a clock an hour behind: the standby never leads.
+    let end = Instant::now() + Duration::from_secs(20);
+    let mut next_renewal = Instant::now();
+    while Instant::now() < end {
+        if Instant::now() >= next_renewal {
+            write_holder(
+                &leases,
+                lease,
+                "ghost-behind",
+                k8s_openapi::jiff::Timestamp::now() - hour,
+            )
+            .await;
+            next_renewal += Duration::from_secs(2);
+        }
+        assert_ne!(
+            leads(&http, standby.port).await,
+            Some(true),
+            "the standby took a Lease that its holder keeps renewing (logs in {})",
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let holder = leases
+        .get(lease)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity;
+    assert_eq!(
+        holder.as_deref(),
+        Some("ghost-behind"),
+        "the Lease was taken over"
+    );
+    // The holder's last renewal, stamped an hour ahead, then silence.
+    write_holder(
+        &leases,
+        lease,
+        "ghost-ahead",
+        k8s_openapi::jiff::Timestamp::now() + hour,
+    )
+    .await;
+    let silent = Instant::now();
+    while leads(&http, standby.port).await != Some(true) {
+        assert!(
+            silent.elapsed() < Duration::from_secs(25),
+            "the standby did not take over within 25 s of the holder's last renewal (logs in {})",
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = silent.elapsed();
+    println!("holder silent at 0 s (renewTime an hour ahead): the standby led at {took:?}");
+    assert!(
+        took >= Duration::from_secs(14),
+        "the standby took over {took:?} after the last renewal, before the Lease's 15 s had passed"
+    );
+    let holder = leases
+        .get(lease)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity;
+    assert_eq!(holder.as_deref(), Some("replica-honest"));
     standby
         .proc
         .terminate(Duration::from_secs(10))

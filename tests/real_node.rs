@@ -72,7 +72,7 @@ async fn setup(env: &Env, client: &Client) {
         "metadata": {"name": "forewarn-real-agent"},
         "rules": [
             {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents"],
-             "verbs": ["get", "list", "watch", "create", "update"]},
+             "verbs": ["get", "list", "watch", "create", "update", "patch"]},
             {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents/status"], "verbs": ["patch"]},
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
         ],

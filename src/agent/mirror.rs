@@ -31,6 +31,7 @@ pub fn spec_for(event: &Event) -> ScheduledEventSpec {
         duration_seconds: event.duration_seconds,
         description: event.description.clone(),
         appearance: 1,
+        reports: Vec::new(),
     }
 }
 
@@ -62,13 +63,16 @@ pub fn plan_listed(
         if new_here && seen_status != EventStatus::Completed {
             return Some(ScheduledEventSpec {
                 appearance: stored.appearance.saturating_add(1),
+                reports: stored.reports.clone(),
                 ..seen
             });
         }
         return None;
     }
+    // Reports are each agent's own entries: carried over as stored.
     let seen = ScheduledEventSpec {
         appearance: stored.appearance,
+        reports: stored.reports.clone(),
         ..seen
     };
     let stored_rank = stored_status.rank();

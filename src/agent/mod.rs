@@ -42,6 +42,15 @@ use crate::server::{self, Readiness};
 /// Errors of the agent's Kubernetes side.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// Writing this agent's own report entry failed.
+    #[error("failed to write this agent's report on ScheduledEvent {name}: {source}")]
+    WriteReport {
+        /// Object name.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
     /// Reading a `ScheduledEvent` failed.
     #[error("failed to get ScheduledEvent {name}: {source}")]
     GetEvent {
@@ -144,6 +153,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         backoff: None,
         last_doc: None,
         tracked: HashMap::new(),
+        reported: HashMap::new(),
         synced: false,
         warned_not_before: HashSet::new(),
         swept: false,
@@ -244,6 +254,8 @@ struct Agent {
     last_doc: Option<Document>,
     /// What this agent mirrored, per object name.
     tracked: HashMap<String, mirror::Tracked>,
+    /// This agent's report entry as last written, per object name.
+    reported: HashMap<String, crate::crd::Report>,
     /// Whether one document has been mirrored without a failure.
     synced: bool,
     /// Object names whose unparsable `NotBefore` has been warned about.

@@ -13,11 +13,13 @@ use std::collections::HashSet;
 
 use chrono::Utc;
 use kube::Resource;
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use tracing::{error, info};
 
 use super::{Agent, Error, Result, STALE_AFTER, error_chain, mirror};
-use crate::crd::{AGENT_MANAGER, ScheduledEvent, ScheduledEventSpec};
+use crate::crd::{
+    AGENT_MANAGER, Report, ScheduledEvent, ScheduledEventSpec, report_manager, resources_digest,
+};
 use crate::imds::model::{Document, Event, EventStatus, object_name};
 
 impl Agent {
@@ -31,10 +33,21 @@ impl Agent {
             match self.mirror_event(&ev, new_here).await {
                 Ok(appearance) => {
                     self.metrics.mirror_writes.with_label_values(&["ok"]).inc();
+                    let mut reported = true;
+                    if let Some(appearance) = appearance {
+                        let report =
+                            self.own_report(&ev.resources, (&ev.event_status).into(), appearance);
+                        if let Err(e) = self.report(&name, report).await {
+                            failures += 1;
+                            reported = false;
+                            error!(event = %name, error = %error_chain(&e), "Could not write this agent's report; will retry");
+                        }
+                    }
+                    // Not reported: listed again on the next tick.
                     self.tracked.insert(
                         name,
                         mirror::Tracked {
-                            written: Some(ev),
+                            written: reported.then_some(ev),
                             appearance,
                             gone: false,
                         },
@@ -57,6 +70,7 @@ impl Agent {
             match self.complete(&name, known).await {
                 Ok(()) => {
                     self.tracked.remove(&name);
+                    self.reported.remove(&name);
                 }
                 Err(e) => {
                     failures += 1;
@@ -72,9 +86,10 @@ impl Agent {
     }
 
     /// Marks an event that left the document `Completed` (if it is not yet,
-    /// and is not in an appearance later than `known`).
-    async fn complete(&self, name: &str, known: Option<u32>) -> Result<()> {
-        let (done, _) = self
+    /// and is not in an appearance later than `known`), and reports it
+    /// ended in this agent's own entry.
+    async fn complete(&mut self, name: &str, known: Option<u32>) -> Result<()> {
+        let (done, stored) = self
             .write_forward(name, |stored| {
                 stored.and_then(|s| mirror::plan_completed(s, known))
             })
@@ -82,6 +97,75 @@ impl Agent {
         if done {
             info!(event = %name, "Event left the IMDS document; marked Completed");
         }
+        if let Some(spec) = stored
+            && known.is_none_or(|k| k == spec.appearance)
+        {
+            let report = self.own_report(
+                &spec.resources,
+                crate::crd::EventStatus::Completed,
+                spec.appearance,
+            );
+            self.report(name, report).await?;
+        }
+        Ok(())
+    }
+
+    /// This agent's view of an event listed with `resources` and `status`.
+    fn own_report(
+        &self,
+        resources: &[String],
+        status: crate::crd::EventStatus,
+        appearance: u32,
+    ) -> Report {
+        Report {
+            node: self.node.clone(),
+            vm: self.vm.clone(),
+            named: resources.iter().any(|r| r.eq_ignore_ascii_case(&self.vm)),
+            event_status: status,
+            appearance,
+            resources_digest: resources_digest(resources),
+        }
+    }
+
+    /// Writes this agent's own entry of `spec.reports` when it differs from
+    /// the one it last wrote: a server-side apply of that one entry (a list
+    /// map keyed by node) under this agent's own field manager, so agents
+    /// never conflict with each other and none can remove another's entry.
+    ///
+    /// A move from `Scheduled` to `Started` is not written: the controller
+    /// needs to know that a node's own agent lists the event, and when it
+    /// stops listing it, so each agent writes its report twice per event
+    /// (first seen, gone), not at every change of status.
+    async fn report(&mut self, name: &str, report: Report) -> Result<()> {
+        let live = |r: &Report| r.event_status != crate::crd::EventStatus::Completed;
+        if self.reported.get(name).is_some_and(|had| {
+            had == &report
+                || (had.appearance == report.appearance
+                    && had.named == report.named
+                    && had.resources_digest == report.resources_digest
+                    && live(had)
+                    && live(&report))
+        }) {
+            return Ok(());
+        }
+        let body = serde_json::json!({
+            "apiVersion": ScheduledEvent::api_version(&()),
+            "kind": ScheduledEvent::kind(&()),
+            "metadata": { "name": name },
+            "spec": { "reports": [report] },
+        });
+        self.api
+            .patch(
+                name,
+                &PatchParams::apply(&report_manager(&self.node)).force(),
+                &Patch::Apply(body),
+            )
+            .await
+            .map_err(|source| Error::WriteReport {
+                name: name.into(),
+                source,
+            })?;
+        self.reported.insert(name.to_owned(), report);
         Ok(())
     }
 
@@ -171,7 +255,7 @@ impl Agent {
     /// document have left IMDS while it was away (IMDS delivers an event to
     /// every VM it names). Returns whether some were too young to judge and
     /// the sweep must run again later.
-    pub(super) async fn sweep_stale(&self, doc: &Document) -> Result<bool> {
+    pub(super) async fn sweep_stale(&mut self, doc: &Document) -> Result<bool> {
         let all = self
             .api
             .list(&ListParams::default())

@@ -8,6 +8,7 @@
 //! [`sweep`] releases holds of deleted objects.
 
 pub mod drain;
+pub mod lease;
 pub mod nodes;
 pub mod plan;
 pub mod reconcile;
@@ -16,6 +17,7 @@ pub mod report;
 pub mod run;
 pub mod status;
 pub mod sweep;
+pub mod trust;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -86,8 +86,14 @@ pub struct Observed {
     /// Entries of `Resources` that map to no node.
     pub unmapped: Vec<String>,
     /// Why the mapping cannot be trusted for an approval (a VM claimed by
-    /// several nodes, an annotation contradicting a providerID).
+    /// several nodes, an annotation contradicting a providerID, a node no
+    /// trusted report confirms).
     pub doubts: Vec<String>,
+    /// Nodes `Resources` maps to that no trusted report confirms (see
+    /// [`super::trust`]): left alone, listed as `node: why`.
+    pub unconfirmed: Vec<String>,
+    /// Why a spec `Completed` is not taken as the end, if so.
+    pub completion_unconfirmed: Option<String>,
 }
 
 /// A write to a Node's cordon, taint and hold list.
@@ -280,7 +286,8 @@ fn final_phase(ev: &ScheduledEvent) -> Option<Phase> {
 }
 
 /// When an agent last wrote the object (`managedFields` of the agents'
-/// field manager, spec or status), else its creation time.
+/// field managers, `forewarn-agent` and each agent's report manager; spec
+/// or status), else its creation time.
 pub fn last_agent_write(ev: &ScheduledEvent) -> Option<DateTime<Utc>> {
     let to_chrono = |t: &k8s_openapi::jiff::Timestamp| {
         DateTime::from_timestamp(
@@ -292,7 +299,11 @@ pub fn last_agent_write(ev: &ScheduledEvent) -> Option<DateTime<Utc>> {
         .managed_fields
         .iter()
         .flatten()
-        .filter(|m| m.manager.as_deref() == Some(AGENT_MANAGER))
+        .filter(|m| {
+            m.manager
+                .as_deref()
+                .is_some_and(|n| n.starts_with(AGENT_MANAGER))
+        })
         .filter_map(|m| m.time.as_ref().and_then(|t| to_chrono(&t.0)))
         .max()
         .or_else(|| {
@@ -574,7 +585,10 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
             return p;
         }
         Action::Approve => {
-            if !decided && spec_status == EventStatus::Scheduled {
+            if !decided
+                && spec_status == EventStatus::Scheduled
+                && seen.completion_unconfirmed.is_none()
+            {
                 if !seen.doubts.is_empty() {
                     p.approval_withheld = Some(seen.doubts.join("; "));
                 } else if seen.unmapped.is_empty() || policy.approve_foreign_vms {
@@ -603,10 +617,15 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         Action::Cordon | Action::Drain | Action::DrainAndApprove => {}
     }
 
+    // A spec `Completed` that a node's own report does not confirm yet (it
+    // lags a poll behind, or the spec was forged): keep what is held and
+    // the drains begun, start nothing new (trust::Assessment::effective).
+    let hold_only = seen.completion_unconfirmed.is_some();
     let mapped: Vec<&ObservedNode> = seen
         .nodes
         .iter()
         .filter(|n| !n.vm_name.is_empty())
+        .filter(|n| !hold_only || n.holds.contains(&me))
         .collect();
     // The drain lead time: an event announced long ahead (a predicted
     // failure) is not drained until NotBefore minus the lead time. Once
@@ -654,7 +673,11 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
     }
 
     let all_drained = !mapped.is_empty() && mapped.iter().all(|n| node_drained(n, now));
-    if action == Action::DrainAndApprove && spec_status == EventStatus::Scheduled && !decided {
+    if action == Action::DrainAndApprove
+        && spec_status == EventStatus::Scheduled
+        && !decided
+        && !hold_only
+    {
         decide_approval(&mut p, &mapped, seen, policy, all_drained);
     }
     if !started && !accepted && (decided || p.decide_approval.is_some()) {

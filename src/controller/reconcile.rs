@@ -17,7 +17,7 @@ use tracing::{info, instrument, warn};
 use super::plan::{self, EvictionOutcome, NodeWrite, Observed, ObservedNode, Plan};
 use super::report::{self, Subject};
 use super::status::{self, Outcome};
-use super::{Context, Error, Result, drain, nodes};
+use super::{Context, Error, Result, drain, nodes, trust};
 use crate::crd::ScheduledEvent;
 
 /// When to look again at an event whose evictions a budget refused.
@@ -25,6 +25,9 @@ const BLOCKED_REQUEUE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Kubernetes Events posted at once by one reconcile.
 const EVENT_CONCURRENCY: usize = 16;
+
+/// Pod lists (one per affected node) in flight at once for one event.
+const POD_LIST_CONCURRENCY: usize = 16;
 
 /// Node writes in flight at once for one event.
 const NODE_WRITE_CONCURRENCY: usize = 16;
@@ -45,7 +48,7 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         report::clear_approval(&ev, &ctx).await?;
     }
     let policy = ctx.policy();
-    let (seen, snapshots) = observe(&ev, &ctx).await?;
+    let (ev, seen, snapshots) = observe(ev, &ctx, policy.trust_any_agent).await?;
     let plan = plan::plan(&ev, &seen, &policy, now);
     if plan.delete {
         let name = ev.name_any();
@@ -94,12 +97,13 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
 /// cordons it, from the controller's cache of `ScheduledEvent`s.
 fn claims(me: &str, ctx: &Context, cached: &[Arc<Node>]) -> HashMap<String, Vec<String>> {
     let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
+    let policy = ctx.policy();
     for other in ctx.events.state() {
         let name = other.name_any();
-        if name == me || plan::is_over(&other) {
+        if name == me {
             continue;
         }
-        let action = ctx.policy().decide(
+        let action = policy.decide(
             &other.spec.event_type.as_str().into(),
             &other.spec.event_source,
             other.spec.duration_seconds,
@@ -107,10 +111,26 @@ fn claims(me: &str, ctx: &Context, cached: &[Arc<Node>]) -> HashMap<String, Vec<
         if !action.cordons() {
             continue;
         }
+        // Only nodes the other event holds on trusted word (see `trust`),
+        // and only while it is live on that word.
         let mapped =
             nodes::map_resources(&other.spec.resources, cached.iter().map(AsRef::as_ref)).mapped;
+        let assessment = trust::assess(
+            &other,
+            mapped.iter().map(|(_, node)| node.as_str()),
+            policy.trust_any_agent,
+        );
+        if plan::is_over(&assessment.effective((*other).clone())) {
+            continue;
+        }
         for (_, node) in mapped {
-            by_node.entry(node).or_default().push(name.clone());
+            if assessment
+                .verdicts
+                .get(&node)
+                .is_some_and(trust::Verdict::is_live)
+            {
+                by_node.entry(node).or_default().push(name.clone());
+            }
         }
     }
     by_node
@@ -120,17 +140,45 @@ fn claims(me: &str, ctx: &Context, cached: &[Arc<Node>]) -> HashMap<String, Vec<
 /// still hold a cordon for it, and lists the pods of the mapped ones. Node
 /// writes are conditional on the `resourceVersion` read here, so a stale
 /// cache costs a 409 and a retry, never a wrong write.
+///
+/// Returns the event as the controller acts on it (see
+/// [`trust::Assessment::effective`]): a node that no trusted report confirms
+/// is not among the mapped nodes (it is released if it holds the event's
+/// cordon), and is listed in `Observed::unconfirmed`.
 async fn observe(
-    ev: &ScheduledEvent,
+    ev: ScheduledEvent,
     ctx: &Context,
-) -> Result<(Observed, HashMap<String, Arc<Node>>)> {
+    trust_any_agent: bool,
+) -> Result<(ScheduledEvent, Observed, HashMap<String, Arc<Node>>)> {
     let me = ev.name_any();
     let cached = ctx.nodes.state();
     let nodes::Mapping {
         mapped,
         unmapped,
-        doubts,
+        mut doubts,
     } = nodes::map_resources(&ev.spec.resources, cached.iter().map(AsRef::as_ref));
+    let assessment = trust::assess(
+        &ev,
+        mapped.iter().map(|(_, node)| node.as_str()),
+        trust_any_agent,
+    );
+    let ev = assessment.effective(ev);
+    let ev = &ev;
+    let unconfirmed = assessment.unconfirmed();
+    doubts.extend(
+        unconfirmed
+            .iter()
+            .map(|u| format!("no trusted report for node {u}")),
+    );
+    let mapped: Vec<(String, String)> = mapped
+        .into_iter()
+        .filter(|(_, node)| {
+            assessment
+                .verdicts
+                .get(node)
+                .is_some_and(trust::Verdict::is_live)
+        })
+        .collect();
     let completed = plan::is_over(ev);
     let recorded = ev
         .status
@@ -155,30 +203,46 @@ async fn observe(
         nodes: Vec::new(),
         unmapped,
         doubts,
+        unconfirmed,
+        completion_unconfirmed: assessment.completion_unconfirmed.clone(),
     };
+    let by_name: HashMap<String, &Arc<Node>> = cached.iter().map(|n| (n.name_any(), n)).collect();
+    // A finished event's record is frozen; pods are read only for nodes it
+    // never recorded, so that the record says what was there. The lists
+    // run side by side (an event may name hundreds of VMs), in order.
+    let claims = &claims;
+    let listed: Vec<Result<(ObservedNode, Arc<Node>)>> =
+        futures::stream::iter(wanted.into_iter().filter_map(|(name, vm)| {
+            // A node gone from the cache has nothing to drain or release.
+            let node = Arc::clone(by_name.get(&name)?);
+            Some((name, vm, node))
+        }))
+        .map(|(name, vm, node)| async move {
+            let pods = if action.drains() && !vm.is_empty() && (!completed || !recorded) {
+                drain::pods_on(&ctx.client, &name).await?
+            } else {
+                Vec::new()
+            };
+            let observed = ObservedNode {
+                cordoned: nodes::is_cordoned(&node),
+                holds: nodes::holds(&node),
+                claimed_by: claims.get(&name).cloned().unwrap_or_default(),
+                name,
+                vm_name: vm,
+                pods,
+            };
+            Ok((observed, node))
+        })
+        .buffered(POD_LIST_CONCURRENCY)
+        .collect()
+        .await;
     let mut snapshots = HashMap::new();
-    for (name, vm) in wanted {
-        let Some(node) = cached.iter().find(|n| n.name_any() == name).cloned() else {
-            continue; // gone: nothing to drain or release
-        };
-        // A finished event's record is frozen; pods are read only for nodes
-        // it never recorded, so that the record says what was there.
-        let pods = if action.drains() && !vm.is_empty() && (!completed || !recorded) {
-            drain::pods_on(&ctx.client, &name).await?
-        } else {
-            Vec::new()
-        };
-        seen.nodes.push(ObservedNode {
-            cordoned: nodes::is_cordoned(&node),
-            holds: nodes::holds(&node),
-            claimed_by: claims.get(&name).cloned().unwrap_or_default(),
-            name: name.clone(),
-            vm_name: vm,
-            pods,
-        });
-        snapshots.insert(name, node);
+    for item in listed {
+        let (observed, node) = item?;
+        snapshots.insert(observed.name.clone(), node);
+        seen.nodes.push(observed);
     }
-    Ok((seen, snapshots))
+    Ok((ev.clone(), seen, snapshots))
 }
 
 /// The Event reason, metric label and note of a node write.

@@ -5,9 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::ExponentialBuilder;
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::controller::{self, Action as Requeue, Controller};
@@ -15,30 +14,15 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use kube_lease_manager::LeaseManagerBuilder;
 use prometheus::Registry;
 use tracing::{info, warn};
 
-use super::{Context, Error, drain, reconcile::reconcile, reload, sweep};
+use super::{Context, Error, drain, lease, reconcile::reconcile, reload, sweep};
 use crate::cli::ControllerArgs;
 use crate::crd::{CONTROLLER_MANAGER, ScheduledEvent};
 use crate::metrics::ControllerMetrics;
 use crate::policy::Policy;
 use crate::server::{self, Readiness};
-
-/// The Lease's duration, seconds: a standby may take over this long after
-/// the leader's last renewal.
-const LEASE_SECONDS: u64 = 15;
-/// kube-lease-manager renews this long before the Lease would expire, that
-/// is every `LEASE_SECONDS - LEASE_GRACE_SECONDS` = 8 s.
-const LEASE_GRACE_SECONDS: u64 = 7;
-/// The renew deadline: a leader whose renewals have not been seen for this
-/// long stops acting, before a standby may take over (client-go's
-/// `RenewDeadline`; kube-lease-manager only logs failed renewals). It must
-/// exceed the renewal interval (8 s) plus the check's lag (up to 1 s), and
-/// leave room before the expiry: renewal seen at most 1 s late, plus 10 s,
-/// plus one check (at most 2 s with a timed-out read) = 13 s < 15 s.
-const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The longest a failing reconcile waits before it is tried again.
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(60);
@@ -107,57 +91,20 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     }
     ready.set(true);
 
-    // The API server may not answer yet (a restarting control plane): keep
-    // trying instead of crash-looping. Every replica has its own Lease field
-    // manager (the crate's default, derived from the identity): a shared one
-    // let two replicas both believe they lead.
-    let build_lease = || {
-        LeaseManagerBuilder::new(client.clone(), &args.lease_name)
-            .with_namespace(&args.lease_namespace)
-            .with_identity(&identity)
-            .with_duration(LEASE_SECONDS)
-            .with_grace(LEASE_GRACE_SECONDS)
-            .build()
-    };
-    let lease = tokio::select! {
-        _ = &mut shutdown => { node_task.abort(); return Ok(()) }
-        lease = build_lease
-            .retry(ExponentialBuilder::default().with_max_delay(Duration::from_secs(30)).without_max_times())
-            .notify(|e, d| warn!(error = %e, retry_in = ?d, "Cannot set up the leader-election Lease yet")) => lease?,
-    };
-    let (mut leader, mut lease_task) = lease.watch().await;
-    info!(%identity, lease = %args.lease_name, namespace = %args.lease_namespace, "Waiting for leadership");
-    // kube-lease-manager re-reads a held Lease only when it would expire; a
-    // leader that releases it on SIGTERM would wait that long for its
-    // successor. A watch on the Lease tells the standby at once.
-    let mut released = watch_releases(
+    // Leader election (client-go's algorithm, see `lease`): API errors are
+    // retried, never a crash loop; a standby watching the Lease asks at once
+    // when the leader releases it on SIGTERM.
+    let mut elector = lease::Elector::new(
         Api::namespaced(client.clone(), &args.lease_namespace),
-        args.lease_name.clone(),
+        &args.lease_name,
+        &identity,
+        lease::Timing::default(),
     );
-    loop {
-        if *leader.borrow_and_update() {
-            break;
-        }
-        tokio::select! {
-            _ = &mut shutdown => {
-                drop(leader);
-                node_task.abort();
-                let _ = lease_task.await;
-                return Ok(());
-            }
-            changed = leader.changed() => changed?,
-            Some(()) = released.recv() => {
-                info!("The Lease was released: asking for it now");
-                drop(leader);
-                let _ = lease_task.await;
-                let lease = build_lease
-                    .retry(ExponentialBuilder::default().with_max_delay(Duration::from_secs(30)).without_max_times())
-                    .await?;
-                (leader, lease_task) = lease.watch().await;
-            }
-        }
+    info!(%identity, lease = %args.lease_name, namespace = %args.lease_namespace, "Waiting for leadership");
+    tokio::select! {
+        _ = &mut shutdown => { node_task.abort(); return Ok(()) }
+        () = elector.acquire() => {}
     }
-    drop(released);
     metrics.leader.set(1);
     info!(%identity, ?policy, dry_run = args.dry_run, "Leading: reconciling ScheduledEvents");
     if args.dry_run {
@@ -210,19 +157,6 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     });
 
     let leader_gauge = metrics.leader.clone();
-    let lost = async move {
-        while leader.changed().await.is_ok() {
-            if !*leader.borrow_and_update() {
-                break;
-            }
-        }
-        leader
-    };
-    let guard = renew_deadline(
-        Api::namespaced(client.clone(), &args.lease_namespace),
-        args.lease_name.clone(),
-        identity.clone(),
-    );
     // A dry run writes no node, so it releases no hold either.
     let sweep = (!args.dry_run).then(|| tokio::spawn(sweep::sweep_orphaned_holds(ctx.clone())));
     let controller = controller
@@ -234,11 +168,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         });
     let outcome = tokio::select! {
         _ = &mut shutdown => Ok(()),
-        leader = lost => {
-            drop(leader);
-            Err(anyhow::anyhow!("lost the leader-election Lease; exiting so that a fresh process takes over"))
-        }
-        why = guard => Err(anyhow::anyhow!("stopped acting as leader: {why}; exiting so that a fresh process takes over")),
+        why = elector.hold() => Err(anyhow::anyhow!("stopped acting as leader: {why}; exiting so that a fresh process takes over")),
         _ = controller => Ok(()),
     };
     node_task.abort();
@@ -249,78 +179,19 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         reload.abort();
     }
     ready.set(false);
-    // Dropping the receiver stops the renewals; releasing hands the Lease to
-    // a standby at once instead of after its duration.
-    if let Ok(Ok(manager)) = lease_task.await {
-        match manager.release().await {
-            Ok(()) => info!("Released the leader-election Lease"),
-            Err(e) => {
-                warn!(error = %e, "Could not release the Lease; a standby takes over when it expires")
-            }
+    // Releasing hands the Lease to a standby at once instead of after its
+    // duration; only a Lease this replica still holds is released.
+    match elector.release().await {
+        Ok(true) => info!("Released the leader-election Lease"),
+        Ok(false) => {}
+        Err(e) => {
+            warn!(error = %e, "Could not release the Lease; a standby takes over when it expires")
         }
     }
+    // 1 while this replica holds the Lease: until it was released.
     leader_gauge.set(0);
     info!("Controller stopped");
     outcome
-}
-
-/// Sends a message each time the Lease `name` is seen with no holder (its
-/// leader released it), from a watch on that one object. Stops when the
-/// receiver is dropped.
-fn watch_releases(api: Api<Lease>, name: String) -> tokio::sync::mpsc::Receiver<()> {
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tokio::spawn(async move {
-        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let stream = watcher(api, config)
-            .backoff(watch_backoff())
-            .applied_objects();
-        futures::pin_mut!(stream);
-        while let Some(item) = stream.next().await {
-            let Ok(lease) = item else { continue };
-            let free = lease
-                .spec
-                .and_then(|s| s.holder_identity)
-                .is_none_or(|h| h.is_empty());
-            if free && tx.try_send(()).is_err() && tx.is_closed() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-/// Resolves, with the reason, once this replica can no longer be sure it
-/// holds the Lease: the Lease names another holder, or its `renewTime` has
-/// not moved for [`RENEW_DEADLINE`] (renewals failing, the API server out of
-/// reach). Only the change of `renewTime` is compared, on this process's
-/// own clock, so clock skew between replicas does not matter.
-async fn renew_deadline(api: Api<Lease>, name: String, identity: String) -> String {
-    let mut last_renew: Option<String> = None;
-    let mut moved_at = tokio::time::Instant::now();
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        match tokio::time::timeout(Duration::from_secs(1), api.get(&name)).await {
-            Ok(Ok(lease)) => {
-                let spec = lease.spec.unwrap_or_default();
-                if spec.holder_identity.as_deref() != Some(identity.as_str()) {
-                    return format!("the Lease is held by {:?}", spec.holder_identity);
-                }
-                let renewed = format!("{:?}", spec.renew_time);
-                if last_renew.as_deref() != Some(renewed.as_str()) {
-                    last_renew = Some(renewed);
-                    moved_at = tokio::time::Instant::now();
-                }
-            }
-            Ok(Err(e)) => warn!(error = %e, "Cannot read the leader-election Lease"),
-            Err(_) => warn!("Reading the leader-election Lease timed out"),
-        }
-        if moved_at.elapsed() > RENEW_DEADLINE {
-            return format!(
-                "no renewal of the Lease seen for {:?} (renew deadline)",
-                moved_at.elapsed()
-            );
-        }
-    }
 }
 
 /// Watches resume quickly after an API server outage: a bounded backoff

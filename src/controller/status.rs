@@ -25,6 +25,20 @@ struct Conditions<'a> {
 }
 
 impl Conditions<'_> {
+    /// `type_` True with `(reason, message)` while `now` is `Some`; once it
+    /// is `None`, False with `cleared` if it was True before, else absent.
+    fn set_while(&mut self, type_: &str, now: Option<(&str, String)>, cleared: (&str, &str)) {
+        if let Some((reason, message)) = now {
+            self.set(type_, true, reason, message);
+        } else if self
+            .prev
+            .iter()
+            .any(|x| x.type_ == type_ && x.status == "True")
+        {
+            self.set(type_, false, cleared.0, cleared.1.into());
+        }
+    }
+
     fn set(&mut self, type_: &str, status: bool, reason: &str, message: String) {
         let status = if status { "True" } else { "False" }.to_string();
         let last_transition_time = self
@@ -320,6 +334,18 @@ pub fn next_status(
                 start.to_rfc3339()
             ),
         );
+    } else if let Some(prev) = prev_conditions
+        .iter()
+        .find(|x| x.type_ == "DrainScheduled")
+        .filter(|_| seen.completion_unconfirmed.is_some())
+    {
+        // Held while a Completed waits for its confirmation: nothing moved.
+        c.set(
+            "DrainScheduled",
+            prev.status == "True",
+            &prev.reason,
+            prev.message.clone(),
+        );
     } else if prev_conditions
         .iter()
         .any(|x| x.type_ == "DrainScheduled" && x.status == "True")
@@ -334,6 +360,31 @@ pub fn next_status(
         };
         c.set("DrainScheduled", false, reason, message.into());
     }
+    // Trust (DESIGN.md): nodes left alone for want of a trusted report, and
+    // a completion no trusted report confirms.
+    c.set_while(
+        "NodesUnconfirmed",
+        (!seen.unconfirmed.is_empty()).then(|| {
+            (
+                "NoTrustedReport",
+                format!(
+                    "not acted on without its own agent's report or two other agents': {}",
+                    seen.unconfirmed.join("; ")
+                ),
+            )
+        }),
+        (
+            "Confirmed",
+            "every node the event names is confirmed by a trusted report",
+        ),
+    );
+    c.set_while(
+        "CompletionUnconfirmed",
+        seen.completion_unconfirmed
+            .clone()
+            .map(|why| ("NodeStillListsEvent", why)),
+        ("Confirmed", "no trusted report lists the event any more"),
+    );
     if let Some((reason, message)) = &plan.ended_unobserved {
         c.set("EndedWithoutObserver", true, reason, message.clone());
     }

@@ -24,6 +24,7 @@ fn event(type_: &str, status: &str, resources: &[&str]) -> ScheduledEvent {
             duration_seconds: -1,
             description: String::new(),
             appearance: 1,
+            reports: Vec::new(),
         },
     );
     ev.status = None;
@@ -56,7 +57,7 @@ fn seen(nodes: Vec<ObservedNode>, unmapped: &[&str]) -> Observed {
     Observed {
         nodes,
         unmapped: unmapped.iter().map(|s| s.to_string()).collect(),
-        doubts: Vec::new(),
+        ..Observed::default()
     }
 }
 
@@ -1176,4 +1177,66 @@ fn a_doubtful_mapping_withholds_approval_though_every_node_is_drained() {
     );
     let st = next_status(&ev, &obs, &p, &[], now());
     assert_eq!(st.nodes_drained.as_deref(), Some("2/2"), "both drained");
+}
+
+/// A spec `Completed` that the node's own report does not confirm yet (a
+/// cancellation its agent sees a poll later, whose spec lost `NotBefore`):
+/// the event is handled as its report says (`Scheduled`), but nothing new
+/// starts: no cordon, no eviction, no approval. A node already held stays
+/// held and its drain goes on (a forged `Completed` cannot stop a drain).
+#[test]
+fn unconfirmed_completion_keeps_holds_and_starts_nothing_new() {
+    let mut obs = seen(
+        vec![node("node-1", "vm_1", false, &[], vec![pod("a")])],
+        &[],
+    );
+    obs.completion_unconfirmed = Some("node-1 still lists it".into());
+    let ev = event("Redeploy", "Scheduled", &["vm_1"]);
+    let mut ev = ev;
+    ev.spec.not_before = None;
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    assert!(p.node_writes.is_empty(), "{:?}", p.node_writes);
+    assert!(p.evictions.is_empty());
+    assert_eq!(p.decide_approval, None);
+    assert_eq!(p.phase, Phase::Pending);
+
+    let mut held = seen(
+        vec![node("node-1", "vm_1", true, &["ev-1"], vec![pod("a")])],
+        &[],
+    );
+    held.completion_unconfirmed = Some("node-1 still lists it".into());
+    let p = plan(&ev, &held, &Policy::default(), now());
+    assert!(p.node_writes.is_empty(), "{:?}", p.node_writes);
+    assert_eq!(p.evictions.len(), 1, "the drain begun goes on");
+    assert_eq!(p.decide_approval, None);
+    assert_eq!(p.phase, Phase::Draining);
+
+    // A drain still waiting for its lead time keeps saying so meanwhile.
+    let waiting = crate::crd::Condition {
+        observed_generation: None,
+        type_: "DrainScheduled".into(),
+        status: "True".into(),
+        reason: "WaitingForLeadTime".into(),
+        message: "the cordon and drain start at ...".into(),
+        last_transition_time: now(),
+    };
+    let ev = with_status(
+        ev,
+        ScheduledEventStatus {
+            conditions: Some(vec![waiting]),
+            ..ScheduledEventStatus::default()
+        },
+    );
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    let st = next_status(&ev, &obs, &p, &[], now());
+    let kept = st
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "DrainScheduled")
+        .expect("DrainScheduled kept");
+    assert_eq!(
+        (kept.status.as_str(), kept.reason.as_str()),
+        ("True", "WaitingForLeadTime")
+    );
 }
