@@ -1381,11 +1381,10 @@ async fn restart_exited_controller(
     report: &mut Report,
 ) -> anyhow::Result<()> {
     if let Some(status) = fleet.controller.exited() {
-        let tail = fleet.controller.log_tail(1);
-        fleet.restart_controller().await?;
+        fleet.restart_controller_container().await?;
         tl.say(
             "harness",
-            format!("controller exited ({status}); started again, as its kubelet would. Its last words: {tail}"),
+            format!("controller exited ({status}); its container started again (same Lease identity), as its kubelet would"),
         );
         report
             .restarts
