@@ -263,9 +263,15 @@ pub struct ScheduledEventStatus {
 pub struct PreviousAppearance {
     /// Which appearance (1 for the first).
     pub appearance: u32,
-    /// Its last phase.
-    #[serde(default)]
-    pub phase: String,
+    /// Its last phase (absent if the controller had recorded none). A string
+    /// on the wire, one of the [`Phase`] names in the schema; an empty
+    /// string, as earlier versions wrote for "none", reads as absent.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "empty_phase_as_none"
+    )]
+    pub phase: Option<Phase>,
     /// Affected nodes drained over affected nodes, as it ended.
     #[serde(default)]
     pub nodes_drained: String,
@@ -278,6 +284,21 @@ pub struct PreviousAppearance {
     /// Whether an approval had been decided, and what IMDS answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<String>,
+}
+
+/// Reads an optional [`Phase`], taking the empty string (written by
+/// versions where `previousAppearances[].phase` was free text) as absent.
+fn empty_phase_as_none<'de, D>(d: D) -> Result<Option<Phase>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    match Option::<String>::deserialize(d)? {
+        None => Ok(None),
+        Some(s) if s.is_empty() => Ok(None),
+        Some(s) => {
+            Phase::deserialize(serde::de::value::StrDeserializer::<D::Error>::new(&s)).map(Some)
+        }
+    }
 }
 
 /// What a `--dry-run` controller would have done for an event.
@@ -551,6 +572,46 @@ mod tests {
         assert!(
             crd_yaml().unwrap() == checked_in,
             "crds/scheduledevents.forewarn.dev.yaml is stale: run `make generate`"
+        );
+    }
+
+    #[test]
+    fn previous_appearance_phase_is_typed_and_keeps_its_wire_format() {
+        let read = |json: serde_json::Value| serde_json::from_value::<PreviousAppearance>(json);
+        let done = read(serde_json::json!({"appearance": 1, "phase": "Completed"})).unwrap();
+        assert_eq!(done.phase, Some(Phase::Completed));
+        assert_eq!(serde_json::to_value(&done).unwrap()["phase"], "Completed");
+        // Written by earlier versions for "no phase": read as absent, not an error.
+        let empty = read(serde_json::json!({"appearance": 1, "phase": ""})).unwrap();
+        assert_eq!(empty.phase, None);
+        assert!(serde_json::to_value(&empty).unwrap().get("phase").is_none());
+        assert_eq!(
+            read(serde_json::json!({"appearance": 1})).unwrap().phase,
+            None
+        );
+        assert!(read(serde_json::json!({"appearance": 1, "phase": "Bogus"})).is_err());
+        // The API server refuses anything but a phase name.
+        let crd = serde_json::to_value(ScheduledEvent::crd()).unwrap();
+        let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+            ["properties"]["previousAppearances"]["items"]["properties"]["phase"];
+        let names: Vec<&str> = schema["enum"]
+            .as_array()
+            .expect("an enum in the schema")
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "Pending",
+                "Draining",
+                "Drained",
+                "Approved",
+                "Started",
+                "Completed",
+                "Cancelled",
+                "Ignored"
+            ]
         );
     }
 

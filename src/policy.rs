@@ -18,7 +18,7 @@
 //! minGraceSeconds: 5           # eviction grace floor (>= 1; a pod's own shorter grace is kept)
 //! evictUnmanagedPods: []       # event types whose pods without a controller are evicted too,
 //!                              # e.g. [Terminate, Preempt]: the VM is deleted, the pods are lost anyway
-//! releaseDelaySeconds: 3       # wait after an event ends before releasing its nodes
+//! releaseDelaySeconds: 5       # wait after an event ends before releasing its nodes
 //! approveForeignVms: false     # approve although Resources names VMs outside this cluster
 //! trustAnyAgent: false         # act on a node for any agent's report, not only on its own
 //!                              # agent's (or two other agents') word
@@ -131,8 +131,11 @@ pub struct Policy {
     /// agent sees the change within a poll or two; this gives the next
     /// event time to be mirrored and claim the node, so that the node is
     /// never schedulable in between (AZURE-SCHEDULED-EVENTS: domains follow
-    /// each other).
-    #[serde(default = "three")]
+    /// each other). It also outlasts an IMDS flap of a few seconds (an
+    /// `EventId` gone for 3 s and back; a poll late on each side): with 3 s,
+    /// the node of a 3 s flap was released or not by tens of milliseconds
+    /// (tests/lifecycle.rs, `flapping_event_keeps_its_node_cordoned_and_workload_off`).
+    #[serde(default = "five")]
     pub release_delay_seconds: u64,
     /// Approve even when `Resources` names VMs that are no node of this
     /// cluster (an approval starts the impact for all of them). Off by default.
@@ -185,9 +188,6 @@ fn five() -> u64 {
 fn five_i64() -> i64 {
     5
 }
-fn three() -> u64 {
-    3
-}
 /// The longest `retention` accepted: ten years.
 const MAX_RETENTION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 fn one_day() -> Duration {
@@ -217,7 +217,7 @@ impl Default for Policy {
             drain_margin_seconds: 5,
             min_grace_seconds: 5,
             evict_unmanaged_pods: Vec::new(),
-            release_delay_seconds: 3,
+            release_delay_seconds: 5,
             approve_foreign_vms: false,
             trust_any_agent: false,
             retention: one_day(),

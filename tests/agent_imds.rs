@@ -25,7 +25,14 @@ use serde_json::{Value, json};
 fn cluster() -> Cluster {
     static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
     CLUSTER
-        .get_or_init(|| Cluster::start("forewarn-agent", 3).map_err(|e| format!("{e:#}")))
+        .get_or_init(|| {
+            Cluster::start(
+                &std::env::var("FOREWARN_AGENT_CLUSTER")
+                    .unwrap_or_else(|_| "forewarn-agent".into()),
+                3,
+            )
+            .map_err(|e| format!("{e:#}"))
+        })
         .clone()
         .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"))
 }

@@ -27,7 +27,14 @@ use serde_json::json;
 fn cluster() -> Cluster {
     static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
     CLUSTER
-        .get_or_init(|| Cluster::start("forewarn-drain", 3).map_err(|e| format!("{e:#}")))
+        .get_or_init(|| {
+            Cluster::start(
+                &std::env::var("FOREWARN_DRAIN_CLUSTER")
+                    .unwrap_or_else(|_| "forewarn-drain".into()),
+                3,
+            )
+            .map_err(|e| format!("{e:#}"))
+        })
         .clone()
         .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"))
 }

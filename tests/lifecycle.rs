@@ -9,22 +9,35 @@
 #![cfg(feature = "harness")]
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+use forewarn::controller::nodes::TAINT_KEY;
 use forewarn::crd::{EventStatus, Phase, ScheduledEvent};
 use forewarn::harness::cluster::{Cluster, repo_root};
-use forewarn::harness::run::{NodeDeletion, Report, RunOptions, run_scenario, summary};
-use k8s_openapi::api::core::v1::Node;
+use forewarn::harness::run::{
+    ApiServerOutage, NodeDeletion, Report, RunOptions, run_scenario, summary,
+};
+use forewarn::imds::mock::LogEntry;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event as KubeEvent;
 use kube::api::{Api, ListParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
+
+/// The cluster's name: `forewarn-life`, or `FOREWARN_LIFE_CLUSTER` (to run
+/// this file beside `make test`, which uses `forewarn-life`).
+fn cluster_name() -> String {
+    std::env::var("FOREWARN_LIFE_CLUSTER").unwrap_or_else(|_| "forewarn-life".into())
+}
 
 /// One cluster for the whole test binary; tests take turns on it.
 fn cluster() -> Cluster {
     static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
     CLUSTER
-        .get_or_init(|| Cluster::start("forewarn-life", 3).map_err(|e| format!("{e:#}")))
+        .get_or_init(|| Cluster::start(&cluster_name(), 3).map_err(|e| format!("{e:#}")))
         .clone()
         .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"))
 }
@@ -410,4 +423,549 @@ async fn the_api_server_refuses_a_bogus_event_status_or_phase() {
     cluster
         .kubectl(&["delete", "scheduledevent", "bogus-check"])
         .expect("delete");
+}
+
+/// What a test's own watches saw, with the time each version arrived: every
+/// version of every node (cordon and forewarn's taint), and every pod of the
+/// workload's namespace bound to a node. Independent of the harness and of
+/// forewarn.
+#[derive(Default)]
+struct Seen {
+    /// `(when, node, unschedulable, tainted forewarn.dev/scheduled-event)`.
+    nodes: Vec<(DateTime<Utc>, String, bool, bool)>,
+    /// `(when first seen bound, pod, node, created)`.
+    bound: Vec<(DateTime<Utc>, String, String, DateTime<Utc>)>,
+}
+
+/// Watches nodes and the pods of `namespace` until dropped.
+struct Monitor {
+    seen: Arc<Mutex<Seen>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn jiff_to_chrono(t: &k8s_openapi::jiff::Timestamp) -> DateTime<Utc> {
+    DateTime::from_timestamp(
+        t.as_second(),
+        u32::try_from(t.subsec_nanosecond()).unwrap_or(0),
+    )
+    .expect("a valid time")
+}
+
+impl Monitor {
+    async fn start(client: &Client, namespace: &str) -> Monitor {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let nodes: Api<Node> = Api::all(client.clone());
+        let s = seen.clone();
+        let node_task = tokio::spawn(async move {
+            let stream = watcher(nodes, watcher::Config::default())
+                .backoff(forewarn::controller::run::watch_backoff())
+                .applied_objects();
+            futures::pin_mut!(stream);
+            while let Some(item) = stream.next().await {
+                let Ok(n) = item else { continue };
+                let tainted = n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .is_some_and(|t| t.iter().any(|t| t.key == TAINT_KEY));
+                s.lock().expect("lock").nodes.push((
+                    Utc::now(),
+                    n.name_any(),
+                    forewarn::controller::nodes::is_cordoned(&n),
+                    tainted,
+                ));
+            }
+        });
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let s = seen.clone();
+        let pod_task = tokio::spawn(async move {
+            let stream = watcher(pods, watcher::Config::default())
+                .backoff(forewarn::controller::run::watch_backoff())
+                .applied_objects();
+            futures::pin_mut!(stream);
+            let mut known = std::collections::HashSet::new();
+            while let Some(item) = stream.next().await {
+                let Ok(p) = item else { continue };
+                let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+                    continue;
+                };
+                if known.insert(p.uid().unwrap_or_default()) {
+                    let created = p
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map_or_else(Utc::now, |t| jiff_to_chrono(&t.0));
+                    s.lock()
+                        .expect("lock")
+                        .bound
+                        .push((Utc::now(), p.name_any(), node, created));
+                }
+            }
+        });
+        Monitor {
+            seen,
+            tasks: vec![node_task, pod_task],
+        }
+    }
+
+    /// `node`'s (unschedulable, tainted) as last seen at or before `at`.
+    fn node_at(&self, node: &str, at: DateTime<Utc>) -> Option<(bool, bool)> {
+        let seen = self.seen.lock().expect("lock");
+        seen.nodes
+            .iter()
+            .rfind(|(t, n, _, _)| n == node && *t <= at)
+            .map(|(_, _, c, t)| (*c, *t))
+    }
+
+    /// `node`'s versions seen in `[from, to]`.
+    fn node_between(
+        &self,
+        node: &str,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Vec<(DateTime<Utc>, bool, bool)> {
+        let seen = self.seen.lock().expect("lock");
+        seen.nodes
+            .iter()
+            .filter(|(t, n, _, _)| n == node && *t >= from && *t <= to)
+            .map(|(t, _, c, tainted)| (*t, *c, *tainted))
+            .collect()
+    }
+}
+
+/// The mock's log entries `what` for `id`, in order.
+fn imds_entries(report: &Report, id: &str, what: &str) -> Vec<LogEntry> {
+    report
+        .imds_log
+        .iter()
+        .filter(|e| e.event_id.eq_ignore_ascii_case(id) && e.what == what)
+        .cloned()
+        .collect()
+}
+
+fn secs(d: chrono::TimeDelta) -> f64 {
+    d.as_seconds_f64()
+}
+
+/// Item 4 of issue 6: kube-apiserver really stopped (its process ended,
+/// its port refusing connections) for 20 s while a drain is in progress (a
+/// pod held by a finalizer is terminating), then started again. Once it is
+/// ready, the pod is finished as its kubelet would. The drain must notice,
+/// the approval must reach IMDS through the affected VM's own agent (the
+/// mock's log names the VM), all within 5 s of the return; and the event
+/// must be completed and its node released within 5 s of leaving IMDS (plus
+/// the policy's release delay for the uncordon). A controller that worked
+/// from stale watches (kube's default backoff after a `too old resource
+/// version`), or an approval left to the fallback agent, fails it.
+#[tokio::test(flavor = "multi_thread")]
+async fn api_server_stopped_mid_drain_work_resumes_within_five_seconds_of_its_return() {
+    let _turn = TURN.lock().await;
+    const ID: &str = "9E1F2A3B-4C5D-4E6F-8A7B-9C0D1E2F3A01";
+    const VM: &str = "aks-nodepool1-27351046-vmss_1";
+    const NODE: &str = "node-000001";
+    const HOLD: &str = "forewarn.dev/test-hold";
+    let kubectl = |args: &[&str]| args.iter().map(|a| (*a).to_string()).collect::<Vec<_>>();
+    let (report, cluster) = play_with("lifecycle-api-server-outage.yaml", |o| {
+        // Both web pods of the node may go at once; the held pod is the one
+        // the drain waits for.
+        o.min_available = 4;
+        o.timeout = Duration::from_secs(150);
+        o.policy = Some("evictUnmanagedPods: [Redeploy]\n".into());
+        o.extra_objects = vec![serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "held", "finalizers": [HOLD]},
+            "spec": {
+                "nodeName": NODE,
+                "terminationGracePeriodSeconds": 30,
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+            },
+        })];
+        o.api_server_outage = Some(ApiServerOutage {
+            when_last_terminating: "held".into(),
+            duration: Duration::from_secs(20),
+            then_kubectl: vec![
+                kubectl(&[
+                    "patch",
+                    "pod",
+                    "held",
+                    "-n",
+                    "shop",
+                    "--type=merge",
+                    "-p",
+                    r#"{"metadata":{"finalizers":null}}"#,
+                ]),
+                kubectl(&[
+                    "delete",
+                    "pod",
+                    "held",
+                    "-n",
+                    "shop",
+                    "--grace-period=0",
+                    "--force",
+                    "--ignore-not-found",
+                ]),
+            ],
+        });
+    })
+    .await;
+    let (down, back) = report
+        .api_server_outage
+        .expect("the API server was never stopped: the drain was not seen in progress");
+    println!(
+        "kube-apiserver down at {down}, ready again at {back}: {:.1} s",
+        secs(back - down)
+    );
+    for (t, what) in &report.restarts {
+        println!(
+            "restart at +{:.1} s after the return: {what}",
+            secs(*t - back)
+        );
+    }
+    assert!(
+        back - down >= chrono::TimeDelta::seconds(20),
+        "the outage lasted only {:.1} s",
+        secs(back - down)
+    );
+    // The held pod was evicted (by forewarn, with a grace period) before the outage.
+    let held = report
+        .deletions
+        .iter()
+        .find(|d| d.pod == "shop/held")
+        .expect("the held pod was never evicted");
+    assert!(held.seen_at <= down, "held evicted after the outage began");
+    assert!(held.grace_seconds.unwrap_or(0) > 0, "{held:?}");
+
+    // The approval: only through the affected VM, within 5 s of the return.
+    let approvals = imds_entries(&report, ID, "Approved");
+    assert!(!approvals.is_empty(), "IMDS received no approval");
+    for a in &approvals {
+        assert_eq!(
+            a.vm.as_deref(),
+            Some(VM),
+            "approved through another VM's agent (the fallback): {approvals:?}"
+        );
+    }
+    let approved_at = approvals[0].time;
+    let approval_lag = approved_at - back;
+    println!(
+        "approval reached IMDS {:.2} s after the API server was ready again (via {VM})",
+        secs(approval_lag)
+    );
+    assert!(
+        approved_at > back,
+        "approved at {approved_at}, before the held pod was gone ({back})"
+    );
+    assert!(
+        approval_lag <= chrono::TimeDelta::seconds(5),
+        "the approval came {:.1} s after the API server's return (more than 5 s)",
+        secs(approval_lag)
+    );
+
+    // The object, as the API server holds it.
+    let client = cluster.client().await.expect("client");
+    let ev = sev(&client, ID).await.expect("the object");
+    let st = ev.status.clone().unwrap_or_default();
+    assert_eq!(st.phase, Some(Phase::Completed), "{st:?}");
+    let node = st
+        .nodes
+        .iter()
+        .flatten()
+        .find(|n| n.name == NODE)
+        .expect("the node's record");
+    let drained_at = node.drained_at.expect("drainedAt");
+    println!(
+        "drain recorded complete {:.2} s after the return",
+        secs(drained_at - back)
+    );
+    assert!(
+        drained_at >= back && drained_at - back <= chrono::TimeDelta::seconds(5),
+        "drainedAt {drained_at} is not within 5 s after the return {back}"
+    );
+    let approval = st.approval.clone().expect("status.approval");
+    assert_eq!(approval.sent_by.as_deref(), Some(NODE), "{approval:?}");
+    assert_eq!(approval.result.as_deref(), Some("Accepted"), "{approval:?}");
+
+    // Completion: the event leaves IMDS runFor (4 s) after the approval
+    // started it; the agents must see that and the controller finish it.
+    let left_imds = approved_at + chrono::TimeDelta::seconds(4);
+    let finished_at = st.finished_at.expect("finishedAt");
+    println!(
+        "completed {:.2} s after the event left IMDS",
+        secs(finished_at - left_imds)
+    );
+    assert!(
+        finished_at - left_imds <= chrono::TimeDelta::seconds(5),
+        "completed {:.1} s after the event left IMDS (more than 5 s)",
+        secs(finished_at - left_imds)
+    );
+    let uncordoned = report
+        .node_changes
+        .iter()
+        .rfind(|(_, n, cordoned)| n == NODE && !*cordoned)
+        .map(|(t, _, _)| *t)
+        .expect("the node was never uncordoned");
+    let delay = forewarn::policy::Policy::default().release_delay_seconds;
+    println!(
+        "uncordoned {:.2} s after the event left IMDS (release delay {delay} s)",
+        secs(uncordoned - left_imds)
+    );
+    assert!(
+        uncordoned - left_imds
+            <= chrono::TimeDelta::seconds(5 + i64::try_from(delay).expect("small")),
+        "uncordoned {:.1} s after the event left IMDS",
+        secs(uncordoned - left_imds)
+    );
+}
+
+/// Items 4 and the tests of issue 6: an `EventId` gone from the document
+/// for 3 s and back (a flap), with the controller in the loop. The second
+/// appearance is handled afresh (`spec.appearance` 2, the first recorded in
+/// `status.previousAppearances`); the node is cordoned and tainted
+/// `forewarn.dev/scheduled-event` when the event is back and stays so until
+/// it is over; a pod created pending (it fits only that node) is never
+/// bound to the node before the event's end, nor is any other new pod.
+#[tokio::test(flavor = "multi_thread")]
+async fn flapping_event_keeps_its_node_cordoned_and_workload_off() {
+    let _turn = TURN.lock().await;
+    const ID: &str = "9E1F2A3B-4C5D-4E6F-8A7B-9C0D1E2F3A02";
+    const NODE: &str = "node-000001";
+    let cluster = shared_cluster().await;
+    let client = cluster.client().await.expect("client");
+    let dir = repo_root().join("target/forewarn-runs/lifecycle-flap-extra");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let waiting = dir.join("waiting.json");
+    std::fs::write(
+        &waiting,
+        serde_json::to_vec_pretty(&serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "waiting", "namespace": "shop", "labels": {"app": "waiting"}},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": NODE},
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+            },
+        }))
+        .expect("json"),
+    )
+    .expect("write");
+    let monitor = Monitor::start(&client, "shop").await;
+    let (report, _) = play_with("lifecycle-flap.yaml", |o| {
+        o.timeout = Duration::from_secs(150);
+        // Created once the node is cordoned (the event appears at 2 s).
+        o.timed_kubectl = vec![(
+            Duration::from_secs(8),
+            vec![
+                "create".into(),
+                "-f".into(),
+                waiting.to_string_lossy().into(),
+            ],
+        )];
+    })
+    .await;
+
+    // The flap, from the mock's log.
+    let gone = imds_entries(&report, ID, "Gone");
+    let scheduled = imds_entries(&report, ID, "Scheduled");
+    let finished = imds_entries(&report, ID, "Finished");
+    assert_eq!(gone.len(), 1, "{:?}", report.imds_log);
+    assert_eq!(
+        scheduled.len(),
+        2,
+        "not listed again: {:?}",
+        report.imds_log
+    );
+    assert_eq!(finished.len(), 1, "{:?}", report.imds_log);
+    let (gone_at, back_at, end_at) = (gone[0].time, scheduled[1].time, finished[0].time);
+    println!(
+        "gone at +{:.1} s, back at +{:.1} s, over at +{:.1} s",
+        secs(gone_at - report.started),
+        secs(back_at - report.started),
+        secs(end_at - report.started)
+    );
+
+    // The object: second appearance, first one in the history.
+    let ev = sev(&client, ID).await.expect("the object");
+    assert_eq!(ev.spec.appearance, 2, "{:?}", ev.spec);
+    let st = ev.status.clone().unwrap_or_default();
+    assert_eq!(st.appearance, Some(2), "{st:?}");
+    assert_eq!(st.phase, Some(Phase::Completed), "{st:?}");
+    assert_eq!(st.previous_appearances.len(), 1, "{st:?}");
+    let first = &st.previous_appearances[0];
+    assert_eq!(first.appearance, 1);
+    // IMDS had accepted the first appearance's approval: it ended
+    // completed (unobserved), not cancelled.
+    assert_eq!(first.phase, Some(Phase::Completed), "{first:?}");
+    assert!(
+        first
+            .approval
+            .as_deref()
+            .is_some_and(|a| a.contains("Accepted")),
+        "{first:?}"
+    );
+
+    // The node: cordoned and tainted when the event is back, and until it is over.
+    let during = monitor.node_between(NODE, gone_at, end_at);
+    println!("{NODE} from the flap to the end (time, unschedulable, tainted): {during:?}");
+    let at_back = monitor
+        .node_at(NODE, back_at)
+        .expect("no version of the node seen before the event came back");
+    assert_eq!(
+        at_back,
+        (true, true),
+        "{NODE} was not cordoned and tainted when the event came back"
+    );
+    let after_back = monitor.node_between(NODE, back_at, end_at);
+    assert!(
+        after_back.iter().all(|(_, c, t)| *c && *t),
+        "{NODE} was released during the second appearance: {after_back:?}"
+    );
+
+    // Workload kept off: no pod created after the first cordon landed on
+    // the node before it was finally uncordoned.
+    let first_cordon = report
+        .node_changes
+        .iter()
+        .find(|(_, n, c)| n == NODE && *c)
+        .map(|(t, _, _)| *t)
+        .expect("the node was never cordoned");
+    let released = report
+        .node_changes
+        .iter()
+        .rfind(|(_, n, c)| n == NODE && !*c)
+        .map(|(t, _, _)| *t)
+        .expect("the node was never uncordoned");
+    assert!(released >= end_at, "uncordoned before the event was over");
+    let bound: Vec<_> = monitor
+        .seen
+        .lock()
+        .expect("lock")
+        .bound
+        .iter()
+        .filter(|(_, _, node, created)| node == NODE && *created >= first_cordon)
+        .cloned()
+        .collect();
+    println!("pods bound to {NODE} after its first cordon: {bound:?}");
+    assert!(
+        bound.iter().all(|(at, _, _, _)| *at >= released),
+        "a pod landed on {NODE} before the event was over (uncordoned at {released}): {bound:?}"
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "shop");
+    let waiting_pod = pods.get("waiting").await.expect("the waiting pod");
+    let scheduled_at = waiting_pod
+        .status
+        .and_then(|s| s.conditions)
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "True")
+        .and_then(|c| c.last_transition_time)
+        .map(|t| jiff_to_chrono(&t.0));
+    println!("the waiting pod was scheduled at {scheduled_at:?} (node released at {released})");
+    if let Some(at) = scheduled_at {
+        // The condition has one-second resolution.
+        assert!(
+            at >= released - chrono::TimeDelta::seconds(1),
+            "the waiting pod was scheduled at {at}, before the node was released at {released}"
+        );
+    }
+    // Handled afresh: drained (nothing left) and approved again.
+    let approvals = imds_entries(&report, ID, "Approved");
+    assert!(
+        approvals.iter().any(|a| a.time > back_at),
+        "the second appearance was not approved again: {approvals:?}"
+    );
+}
+
+/// Item 4 of issue 6: an approved event that starts and leaves IMDS while
+/// IMDS answers only 500s (15 s). Nobody saw it run; IMDS had accepted the
+/// approval, so it is `Completed` with the condition `CompletedUnobserved`,
+/// not `Cancelled`, and its node is released.
+#[tokio::test(flavor = "multi_thread")]
+async fn approved_event_that_ran_during_an_imds_outage_is_completed_unobserved() {
+    let _turn = TURN.lock().await;
+    const ID: &str = "9E1F2A3B-4C5D-4E6F-8A7B-9C0D1E2F3A03";
+    const NODE: &str = "node-000002";
+    let (report, cluster) = play_with("lifecycle-imds-outage.yaml", |o| {
+        o.timeout = Duration::from_secs(150);
+    })
+    .await;
+
+    // The scenario's timing held (from the mock's log): approved before
+    // the outage, started (9 s after the approval) and gone (3 s later)
+    // inside it. The mock's clock starts just before `report.started`.
+    let outage = (
+        report.started + chrono::TimeDelta::seconds(14),
+        report.started + chrono::TimeDelta::seconds(29),
+    );
+    let approvals = imds_entries(&report, ID, "Approved");
+    let approved_at = approvals.first().expect("IMDS received no approval").time;
+    let started = approved_at + chrono::TimeDelta::seconds(9);
+    let left = started + chrono::TimeDelta::seconds(3);
+    println!(
+        "approved at +{:.1} s, started at +{:.1} s, gone at +{:.1} s; IMDS out from +14 s to +29 s",
+        secs(approved_at - report.started),
+        secs(started - report.started),
+        secs(left - report.started)
+    );
+    let margin = chrono::TimeDelta::milliseconds(500);
+    assert!(
+        approved_at + margin < outage.0 && started > outage.0 + margin && left + margin < outage.1,
+        "the timing this test needs did not hold (the drain took too long?): approved at +{:.1} s",
+        secs(approved_at - report.started)
+    );
+    assert!(
+        !report
+            .timeline
+            .iter()
+            .any(|l| l.contains("Azure status Scheduled -> Started")),
+        "an agent saw the event Started: it did not run unseen\n{}",
+        report.timeline.join("\n")
+    );
+
+    let client = cluster.client().await.expect("client");
+    let ev = sev(&client, ID).await.expect("the object");
+    let st = ev.status.clone().unwrap_or_default();
+    assert_eq!(st.phase, Some(Phase::Completed), "{st:?}");
+    assert_eq!(ev.spec.event_status, EventStatus::Completed);
+    let (status, reason, message) =
+        condition(&ev, "CompletedUnobserved").expect("no CompletedUnobserved condition");
+    println!("CompletedUnobserved: {status} {reason}: {message}");
+    assert_eq!(status, "True");
+    assert_eq!(
+        st.approval.as_ref().and_then(|a| a.result.as_deref()),
+        Some("Accepted")
+    );
+    assert!(
+        !report
+            .timeline
+            .iter()
+            .any(|l| l.contains(" phase ") && l.contains("Cancelled")),
+        "recorded Cancelled at some point:\n{}",
+        report.timeline.join("\n")
+    );
+    // The node: cordoned for the event, released after it (the outage ended first).
+    let changes: Vec<_> = report
+        .node_changes
+        .iter()
+        .filter(|(_, n, _)| n == NODE)
+        .collect();
+    assert!(
+        changes.iter().any(|(_, _, cordoned)| *cordoned),
+        "{NODE} was never cordoned: {changes:?}"
+    );
+    let (released, _, cordoned) = changes.last().expect("node changes");
+    assert!(!cordoned, "{NODE} is still cordoned");
+    assert!(
+        *released >= outage.1 - margin,
+        "released before IMDS was back"
+    );
+    assert!(holds_anywhere(&client).await.is_empty());
 }

@@ -9,19 +9,39 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use forewarn::crd::{Phase, ScheduledEvent};
 use forewarn::harness::cluster::{Cluster, repo_root};
 use forewarn::harness::run::{Report, RunOptions, run_scenario, summary};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
 
 /// The clusters of this test binary: scenarios run two at a time, each on
-/// a cluster of its own (each started once, on first use).
-const CLUSTERS: [&str; 2] = ["forewarn-test", "forewarn-test-b"];
+/// a cluster of its own (each started once, on first use):
+/// `forewarn-test` and `forewarn-test-b`, or the two names, comma-separated,
+/// in `FOREWARN_SCENARIO_CLUSTERS` (to run this file beside `make test`).
+fn cluster_name(slot: usize) -> String {
+    let names = std::env::var("FOREWARN_SCENARIO_CLUSTERS")
+        .unwrap_or_else(|_| "forewarn-test,forewarn-test-b".into());
+    let names: Vec<&str> = names.split(',').map(str::trim).collect();
+    assert_eq!(
+        names.len(),
+        2,
+        "FOREWARN_SCENARIO_CLUSTERS names two clusters: {names:?}"
+    );
+    names[slot].to_string()
+}
 
 fn cluster(slot: usize) -> Cluster {
     static CELLS: [OnceLock<Result<Cluster, String>>; 2] = [OnceLock::new(), OnceLock::new()];
     CELLS[slot]
-        .get_or_init(|| Cluster::start(CLUSTERS[slot], 3).map_err(|e| format!("{e:#}")))
+        .get_or_init(|| Cluster::start(&cluster_name(slot), 3).map_err(|e| format!("{e:#}")))
         .clone()
-        .unwrap_or_else(|e| panic!("the local cluster {} could not start: {e}", CLUSTERS[slot]))
+        .unwrap_or_else(|e| {
+            panic!(
+                "the local cluster {} could not start: {e}",
+                cluster_name(slot)
+            )
+        })
 }
 
 static SLOTS: [tokio::sync::Mutex<()>; 2] = [
@@ -80,7 +100,76 @@ async fn play_with(file: &str, adjust: impl FnOnce(&mut RunOptions)) -> Report {
         "PodDisruptionBudget violated: {} ready",
         report.min_ready
     );
+    every_object_is_final(&cluster, file).await;
     report
+}
+
+/// The final phases: nothing more happens to such an event.
+const FINAL: [Phase; 3] = [Phase::Completed, Phase::Cancelled, Phase::Ignored];
+
+/// After a scenario, with its processes stopped and before the next one on
+/// the cluster (which deletes them): `kubectl get sev -o wide` is printed,
+/// and every `ScheduledEvent` on the cluster must be in a final phase, in
+/// the table's PHASE column and in the stored `status.phase` (issue 6:
+/// every object reaches a final phase).
+async fn every_object_is_final(cluster: &Cluster, file: &str) {
+    let table = cluster
+        .kubectl(&["get", "scheduledevents", "-o", "wide"])
+        .unwrap_or_else(|e| panic!("{file}: kubectl get scheduledevents: {e:#}"));
+    println!(
+        "$ kubectl get sev -o wide   # after {file}, on {}\n{table}",
+        cluster.name
+    );
+    let client = cluster.client().await.expect("client");
+    let sevs = Api::<ScheduledEvent>::all(client)
+        .list(&ListParams::default())
+        .await
+        .expect("list ScheduledEvents");
+    assert!(
+        !sevs.items.is_empty(),
+        "{file}: no ScheduledEvent on the cluster after the scenario"
+    );
+    let not_final: Vec<String> = sevs
+        .items
+        .iter()
+        .filter(|ev| {
+            !ev.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_some_and(|p| FINAL.contains(&p))
+        })
+        .map(|ev| {
+            format!(
+                "{} ({:?})",
+                ev.name_any(),
+                ev.status.as_ref().and_then(|s| s.phase)
+            )
+        })
+        .collect();
+    assert!(
+        not_final.is_empty(),
+        "{file}: ScheduledEvents not in a final phase after the scenario: {not_final:?}\n{table}"
+    );
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let column = header
+        .iter()
+        .position(|h| *h == "PHASE")
+        .unwrap_or_else(|| panic!("no PHASE column in:\n{table}"));
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows.len(), sevs.items.len(), "{table}");
+    for row in rows {
+        let phase = row.get(column).copied().unwrap_or_default();
+        assert!(
+            FINAL.iter().any(|p| p.as_str() == phase),
+            "{file}: {} shows phase {phase:?} in:\n{table}",
+            row.first().copied().unwrap_or_default()
+        );
+    }
 }
 
 fn approved_via(r: &Report) -> Vec<String> {

@@ -211,7 +211,7 @@ pub fn for_current_appearance(ev: &ScheduledEvent) -> (ScheduledEvent, bool) {
     let mut previous = old.previous_appearances.clone();
     previous.push(PreviousAppearance {
         appearance: recorded,
-        phase: old.phase.map(|p| p.to_string()).unwrap_or_default(),
+        phase: old.phase,
         nodes_drained: old.nodes_drained.clone().unwrap_or_default(),
         first_seen: old.first_seen,
         finished_at: old.finished_at,

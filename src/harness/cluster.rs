@@ -133,6 +133,138 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Stops the cluster's kube-apiserver process for real: SIGTERM, then
+    /// SIGKILL as soon as it stopped listening (its graceful shutdown would
+    /// keep serving open watches for up to a minute); etcd, the other
+    /// components and KWOK keep running. The process is the one `kwokctl`
+    /// (binary runtime) started and named in `pids/kube-apiserver.pid` of the
+    /// cluster's directory. While it is down its port is held by a listener
+    /// that closes every connection at once (clients fail at once, as
+    /// behind a load balancer with no server left), so that no other
+    /// cluster created meanwhile takes the port: a socket merely bound would
+    /// not stop another `SO_REUSEADDR` listener (etcd's, say).
+    /// [`Cluster::start_api_server`] starts it again with the same command
+    /// line.
+    ///
+    /// # Errors
+    /// When the pid file names no running kube-apiserver of this cluster, or
+    /// the process does not exit.
+    pub fn stop_api_server(&self) -> anyhow::Result<StoppedApiServer> {
+        let dir = self
+            .kubeconfig
+            .parent()
+            .context("the kubeconfig has no parent directory")?
+            .to_path_buf();
+        let Component { pid, argv, .. } = Component::read(&dir, "kube-apiserver")?;
+        // The components that may exit while it is down (kube-controller-
+        // manager and kube-scheduler stop when they cannot renew their
+        // leader Lease), to start again when it is back.
+        let others = [
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kwok-controller",
+        ]
+        .iter()
+        .filter_map(|name| Component::read(&dir, name).ok())
+        .collect();
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        let flag = |name: &str| {
+            argv.iter()
+                .find_map(|a| a.strip_prefix(&format!("--{name}=")))
+                .map(str::to_string)
+        };
+        let addr: std::net::SocketAddr = format!(
+            "{}:{}",
+            flag("bind-address").unwrap_or_else(|| "127.0.0.1".into()),
+            flag("secure-port").context("kube-apiserver has no --secure-port")?
+        )
+        .parse()
+        .context("failed to parse kube-apiserver's address")?;
+        let signal = |sig: &str| {
+            Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .with_context(|| format!("failed to run kill {sig} {pid}"))
+        };
+        signal("-TERM")?;
+        let started = std::time::Instant::now();
+        let mut placeholder = None;
+        let mut killed = false;
+        loop {
+            let exited = !proc_dir.exists() || is_zombie(&proc_dir);
+            if placeholder.is_none() {
+                // Free as soon as it stops listening, before it exits.
+                placeholder = hold_port(addr).ok();
+            }
+            if exited && placeholder.is_some() {
+                break;
+            }
+            // Its graceful shutdown would serve open watches for up to a
+            // minute: once it stopped listening (or after a second), kill it.
+            if !exited
+                && !killed
+                && (placeholder.is_some() || started.elapsed() > std::time::Duration::from_secs(1))
+            {
+                signal("-KILL")?;
+                killed = true;
+            }
+            if started.elapsed() > std::time::Duration::from_secs(10) {
+                bail!(
+                    "kube-apiserver (pid {pid}) did not exit or free {addr} within 10 s (exited: {exited})"
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Ok(StoppedApiServer {
+            dir,
+            argv,
+            placeholder,
+            killed,
+            others,
+        })
+    }
+
+    /// Starts a kube-apiserver stopped by [`Cluster::stop_api_server`] again
+    /// (same binary and flags, same directory, output appended to its log,
+    /// in a process group of its own as kwokctl starts it), records its pid
+    /// in the cluster's pid file (so that `hack/cluster.sh down` stops it),
+    /// and waits until `/readyz` answers. Then starts again, the same way,
+    /// every other component that exited meanwhile, as their kubelet or
+    /// service manager would; returns their names.
+    ///
+    /// # Errors
+    /// When it cannot start or is not ready within 60 s, or another
+    /// component cannot start.
+    pub fn start_api_server(&self, mut stopped: StoppedApiServer) -> anyhow::Result<Vec<String>> {
+        // Free the port for it.
+        drop(stopped.placeholder.take());
+        let log_path = stopped.dir.join("logs/kube-apiserver.log");
+        Component {
+            name: "kube-apiserver".into(),
+            pid: String::new(),
+            argv: stopped.argv.clone(),
+        }
+        .spawn(&stopped.dir)?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while self.kubectl(&["get", "--raw", "/readyz"]).is_err() {
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "kube-apiserver started again is not ready within 60 s (log: {})",
+                    log_path.display()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let mut restarted = Vec::new();
+        for c in &stopped.others {
+            if !c.running() {
+                c.spawn(&stopped.dir)?;
+                restarted.push(c.name.clone());
+            }
+        }
+        Ok(restarted)
+    }
+
     /// A client for the cluster.
     ///
     /// # Errors
@@ -151,4 +283,139 @@ pub async fn client_for(kubeconfig: &Path) -> anyhow::Result<Client> {
         .with_context(|| format!("failed to read {}", kubeconfig.display()))?;
     let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
     Ok(Client::try_from(config)?)
+}
+
+/// A kube-apiserver stopped by [`Cluster::stop_api_server`]: what it takes
+/// to start it again.
+#[derive(Debug)]
+pub struct StoppedApiServer {
+    /// The cluster's directory (its working directory).
+    pub dir: PathBuf,
+    /// Its command line.
+    pub argv: Vec<String>,
+    /// The listener holding its port until it starts.
+    placeholder: Option<PortHolder>,
+    /// Whether it was still running after SIGTERM and was killed (SIGKILL).
+    pub killed: bool,
+    /// The other components, as they ran when it was stopped.
+    others: Vec<Component>,
+}
+
+/// A process of the cluster that kwokctl started, as its pid file and
+/// `/proc` show it.
+#[derive(Debug, Clone)]
+struct Component {
+    name: String,
+    pid: String,
+    argv: Vec<String>,
+}
+
+impl Component {
+    /// The running component `name` of the cluster in `dir`.
+    fn read(dir: &Path, name: &str) -> anyhow::Result<Self> {
+        let pid_file = dir.join(format!("pids/{name}.pid"));
+        let pid = std::fs::read_to_string(&pid_file)
+            .with_context(|| format!("failed to read {}", pid_file.display()))?
+            .trim()
+            .to_string();
+        let argv: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .with_context(|| format!("{name} (pid {pid}) is not running"))?
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let dir_text = dir.to_string_lossy();
+        if !argv.first().is_some_and(|a| a.ends_with(name))
+            || !argv.iter().any(|a| a.contains(dir_text.as_ref()))
+        {
+            bail!("pid {pid} is no {name} of the cluster in {dir_text}: {argv:?}");
+        }
+        Ok(Component {
+            name: name.into(),
+            pid,
+            argv,
+        })
+    }
+
+    /// Whether the process read is still running.
+    fn running(&self) -> bool {
+        let proc_dir = PathBuf::from(format!("/proc/{}", self.pid));
+        proc_dir.exists() && !is_zombie(&proc_dir)
+    }
+
+    /// Starts it again as kwokctl does: in `dir`, output appended to
+    /// `logs/<name>.log`, in a process group of its own, its pid in
+    /// `pids/<name>.pid`.
+    fn spawn(&self, dir: &Path) -> anyhow::Result<()> {
+        use std::os::unix::process::CommandExt as _;
+        let log_path = dir.join(format!("logs/{}.log", self.name));
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&log_path)
+            .with_context(|| format!("failed to open {}", log_path.display()))?;
+        let child = Command::new(&self.argv[0])
+            .args(&self.argv[1..])
+            .current_dir(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("failed to start {} again", self.name))?;
+        std::fs::write(
+            dir.join(format!("pids/{}.pid", self.name)),
+            child.id().to_string(),
+        )?;
+        Ok(())
+    }
+}
+
+/// A listener on a stopped server's port that closes every connection it
+/// accepts; dropping it frees the port.
+#[derive(Debug)]
+struct PortHolder {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for PortHolder {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Listens on `addr` (std sets `SO_REUSEADDR`, so connections of the old
+/// process in TIME_WAIT do not block it) and closes what it accepts.
+fn hold_port(addr: std::net::SocketAddr) -> std::io::Result<PortHolder> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    let thread = std::thread::spawn(move || {
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((conn, _)) => drop(conn),
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        }
+    });
+    Ok(PortHolder {
+        stop,
+        thread: Some(thread),
+    })
+}
+
+/// Whether the process of `/proc/<pid>` has exited and awaits its reaping.
+fn is_zombie(proc_dir: &Path) -> bool {
+    std::fs::read_to_string(proc_dir.join("stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
 }

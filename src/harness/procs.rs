@@ -209,7 +209,10 @@ impl Launch {
         Ok(Proc::spawn(name, &self.bin, args, &env, &self.log_dir, file)?.0)
     }
 
-    fn controller(&self, file: &str) -> anyhow::Result<(Proc, u16)> {
+    /// Starts a controller with Lease identity `identity` (as a pod's name
+    /// and process id would give it: a container restarted in the same pod
+    /// keeps it, a new pod has another).
+    fn controller(&self, file: &str, identity: &str) -> anyhow::Result<(Proc, u16)> {
         let port = free_port()?;
         let args = [
             "controller".to_string(),
@@ -223,6 +226,8 @@ impl Launch {
             self.credentials
                 .as_ref()
                 .map_or(self.lease.clone(), |c| c.lease_name.clone()),
+            "--identity".into(),
+            identity.into(),
         ];
         let kubeconfig = self.credentials.as_ref().map(|c| c.controller.as_path());
         Ok((self.spawn("controller", &args, file, kubeconfig)?, port))
@@ -276,6 +281,8 @@ pub struct Fleet {
     /// The controller.
     pub controller: Proc,
     controller_port: u16,
+    /// The controller's Lease identity.
+    controller_identity: String,
     /// The agents.
     pub agents: Vec<Agent>,
     restarts: u32,
@@ -343,7 +350,9 @@ impl Fleet {
             lease: lease.into(),
             credentials,
         };
-        let (controller, controller_port) = launch.controller("controller")?;
+        let controller_identity = "controller-0".to_string();
+        let (controller, controller_port) =
+            launch.controller("controller", &controller_identity)?;
         let mut agents = Vec::new();
         for (node, vm) in vms {
             let (proc, port) = launch.agent(node, vm, &format!("agent-{node}"))?;
@@ -359,6 +368,7 @@ impl Fleet {
             mock,
             controller,
             controller_port,
+            controller_identity,
             agents,
             restarts: 0,
         })
@@ -389,16 +399,35 @@ impl Fleet {
         Ok(())
     }
 
-    /// SIGKILLs the controller and starts a new one.
+    /// SIGKILLs the controller and starts a new one, as a new pod would
+    /// (another Lease identity).
     ///
     /// # Errors
     /// When the new one cannot start.
     pub async fn restart_controller(&mut self) -> anyhow::Result<()> {
         self.controller.kill().await;
         self.restarts += 1;
-        (self.controller, self.controller_port) = self
-            .launch
-            .controller(&format!("controller-{}", self.restarts))?;
+        let file = format!("controller-{}", self.restarts);
+        self.controller_identity.clone_from(&file);
+        (self.controller, self.controller_port) =
+            self.launch.controller(&file, &self.controller_identity)?;
+        Ok(())
+    }
+
+    /// Starts the controller again after it exited, as its kubelet restarts
+    /// the container in the same pod: the same Lease identity (the chart's
+    /// default identity is the pod name and the process id, 1 in the
+    /// container), so it may take back its own Lease at once.
+    ///
+    /// # Errors
+    /// When it cannot start.
+    pub async fn restart_controller_container(&mut self) -> anyhow::Result<()> {
+        self.controller.kill().await;
+        self.restarts += 1;
+        (self.controller, self.controller_port) = self.launch.controller(
+            &format!("controller-{}", self.restarts),
+            &self.controller_identity,
+        )?;
         Ok(())
     }
 

@@ -98,6 +98,27 @@ pub struct RunOptions {
     /// The run ends only once every `ScheduledEvent` is deleted too (its
     /// retention over), with the controller still running.
     pub until_deleted: bool,
+    /// Stop the cluster's kube-apiserver for a while mid-drain (see
+    /// [`ApiServerOutage`]).
+    pub api_server_outage: Option<ApiServerOutage>,
+}
+
+/// A real stop of kube-apiserver during the run ([`Cluster::stop_api_server`],
+/// then [`Cluster::start_api_server`]). From its start on, a controller
+/// that exits is started again at once, as its kubelet would (the
+/// controller stops acting, and exits, when it cannot renew its Lease).
+#[derive(Debug, Clone)]
+pub struct ApiServerOutage {
+    /// The outage starts once this pod of the workload's namespace is
+    /// terminating and is the namespace's last pod on its node: a drain in
+    /// progress (e.g. a pod held by a finalizer).
+    pub when_last_terminating: String,
+    /// How long the API server stays down (from its stop to its start;
+    /// it is ready a few seconds later).
+    pub duration: Duration,
+    /// `kubectl` commands (arguments) run as soon as it is ready again,
+    /// e.g. to finish the held pod as its kubelet would.
+    pub then_kubectl: Vec<Vec<String>>,
 }
 
 /// When [`RunOptions::delete_node`] deletes the node.
@@ -143,6 +164,7 @@ impl RunOptions {
             delete_node: None,
             timed_policy: Vec::new(),
             until_deleted: false,
+            api_server_outage: None,
         }
     }
 }
@@ -181,6 +203,15 @@ pub struct Report {
     pub node_changes: Vec<(DateTime<Utc>, String, bool)>,
     /// Nodes deleted during the run ([`RunOptions::delete_node`]), and when.
     pub deleted_nodes: Vec<(DateTime<Utc>, String)>,
+    /// The API server outage ([`RunOptions::api_server_outage`]): when it
+    /// was stopped, and when `/readyz` first answered again (polled every
+    /// 50 ms with kubectl: at most about 0.3 s late).
+    pub api_server_outage: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    /// Processes that exited and were started again, with when and how.
+    pub restarts: Vec<(DateTime<Utc>, String)>,
+    /// The IMDS mock's whole log (phases it moved events to, approvals it
+    /// received), as last read.
+    pub imds_log: Vec<LogEntry>,
 }
 
 /// A pod deletion as the API server applied it: the first version of the
@@ -667,7 +698,7 @@ async fn observe(
     let (sev_tx, mut sev_rx) = tokio::sync::mpsc::unbounded_channel();
     let sev_watch = tokio::spawn(async move {
         let stream = watcher(sevs, watcher::Config::default())
-            .default_backoff()
+            .backoff(crate::controller::run::watch_backoff())
             .applied_objects();
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {
@@ -684,7 +715,7 @@ async fn observe(
     let pods_all: Api<Pod> = Api::all(client.clone());
     let _abort_pods = AbortOnDrop(tokio::spawn(async move {
         let stream = watcher(pods_all, watcher::Config::default())
-            .default_backoff()
+            .backoff(crate::controller::run::watch_backoff())
             .applied_objects();
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {
@@ -700,7 +731,7 @@ async fn observe(
     let nodes_all: Api<Node> = Api::all(client.clone());
     let _abort_nodes = AbortOnDrop(tokio::spawn(async move {
         let stream = watcher(nodes_all, watcher::Config::default())
-            .default_backoff()
+            .backoff(crate::controller::run::watch_backoff())
             .applied_objects();
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {
@@ -768,9 +799,18 @@ async fn observe(
     let mut timed_policy = opts.timed_policy.clone();
     let mut agent_down = false;
     let mut agent_back = false;
+    let mut outage_started = false;
     let deadline = Instant::now() + opts.timeout;
 
     loop {
+        if let Some(outage) = opts.api_server_outage.as_ref().filter(|_| !outage_started)
+            && drain_in_progress(&pods_api, &outage.when_last_terminating).await?
+        {
+            outage_started = true;
+            report.api_server_outage =
+                Some(api_server_outage(cluster, outage, fleet, tl, &mut report).await?);
+        }
+
         // IMDS side, from the mock's own log.
         let log = fetch_mock_log(http, addr).await.unwrap_or_default();
         for entry in log.iter().skip(seen_log) {
@@ -824,6 +864,9 @@ async fn observe(
             }
         }
         seen_log = log.len();
+        if log.len() >= report.imds_log.len() {
+            report.imds_log = log;
+        }
 
         // forewarn's objects, as the watch delivered them, with the time each
         // version arrived (a poll would blur the order of fast steps).
@@ -1118,6 +1161,9 @@ async fn observe(
             ));
         }
 
+        if outage_started {
+            restart_exited_controller(fleet, tl, &mut report).await?;
+        }
         let down = opts
             .agent_down_across_finish
             .as_ref()
@@ -1303,6 +1349,108 @@ async fn observe(
     report.cordoned = cordoned_ever.into_iter().collect();
     report.cordoned.sort();
     Ok(report)
+}
+
+/// Whether the pod `name` is terminating and is the last pod of its
+/// namespace on its node.
+async fn drain_in_progress(pods: &Api<Pod>, name: &str) -> anyhow::Result<bool> {
+    let Some(pod) = pods.get_opt(name).await? else {
+        return Ok(false);
+    };
+    if pod.metadata.deletion_timestamp.is_none() {
+        return Ok(false);
+    }
+    let node = pod
+        .spec
+        .and_then(|s| s.node_name)
+        .with_context(|| format!("pod {name} is on no node"))?;
+    let others = pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?
+        .items
+        .iter()
+        .filter(|p| p.name_any() != name)
+        .count();
+    Ok(others == 0)
+}
+
+/// Starts the controller again if it exited, as its kubelet would.
+async fn restart_exited_controller(
+    fleet: &mut Fleet,
+    tl: &mut Timeline,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    if let Some(status) = fleet.controller.exited() {
+        fleet.restart_controller_container().await?;
+        tl.say(
+            "harness",
+            format!("controller exited ({status}); its container started again (same Lease identity), as its kubelet would"),
+        );
+        report
+            .restarts
+            .push((Utc::now(), format!("controller exited ({status})")));
+    }
+    Ok(())
+}
+
+/// Stops kube-apiserver for `outage.duration`, starts it again and waits
+/// until it is ready, then runs `outage.then_kubectl`; restarts the
+/// controller meanwhile if it exits. Returns when it stopped and when it
+/// was ready again.
+async fn api_server_outage(
+    cluster: &Cluster,
+    outage: &ApiServerOutage,
+    fleet: &mut Fleet,
+    tl: &mut Timeline,
+    report: &mut Report,
+) -> anyhow::Result<(DateTime<Utc>, DateTime<Utc>)> {
+    let c = cluster.clone();
+    let stopped = tokio::task::spawn_blocking(move || c.stop_api_server()).await??;
+    let down = Utc::now();
+    let started_at = Instant::now();
+    tl.say(
+        "harness",
+        format!(
+            "kube-apiserver stopped (SIGTERM{}; its port closes every connection) for {:?}, mid-drain",
+            if stopped.killed { ", then SIGKILL" } else { "" },
+            outage.duration
+        ),
+    );
+    while started_at.elapsed() < outage.duration {
+        restart_exited_controller(fleet, tl, report).await?;
+        tl.flush(false);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let c = cluster.clone();
+    let restarted = tokio::task::spawn_blocking(move || c.start_api_server(stopped)).await??;
+    let back = Utc::now();
+    tl.say(
+        "harness",
+        format!(
+            "kube-apiserver started again; ready (/readyz) {:.1} s after it stopped",
+            (back - down).as_seconds_f64()
+        ),
+    );
+    for name in restarted {
+        tl.say(
+            "harness",
+            format!("{name} had exited during the outage (its leader Lease lost); started again"),
+        );
+        report
+            .restarts
+            .push((Utc::now(), format!("{name} exited during the outage")));
+    }
+    for args in &outage.then_kubectl {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = cluster
+            .kubectl(&args)
+            .with_context(|| format!("kubectl {} after the outage", args.join(" ")))?;
+        tl.say(
+            "harness",
+            format!("kubectl {}: {}", args.join(" "), out.trim()),
+        );
+    }
+    Ok((down, back))
 }
 
 /// Creates a deleted node again, without forewarn's marks, and waits until
