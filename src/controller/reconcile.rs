@@ -179,13 +179,22 @@ async fn observe(
             .iter()
             .map(|u| format!("no trusted report for node {u}")),
     );
+    // A node that already holds this event's cordon keeps it while it is
+    // merely unconfirmed (its own agent has not yet reported a new
+    // appearance of the event, say): the hold was taken on trusted word,
+    // and dropping it would make the node schedulable for a moment. Only a
+    // trusted end (or the event's) releases it.
+    let holds_it = |node: &str| {
+        cached
+            .iter()
+            .any(|n| n.name_any() == node && nodes::holds(n).contains(&me))
+    };
     let mapped: Vec<(String, String)> = mapped
         .into_iter()
-        .filter(|(_, node)| {
-            assessment
-                .verdicts
-                .get(node)
-                .is_some_and(trust::Verdict::is_live)
+        .filter(|(_, node)| match assessment.verdicts.get(node) {
+            Some(trust::Verdict::Live { .. }) => true,
+            Some(trust::Verdict::Unconfirmed { .. }) => holds_it(node),
+            _ => false,
         })
         .collect();
     let completed = plan::is_over(ev);

@@ -195,12 +195,13 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
 }
 
 /// Watches resume quickly after an API server outage: a bounded backoff
-/// (0.5 s doubling to at most 5 s) instead of kube's default, which waits
-/// up to minutes after a `too old resource version`.
+/// (0.5 s doubling to 2.5 s, plus backon's jitter of up to 100%: at most
+/// 5 s) instead of kube's default, which waits up to minutes after a `too
+/// old resource version`.
 pub fn watch_backoff() -> watcher::ExponentialBackoff {
     ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(500))
-        .with_max_delay(Duration::from_secs(5))
+        .with_max_delay(Duration::from_millis(2500))
         .with_jitter()
         .without_max_times()
         .into()
