@@ -89,11 +89,33 @@ impl Agent {
     /// and is not in an appearance later than `known`), and reports it
     /// ended in this agent's own entry.
     async fn complete(&mut self, name: &str, known: Option<u32>) -> Result<()> {
-        let (done, stored) = self
+        let written = self
             .write_forward(name, |stored| {
                 stored.and_then(|s| mirror::plan_completed(s, known))
             })
-            .await?;
+            .await;
+        let (done, stored) = match written {
+            Ok(w) => w,
+            Err(e) => {
+                // The spec write lost its races with other agents (or
+                // failed): this agent's own word that the event left its
+                // document does not wait for it. Retried on the next tick.
+                let gone = self
+                    .reported
+                    .get(name)
+                    .filter(|r| known.is_none_or(|k| k == r.appearance))
+                    .map(|r| Report {
+                        event_status: crate::crd::EventStatus::Completed,
+                        ..r.clone()
+                    });
+                if let Some(gone) = gone
+                    && let Err(report_error) = self.report(name, gone).await
+                {
+                    error!(event = %name, error = %error_chain(&report_error), "Could not write this agent's report; will retry");
+                }
+                return Err(e);
+            }
+        };
         if done {
             info!(event = %name, "Event left the IMDS document; marked Completed");
         }
