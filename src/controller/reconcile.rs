@@ -26,6 +26,9 @@ const BLOCKED_REQUEUE: std::time::Duration = std::time::Duration::from_secs(1);
 /// Kubernetes Events posted at once by one reconcile.
 const EVENT_CONCURRENCY: usize = 16;
 
+/// How many unconfirmed nodes the status names, each with its reason.
+const UNCONFIRMED_LISTED: usize = 10;
+
 /// Pod lists (one per affected node) in flight at once for one event.
 const POD_LIST_CONCURRENCY: usize = 32;
 
@@ -173,12 +176,20 @@ async fn observe(
     );
     let ev = assessment.effective(ev);
     let ev = &ev;
-    let unconfirmed = assessment.unconfirmed();
-    doubts.extend(
-        unconfirmed
-            .iter()
-            .map(|u| format!("no trusted report for node {u}")),
-    );
+    // Named in full for a few nodes; an event naming a thousand VMs must
+    // not write a thousand reasons into its status.
+    let mut unconfirmed = assessment.unconfirmed();
+    if unconfirmed.len() > UNCONFIRMED_LISTED {
+        let more = unconfirmed.len() - UNCONFIRMED_LISTED;
+        unconfirmed.truncate(UNCONFIRMED_LISTED);
+        unconfirmed.push(format!("and {more} more node(s)"));
+    }
+    if !unconfirmed.is_empty() {
+        doubts.push(format!(
+            "no trusted report for node {}",
+            unconfirmed.join("; ")
+        ));
+    }
     // A node that already holds this event's cordon keeps it while it is
     // merely unconfirmed (its own agent has not yet reported a new
     // appearance of the event, say): the hold was taken on trusted word,
