@@ -255,12 +255,29 @@ impl Cluster {
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
+        // kube-controller-manager and kube-scheduler may exit during the
+        // outage (their leader Lease lost) or as it ends, and one started
+        // again may exit at once (its port not yet free): watch them until
+        // all have run for 5 s in a row (at most 30 s), starting again any
+        // that is not running, as their kubelet would.
         let mut restarted = Vec::new();
-        for c in &stopped.others {
-            if !c.running() {
-                c.spawn(&stopped.dir)?;
-                restarted.push(c.name.clone());
+        let mut others = stopped.others.clone();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut steady_since = std::time::Instant::now();
+        loop {
+            for c in &mut others {
+                if !c.running() {
+                    c.pid = c.spawn(&stopped.dir)?;
+                    restarted.push(c.name.clone());
+                    steady_since = std::time::Instant::now();
+                }
             }
+            let now = std::time::Instant::now();
+            if now.duration_since(steady_since) >= std::time::Duration::from_secs(5) || now > until
+            {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(250));
         }
         Ok(restarted)
     }
@@ -345,8 +362,8 @@ impl Component {
 
     /// Starts it again as kwokctl does: in `dir`, output appended to
     /// `logs/<name>.log`, in a process group of its own, its pid in
-    /// `pids/<name>.pid`.
-    fn spawn(&self, dir: &Path) -> anyhow::Result<()> {
+    /// `pids/<name>.pid`; returns the pid.
+    fn spawn(&self, dir: &Path) -> anyhow::Result<String> {
         use std::os::unix::process::CommandExt as _;
         let log_path = dir.join(format!("logs/{}.log", self.name));
         let log = std::fs::OpenOptions::new()
@@ -363,11 +380,9 @@ impl Component {
             .process_group(0)
             .spawn()
             .with_context(|| format!("failed to start {} again", self.name))?;
-        std::fs::write(
-            dir.join(format!("pids/{}.pid", self.name)),
-            child.id().to_string(),
-        )?;
-        Ok(())
+        let pid = child.id().to_string();
+        std::fs::write(dir.join(format!("pids/{}.pid", self.name)), &pid)?;
+        Ok(pid)
     }
 }
 
