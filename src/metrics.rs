@@ -220,6 +220,10 @@ pub struct ControllerMetrics {
     /// 1 while this replica holds the leader-election Lease, else 0.
     pub leader: IntGauge,
     caches: Caches,
+    /// Objects (UID and appearance) already counted as observed: a
+    /// reconcile that runs on a cached copy older than its own status
+    /// write must not count the event again.
+    counted: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<(String, u32)>>>,
 }
 
 impl ControllerMetrics {
@@ -312,6 +316,7 @@ impl ControllerMetrics {
                 "1 while this replica holds the leader-election Lease",
             )?,
             caches: Caches::default(),
+            counted: std::sync::Arc::default(),
         })
     }
 
@@ -357,6 +362,18 @@ impl ControllerMetrics {
     /// Records an event seen for the first time (`first_seen` just set):
     /// counts it and observes its notice.
     pub fn event_observed(&self, ev: &ScheduledEvent, first_seen: DateTime<Utc>) {
+        let key = (
+            ev.metadata.uid.clone().unwrap_or_default(),
+            ev.spec.appearance,
+        );
+        let first = self
+            .counted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key);
+        if !first {
+            return;
+        }
         let ty = type_label(&ev.spec.event_type);
         self.events_observed
             .with_label_values(&[ty, source_label(&ev.spec.event_source)])
