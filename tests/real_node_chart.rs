@@ -420,6 +420,10 @@ struct RealPod {
     exited: Option<Duration>,
     gone: Option<Duration>,
     logs: String,
+    /// `kubectl logs -f` from its eviction on: the stream ends when the
+    /// container exits, so it has the last line even when the pod object
+    /// is deleted before the next poll could read it.
+    follow: Option<std::thread::JoinHandle<String>>,
 }
 
 #[tokio::test]
@@ -836,6 +840,19 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
                         round.push(format!("{}: container exited", rp.name));
                     }
                     if p.metadata.deletion_timestamp.is_some() && rp.evicted.is_none() {
+                        let (kubectl, kubeconfig, name) = (
+                            env.cluster.kubectl_path(),
+                            env.cluster.kubeconfig.clone(),
+                            rp.name.clone(),
+                        );
+                        rp.follow = Some(std::thread::spawn(move || {
+                            std::process::Command::new(kubectl)
+                                .args(["logs", "-f", "-n", E2E_NS, &name])
+                                .env("KUBECONFIG", kubeconfig)
+                                .output()
+                                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                                .unwrap_or_default()
+                        }));
                         rp.evicted = Some(now);
                         rp.grace_sent = p.metadata.deletion_grace_period_seconds;
                         round.push(format!(
@@ -955,6 +972,14 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
         at(takeover, "taken over by the standby"),
         at(drained, "drained"),
     );
+    for rp in real_pods.iter_mut() {
+        if !exited_cleanly(&rp.logs)
+            && let Some(followed) = rp.follow.take().and_then(|h| h.join().ok())
+            && followed.len() > rp.logs.len()
+        {
+            rp.logs = followed;
+        }
+    }
     for rp in &real_pods {
         println!("{} logs:\n{}", rp.name, rp.logs);
         let evicted = at(rp.evicted, "evicted");
