@@ -186,54 +186,14 @@ impl Table {
 /// with an audit log when `audit` is set (every request at level Metadata
 /// but the node leases), and installs the CRD.
 fn start_cluster(name: &str, nodes: usize, audit: bool) -> anyhow::Result<Cluster> {
-    let root = repo_root();
-    let run = |args: &[&str], env: Option<(&str, &Path)>| -> anyhow::Result<String> {
-        let mut cmd = Command::new("bash");
-        cmd.args(args)
-            .current_dir(&root)
-            .stderr(std::process::Stdio::inherit());
-        if let Some((k, v)) = env {
-            cmd.env(k, v);
-        }
-        let out = cmd
-            .output()
-            .with_context(|| format!("failed to run {}", args[0]))?;
-        if !out.status.success() {
-            bail!("{} failed with {}", args.join(" "), out.status);
-        }
-        Ok(String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .trim()
-            .to_string())
-    };
-    let bin_dir = PathBuf::from(run(&["hack/build-k8s.sh"], None)?);
     let policy = std::env::temp_dir().join(format!("forewarn-bench-audit-{name}.yaml"));
     std::fs::write(
         &policy,
         "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
          - level: None\n  namespaces: [kube-node-lease]\n- level: Metadata\n",
     )?;
-    let nodes = nodes.to_string();
-    let kubeconfig = PathBuf::from(run(
-        &["hack/cluster.sh", "up", "--name", name, "--nodes", &nodes],
-        audit.then_some(("FOREWARN_KUBE_AUDIT_POLICY", policy.as_path())),
-    )?);
-    let cluster = Cluster {
-        name: name.into(),
-        kubeconfig,
-        bin_dir,
-    };
-    let crd = root.join("crds/scheduledevents.forewarn.dev.yaml");
-    cluster.kubectl(&["apply", "--server-side", "-f", &crd.to_string_lossy()])?;
-    cluster.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/scheduledevents.forewarn.dev",
-    ])?;
-    Ok(cluster)
+    let env = [("FOREWARN_KUBE_AUDIT_POLICY", policy.as_path())];
+    Cluster::start_with(name, nodes, if audit { &env } else { &[] })
 }
 
 fn audit_log(cluster: &Cluster) -> PathBuf {

@@ -111,12 +111,12 @@ impl Rig {
     }
 
     /// Starts an agent for `vm` on `node` with `extra` flags; returns its index.
-    fn agent(&mut self, node: &str, vm: &str, extra: &[&str]) -> usize {
-        self.agent_at(node, &format!("{}/vm/{vm}", self.base), extra)
+    async fn agent(&mut self, node: &str, vm: &str, extra: &[&str]) -> usize {
+        let url = format!("{}/vm/{vm}", self.base);
+        self.agent_at(node, &url, extra).await
     }
 
-    fn agent_at(&mut self, node: &str, imds_url: &str, extra: &[&str]) -> usize {
-        let port = free_port().unwrap();
+    async fn agent_at(&mut self, node: &str, imds_url: &str, extra: &[&str]) -> usize {
         let mut args: Vec<String> = [
             "agent",
             "--node-name",
@@ -124,7 +124,7 @@ impl Rig {
             "--imds-url",
             imds_url,
             "--metrics-addr",
-            &format!("127.0.0.1:{port}"),
+            "127.0.0.1:0",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -132,7 +132,7 @@ impl Rig {
         args.extend(extra.iter().map(|s| s.to_string()));
         let kubeconfig = self.cluster.kubeconfig.to_string_lossy().into_owned();
         let i = self.agents.len();
-        let (p, _) = Proc::spawn(
+        let (mut p, _) = Proc::spawn(
             &format!("agent {node}"),
             &bin(),
             &args,
@@ -148,6 +148,10 @@ impl Rig {
             &format!("agent-{i}"),
         )
         .unwrap();
+        let port = p
+            .metrics_port(Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
         self.agents.push((p, port));
         i
     }
@@ -309,8 +313,8 @@ async fn started_event_keeps_no_not_before_and_no_stale_owner_of_it() {
     )
     .await;
     // Two agents see the event at once: both race to create it.
-    rig.agent("node-000000", "nb_0", &[]);
-    rig.agent("node-000001", "nb_1", &[]);
+    rig.agent("node-000000", "nb_0", &[]).await;
+    rig.agent("node-000001", "nb_1", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
 
@@ -410,13 +414,16 @@ async fn first_imds_call_slower_than_the_short_timeout_succeeds() {
     .await;
     rig.start_clock().await;
     // The default: 2 s per request, 120 s until IMDS first answers.
-    let patient = rig.agent("node-000000", "fc_0", &["--imds-timeout", "2s"]);
+    let patient = rig
+        .agent("node-000000", "fc_0", &["--imds-timeout", "2s"])
+        .await;
     // The control: 2 s from the first request on, as before.
     rig.agent(
         "node-000001",
         "fc_1",
         &["--imds-timeout", "2s", "--imds-first-timeout", "2s"],
-    );
+    )
+    .await;
     // Only the patient agent sees this event.
     let obj = rig
         .wait_status(ID, "Scheduled", Duration::from_secs(40))
@@ -473,7 +480,7 @@ async fn one_malformed_event_does_not_block_the_good_ones() {
         &[GOOD1, BAD, GOOD2],
     )
     .await;
-    let a = rig.agent("node-000002", "mf_0", &[]);
+    let a = rig.agent("node-000002", "mf_0", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
     rig.wait_status(GOOD1, "Scheduled", Duration::from_secs(20))
@@ -529,7 +536,7 @@ async fn incarnation_going_down_after_a_redeploy_is_handled() {
         &[A, B, C],
     )
     .await;
-    let a = rig.agent("node-000001", "inc_0", &[]);
+    let a = rig.agent("node-000001", "inc_0", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
     rig.wait_status(A, "Scheduled", Duration::from_secs(20))
@@ -569,8 +576,8 @@ async fn flapping_event_returns_to_scheduled_with_appearance_two() {
         &[F],
     )
     .await;
-    rig.agent("node-000000", "fl_0", &[]);
-    rig.agent("node-000002", "fl_1", &[]);
+    rig.agent("node-000000", "fl_0", &[]).await;
+    rig.agent("node-000002", "fl_1", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
     let first = rig
@@ -617,7 +624,7 @@ async fn event_id_that_is_no_valid_name_gets_a_hashed_name_and_keeps_the_id() {
         &[ODD, GOOD],
     )
     .await;
-    rig.agent("node-000002", "id_0", &[]);
+    rig.agent("node-000002", "id_0", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
     let odd = rig
@@ -646,7 +653,8 @@ async fn fallback_agent_waits_its_own_delay_whatever_the_decision_time() {
         &[PAST, FUTURE],
     )
     .await;
-    rig.agent("node-000000", "sk_0", &["--approval-fallback", "8s"]);
+    rig.agent("node-000000", "sk_0", &["--approval-fallback", "8s"])
+        .await;
     rig.ready().await;
     rig.start_clock().await;
     rig.wait_status(PAST, "Scheduled", Duration::from_secs(20))
@@ -735,7 +743,7 @@ async fn imds_429_is_backed_off_and_polling_resumes() {
         &[EARLY, LATE],
     )
     .await;
-    let a = rig.agent("node-000001", "th_0", &[]);
+    let a = rig.agent("node-000001", "th_0", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
     rig.wait_status(EARLY, "Scheduled", Duration::from_secs(10))
@@ -769,11 +777,13 @@ async fn connection_refused_is_kept_in_the_log() {
     let mut rig = Rig::start("refused", "vms: [{name: rf_0}]\n", &[]).await;
     // Nothing listens on this port.
     let port = free_port().unwrap();
-    let a = rig.agent_at(
-        "node-000002",
-        &format!("http://127.0.0.1:{port}/vm/rf_0"),
-        &[],
-    );
+    let a = rig
+        .agent_at(
+            "node-000002",
+            &format!("http://127.0.0.1:{port}/vm/rf_0"),
+            &[],
+        )
+        .await;
     rig.wait_for(
         "the refusal in the log",
         Duration::from_secs(20),

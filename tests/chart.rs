@@ -1582,12 +1582,11 @@ impl ControllerProc {
     fn start(kubeconfig: &Path, name: &str) -> ControllerProc {
         let log = out_dir().join(format!("{name}.log"));
         let file = std::fs::File::create(&log).expect("log file");
-        let port = forewarn::harness::procs::free_port().expect("port");
         let child = Command::new(env!("CARGO_BIN_EXE_forewarn"))
             .args([
                 "controller",
                 "--metrics-addr",
-                &format!("127.0.0.1:{port}"),
+                "127.0.0.1:0",
                 "--lease-namespace",
                 NS,
                 "--lease-name",

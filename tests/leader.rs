@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use forewarn::harness::cluster::Cluster;
-use forewarn::harness::procs::{Proc, free_port};
+use forewarn::harness::procs::Proc;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 
@@ -40,12 +40,16 @@ struct Controller {
     port: u16,
 }
 
-fn start_controller(kubeconfig: &Path, lease: &str, identity: &str, dir: &Path) -> Controller {
-    let port = free_port().expect("port");
+async fn start_controller(
+    kubeconfig: &Path,
+    lease: &str,
+    identity: &str,
+    dir: &Path,
+) -> Controller {
     let args: Vec<String> = [
         "controller",
         "--metrics-addr",
-        &format!("127.0.0.1:{port}"),
+        "127.0.0.1:0",
         "--lease-namespace",
         "default",
         "--lease-name",
@@ -61,7 +65,7 @@ fn start_controller(kubeconfig: &Path, lease: &str, identity: &str, dir: &Path) 
         ("KUBECONFIG", kubeconfig.as_str()),
         ("RUST_LOG", "info,kube=warn"),
     ];
-    let (proc, _) = Proc::spawn(
+    let (mut proc, _) = Proc::spawn(
         identity,
         Path::new(env!("CARGO_BIN_EXE_forewarn")),
         &args,
@@ -70,6 +74,10 @@ fn start_controller(kubeconfig: &Path, lease: &str, identity: &str, dir: &Path) 
         identity,
     )
     .expect("start controller");
+    let port = proc
+        .metrics_port(Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
     Controller { proc, port }
 }
 
@@ -115,8 +123,8 @@ async fn two_controllers_started_together_never_lead_at_once_and_hand_over_on_si
     for round in 0..20 {
         let lease = format!("together-{round}");
         let dir = log_dir(&lease);
-        let mut a = start_controller(&cluster.kubeconfig, &lease, "replica-a", &dir);
-        let mut b = start_controller(&cluster.kubeconfig, &lease, "replica-b", &dir);
+        let mut a = start_controller(&cluster.kubeconfig, &lease, "replica-a", &dir).await;
+        let mut b = start_controller(&cluster.kubeconfig, &lease, "replica-b", &dir).await;
         // 3 s of samples every 50 ms: never both leading, and one leads.
         let mut someone = false;
         let end = Instant::now() + Duration::from_secs(3);
@@ -238,13 +246,13 @@ async fn leader_cut_off_from_the_api_server_stops_before_a_standby_may_lead() {
     )
     .unwrap();
     let lease = "cut-off";
-    let mut leader = start_controller(&proxied, lease, "replica-far", &dir);
+    let mut leader = start_controller(&proxied, lease, "replica-far", &dir).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     while leads(&http, leader.port).await != Some(true) {
         assert!(Instant::now() < deadline, "the proxied replica never led");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut standby = start_controller(&cluster.kubeconfig, lease, "replica-near", &dir);
+    let mut standby = start_controller(&cluster.kubeconfig, lease, "replica-near", &dir).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         leads(&http, standby.port).await,
@@ -353,7 +361,7 @@ async fn a_leader_with_a_skewed_clock_keeps_the_lease_while_it_renews_and_loses_
         k8s_openapi::jiff::Timestamp::now() - hour,
     )
     .await;
-    let mut standby = start_controller(&cluster.kubeconfig, lease, "replica-honest", &dir);
+    let mut standby = start_controller(&cluster.kubeconfig, lease, "replica-honest", &dir).await;
     // 20 s of renewals from a clock an hour behind: the standby never leads.
     let end = Instant::now() + Duration::from_secs(20);
     let mut next_renewal = Instant::now();

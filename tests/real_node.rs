@@ -520,7 +520,7 @@ fn is_ready(p: &Pod) -> bool {
 #[tokio::test]
 async fn redeploy_drains_the_real_node_with_real_grace() {
     use forewarn::crd::ScheduledEvent;
-    use forewarn::harness::procs::{Proc, free_port};
+    use forewarn::harness::procs::Proc;
     use forewarn::imds::mock::LogEntry;
     use kube::api::ListParams;
 
@@ -628,14 +628,13 @@ async fn redeploy_drains_the_real_node_with_real_grace() {
     };
 
     // The controller, as a process next to the cluster.
-    let metrics = free_port().expect("port");
     let (mut controller, _) = Proc::spawn(
         "controller",
         &env.forewarn,
         &[
             "controller".into(),
             "--metrics-addr".into(),
-            format!("127.0.0.1:{metrics}"),
+            "127.0.0.1:0".into(),
             "--lease-namespace".into(),
             NS.into(),
         ],

@@ -429,7 +429,7 @@ struct RealPod {
 #[tokio::test]
 async fn chart_drives_a_redeploy_of_the_real_node() {
     use forewarn::crd::ScheduledEvent;
-    use forewarn::harness::procs::{Proc, free_port, wait_ready};
+    use forewarn::harness::procs::{Proc, wait_ready};
     use forewarn::imds::mock::LogEntry;
     use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::coordination::v1::Lease;
@@ -691,14 +691,13 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
         .expect("policy.yaml");
     let policy_file = env.logs.join("chart-policy.yaml");
     std::fs::write(&policy_file, policy).expect("write policy");
-    let metrics = free_port().expect("port");
     let args: Vec<String> = container
         .args
         .unwrap_or_default()
         .into_iter()
         .map(|a| {
             if a.starts_with("--metrics-addr=") {
-                format!("--metrics-addr=127.0.0.1:{metrics}")
+                "--metrics-addr=127.0.0.1:0".to_string()
             } else if a.starts_with("--policy-file=") {
                 format!("--policy-file={}", policy_file.display())
             } else {
@@ -755,6 +754,10 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
         "standby-controller",
     )
     .expect("start the standby controller");
+    let metrics = standby
+        .metrics_port(Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
     wait_ready(metrics, Duration::from_secs(30))
         .await
         .unwrap_or_else(|e| panic!("{e}; log:\n{}", standby.log_tail(20)));

@@ -208,15 +208,8 @@ impl Elector {
                     ..LeaseSpec::default()
                 }),
             };
-            return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(created) => {
-                    self.observe(&created);
-                    self.renewed = Some(started);
-                    Ok(Attempt::Held)
-                }
-                Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::Raced),
-                Err(e) => Err(e),
-            };
+            let created = self.api.create(&PostParams::default(), &lease).await;
+            return self.wrote(created, started);
         };
         self.observe(&lease);
         let spec = lease.spec.clone().unwrap_or_default();
@@ -245,13 +238,24 @@ impl Elector {
             metadata: lease.metadata,
             spec: Some(record),
         };
-        match self
+        let replaced = self
             .api
             .replace(&self.name, &PostParams::default(), &update)
-            .await
-        {
-            Ok(written) => {
-                self.observe(&written);
+            .await;
+        self.wrote(replaced, started)
+    }
+
+    /// The outcome of a write of our record sent at `started`: held (the
+    /// record observed, the renewal timed from `started`), or a lost race
+    /// (409: another replica created or wrote it first).
+    fn wrote(
+        &mut self,
+        written: Result<Lease, kube::Error>,
+        started: Instant,
+    ) -> Result<Attempt, kube::Error> {
+        match written {
+            Ok(lease) => {
+                self.observe(&lease);
                 self.renewed = Some(started);
                 Ok(Attempt::Held)
             }

@@ -195,10 +195,11 @@ async fn observe(
     // appearance of the event, say): the hold was taken on trusted word,
     // and dropping it would make the node schedulable for a moment. Only a
     // trusted end (or the event's) releases it.
+    let by_name: HashMap<String, &Arc<Node>> = cached.iter().map(|n| (n.name_any(), n)).collect();
     let holds_it = |node: &str| {
-        cached
-            .iter()
-            .any(|n| n.name_any() == node && nodes::holds(n).contains(&me))
+        by_name
+            .get(node)
+            .is_some_and(|n| nodes::holds(n).contains(&me))
     };
     let mapped: Vec<(String, String)> = mapped
         .into_iter()
@@ -235,7 +236,6 @@ async fn observe(
         unconfirmed,
         completion_unconfirmed: assessment.completion_unconfirmed.clone(),
     };
-    let by_name: HashMap<String, &Arc<Node>> = cached.iter().map(|n| (n.name_any(), n)).collect();
     // A finished event's record is frozen; pods are read only for nodes it
     // never recorded, so that the record says what was there. The lists
     // run side by side (an event may name hundreds of VMs), in order.

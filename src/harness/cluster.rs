@@ -35,10 +35,15 @@ fn last_line(out: &[u8]) -> String {
 }
 
 fn run_script(args: &[&str]) -> anyhow::Result<String> {
+    run_script_with(args, &[])
+}
+
+fn run_script_with(args: &[&str], env: &[(&str, &Path)]) -> anyhow::Result<String> {
     let script = repo_root().join("hack").join(args[0]);
     let out = Command::new("bash")
         .arg(&script)
         .args(&args[1..])
+        .envs(env.iter().copied())
         .stderr(std::process::Stdio::inherit())
         .output()
         .with_context(|| format!("failed to run {}", script.display()))?;
@@ -61,19 +66,31 @@ impl Cluster {
     /// When the components cannot be built or the cluster does not come up;
     /// the message says which step failed.
     pub fn start(name: &str, nodes: usize) -> anyhow::Result<Self> {
+        Self::start_with(name, nodes, &[])
+    }
+
+    /// [`Cluster::start`] with `env` set for `hack/cluster.sh up` (e.g.
+    /// `FOREWARN_KUBE_AUDIT_POLICY`).
+    ///
+    /// # Errors
+    /// As [`Cluster::start`].
+    pub fn start_with(name: &str, nodes: usize, env: &[(&str, &Path)]) -> anyhow::Result<Self> {
         let bin_dir = PathBuf::from(
             run_script(&["build-k8s.sh"])
                 .context("building the Kubernetes components failed (see the log above)")?,
         );
         let kubeconfig = PathBuf::from(
-            run_script(&[
-                "cluster.sh",
-                "up",
-                "--name",
-                name,
-                "--nodes",
-                &nodes.to_string(),
-            ])
+            run_script_with(
+                &[
+                    "cluster.sh",
+                    "up",
+                    "--name",
+                    name,
+                    "--nodes",
+                    &nodes.to_string(),
+                ],
+                env,
+            )
             .context("starting the local cluster failed (see the log above)")?,
         );
         if !kubeconfig.is_file() {

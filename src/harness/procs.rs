@@ -19,7 +19,11 @@ pub struct Proc {
     child: Child,
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released; a tiny race is accepted).
+/// A free TCP port on 127.0.0.1, bound and released: another process may
+/// take it before the caller binds it (with many clients on loopback this
+/// happened in CI), so forewarn processes are given `127.0.0.1:0` and their
+/// port is read back with [`Proc::metrics_port`]. Only for servers that
+/// cannot report the port they bound.
 ///
 /// # Errors
 /// When no port can be bound.
@@ -46,7 +50,10 @@ impl Proc {
         let err = std::fs::File::create(&log)
             .with_context(|| format!("failed to create {}", log.display()))?;
         let mut cmd = Command::new(bin);
+        // An `anyhow` error printed at exit leads with its message; with a
+        // library backtrace after it, a log tail showed frames only.
         cmd.args(args)
+            .env("RUST_LIB_BACKTRACE", "0")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -100,6 +107,45 @@ impl Proc {
     /// Whether the process has exited, and how.
     pub fn exited(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().ok().flatten()
+    }
+
+    /// The port of the metrics server a forewarn process started with
+    /// `--metrics-addr 127.0.0.1:0`, from its log line `Serving /metrics,
+    /// /healthz and /readyz addr=127.0.0.1:PORT`.
+    ///
+    /// # Errors
+    /// When the process exits first or logs no such line within `within`;
+    /// the message has the log's tail.
+    pub async fn metrics_port(&mut self, within: Duration) -> anyhow::Result<u16> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            if let Some(port) = text
+                .lines()
+                .filter(|l| l.contains("Serving /metrics"))
+                .find_map(|l| l.rsplit_once("addr=127.0.0.1:"))
+                .and_then(|(_, p)| p.trim().parse().ok())
+            {
+                return Ok(port);
+            }
+            if let Some(status) = self.exited() {
+                bail!(
+                    "{} exited ({status}) before serving metrics\n--- last log lines ({}) ---\n{}",
+                    self.name,
+                    self.log.display(),
+                    self.log_tail(30)
+                );
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!(
+                    "{} logged no metrics address within {within:?}\n--- last log lines ({}) ---\n{}",
+                    self.name,
+                    self.log.display(),
+                    self.log_tail(30)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// The last `n` lines of the log.
@@ -177,6 +223,11 @@ pub struct Credentials {
     pub lease_name: String,
 }
 
+/// How long a new forewarn process may take to log its metrics address
+/// (it binds before its first API or IMDS request; a loaded CI machine
+/// starting dozens at once is slow).
+const PORT_WITHIN: Duration = Duration::from_secs(30);
+
 /// What it takes to start forewarn processes for one run.
 struct Launch {
     bin: PathBuf,
@@ -212,12 +263,11 @@ impl Launch {
     /// Starts a controller with Lease identity `identity` (as a pod's name
     /// and process id would give it: a container restarted in the same pod
     /// keeps it, a new pod has another).
-    fn controller(&self, file: &str, identity: &str) -> anyhow::Result<(Proc, u16)> {
-        let port = free_port()?;
+    async fn controller(&self, file: &str, identity: &str) -> anyhow::Result<(Proc, u16)> {
         let args = [
             "controller".to_string(),
             "--metrics-addr".into(),
-            format!("127.0.0.1:{port}"),
+            "127.0.0.1:0".into(),
             "--lease-namespace".into(),
             self.credentials
                 .as_ref()
@@ -230,11 +280,14 @@ impl Launch {
             identity.into(),
         ];
         let kubeconfig = self.credentials.as_ref().map(|c| c.controller.as_path());
-        Ok((self.spawn("controller", &args, file, kubeconfig)?, port))
+        let mut proc = self.spawn("controller", &args, file, kubeconfig)?;
+        let port = proc.metrics_port(PORT_WITHIN).await?;
+        Ok((proc, port))
     }
 
-    fn agent(&self, node: &str, vm: &str, file: &str) -> anyhow::Result<(Proc, u16)> {
-        let port = free_port()?;
+    /// Starts the agent of `node`; its port is read with
+    /// [`Proc::metrics_port`], after all are started when there are many.
+    fn agent(&self, node: &str, vm: &str, file: &str) -> anyhow::Result<Proc> {
         let args = [
             "agent".to_string(),
             "--node-name".into(),
@@ -242,7 +295,7 @@ impl Launch {
             "--imds-url".into(),
             format!("{}/vm/{vm}", self.imds_base),
             "--metrics-addr".into(),
-            format!("127.0.0.1:{port}"),
+            "127.0.0.1:0".into(),
         ];
         let kubeconfig = match &self.credentials {
             Some(c) => Some(
@@ -253,10 +306,7 @@ impl Launch {
             ),
             None => None,
         };
-        Ok((
-            self.spawn(&format!("agent {node}"), &args, file, kubeconfig)?,
-            port,
-        ))
+        self.spawn(&format!("agent {node}"), &args, file, kubeconfig)
     }
 }
 
@@ -351,17 +401,20 @@ impl Fleet {
             credentials,
         };
         let controller_identity = "controller-0".to_string();
-        let (controller, controller_port) =
-            launch.controller("controller", &controller_identity)?;
+        let (controller, controller_port) = launch
+            .controller("controller", &controller_identity)
+            .await?;
         let mut agents = Vec::new();
         for (node, vm) in vms {
-            let (proc, port) = launch.agent(node, vm, &format!("agent-{node}"))?;
             agents.push(Agent {
                 node: node.clone(),
                 vm: vm.clone(),
-                proc,
-                port,
+                proc: launch.agent(node, vm, &format!("agent-{node}"))?,
+                port: 0,
             });
+        }
+        for a in &mut agents {
+            a.port = a.proc.metrics_port(PORT_WITHIN).await?;
         }
         Ok(Fleet {
             launch,
@@ -409,8 +462,10 @@ impl Fleet {
         self.restarts += 1;
         let file = format!("controller-{}", self.restarts);
         self.controller_identity.clone_from(&file);
-        (self.controller, self.controller_port) =
-            self.launch.controller(&file, &self.controller_identity)?;
+        (self.controller, self.controller_port) = self
+            .launch
+            .controller(&file, &self.controller_identity)
+            .await?;
         Ok(())
     }
 
@@ -424,10 +479,13 @@ impl Fleet {
     pub async fn restart_controller_container(&mut self) -> anyhow::Result<()> {
         self.controller.kill().await;
         self.restarts += 1;
-        (self.controller, self.controller_port) = self.launch.controller(
-            &format!("controller-{}", self.restarts),
-            &self.controller_identity,
-        )?;
+        (self.controller, self.controller_port) = self
+            .launch
+            .controller(
+                &format!("controller-{}", self.restarts),
+                &self.controller_identity,
+            )
+            .await?;
         Ok(())
     }
 
@@ -442,13 +500,14 @@ impl Fleet {
     ///
     /// # Errors
     /// When there is no such agent or it cannot start.
-    pub fn start_agent(&mut self, node: &str) -> anyhow::Result<()> {
+    pub async fn start_agent(&mut self, node: &str) -> anyhow::Result<()> {
         self.restarts += 1;
         let file = format!("agent-{node}-{}", self.restarts);
         let Some(a) = self.agents.iter_mut().find(|a| a.node == node) else {
             bail!("no agent for {node}");
         };
-        (a.proc, a.port) = self.launch.agent(node, &a.vm, &file)?;
+        a.proc = self.launch.agent(node, &a.vm, &file)?;
+        a.port = a.proc.metrics_port(PORT_WITHIN).await?;
         Ok(())
     }
 

@@ -1063,7 +1063,7 @@ async fn observe(
                 );
             } else if agent_down && !agent_back && over {
                 agent_back = true;
-                fleet.start_agent(node)?;
+                fleet.start_agent(node).await?;
                 tl.say(
                     "harness",
                     format!("agent on {node} started again, after the event left IMDS"),
