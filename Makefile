@@ -56,7 +56,8 @@ unit:
 ## generate: regenerate crds/ from the Rust types
 generate:
 	$(CARGO) run --quiet -- crd > crds/scheduledevents.forewarn.dev.yaml
-	cp crds/scheduledevents.forewarn.dev.yaml charts/forewarn/crds/
+	$(CARGO) run --quiet -- crd --reports > crds/scheduledeventreports.forewarn.dev.yaml
+	cp crds/scheduledevents.forewarn.dev.yaml crds/scheduledeventreports.forewarn.dev.yaml charts/forewarn/crds/
 
 ## manifests: regenerate manifests/forewarn.yaml from the chart's default values (helm template)
 manifests:

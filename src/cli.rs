@@ -43,7 +43,11 @@ pub enum Command {
     /// Controller: cordon, drain, decide approvals, uncordon.
     Controller(ControllerArgs),
     /// Print the ScheduledEvent CustomResourceDefinition as YAML.
-    Crd,
+    Crd {
+        /// Print the ScheduledEventReport CustomResourceDefinition instead.
+        #[arg(long)]
+        reports: bool,
+    },
     /// Serve a scenario-driven imitation of IMDS (demos, tests, game days).
     ImdsMock(ImdsMockArgs),
 }

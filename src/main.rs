@@ -8,11 +8,13 @@ use forewarn::cli::{Cli, Command};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if let Command::Crd = cli.command {
-        print!(
-            "{}",
-            forewarn::crd::crd_yaml().context("failed to render the CRD")?
-        );
+    if let Command::Crd { reports } = cli.command {
+        let yaml = if reports {
+            forewarn::crd::report_crd_yaml()
+        } else {
+            forewarn::crd::crd_yaml()
+        };
+        print!("{}", yaml.context("failed to render the CRD")?);
         return Ok(());
     }
     forewarn::telemetry::init(cli.log_format, &cli.log_level)?;
@@ -31,6 +33,6 @@ async fn main() -> anyhow::Result<()> {
             .await
             .with_context(|| format!("IMDS mock on {} failed", args.listen))
         }
-        Command::Crd => Ok(()),
+        Command::Crd { .. } => Ok(()),
     }
 }

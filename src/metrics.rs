@@ -738,7 +738,6 @@ mod tests {
                 duration_seconds: -1,
                 description: String::new(),
                 appearance: 1,
-                reports: Vec::new(),
             },
         );
         ev.status = Some(st);

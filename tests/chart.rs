@@ -275,15 +275,17 @@ fn chart_lints_strict_clean() {
 
 #[test]
 fn chart_crd_is_the_generated_crd() {
-    let top = std::fs::read(repo_root().join("crds/scheduledevents.forewarn.dev.yaml"))
-        .expect("crds/scheduledevents.forewarn.dev.yaml");
-    let chart =
-        std::fs::read(repo_root().join("charts/forewarn/crds/scheduledevents.forewarn.dev.yaml"))
-            .expect("charts/forewarn/crds/scheduledevents.forewarn.dev.yaml");
-    assert!(
-        top == chart,
-        "charts/forewarn/crds/ differs from crds/: run `make generate manifests`"
-    );
+    for file in [
+        "scheduledevents.forewarn.dev.yaml",
+        "scheduledeventreports.forewarn.dev.yaml",
+    ] {
+        let top = std::fs::read(repo_root().join("crds").join(file)).expect(file);
+        let chart = std::fs::read(repo_root().join("charts/forewarn/crds").join(file)).expect(file);
+        assert!(
+            top == chart,
+            "charts/forewarn/crds/{file} differs from crds/: run `make generate manifests`"
+        );
+    }
 }
 
 #[test]
@@ -950,6 +952,7 @@ fn installed_chart_confines_each_service_account() {
         ("validatingadmissionpolicybinding", "forewarn-agent-status"),
         ("validatingadmissionpolicybinding", "forewarn-agent-reports"),
         ("crd", "scheduledevents.forewarn.dev"),
+        ("crd", "scheduledeventreports.forewarn.dev"),
     ] {
         k.ok(&["get", kind, name]);
     }
@@ -1640,20 +1643,41 @@ fn report_yaml(
     resources: &[&str],
 ) -> String {
     let resources: Vec<String> = resources.iter().map(|s| s.to_string()).collect();
-    format!(
-        "apiVersion: forewarn.dev/v1alpha1\nkind: ScheduledEvent\nmetadata:\n  name: {name}\nspec:\n  reports:\n  - node: {node}\n    vm: {vm}\n    named: {named}\n    eventStatus: {status}\n    appearance: 1\n    resourcesDigest: {}\n",
-        forewarn::crd::resources_digest(&resources)
+    report_yaml_named(
+        &format!("{name}.{node}"),
+        name,
+        node,
+        vm,
+        named,
+        status,
+        &resources,
     )
 }
 
-fn apply_report(who: &Kubectl, node: &str, yaml: &str) -> Out {
-    let manager = format!("--field-manager={}", forewarn::crd::report_manager(node));
+/// A `ScheduledEventReport` object named `object`.
+fn report_yaml_named(
+    object: &str,
+    name: &str,
+    node: &str,
+    vm: &str,
+    named: bool,
+    status: &str,
+    resources: &[String],
+) -> String {
+    format!(
+        "apiVersion: forewarn.dev/v1alpha1\nkind: ScheduledEventReport\nmetadata:\n  name: {object}\nspec:\n  scheduledEvent: {name}\n  report:\n    node: {node}\n    vm: {vm}\n    named: {named}\n    eventStatus: {status}\n    appearance: 1\n    resourcesDigest: {}\n",
+        forewarn::crd::resources_digest(resources)
+    )
+}
+
+/// Applies a report as the agent does (server-side apply, its field manager).
+fn apply_report(who: &Kubectl, yaml: &str) -> Out {
     who.run(
         &[
             "apply",
             "--server-side",
             "--force-conflicts",
-            &manager,
+            "--field-manager=forewarn-agent",
             "-f",
             "-",
         ],
@@ -1676,7 +1700,7 @@ fn condition(k: &Kubectl, sev: &str, type_: &str) -> Option<Value> {
 
 /// The trust model (DESIGN.md, Trust) with the chart's own tokens and a
 /// real controller process holding the controller's token: the agent of
-/// node-000000 cannot write node-000001's report, an event it forges naming
+/// node-000000 cannot write node-000001's report (nor take its name), an event it forges naming
 /// node-000001's VM drains nothing, and its forged `Completed` of
 /// node-000001's live event does not release the node; node-000001's own
 /// agent's report does.
@@ -1722,12 +1746,26 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
         ],
         None,
     );
-    for sev in ["forged-event", "live-event"] {
-        k.run(
-            &["delete", "scheduledevent", sev, "--ignore-not-found"],
-            None,
-        );
-    }
+    let clean = || {
+        for sev in ["forged-event", "live-event"] {
+            k.run(
+                &["delete", "scheduledevent", sev, "--ignore-not-found"],
+                None,
+            );
+            for n in [a, b] {
+                k.run(
+                    &[
+                        "delete",
+                        "scheduledeventreport",
+                        &format!("{sev}.{n}"),
+                        "--ignore-not-found",
+                    ],
+                    None,
+                );
+            }
+        }
+    };
+    clean();
     let ctl = ControllerProc::start(&controller.kubeconfig, "trust-controller");
     eventually("the controller leads", Duration::from_secs(60), || {
         ctl.log().contains("Leading: reconciling").then_some(())
@@ -1743,21 +1781,42 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
     assert!(out.ok, "agent A may create an event: {}", out.stderr);
     let out = apply_report(
         &agent_a,
-        b,
         &report_yaml(forged, b, vm_b, true, "Scheduled", &[vm_b]),
     );
     assert!(
         !out.ok
             && out.stderr.contains(&format!(
-                "forewarn agent on node {a} may write only its own entry of spec.reports"
+                "forewarn agent on node {a} may write only its own ScheduledEventReports"
             )),
         "agent A wrote node B's report: {}{}",
         out.stdout,
         out.stderr
     );
+    // Nor may it take B's report name for a report of its own (the API
+    // server pins the name to <event>.<node>), which would lock B out.
     let out = apply_report(
         &agent_a,
-        a,
+        &report_yaml_named(
+            &format!("{forged}.{b}"),
+            forged,
+            a,
+            vm_a,
+            false,
+            "Scheduled",
+            &[vm_b.to_string()],
+        ),
+    );
+    assert!(
+        !out.ok
+            && out
+                .stderr
+                .contains("the name must be <scheduledEvent>.<node>"),
+        "agent A took node B's report name: {}{}",
+        out.stdout,
+        out.stderr
+    );
+    let out = apply_report(
+        &agent_a,
         &report_yaml(forged, a, vm_a, false, "Scheduled", &[vm_b]),
     );
     assert!(out.ok, "agent A may write its own report: {}", out.stderr);
@@ -1791,7 +1850,6 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
     k.ok_stdin(&["create", "-f", "-"], &sev_yaml(live, "Scheduled", vm_b));
     let out = apply_report(
         &agent_b,
-        b,
         &report_yaml(live, b, vm_b, true, "Started", &[vm_b]),
     );
     assert!(out.ok, "agent B may write its own report: {}", out.stderr);
@@ -1800,15 +1858,10 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
         Duration::from_secs(30),
         || unschedulable(&k, b).then_some(()),
     );
-    // Agent A marks it Completed (a patch agent A is allowed to make).
-    agent_a.ok(&[
-        "patch",
-        "scheduledevent",
-        live,
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"eventStatus":"Completed"}}"#,
-    ]);
+    // Agent A marks it Completed (a replace agent A is allowed to make).
+    let mut forged_completion = agent_a.json(&["get", "scheduledevent", live]);
+    forged_completion["spec"]["eventStatus"] = "Completed".into();
+    agent_a.ok_stdin(&["replace", "-f", "-"], &forged_completion.to_string());
     let why = eventually(
         "CompletionUnconfirmed on the live event",
         Duration::from_secs(30),
@@ -1827,7 +1880,6 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
     // 3. B's own agent reports the event gone: now B is released.
     let out = apply_report(
         &agent_b,
-        b,
         &report_yaml(live, b, vm_b, true, "Completed", &[vm_b]),
     );
     assert!(out.ok, "agent B may write its own report: {}", out.stderr);
@@ -1839,10 +1891,5 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
     let ev = k.json(&["get", "scheduledevent", live]);
     assert_eq!(ev["status"]["phase"], "Completed", "{}", ev["status"]);
     drop(ctl);
-    for sev in [forged, live] {
-        k.run(
-            &["delete", "scheduledevent", sev, "--ignore-not-found"],
-            None,
-        );
-    }
+    clean();
 }

@@ -41,17 +41,16 @@ async fn setup(env: &Env, client: &Client) {
             "apply",
             "--server-side",
             "-f",
-            &repo_root()
-                .join("crds/scheduledevents.forewarn.dev.yaml")
-                .to_string_lossy(),
+            &repo_root().join("crds").to_string_lossy(),
         ])
-        .expect("apply the CRD");
+        .expect("apply the CRDs");
     env.cluster
         .kubectl(&[
             "wait",
             "--for=condition=Established",
             "--timeout=60s",
             "crd/scheduledevents.forewarn.dev",
+            "crd/scheduledeventreports.forewarn.dev",
         ])
         .expect("CRD established");
     let ns: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
@@ -72,7 +71,9 @@ async fn setup(env: &Env, client: &Client) {
         "metadata": {"name": "forewarn-real-agent"},
         "rules": [
             {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents"],
-             "verbs": ["get", "list", "watch", "create", "update", "patch"]},
+             "verbs": ["get", "list", "watch", "create", "update"]},
+            {"apiGroups": ["forewarn.dev"], "resources": ["scheduledeventreports"],
+             "verbs": ["create", "patch"]},
             {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents/status"], "verbs": ["patch"]},
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
         ],

@@ -31,7 +31,6 @@ pub fn spec_for(event: &Event) -> ScheduledEventSpec {
         duration_seconds: event.duration_seconds,
         description: event.description.clone(),
         appearance: 1,
-        reports: Vec::new(),
     }
 }
 
@@ -63,7 +62,6 @@ pub fn plan_listed(
         if new_here && seen_status != EventStatus::Completed {
             return Some(ScheduledEventSpec {
                 appearance: stored.appearance.saturating_add(1),
-                reports: stored.reports.clone(),
                 ..seen
             });
         }
@@ -72,7 +70,6 @@ pub fn plan_listed(
     // Reports are each agent's own entries: carried over as stored.
     let seen = ScheduledEventSpec {
         appearance: stored.appearance,
-        reports: stored.reports.clone(),
         ..seen
     };
     let stored_rank = stored_status.rank();

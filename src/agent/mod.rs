@@ -42,14 +42,25 @@ use crate::server::{self, Readiness};
 /// Errors of the agent's Kubernetes side.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Writing this agent's own report entry failed.
+    /// Writing this agent's own `ScheduledEventReport` failed.
     #[error("failed to write this agent's report on ScheduledEvent {name}: {source}")]
     WriteReport {
-        /// Object name.
+        /// Object name of the event.
         name: String,
         /// The API error.
         #[source]
         source: kube::Error,
+    },
+    /// The report's name, `<event>.<node>`, would be longer than an object
+    /// name may be (253 bytes).
+    #[error(
+        "cannot report on ScheduledEvent {name}: the node name {node:?} is too long for a report name (<event>.<node>, at most 253 bytes); the controller treats this node as unconfirmed"
+    )]
+    ReportName {
+        /// Object name of the event.
+        name: String,
+        /// This agent's node.
+        node: String,
     },
     /// Reading a `ScheduledEvent` failed.
     #[error("failed to get ScheduledEvent {name}: {source}")]
@@ -138,6 +149,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
 
     let mut agent = Agent {
         api: Api::all(client.clone()),
+        reports: Api::all(client.clone()),
         nodes: Api::all(client),
         imds,
         node: args.node_name.clone(),
@@ -238,6 +250,7 @@ impl Drop for EventWatch {
 
 struct Agent {
     api: Api<ScheduledEvent>,
+    reports: Api<crate::crd::ScheduledEventReport>,
     nodes: Api<Node>,
     imds: ImdsClient,
     node: String,
@@ -255,7 +268,7 @@ struct Agent {
     /// What this agent mirrored, per object name.
     tracked: HashMap<String, mirror::Tracked>,
     /// This agent's report entry as last written, per object name.
-    reported: HashMap<String, crate::crd::Report>,
+    reported: HashMap<String, objects::Reported>,
     /// Whether one document has been mirrored without a failure.
     synced: bool,
     /// Object names whose unparsable `NotBefore` has been warned about.

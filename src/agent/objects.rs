@@ -12,14 +12,24 @@
 use std::collections::HashSet;
 
 use chrono::Utc;
-use kube::Resource;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
 use tracing::{error, info};
 
 use super::{Agent, Error, Result, STALE_AFTER, error_chain, mirror};
 use crate::crd::{
-    AGENT_MANAGER, Report, ScheduledEvent, ScheduledEventSpec, report_manager, resources_digest,
+    AGENT_MANAGER, Report, ScheduledEvent, ScheduledEventReport, ScheduledEventSpec, report_name,
+    resources_digest,
 };
+
+/// The report an agent last wrote about an event, and the UID of the
+/// `ScheduledEvent` object it is about (a new object of the same name is
+/// reported afresh).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Reported {
+    uid: String,
+    report: Report,
+}
 use crate::imds::model::{Document, Event, EventStatus, object_name};
 
 impl Agent {
@@ -31,13 +41,18 @@ impl Agent {
         for (ev, new_here) in work.listed {
             let name = ev.object_name();
             match self.mirror_event(&ev, new_here).await {
-                Ok(appearance) => {
+                Ok(stored) => {
                     self.metrics.mirror_writes.with_label_values(&["ok"]).inc();
                     let mut reported = true;
-                    if let Some(appearance) = appearance {
-                        let report =
-                            self.own_report(&ev.resources, (&ev.event_status).into(), appearance);
-                        if let Err(e) = self.report(&name, report).await {
+                    let appearance = stored.as_ref().map(|o| o.spec.appearance);
+                    if let Some(obj) = &stored {
+                        let report = self.own_report(
+                            &ev.resources,
+                            (&ev.event_status).into(),
+                            obj.spec.appearance,
+                        );
+                        let uid = obj.uid().unwrap_or_default();
+                        if let Err(e) = self.report(&name, &uid, report).await {
                             failures += 1;
                             reported = false;
                             error!(event = %name, error = %error_chain(&e), "Could not write this agent's report; will retry");
@@ -103,13 +118,16 @@ impl Agent {
                 let gone = self
                     .reported
                     .get(name)
-                    .filter(|r| known.is_none_or(|k| k == r.appearance))
-                    .map(|r| Report {
-                        event_status: crate::crd::EventStatus::Completed,
-                        ..r.clone()
+                    .filter(|r| known.is_none_or(|k| k == r.report.appearance))
+                    .map(|r| {
+                        let report = Report {
+                            event_status: crate::crd::EventStatus::Completed,
+                            ..r.report.clone()
+                        };
+                        (r.uid.clone(), report)
                     });
-                if let Some(gone) = gone
-                    && let Err(report_error) = self.report(name, gone).await
+                if let Some((uid, gone)) = gone
+                    && let Err(report_error) = self.report(name, &uid, gone).await
                 {
                     error!(event = %name, error = %error_chain(&report_error), "Could not write this agent's report; will retry");
                 }
@@ -119,15 +137,16 @@ impl Agent {
         if done {
             info!(event = %name, "Event left the IMDS document; marked Completed");
         }
-        if let Some(spec) = stored
-            && known.is_none_or(|k| k == spec.appearance)
+        if let Some(obj) = stored
+            && known.is_none_or(|k| k == obj.spec.appearance)
         {
             let report = self.own_report(
-                &spec.resources,
+                &obj.spec.resources,
                 crate::crd::EventStatus::Completed,
-                spec.appearance,
+                obj.spec.appearance,
             );
-            self.report(name, report).await?;
+            self.report(name, &obj.uid().unwrap_or_default(), report)
+                .await?;
         }
         Ok(())
     }
@@ -149,37 +168,55 @@ impl Agent {
         }
     }
 
-    /// Writes this agent's own entry of `spec.reports` when it differs from
-    /// the one it last wrote: a server-side apply of that one entry (a list
-    /// map keyed by node) under this agent's own field manager, so agents
-    /// never conflict with each other and none can remove another's entry.
+    /// Writes this agent's `ScheduledEventReport` about the event `name`
+    /// (object UID `uid`) when it
+    /// differs from the one it last wrote: a server-side apply (field
+    /// manager `forewarn-agent`) of the object `<event>.<node>`, owned by the
+    /// event (deleted with it by the garbage collector). No other agent
+    /// writes that object, so a hundred agents reporting one event never
+    /// contend for one object.
     ///
     /// A move from `Scheduled` to `Started` is not written: the controller
     /// needs to know that a node's own agent lists the event, and when it
     /// stops listing it, so each agent writes its report twice per event
     /// (first seen, gone), not at every change of status.
-    async fn report(&mut self, name: &str, report: Report) -> Result<()> {
+    async fn report(&mut self, name: &str, uid: &str, report: Report) -> Result<()> {
         let live = |r: &Report| r.event_status != crate::crd::EventStatus::Completed;
         if self.reported.get(name).is_some_and(|had| {
-            had == &report
-                || (had.appearance == report.appearance
-                    && had.named == report.named
-                    && had.resources_digest == report.resources_digest
-                    && live(had)
-                    && live(&report))
+            had.uid == uid
+                && (had.report == report
+                    || (had.report.appearance == report.appearance
+                        && had.report.named == report.named
+                        && had.report.resources_digest == report.resources_digest
+                        && live(&had.report)
+                        && live(&report)))
         }) {
             return Ok(());
         }
+        let Some(object) = report_name(name, &self.node) else {
+            return Err(Error::ReportName {
+                name: name.into(),
+                node: self.node.clone(),
+            });
+        };
         let body = serde_json::json!({
-            "apiVersion": ScheduledEvent::api_version(&()),
-            "kind": ScheduledEvent::kind(&()),
-            "metadata": { "name": name },
-            "spec": { "reports": [report] },
+            "apiVersion": ScheduledEventReport::api_version(&()),
+            "kind": ScheduledEventReport::kind(&()),
+            "metadata": {
+                "name": object,
+                "ownerReferences": [{
+                    "apiVersion": ScheduledEvent::api_version(&()),
+                    "kind": ScheduledEvent::kind(&()),
+                    "name": name,
+                    "uid": uid,
+                }],
+            },
+            "spec": { "scheduledEvent": name, "report": report },
         });
-        self.api
+        self.reports
             .patch(
-                name,
-                &PatchParams::apply(&report_manager(&self.node)).force(),
+                &object,
+                &PatchParams::apply(AGENT_MANAGER).force(),
                 &Patch::Apply(body),
             )
             .await
@@ -187,12 +224,18 @@ impl Agent {
                 name: name.into(),
                 source,
             })?;
-        self.reported.insert(name.to_owned(), report);
+        self.reported.insert(
+            name.into(),
+            Reported {
+                uid: uid.into(),
+                report,
+            },
+        );
         Ok(())
     }
 
-    /// Mirrors one listed event; returns the object's appearance afterwards.
-    async fn mirror_event(&self, ev: &Event, new_here: bool) -> Result<Option<u32>> {
+    /// Mirrors one listed event; returns the object as stored afterwards.
+    async fn mirror_event(&self, ev: &Event, new_here: bool) -> Result<Option<ScheduledEvent>> {
         let name = ev.object_name();
         let seen = mirror::spec_for(ev);
         let (wrote, now) = self
@@ -200,7 +243,7 @@ impl Agent {
                 mirror::plan_listed(stored, seen.clone(), new_here)
             })
             .await?;
-        if wrote && let Some(spec) = &now {
+        if wrote && let Some(spec) = now.as_ref().map(|o| &o.spec) {
             if spec.appearance > 1 && new_here {
                 info!(event = %name, appearance = spec.appearance, status = %spec.event_status,
                     "Event listed again after it was recorded Completed; new appearance");
@@ -208,11 +251,11 @@ impl Agent {
             info!(event = %name, event_id = %spec.event_id, r#type = %spec.event_type, status = %spec.event_status,
                 appearance = spec.appearance, resources = ?spec.resources, "Mirrored event");
         }
-        Ok(now.map(|s| s.appearance))
+        Ok(now)
     }
 
     /// Writes `next(stored spec)` when it is `Some`; returns whether it
-    /// wrote, and the spec now stored (`None`: no object).
+    /// wrote, and the object now stored (`None`: no object).
     ///
     /// A new object is created (two agents creating it at once cannot
     /// overwrite each other: the second gets a 409 and merges); an existing
@@ -224,7 +267,7 @@ impl Agent {
         &self,
         name: &str,
         next: impl Fn(Option<&ScheduledEventSpec>) -> Option<ScheduledEventSpec>,
-    ) -> Result<(bool, Option<ScheduledEventSpec>)> {
+    ) -> Result<(bool, Option<ScheduledEvent>)> {
         let params = PostParams {
             field_manager: Some(AGENT_MANAGER.into()),
             ..PostParams::default()
@@ -241,7 +284,7 @@ impl Agent {
                     source,
                 })?;
             let Some(spec) = next(stored.as_ref().map(|o| &o.spec)) else {
-                return Ok((false, stored.map(|o| o.spec)));
+                return Ok((false, stored));
             };
             let written = match stored {
                 None => {
@@ -260,7 +303,7 @@ impl Agent {
                 }
             };
             match written {
-                Ok(_) => return Ok((true, Some(spec))),
+                Ok(obj) => return Ok((true, Some(obj))),
                 Err(kube::Error::Api(s)) if s.code == 409 && attempt < 3 => {}
                 Err(source) => {
                     return Err(Error::WriteEvent {

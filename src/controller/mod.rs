@@ -28,7 +28,7 @@ use kube::Client;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 
-use crate::crd::ScheduledEvent;
+use crate::crd::{Report, ScheduledEvent, ScheduledEventReport};
 use crate::metrics::ControllerMetrics;
 use crate::policy::Policy;
 
@@ -91,6 +91,28 @@ impl Context {
     pub fn policy(&self) -> Arc<Policy> {
         reload::current(&self.policy)
     }
+
+    /// The cached reports about the `ScheduledEvent` named `event`.
+    pub fn reports_of(&self, event: &str) -> Vec<Report> {
+        self.reports
+            .state()
+            .iter()
+            .filter(|r| r.spec.scheduled_event == event)
+            .map(|r| r.spec.report.clone())
+            .collect()
+    }
+
+    /// The cached reports, by the name of the `ScheduledEvent` they are about.
+    pub fn reports_by_event(&self) -> HashMap<String, Vec<Report>> {
+        let mut by_event: HashMap<String, Vec<Report>> = HashMap::new();
+        for r in self.reports.state() {
+            by_event
+                .entry(r.spec.scheduled_event.clone())
+                .or_default()
+                .push(r.spec.report.clone());
+        }
+        by_event
+    }
 }
 
 /// `Result` with this module's [`Error`].
@@ -105,6 +127,8 @@ pub struct Context {
     /// The controller's own cache of `ScheduledEvent`s, to see which other
     /// events claim a node before releasing it.
     events: Store<ScheduledEvent>,
+    /// The agents' `ScheduledEventReport`s (see [`trust`]).
+    reports: Store<ScheduledEventReport>,
     /// The policy in force; replaced whole when the file changes ([`reload`]).
     policy: reload::Shared,
     /// `--dry-run`: decide and record, never write a node, evict or approve.

@@ -110,6 +110,7 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
 fn claims(me: &str, ctx: &Context, cached: &[Arc<Node>]) -> HashMap<String, Vec<String>> {
     let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
     let policy = ctx.policy();
+    let reports = ctx.reports_by_event();
     for other in ctx.events.state() {
         let name = other.name_any();
         if name == me {
@@ -129,6 +130,7 @@ fn claims(me: &str, ctx: &Context, cached: &[Arc<Node>]) -> HashMap<String, Vec<
             nodes::map_resources(&other.spec.resources, cached.iter().map(AsRef::as_ref)).mapped;
         let assessment = trust::assess(
             &other,
+            reports.get(&name).map_or(&[][..], Vec::as_slice),
             mapped.iter().map(|(_, node)| node.as_str()),
             policy.trust_any_agent,
         );
@@ -171,6 +173,7 @@ async fn observe(
     } = nodes::map_resources(&ev.spec.resources, cached.iter().map(AsRef::as_ref));
     let assessment = trust::assess(
         &ev,
+        &ctx.reports_of(&me),
         mapped.iter().map(|(_, node)| node.as_str()),
         trust_any_agent,
     );

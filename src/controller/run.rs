@@ -19,7 +19,7 @@ use tracing::{info, warn};
 
 use super::{Context, Error, drain, lease, reconcile::reconcile, reload, sweep};
 use crate::cli::ControllerArgs;
-use crate::crd::{CONTROLLER_MANAGER, ScheduledEvent};
+use crate::crd::{CONTROLLER_MANAGER, ScheduledEvent, ScheduledEventReport};
 use crate::metrics::ControllerMetrics;
 use crate::policy::Policy;
 use crate::server::{self, Readiness};
@@ -127,10 +127,26 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         ))
     });
 
+    // The agents' reports: one reflector feeds both the cache the trust
+    // assessment reads and the trigger of the event they are about, so a
+    // reconcile a report triggers always sees that report.
+    let (reports, report_writer) = reflector::store();
+    let report_stream = reflector::reflector(
+        report_writer,
+        watcher(
+            Api::<ScheduledEventReport>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
+        ),
+    )
+    .backoff(watch_backoff())
+    .touched_objects();
     let controller = Controller::new(
         Api::<ScheduledEvent>::all(client.clone()),
         watcher::Config::default().any_semantic(),
     )
+    .watches_stream(report_stream, |r: ScheduledEventReport| {
+        std::iter::once(reflector::ObjectRef::new(&r.spec.scheduled_event))
+    })
     .trigger_backoff(watch_backoff())
     .reconcile_all_on(reload_rx)
     .with_config(controller::Config::default().concurrency(args.reconcile_concurrency));
@@ -148,6 +164,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         evict_client,
         nodes,
         events,
+        reports,
         policy: shared,
         dry_run: args.dry_run,
         metrics: metrics.clone(),

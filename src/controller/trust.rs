@@ -6,9 +6,9 @@
 //! spec, so the spec alone cannot say which nodes to drain or release: a
 //! compromised node could name another node's VM (drained for nothing) or
 //! mark another node's live event `Completed` (released mid-maintenance).
-//! Each agent therefore records its own view in `spec.reports` (only its own
-//! entry; the chart's admission policy pins it to its token's node), and the
-//! controller acts on a node only:
+//! Each agent therefore records its own view in a `ScheduledEventReport` of
+//! its own (the chart's admission policy pins it to its token's node), and
+//! the controller acts on a node only:
 //!
 //! - on that node's own agent's report: live while it lists the event with
 //!   its VM named, ended once it no longer lists it;
@@ -108,19 +108,18 @@ impl Assessment {
 }
 
 /// Assesses `ev` for each node in `nodes` (the nodes its `Resources` map
-/// to). With `trust_any_agent` the spec alone decides, as for any single
-/// agent's word.
+/// to), on the agents' `reports` about it (one per reporting node). With
+/// `trust_any_agent` the spec alone decides, as for any single agent's word.
 pub fn assess<'a>(
     ev: &ScheduledEvent,
+    reports: &[Report],
     nodes: impl IntoIterator<Item = &'a str>,
     trust_any_agent: bool,
 ) -> Assessment {
     let spec_status = ev.spec.event_status;
     let appearance = ev.spec.appearance;
     let digest = resources_digest(&ev.spec.resources);
-    let current: Vec<&Report> = ev
-        .spec
-        .reports
+    let current: Vec<&Report> = reports
         .iter()
         .filter(|r| r.appearance == appearance)
         .collect();
@@ -244,8 +243,19 @@ mod tests {
     use super::*;
     use crate::crd::ScheduledEventSpec;
 
-    fn event(status: EventStatus, resources: &[&str], reports: Vec<Report>) -> ScheduledEvent {
-        ScheduledEvent::new(
+    /// An event and the reports about it.
+    #[derive(Clone)]
+    struct Case {
+        ev: ScheduledEvent,
+        reports: Vec<Report>,
+    }
+
+    fn assess<'a>(c: &Case, nodes: impl IntoIterator<Item = &'a str>, any: bool) -> Assessment {
+        super::assess(&c.ev, &c.reports, nodes, any)
+    }
+
+    fn event(status: EventStatus, resources: &[&str], reports: Vec<Report>) -> Case {
+        let ev = ScheduledEvent::new(
             "ev",
             ScheduledEventSpec {
                 event_id: "EV".into(),
@@ -258,9 +268,9 @@ mod tests {
                 duration_seconds: -1,
                 description: String::new(),
                 appearance: 1,
-                reports,
             },
-        )
+        );
+        Case { ev, reports }
     }
 
     fn report(node: &str, named: bool, status: EventStatus, resources: &[&str]) -> Report {
@@ -330,19 +340,19 @@ mod tests {
             }
         );
         assert!(a.completion_unconfirmed.is_some());
-        assert_eq!(a.effective(ev.clone()).spec.event_status, Started);
+        assert_eq!(a.effective(ev.ev.clone()).spec.event_status, Started);
         // Its own agent a poll behind a cancellation: still Scheduled there.
         let mut lag = ev.clone();
-        lag.spec.reports[1].event_status = Scheduled;
+        lag.reports[1].event_status = Scheduled;
         let a = assess(&lag, ["b"], false);
-        assert_eq!(a.effective(lag.clone()).spec.event_status, Scheduled);
+        assert_eq!(a.effective(lag.ev.clone()).spec.event_status, Scheduled);
         // One more agent saying it ended is still not two.
         let mut ev2 = ev.clone();
-        ev2.spec.reports.push(report("c", false, Completed, r));
+        ev2.reports.push(report("c", false, Completed, r));
         let a2 = assess(&ev2, ["b"], false);
         assert!(matches!(a2.verdicts["b"], Verdict::Ended { .. }), "{a2:?}");
         assert!(a2.completion_unconfirmed.is_none());
-        assert_eq!(a2.effective(ev2.clone()).spec.event_status, Completed);
+        assert_eq!(a2.effective(ev2.ev.clone()).spec.event_status, Completed);
     }
 
     #[test]
@@ -367,7 +377,7 @@ mod tests {
         // Spec Resources rewritten (forged) after they reported: their
         // digest no longer matches, so they vouch for nothing new.
         let mut forged = ev.clone();
-        forged.spec.resources.push("vm-e".into());
+        forged.ev.spec.resources.push("vm-e".into());
         let a = assess(&forged, ["b", "e"], false);
         assert!(matches!(a.verdicts["e"], Verdict::Unconfirmed { .. }));
         assert!(matches!(a.verdicts["b"], Verdict::Unconfirmed { .. }));
@@ -379,7 +389,7 @@ mod tests {
         let mut old = report("b", true, Completed, r);
         old.appearance = 1;
         let mut ev = event(Scheduled, r, vec![old]);
-        ev.spec.appearance = 2;
+        ev.ev.spec.appearance = 2;
         assert!(matches!(
             assess(&ev, ["b"], false).verdicts["b"],
             Verdict::Unconfirmed { .. }

@@ -104,13 +104,14 @@ impl Cluster {
             kubeconfig,
             bin_dir,
         };
-        let crd = repo_root().join("crds/scheduledevents.forewarn.dev.yaml");
-        cluster.kubectl(&["apply", "--server-side", "-f", &crd.to_string_lossy()])?;
+        let crds = repo_root().join("crds");
+        cluster.kubectl(&["apply", "--server-side", "-f", &crds.to_string_lossy()])?;
         cluster.kubectl(&[
             "wait",
             "--for=condition=Established",
             "--timeout=60s",
             "crd/scheduledevents.forewarn.dev",
+            "crd/scheduledeventreports.forewarn.dev",
         ])?;
         Ok(cluster)
     }

@@ -24,7 +24,6 @@ fn event(type_: &str, status: &str, resources: &[&str]) -> ScheduledEvent {
             duration_seconds: -1,
             description: String::new(),
             appearance: 1,
-            reports: Vec::new(),
         },
     );
     ev.status = None;
