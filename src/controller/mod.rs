@@ -92,27 +92,41 @@ impl Context {
         reload::current(&self.policy)
     }
 
-    /// The cached reports about the `ScheduledEvent` named `event`.
-    pub fn reports_of(&self, event: &str) -> Vec<Report> {
-        self.reports
-            .state()
-            .iter()
-            .filter(|r| r.spec.scheduled_event == event)
-            .map(|r| r.spec.report.clone())
-            .collect()
+    /// The cached reports about `ev`.
+    pub fn reports_of(&self, ev: &ScheduledEvent) -> Vec<Report> {
+        reports_about(&self.reports.state(), ev)
     }
 
-    /// The cached reports, by the name of the `ScheduledEvent` they are about.
-    pub fn reports_by_event(&self) -> HashMap<String, Vec<Report>> {
-        let mut by_event: HashMap<String, Vec<Report>> = HashMap::new();
+    /// The cached reports, by the name of the `ScheduledEvent` they are
+    /// about; [`reports_about`] picks those of one object.
+    pub fn reports_by_event(&self) -> HashMap<String, Vec<Arc<ScheduledEventReport>>> {
+        let mut by_event: HashMap<String, Vec<Arc<ScheduledEventReport>>> = HashMap::new();
         for r in self.reports.state() {
             by_event
                 .entry(r.spec.scheduled_event.clone())
                 .or_default()
-                .push(r.spec.report.clone());
+                .push(r);
         }
         by_event
     }
+}
+
+/// The reports among `reports` about the object `ev`: named for it and, when
+/// they carry an owner reference (agents always set one), owned by this very
+/// object, so the reports of an earlier object of the same name, until the
+/// garbage collector deletes them, do not count for a new one.
+pub fn reports_about(reports: &[Arc<ScheduledEventReport>], ev: &ScheduledEvent) -> Vec<Report> {
+    let name = ev.metadata.name.as_deref().unwrap_or_default();
+    let uid = ev.metadata.uid.as_deref();
+    reports
+        .iter()
+        .filter(|r| r.spec.scheduled_event == name)
+        .filter(|r| {
+            let owners = r.metadata.owner_references.as_deref().unwrap_or_default();
+            owners.is_empty() || owners.iter().any(|o| Some(o.uid.as_str()) == uid)
+        })
+        .map(|r| r.spec.report.clone())
+        .collect()
 }
 
 /// `Result` with this module's [`Error`].
@@ -140,4 +154,71 @@ pub struct Context {
     limiter: Arc<DefaultDirectRateLimiter>,
     /// Consecutive failed reconciles per object, for exponential backoff.
     failures: Mutex<HashMap<String, u32>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{EventStatus, ScheduledEventReportSpec, ScheduledEventSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn report(event: &str, node: &str, owner: Option<&str>) -> Arc<ScheduledEventReport> {
+        let mut r = ScheduledEventReport::new(
+            &format!("{event}.{node}"),
+            ScheduledEventReportSpec {
+                scheduled_event: event.into(),
+                report: Report {
+                    node: node.into(),
+                    vm: format!("vm-{node}"),
+                    named: true,
+                    event_status: EventStatus::Scheduled,
+                    appearance: 1,
+                    resources_digest: String::new(),
+                },
+            },
+        );
+        r.metadata.owner_references = owner.map(|uid| {
+            vec![OwnerReference {
+                api_version: "forewarn.dev/v1alpha1".into(),
+                kind: "ScheduledEvent".into(),
+                name: event.into(),
+                uid: uid.into(),
+                ..OwnerReference::default()
+            }]
+        });
+        Arc::new(r)
+    }
+
+    #[test]
+    fn only_reports_about_this_very_object_count() {
+        let mut ev = ScheduledEvent::new(
+            "ev",
+            ScheduledEventSpec {
+                event_id: "EV".into(),
+                event_type: "Reboot".into(),
+                event_status: EventStatus::Scheduled,
+                event_source: "Platform".into(),
+                resource_type: "VirtualMachine".into(),
+                resources: vec!["vm-a".into()],
+                not_before: None,
+                duration_seconds: -1,
+                description: String::new(),
+                appearance: 1,
+            },
+        );
+        ev.metadata.uid = Some("uid-new".into());
+        let all = [
+            report("ev", "a", Some("uid-new")),
+            // Of an earlier object of the same name, not yet collected.
+            report("ev", "b", Some("uid-old")),
+            // Written by hand, without an owner: named for it, it counts.
+            report("ev", "c", None),
+            report("other", "d", Some("uid-new")),
+        ];
+        let nodes: Vec<String> = reports_about(&all, &ev)
+            .into_iter()
+            .map(|r| r.node)
+            .collect();
+        assert_eq!(nodes, ["a", "c"]);
+    }
 }

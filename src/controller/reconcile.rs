@@ -130,7 +130,10 @@ fn claims(me: &str, ctx: &Context, cached: &[Arc<Node>]) -> HashMap<String, Vec<
             nodes::map_resources(&other.spec.resources, cached.iter().map(AsRef::as_ref)).mapped;
         let assessment = trust::assess(
             &other,
-            reports.get(&name).map_or(&[][..], Vec::as_slice),
+            &reports
+                .get(&name)
+                .map(|r| super::reports_about(r, &other))
+                .unwrap_or_default(),
             mapped.iter().map(|(_, node)| node.as_str()),
             policy.trust_any_agent,
         );
@@ -173,7 +176,7 @@ async fn observe(
     } = nodes::map_resources(&ev.spec.resources, cached.iter().map(AsRef::as_ref));
     let assessment = trust::assess(
         &ev,
-        &ctx.reports_of(&me),
+        &ctx.reports_of(&ev),
         mapped.iter().map(|(_, node)| node.as_str()),
         trust_any_agent,
     );
