@@ -92,6 +92,15 @@ impl Context {
         reload::current(&self.policy)
     }
 
+    /// Whether the caches of `ScheduledEvent`s and of reports hold their
+    /// first full list.
+    pub fn caches_synced(&self) -> bool {
+        use futures::FutureExt;
+        let ready = |r: Option<Result<(), _>>| r.is_some_and(|r| r.is_ok());
+        ready(self.events.wait_until_ready().now_or_never())
+            && ready(self.reports.wait_until_ready().now_or_never())
+    }
+
     /// The cached reports about `ev`.
     pub fn reports_of(&self, ev: &ScheduledEvent) -> Vec<Report> {
         reports_about(&self.reports.state(), ev)

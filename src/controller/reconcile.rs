@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::EventType as KubeEventType;
-use tracing::{info, instrument, warn};
+use tracing::{debug, info, instrument, warn};
 
 use super::plan::{self, EvictionOutcome, NodeWrite, Observed, ObservedNode, Plan};
 use super::report::{self, Subject};
@@ -22,6 +22,9 @@ use crate::crd::ScheduledEvent;
 
 /// When to look again at an event whose evictions a budget refused.
 const BLOCKED_REQUEUE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How soon a reconcile that came before the caches synced is tried again.
+const CACHE_SYNC_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Kubernetes Events posted at once by one reconcile.
 const EVENT_CONCURRENCY: usize = 16;
@@ -41,6 +44,14 @@ const NODE_WRITE_CONCURRENCY: usize = 32;
 /// Any failed read or write; the controller retries with backoff.
 #[instrument(skip_all, fields(event = %stored.name_any()))]
 pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result<Requeue> {
+    // The trust assessment reads the agents' reports, and the hand-over
+    // claims the other events, from caches. Before their first full list a
+    // missing report would read as a silent agent, and a spec `Completed`
+    // with no live report against it would release the node: wait.
+    if !ctx.caches_synced() {
+        debug!("Waiting for the ScheduledEvent and report caches to sync");
+        return Ok(Requeue::requeue(CACHE_SYNC_WAIT));
+    }
     let now = Utc::now();
     let (ev, anew) = status::for_current_appearance(&stored);
     if anew {
