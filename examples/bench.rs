@@ -341,22 +341,9 @@ async fn stop_fleet(mut fleet: Fleet) {
 /// the request, within a millisecond or two on loopback).
 async fn start_mock(http: &reqwest::Client, fleet: &Fleet) -> anyhow::Result<DateTime<Utc>> {
     let before = Utc::now();
-    http.post(format!("{}/mock/start", fleet.imds_base()))
-        .send()
-        .await?
-        .error_for_status()?;
+    fleet.start_mock(http).await?;
     let after = Utc::now();
     Ok(before + (after - before) / 2)
-}
-
-async fn mock_log(http: &reqwest::Client, fleet: &Fleet) -> anyhow::Result<Vec<LogEntry>> {
-    Ok(http
-        .get(format!("{}/mock/log", fleet.imds_base()))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?)
 }
 
 // ---------------------------------------------------------------------------
@@ -781,7 +768,7 @@ async fn burst(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result<()>
         .filter_map(|p| proc_stat(*p, ticks).ok())
         .map(|p| mib(p.hwm))
         .fold(0.0, f64::max);
-    let log = mock_log(&http, &fleet).await.unwrap_or_default();
+    let log = fleet.mock_log(&http).await.unwrap_or_default();
     stop_fleet(fleet).await;
     let requests = audit_requests(&audit_log(&cluster));
     struct Burst {

@@ -169,10 +169,10 @@ impl Agent {
     }
 
     /// Writes this agent's `ScheduledEventReport` about the event `name`
-    /// (object UID `uid`) when it
-    /// differs from the one it last wrote: a server-side apply (field
-    /// manager `forewarn-agent`) of the object `<event>.<node>`, owned by the
-    /// event (deleted with it by the garbage collector). No other agent
+    /// (object UID `uid`) when it differs from the one it last wrote: a
+    /// server-side apply (field manager `forewarn-agent`) of the object
+    /// `<event>.<node>`, owned by the event (deleted with it by the garbage
+    /// collector). No other agent
     /// writes that object, so a hundred agents reporting one event never
     /// contend for one object.
     ///

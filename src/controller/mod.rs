@@ -101,35 +101,39 @@ impl Context {
             && ready(self.reports.wait_until_ready().now_or_never())
     }
 
-    /// The cached reports about `ev`.
-    pub fn reports_of(&self, ev: &ScheduledEvent) -> Vec<Report> {
-        reports_about(&self.reports.state(), ev)
-    }
-
     /// The cached reports, by the name of the `ScheduledEvent` they are
-    /// about; [`reports_about`] picks those of one object.
-    pub fn reports_by_event(&self) -> HashMap<String, Vec<Arc<ScheduledEventReport>>> {
-        let mut by_event: HashMap<String, Vec<Arc<ScheduledEventReport>>> = HashMap::new();
-        for r in self.reports.state() {
-            by_event
-                .entry(r.spec.scheduled_event.clone())
-                .or_default()
-                .push(r);
-        }
-        by_event
+    /// about (read once per reconcile: the event's own and the other
+    /// events' assessments share it).
+    pub fn reports_by_event(&self) -> ReportsByEvent {
+        group_by_event(self.reports.state())
     }
 }
 
-/// The reports among `reports` about the object `ev`: named for it and, when
-/// they carry an owner reference (agents always set one), owned by this very
-/// object, so the reports of an earlier object of the same name, until the
-/// garbage collector deletes them, do not count for a new one.
-pub fn reports_about(reports: &[Arc<ScheduledEventReport>], ev: &ScheduledEvent) -> Vec<Report> {
+/// Reports by the name of the `ScheduledEvent` they are about.
+pub type ReportsByEvent = HashMap<String, Vec<Arc<ScheduledEventReport>>>;
+
+fn group_by_event(reports: impl IntoIterator<Item = Arc<ScheduledEventReport>>) -> ReportsByEvent {
+    let mut by_event = ReportsByEvent::new();
+    for r in reports {
+        by_event
+            .entry(r.spec.scheduled_event.clone())
+            .or_default()
+            .push(r);
+    }
+    by_event
+}
+
+/// The reports about the object `ev`: named for it and, when they carry an
+/// owner reference (agents always set one), owned by this very object, so
+/// the reports of an earlier object of the same name, until the garbage
+/// collector deletes them, do not count for a new one.
+pub fn reports_about(reports: &ReportsByEvent, ev: &ScheduledEvent) -> Vec<Report> {
     let name = ev.metadata.name.as_deref().unwrap_or_default();
     let uid = ev.metadata.uid.as_deref();
     reports
-        .iter()
-        .filter(|r| r.spec.scheduled_event == name)
+        .get(name)
+        .into_iter()
+        .flatten()
         .filter(|r| {
             let owners = r.metadata.owner_references.as_deref().unwrap_or_default();
             owners.is_empty() || owners.iter().any(|o| Some(o.uid.as_str()) == uid)
@@ -224,7 +228,7 @@ mod tests {
             report("ev", "c", None),
             report("other", "d", Some("uid-new")),
         ];
-        let nodes: Vec<String> = reports_about(&all, &ev)
+        let nodes: Vec<String> = reports_about(&group_by_event(all), &ev)
             .into_iter()
             .map(|r| r.node)
             .collect();

@@ -17,7 +17,7 @@ use tracing::{debug, info, instrument, warn};
 use super::plan::{self, EvictionOutcome, NodeWrite, Observed, ObservedNode, Plan};
 use super::report::{self, Subject};
 use super::status::{self, Outcome};
-use super::{Context, Error, Result, drain, nodes, trust};
+use super::{Context, Error, ReportsByEvent, Result, drain, nodes, reports_about, trust};
 use crate::crd::ScheduledEvent;
 
 /// When to look again at an event whose evictions a budget refused.
@@ -118,10 +118,14 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
 
 /// The other unfinished events that map to each node and whose policy
 /// cordons it, from the controller's cache of `ScheduledEvent`s.
-fn claims(me: &str, ctx: &Context, cached: &[Arc<Node>]) -> HashMap<String, Vec<String>> {
+fn claims(
+    me: &str,
+    ctx: &Context,
+    cached: &[Arc<Node>],
+    reports: &ReportsByEvent,
+) -> HashMap<String, Vec<String>> {
     let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
     let policy = ctx.policy();
-    let reports = ctx.reports_by_event();
     for other in ctx.events.state() {
         let name = other.name_any();
         if name == me {
@@ -141,10 +145,7 @@ fn claims(me: &str, ctx: &Context, cached: &[Arc<Node>]) -> HashMap<String, Vec<
             nodes::map_resources(&other.spec.resources, cached.iter().map(AsRef::as_ref)).mapped;
         let assessment = trust::assess(
             &other,
-            &reports
-                .get(&name)
-                .map(|r| super::reports_about(r, &other))
-                .unwrap_or_default(),
+            &reports_about(reports, &other),
             mapped.iter().map(|(_, node)| node.as_str()),
             policy.trust_any_agent,
         );
@@ -180,6 +181,7 @@ async fn observe(
 ) -> Result<(ScheduledEvent, Observed, HashMap<String, Arc<Node>>)> {
     let me = ev.name_any();
     let cached = ctx.nodes.state();
+    let reports = ctx.reports_by_event();
     let nodes::Mapping {
         mapped,
         unmapped,
@@ -187,7 +189,7 @@ async fn observe(
     } = nodes::map_resources(&ev.spec.resources, cached.iter().map(AsRef::as_ref));
     let assessment = trust::assess(
         &ev,
-        &ctx.reports_of(&ev),
+        &reports_about(&reports, &ev),
         mapped.iter().map(|(_, node)| node.as_str()),
         trust_any_agent,
     );
@@ -237,7 +239,7 @@ async fn observe(
         &ev.spec.event_source,
         ev.spec.duration_seconds,
     );
-    let claims = claims(&me, ctx, &cached);
+    let claims = claims(&me, ctx, &cached, &reports);
     let mut wanted: Vec<(String, String)> =
         mapped.into_iter().map(|(vm, node)| (node, vm)).collect();
     for n in cached.iter().filter(|n| nodes::holds(n).contains(&me)) {

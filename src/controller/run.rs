@@ -6,15 +6,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use backon::ExponentialBuilder;
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::controller::{self, Action as Requeue, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector;
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use prometheus::Registry;
+use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
 use super::{Context, Error, drain, lease, reconcile::reconcile, reload, sweep};
@@ -69,17 +70,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     // The node cache runs whether or not this replica leads: readiness means
     // "healthy and synced", so a standby is Ready and a rolling update with
     // maxUnavailable 0 never waits for a Lease it cannot get.
-    let (nodes, writer) = reflector::store();
-    let node_stream = reflector::reflector(
-        writer,
-        watcher(
-            Api::<Node>::all(client.clone()),
-            watcher::Config::default().any_semantic(),
-        ),
-    )
-    .backoff(watch_backoff())
-    .touched_objects()
-    .for_each(|r| async {
+    let (nodes, node_stream) = cache::<Node>(client.clone());
+    let node_stream = node_stream.for_each(|r| async {
         if let Err(e) = r {
             warn!(error = %e, "Node watch error (retrying)");
         }
@@ -130,16 +122,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     // The agents' reports: one reflector feeds both the cache the trust
     // assessment reads and the trigger of the event they are about, so a
     // reconcile a report triggers always sees that report.
-    let (reports, report_writer) = reflector::store();
-    let report_stream = reflector::reflector(
-        report_writer,
-        watcher(
-            Api::<ScheduledEventReport>::all(client.clone()),
-            watcher::Config::default().any_semantic(),
-        ),
-    )
-    .backoff(watch_backoff())
-    .touched_objects();
+    let (reports, report_stream) = cache::<ScheduledEventReport>(client.clone());
     let controller = Controller::new(
         Api::<ScheduledEvent>::all(client.clone()),
         watcher::Config::default().any_semantic(),
@@ -209,6 +192,27 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     leader_gauge.set(0);
     info!("Controller stopped");
     outcome
+}
+
+/// A cache of every `K` in the cluster, and the stream that fills it (it
+/// fills only while the stream is polled), yielding each object it touched;
+/// watch errors back off with [`watch_backoff`].
+fn cache<K>(client: Client) -> (Store<K>, impl Stream<Item = Result<K, watcher::Error>>)
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        watcher(
+            Api::<K>::all(client),
+            watcher::Config::default().any_semantic(),
+        ),
+    )
+    .backoff(watch_backoff())
+    .touched_objects();
+    (store, stream)
 }
 
 /// Watches resume quickly after an API server outage: a bounded backoff

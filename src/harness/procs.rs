@@ -10,6 +10,8 @@ use anyhow::{Context as _, bail};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::imds::mock::LogEntry;
+
 /// A child process with its log file.
 pub struct Proc {
     /// Short name, e.g. `agent node-000001`.
@@ -430,6 +432,32 @@ impl Fleet {
     /// The mock's base URL, `http://ADDR`.
     pub fn imds_base(&self) -> &str {
         &self.launch.imds_base
+    }
+
+    /// Starts the mock's scenario clock (`POST /mock/start`).
+    ///
+    /// # Errors
+    /// When the mock does not answer 2xx.
+    pub async fn start_mock(&self, http: &reqwest::Client) -> anyhow::Result<()> {
+        http.post(format!("{}/mock/start", self.imds_base()))
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(())
+    }
+
+    /// The mock's log of what IMDS did (`GET /mock/log`).
+    ///
+    /// # Errors
+    /// When the mock does not answer 2xx with its JSON log.
+    pub async fn mock_log(&self, http: &reqwest::Client) -> anyhow::Result<Vec<LogEntry>> {
+        Ok(http
+            .get(format!("{}/mock/log", self.imds_base()))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?)
     }
 
     /// Waits until the controller and every agent answer `/readyz`.

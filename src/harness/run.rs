@@ -474,15 +474,6 @@ async fn ready_pods(client: &Client, ns: &str) -> anyhow::Result<i32> {
     Ok(i32::try_from(pods.items.iter().filter(|p| is_ready(p)).count()).unwrap_or(i32::MAX))
 }
 
-async fn fetch_mock_log(http: &reqwest::Client, addr: &str) -> anyhow::Result<Vec<LogEntry>> {
-    Ok(http
-        .get(format!("{addr}/mock/log"))
-        .send()
-        .await?
-        .json()
-        .await?)
-}
-
 /// Plays `opts.scenario` on `cluster` and checks the outcome.
 ///
 /// # Errors
@@ -567,11 +558,7 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         .no_proxy()
         .timeout(Duration::from_secs(5))
         .build()?;
-    let addr = fleet.imds_base().to_string();
-    http.post(format!("{addr}/mock/start"))
-        .send()
-        .await?
-        .error_for_status()?;
+    fleet.start_mock(&http).await?;
     let mut tl = Timeline::new(opts.live);
     tl.say(
         "harness",
@@ -692,8 +679,6 @@ async fn observe(
     fleet: &mut Fleet,
 ) -> anyhow::Result<Report> {
     let ns = &opts.namespace;
-    let addr = fleet.imds_base().to_string();
-    let addr = addr.as_str();
     let sevs: Api<ScheduledEvent> = Api::all(client.clone());
     let (sev_tx, mut sev_rx) = tokio::sync::mpsc::unbounded_channel();
     let sev_watch = tokio::spawn(async move {
@@ -812,7 +797,7 @@ async fn observe(
         }
 
         // IMDS side, from the mock's own log.
-        let log = fetch_mock_log(http, addr).await.unwrap_or_default();
+        let log = fleet.mock_log(http).await.unwrap_or_default();
         for entry in log.iter().skip(seen_log) {
             let id = short(&entry.event_id);
             let ev = scenario.events.iter().find(|e| e.id == entry.event_id);
