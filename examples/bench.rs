@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use chrono::{DateTime, Utc};
 use clap::Parser;
-use forewarn::crd::{CORDONED_FOR_ANNOTATION, ScheduledEvent, VM_NAME_ANNOTATION};
+use forewarn::crd::{CORDONED_FOR_ANNOTATION, ScheduledEvent};
 use forewarn::harness::cluster::{Cluster, repo_root};
 use forewarn::harness::procs::{Credentials, Fleet};
 use forewarn::imds::mock::LogEntry;
@@ -1141,13 +1141,16 @@ async fn scale_on(
         args.scale_pods,
         t.elapsed().as_secs_f64()
     ));
-    // Nodes without an agent: the annotation an agent writes, written directly.
+    // Nodes without an agent: their VM from the providerID, as on AKS (the
+    // controller maps the others by the VM their agents state).
     let nodes: Api<Node> = Api::all(client.clone());
     futures::stream::iter(agents..n)
         .map(|i| {
             let nodes = nodes.clone();
             async move {
-                let patch = json!({"metadata": {"annotations": {VM_NAME_ANNOTATION: vm_name(i)}}});
+                let patch = json!({"spec": {"providerID": format!(
+                    "azure:///subscriptions/bench/resourceGroups/bench/providers/Microsoft.Compute/virtualMachineScaleSets/bench-vmss/virtualMachines/{i}"
+                )}});
                 nodes
                     .patch(
                         &node_name(i),

@@ -2,6 +2,9 @@
 # Prints manifests/forewarn.yaml: the chart rendered with its default values
 # (release "forewarn" in namespace "forewarn", CRDs included), preceded by
 # the namespace with the Pod Security label the agent needs (hostNetwork).
+# Rendered for a cluster that serves the ValidatingAdmissionPolicy API
+# (Kubernetes >= 1.30): without it the chart refuses to render, since the
+# agents would not be confined to their own node.
 # `make manifests` writes it; tests/chart.rs fails when the file drifts.
 #
 # Environment:
@@ -21,4 +24,5 @@ metadata:
     pod-security.kubernetes.io/enforce: privileged
 YAML
 echo "---"
-"$helm" template forewarn "$here/../charts/forewarn" --namespace forewarn --include-crds
+"$helm" template forewarn "$here/../charts/forewarn" --namespace forewarn --include-crds \
+  --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy

@@ -125,6 +125,12 @@ pub struct ControllerArgs {
     /// (bookkeeping, not maintenance).
     #[arg(long, env = "FOREWARN_DRY_RUN")]
     pub dry_run: bool,
+    /// The ValidatingAdmissionPolicy (and its binding, of the same name)
+    /// that confines each agent to its own node's reports; the controller
+    /// exports whether it is installed (`forewarn_agent_confinement_installed`).
+    /// Absent: no policy is expected, and the gauge is 0.
+    #[arg(long, env = "FOREWARN_AGENT_POLICY")]
+    pub agent_policy: Option<String>,
     /// `ScheduledEvent`s reconciled at once.
     #[arg(long, env = "FOREWARN_RECONCILE_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub reconcile_concurrency: u16,

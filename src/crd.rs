@@ -1,6 +1,8 @@
-//! The `ScheduledEvent` custom resource: one per Azure `EventId`, its `spec`
-//! mirrored from IMDS by the agents, its `status` written by the controller
-//! (and the approval result by the agent that sent it).
+//! The custom resources: `ScheduledEventReport`, one agent's view of one
+//! Azure Scheduled Event from its own IMDS document (written only by that
+//! agent), and `ScheduledEvent`, one per `EventId`, written only by the
+//! controller: its `spec` from the reports of the VMs the event names, its
+//! `status` from what the controller did.
 
 use chrono::{DateTime, Utc};
 use kube::CustomResource;
@@ -13,13 +15,12 @@ pub use crate::policy::Action;
 pub const AGENT_MANAGER: &str = "forewarn-agent";
 /// Field manager of the controller's server-side applies.
 pub const CONTROLLER_MANAGER: &str = "forewarn-controller";
-/// Node annotation with the VM name (`compute.name`) the agent read from IMDS.
-pub const VM_NAME_ANNOTATION: &str = "forewarn.dev/vm-name";
 /// Node annotation listing, comma-separated, the `ScheduledEvent`s for which
 /// forewarn cordoned the node. Present only when forewarn did the cordon.
 pub const CORDONED_FOR_ANNOTATION: &str = "forewarn.dev/cordoned-for";
 
-/// An Azure Scheduled Event as IMDS announces it to the VMs it concerns.
+/// An Azure Scheduled Event as IMDS announces it to the VMs it concerns,
+/// as the controller builds it from the agents' reports (DESIGN.md, Trust).
 ///
 /// The object name is the `EventId` in lower case when it is a GUID, else
 /// `sev-` and a hash of it; `spec.eventId` keeps the id as IMDS spells it.
@@ -116,21 +117,34 @@ pub struct ScheduledEventSpec {
     /// `Description`: free text from Azure.
     #[serde(default)]
     pub description: String,
-    /// How many times this `EventId` has appeared in IMDS, from 1. An agent
-    /// that finds the event listed again after the object recorded it
-    /// `Completed` (IMDS flapped, or the platform reused the id) sets
-    /// `eventStatus` to what IMDS shows and adds 1; `eventStatus` moves only
-    /// forward within one appearance. The controller starts its handling over
-    /// when this grows.
+    /// How many times this `EventId` has appeared in IMDS, from 1: the
+    /// highest `appearance` of the reports it is built from (an agent counts
+    /// one more each time the event is listed again after it left its
+    /// document). The controller starts its handling over when this grows.
     #[serde(default = "one")]
-    #[schemars(range(min = 1))]
+    #[schemars(with = "i32", range(min = 1))]
     pub appearance: u32,
 }
 
-/// One agent's view of one `ScheduledEvent`, from its own IMDS document.
-/// Named `<scheduledEvent>.<node>` (the API server enforces it); only the
-/// agent of `node` may write it (the chart's admission policy); owned by
-/// the event, so it is deleted with it.
+impl ScheduledEventSpec {
+    /// [`identity_digest`] of this spec.
+    pub fn digest(&self) -> String {
+        identity_digest(
+            &self.event_id,
+            &self.event_type,
+            &self.event_source,
+            &self.resource_type,
+            &self.resources,
+            self.duration_seconds,
+        )
+    }
+}
+
+/// One agent's view of one Azure Scheduled Event, from its own IMDS
+/// document. Named `<scheduledEvent>.<node>` (the API server enforces it);
+/// only the agent of `node` may write it (the chart's admission policy).
+/// The controller builds the `ScheduledEvent` from these reports and deletes
+/// them with it when its retention is over.
 // One small object per (event, node), not an entry in the event's spec: a
 // hundred agents writing one object made the API server retry each write on
 // conflict and send the whole object to every watcher each time, and a
@@ -182,7 +196,8 @@ pub struct ScheduledEventReportSpec {
     pub report: Report,
 }
 
-/// One agent's view of an event, from its own IMDS document.
+/// One agent's view of an event, from its own IMDS document: every field
+/// of the event as IMDS lists it, and the approvals this agent sent.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Report {
@@ -190,18 +205,90 @@ pub struct Report {
     pub node: String,
     /// The reporting agent's VM (`compute.name`).
     pub vm: String,
-    /// Whether its VM is among the event's `Resources`.
+    /// Whether its VM is among the event's `Resources` (the agent's word;
+    /// the controller checks it against the node's `providerID`).
     pub named: bool,
-    /// The event's status in its document when the agent first saw it
-    /// listed (`Scheduled` or `Started`; not rewritten when it starts), and
-    /// `Completed` once it left the document.
+    /// The event's `EventStatus` in its document (`Scheduled`, `Started`;
+    /// an unknown status as `Started`), and `Completed` once it left the
+    /// document.
     pub event_status: EventStatus,
-    /// The `spec.appearance` the report is about.
+    /// Which appearance of the `EventId` in this agent's document, from 1:
+    /// one more each time it is listed again after it left.
     #[serde(default = "one")]
+    #[schemars(with = "i32", range(min = 1))]
     pub appearance: u32,
-    /// [`resources_digest`] of the `Resources` it was listed with: two other
-    /// agents vouch for a node only for the `Resources` the spec holds.
-    pub resources_digest: String,
+    /// `EventId` as IMDS spells it.
+    #[serde(default)]
+    pub event_id: String,
+    /// `EventType` as IMDS sends it.
+    #[serde(default)]
+    pub event_type: String,
+    /// `EventSource`: `Platform` or `User`.
+    #[serde(default)]
+    pub event_source: String,
+    /// `ResourceType`: `VirtualMachine`.
+    #[serde(default)]
+    pub resource_type: String,
+    /// `Resources`: the VM names the event affects.
+    #[serde(default)]
+    pub resources: Vec<String>,
+    /// `NotBefore` (RFC 3339, UTC), absent when IMDS gives none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<DateTime<Utc>>,
+    /// `DurationInSeconds`: `0` none, `-1` unknown.
+    #[serde(default = "minus_one")]
+    pub duration_seconds: i64,
+    /// `Description`: free text from Azure.
+    #[serde(default)]
+    pub description: String,
+    /// The `DocumentIncarnation` of the document this view came in.
+    #[serde(default)]
+    pub document_incarnation: i64,
+    /// The approvals (`StartRequests` POSTs) this agent sent for the event,
+    /// oldest first, at most [`MAX_SENT_APPROVALS`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<SentApproval>,
+}
+
+/// How many sent approvals a report keeps (the newest).
+pub const MAX_SENT_APPROVALS: usize = 5;
+
+impl Report {
+    /// [`identity_digest`] of the event as this agent sees it.
+    pub fn digest(&self) -> String {
+        identity_digest(
+            &self.event_id,
+            &self.event_type,
+            &self.event_source,
+            &self.resource_type,
+            &self.resources,
+            self.duration_seconds,
+        )
+    }
+
+    /// Whether the event is in this agent's document (not `Completed`).
+    pub fn is_listed(&self) -> bool {
+        self.event_status != EventStatus::Completed
+    }
+}
+
+/// One approval an agent sent, and what IMDS answered.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SentApproval {
+    /// The decision it carried out: its `appearance`.
+    #[schemars(with = "i32")]
+    pub appearance: u32,
+    /// The decision it carried out: its identity digest.
+    pub digest: String,
+    /// When the agent sent the POST.
+    pub sent_at: DateTime<Utc>,
+    /// The HTTP status IMDS answered (200: accepted), 0 when no answer came.
+    #[schemars(with = "i32")]
+    pub status: u16,
+    /// The start of IMDS's answer, or the transport error.
+    #[serde(default)]
+    pub body: String,
 }
 
 /// The name of the [`ScheduledEventReport`] of `node` about `event`:
@@ -212,13 +299,29 @@ pub fn report_name(event: &str, node: &str) -> Option<String> {
     (name.len() <= 253).then_some(name)
 }
 
-/// A short, stable digest of a `Resources` list: SHA-256 of the names in
-/// lower case, sorted and deduplicated, one per line; 16 hex digits.
-pub fn resources_digest(resources: &[String]) -> String {
+/// A short, stable digest of an event's identity, what an approval decision
+/// is bound to (DESIGN.md rule 3): SHA-256 over the `EventId` (lower case),
+/// `EventType`, `EventSource`, `ResourceType`, the `Resources` (lower case,
+/// sorted, deduplicated) and `DurationInSeconds`, one per line; 16 hex
+/// digits. Status, `NotBefore` and description are not part of it: they
+/// change while the event stays the same.
+pub fn identity_digest(
+    event_id: &str,
+    event_type: &str,
+    source: &str,
+    resource_type: &str,
+    resources: &[String],
+    duration_seconds: i64,
+) -> String {
     let mut names: Vec<String> = resources.iter().map(|r| r.to_ascii_lowercase()).collect();
     names.sort();
     names.dedup();
-    short_digest(names.join("\n").as_bytes())
+    let text = format!(
+        "{}\n{event_type}\n{source}\n{resource_type}\n{}\n{duration_seconds}",
+        event_id.to_ascii_lowercase(),
+        names.join(",")
+    );
+    short_digest(text.as_bytes())
 }
 
 fn short_digest(bytes: &[u8]) -> String {
@@ -234,8 +337,9 @@ fn minus_one() -> i64 {
     -1
 }
 
-/// What forewarn did about an event. Written by the controller, except
-/// `approval.sentAt`/`sentBy`/`result`, which the agent that sent it writes.
+/// What forewarn did about an event. Written by the controller only; the
+/// approval's `sentAt`, `sentBy` and `result` are copied from the report of
+/// the agent that sent it.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ScheduledEventStatus {
@@ -290,6 +394,7 @@ pub struct ScheduledEventStatus {
     /// controller handles the event afresh and moves the earlier record to
     /// `previousAppearances`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<i32>")]
     pub appearance: Option<u32>,
     /// What happened in earlier appearances of this `EventId`, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -301,6 +406,7 @@ pub struct ScheduledEventStatus {
 #[serde(rename_all = "camelCase")]
 pub struct PreviousAppearance {
     /// Which appearance (1 for the first).
+    #[schemars(with = "i32")]
     pub appearance: u32,
     /// Its last phase (absent if the controller had recorded none). A string
     /// on the wire, one of the [`Phase`] names in the schema; an empty
@@ -464,23 +570,36 @@ pub struct NodeProgress {
     pub drained_at: Option<DateTime<Utc>>,
 }
 
-/// The approval ("start the event now") of a `Scheduled` event.
+/// The approval ("start the event now") of a `Scheduled` event: the
+/// controller's decision, bound to the event it was made on (DESIGN.md rule
+/// 3), and what the sending agent reported of its POST.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Approval {
-    /// When the controller decided the event may be approved (controller).
+    /// When the controller decided the event may be approved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_at: Option<DateTime<Utc>>,
-    /// Why it was decided, e.g. `all 1 affected nodes drained` (controller).
+    /// Why it was decided, e.g. `all 1 affected nodes drained`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// When an agent sent the `StartRequests` POST to IMDS (agent).
+    /// The appearance decided on: an agent sends it only while its own
+    /// report is of this appearance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<i32>")]
+    pub appearance: Option<u32>,
+    /// The identity digest decided on ([`identity_digest`]): an agent sends
+    /// it only while its own IMDS document lists the event `Scheduled` with
+    /// this digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// When an agent sent the `StartRequests` POST (from its report).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sent_at: Option<DateTime<Utc>>,
-    /// The node whose agent sent it (agent).
+    /// The node whose agent sent it (from its report).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sent_by: Option<String>,
-    /// `Accepted`, or the error IMDS returned (agent).
+    /// `Accepted` (IMDS answered 200 to that agent), or the error IMDS
+    /// answered it: only ever the sender's word about its own POST.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<String>,
 }

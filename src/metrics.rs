@@ -219,6 +219,9 @@ pub struct ControllerMetrics {
     pub approval_margin: HistogramVec,
     /// 1 while this replica holds the leader-election Lease, else 0.
     pub leader: IntGauge,
+    /// 1 when the admission policy that confines each agent to its own
+    /// node's reports, and its binding, are installed and deny; else 0.
+    pub agent_confinement: IntGauge,
     caches: Caches,
     /// Objects (UID and appearance) already counted as observed: a
     /// reconcile that runs on a cached copy older than its own status
@@ -315,6 +318,10 @@ impl ControllerMetrics {
                 "forewarn_controller_leader",
                 "1 while this replica holds the leader-election Lease",
             )?,
+            agent_confinement: IntGauge::new(
+                "forewarn_agent_confinement_installed",
+                "1 when the admission policy confining each agent to its own node's reports is installed and denies",
+            )?,
             caches: Caches::default(),
             counted: std::sync::Arc::default(),
         })
@@ -335,6 +342,7 @@ impl ControllerMetrics {
             Box::new(self.drain_duration.clone()),
             Box::new(self.approval_margin.clone()),
             Box::new(self.leader.clone()),
+            Box::new(self.agent_confinement.clone()),
             Box::new(CacheCollector::new(self.caches.clone())?),
         ])
     }
@@ -897,6 +905,12 @@ mod tests {
         let m = ControllerMetrics::register(&r).expect("register");
         m.leader.set(1);
         let names: Vec<String> = r.gather().iter().map(|f| f.name().to_string()).collect();
-        assert_eq!(names, ["forewarn_controller_leader"]);
+        assert_eq!(
+            names,
+            [
+                "forewarn_agent_confinement_installed",
+                "forewarn_controller_leader"
+            ]
+        );
     }
 }

@@ -1,10 +1,18 @@
 //! The agent against a real API server (local control plane, cluster
 //! `forewarn-agent`) and the real `forewarn imds-mock`, both run as the
-//! shipped binary: how the object is written (`managedFields`), and how the
-//! agent rides out what IMDS does (slow first call, malformed entries,
-//! incarnation going down, flaps, 429, odd ids), and when it sends an
-//! approval. No controller runs: tests write the decision themselves. They
+//! shipped binary: what each agent writes (only its own
+//! `ScheduledEventReport` per event, `<event>.<node>`, and how the API
+//! server stores it: `managedFields`), how it rides out what IMDS does (slow
+//! first call, malformed entries, incarnation going down, flaps, 429, odd
+//! ids), and when it sends an approval. No controller runs: the tests read
+//! the reports themselves, and where a decision is needed they create the
+//! `ScheduledEvent` and write the decision as the controller would. They
 //! fail, never skip, when the cluster cannot start.
+//!
+//! Tests run in parallel, and an agent takes every report of its node as
+//! its own (it reads them back at start and reports `Completed` what its
+//! document no longer lists): the agents of each test have node names of
+//! their own.
 #![cfg(feature = "harness")]
 
 use std::path::PathBuf;
@@ -12,13 +20,16 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use forewarn::crd::ScheduledEvent;
+use forewarn::crd::{
+    AGENT_MANAGER, CONTROLLER_MANAGER, Report, ScheduledEvent, ScheduledEventReport,
+    ScheduledEventSpec, identity_digest,
+};
 use forewarn::harness::cluster::{Cluster, repo_root};
 use forewarn::harness::procs::{Proc, free_port, read_mock_address, wait_ready};
 use forewarn::imds::mock::{LogEntry, RequestEntry};
 use forewarn::imds::model::object_name;
-use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
 /// One cluster for the whole test binary.
@@ -37,6 +48,11 @@ fn cluster() -> Cluster {
         .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"))
 }
 
+/// The name of the report of `node` about the event `id`: `<event>.<node>`.
+fn report_name(id: &str, node: &str) -> String {
+    format!("{}.{node}", object_name(id))
+}
+
 /// One test's processes: the mock and its agents.
 struct Rig {
     name: String,
@@ -45,31 +61,57 @@ struct Rig {
     base: String,
     mock: Proc,
     agents: Vec<(Proc, u16)>,
-    api: Api<ScheduledEvent>,
+    events: Api<ScheduledEvent>,
+    reports: Api<ScheduledEventReport>,
     http: reqwest::Client,
 }
 
 impl Rig {
-    /// Starts the mock (held) for `scenario`, after deleting the objects of `ids`.
+    /// Starts the mock (held) for `scenario`, after deleting the objects of
+    /// `ids` (`ScheduledEvent`s and every report about them).
     async fn start(name: &str, scenario: &str, ids: &[&str]) -> Rig {
         let cluster = tokio::task::spawn_blocking(cluster)
             .await
             .expect("cluster start panicked");
         let client = cluster.client().await.expect("client");
-        let api: Api<ScheduledEvent> = Api::all(client);
-        for id in ids {
-            let _ = api.delete(&object_name(id), &DeleteParams::default()).await;
-        }
-        for id in ids {
-            let n = object_name(id);
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while api.get_opt(&n).await.expect("get").is_some() {
-                assert!(
-                    Instant::now() < deadline,
-                    "{n} from an earlier run not deleted"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
+        let events: Api<ScheduledEvent> = Api::all(client.clone());
+        let reports: Api<ScheduledEventReport> = Api::all(client);
+        let names: Vec<String> = ids.iter().map(|id| object_name(id)).collect();
+        let stale = || async {
+            let mut left: Vec<String> = Vec::new();
+            for n in &names {
+                if events.get_opt(n).await.expect("get").is_some() {
+                    left.push(n.clone());
+                }
             }
+            for r in reports.list(&ListParams::default()).await.expect("list") {
+                if names.contains(&r.spec.scheduled_event) {
+                    left.push(r.name_any());
+                }
+            }
+            left
+        };
+        for n in &names {
+            let _ = events.delete(n, &DeleteParams::default()).await;
+        }
+        for r in reports.list(&ListParams::default()).await.expect("list") {
+            if names.contains(&r.spec.scheduled_event) {
+                let _ = reports
+                    .delete(&r.name_any(), &DeleteParams::default())
+                    .await;
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = stale().await;
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{left:?} from an earlier run not deleted"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let dir = repo_root().join("target/agent-imds").join(name);
         std::fs::create_dir_all(&dir).unwrap();
@@ -101,7 +143,8 @@ impl Rig {
             base,
             mock,
             agents: Vec::new(),
-            api,
+            events,
+            reports,
             http: reqwest::Client::builder()
                 .no_proxy()
                 .timeout(Duration::from_secs(5))
@@ -186,7 +229,9 @@ impl Rig {
             .unwrap()
     }
 
-    async fn requests(&self, vm: &str) -> Vec<RequestEntry> {
+    /// The requests the mock received for `vm` with `method` (`GET`: polls,
+    /// `POST`: `StartRequests`).
+    async fn requests_by(&self, vm: &str, method: &str) -> Vec<RequestEntry> {
         let all: Vec<RequestEntry> = self
             .http
             .get(format!("{}/mock/requests", self.base))
@@ -197,8 +242,13 @@ impl Rig {
             .await
             .unwrap();
         all.into_iter()
-            .filter(|r| r.vm == vm && r.method == "GET")
+            .filter(|r| r.vm == vm && r.method == method)
             .collect()
+    }
+
+    /// The scheduled events polls the mock received for `vm`.
+    async fn requests(&self, vm: &str) -> Vec<RequestEntry> {
+        self.requests_by(vm, "GET").await
     }
 
     async fn metrics(&self, agent: usize) -> String {
@@ -216,18 +266,43 @@ impl Rig {
         std::fs::read_to_string(&self.agents[agent].0.log).unwrap_or_default()
     }
 
-    async fn get(&self, id: &str) -> Option<ScheduledEvent> {
-        self.api.get_opt(&object_name(id)).await.unwrap()
+    /// The report of `node` about the event `id`, as the API server holds it.
+    async fn report(&self, id: &str, node: &str) -> Option<ScheduledEventReport> {
+        self.reports.get_opt(&report_name(id, node)).await.unwrap()
     }
 
-    /// The object as the API server stores it, `managedFields` included.
-    fn raw(&self, id: &str) -> Value {
+    /// Every report about the event `id`, whatever its object name.
+    async fn reports_about(&self, id: &str) -> Vec<ScheduledEventReport> {
+        let name = object_name(id);
+        self.reports
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.spec.scheduled_event == name)
+            .collect()
+    }
+
+    /// Every report of `node`, whatever the event.
+    async fn reports_of(&self, node: &str) -> Vec<ScheduledEventReport> {
+        self.reports
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.spec.report.node == node)
+            .collect()
+    }
+
+    /// The report of `node` about `id` as the API server stores it,
+    /// `managedFields` included.
+    fn raw_report(&self, id: &str, node: &str) -> Value {
         let out = self
             .cluster
             .kubectl(&[
                 "get",
-                "scheduledevents",
-                &object_name(id),
+                "scheduledeventreports",
+                &report_name(id, node),
                 "-o",
                 "json",
                 "--show-managed-fields",
@@ -261,12 +336,34 @@ impl Rig {
         }
     }
 
-    /// Waits until the object of `id` has `eventStatus` `status`; returns it.
-    async fn wait_status(&self, id: &str, status: &str, within: Duration) -> ScheduledEvent {
-        self.wait_for(&format!("{id} {status}"), within, || async {
-            self.get(id).await.filter(|o| o.spec.event_status == status)
-        })
+    /// Waits until the report of `node` about `id` satisfies `ok`; returns it.
+    async fn wait_report_where(
+        &self,
+        id: &str,
+        node: &str,
+        what: &str,
+        within: Duration,
+        ok: impl Fn(&Report) -> bool,
+    ) -> Report {
+        let ok = &ok;
+        self.wait_for(
+            &format!("the report {} {what}", report_name(id, node)),
+            within,
+            || async move {
+                self.report(id, node)
+                    .await
+                    .map(|r| r.spec.report)
+                    .filter(ok)
+            },
+        )
         .await
+    }
+
+    /// Waits until the report of `node` about `id` has `eventStatus`
+    /// `status`; returns its view.
+    async fn wait_report(&self, id: &str, node: &str, status: &str, within: Duration) -> Report {
+        self.wait_report_where(id, node, status, within, |r| r.event_status == status)
+            .await
     }
 
     /// Stops every process; each must exit cleanly on SIGTERM.
@@ -301,9 +398,25 @@ fn owners_of(raw: &Value, field: &str) -> Vec<String> {
         .collect()
 }
 
+/// Every `managedFields` entry, as `"manager"/"operation"`.
+fn managers(raw: &Value) -> Vec<String> {
+    raw["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| format!("{}/{}", m["manager"], m["operation"]))
+        .collect()
+}
+
+/// The one entry of `managedFields` an agent's report has: its own apply.
+fn agent_apply() -> String {
+    format!(r#""{AGENT_MANAGER}"/"Apply""#)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn started_event_keeps_no_not_before_and_no_stale_owner_of_it() {
     const ID: &str = "A1000000-0000-4000-8000-00000000000A";
+    const NODES: [&str; 2] = ["nb-node-0", "nb-node-1"];
     let mut rig = Rig::start(
         "not-before",
         &format!(
@@ -312,86 +425,112 @@ async fn started_event_keeps_no_not_before_and_no_stale_owner_of_it() {
         &[ID],
     )
     .await;
-    // Two agents see the event at once: both race to create it.
-    rig.agent("node-000000", "nb_0", &[]).await;
-    rig.agent("node-000001", "nb_1", &[]).await;
+    // Two agents see the event at once; each writes its own report.
+    rig.agent(NODES[0], "nb_0", &[]).await;
+    rig.agent(NODES[1], "nb_1", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
 
-    let scheduled = rig
-        .wait_status(ID, "Scheduled", Duration::from_secs(20))
-        .await;
-    assert!(
-        scheduled.spec.not_before.is_some(),
-        "Scheduled without NotBefore"
-    );
-    assert_eq!(scheduled.spec.appearance, 1);
-    let raw = rig.raw(ID);
-    assert_eq!(
-        owners_of(&raw, "f:notBefore"),
-        [r#""forewarn-agent"/"Update""#],
-        "{raw:#}"
-    );
+    for node in NODES {
+        let scheduled = rig
+            .wait_report(ID, node, "Scheduled", Duration::from_secs(20))
+            .await;
+        assert!(
+            scheduled.not_before.is_some(),
+            "{node}: Scheduled without NotBefore"
+        );
+        assert_eq!(scheduled.appearance, 1, "{node}");
+        let raw = rig.raw_report(ID, node);
+        assert_eq!(
+            owners_of(&raw, "f:notBefore"),
+            [agent_apply()],
+            "{node}: {raw:#}"
+        );
+    }
 
-    rig.wait_status(ID, "Started", Duration::from_secs(30))
-        .await;
-    let raw = rig.raw(ID);
-    assert!(
-        raw["spec"].get("notBefore").is_none(),
-        "notBefore survived the start: {:#}",
-        raw["spec"]
-    );
-    assert!(
-        owners_of(&raw, "f:notBefore").is_empty(),
-        "a stale owner of f:notBefore: {:#}",
-        raw["metadata"]["managedFields"]
-    );
-    // One owner of the spec, `forewarn-agent`, and nothing else: the
-    // agents' reports are objects of their own.
-    let fields = raw["metadata"]["managedFields"].as_array().unwrap();
-    let managers: Vec<String> = fields
-        .iter()
-        .map(|m| format!("{}/{}", m["manager"], m["operation"]))
-        .collect();
-    assert_eq!(
-        managers,
-        [r#""forewarn-agent"/"Update""#],
-        "spec has one owner"
-    );
+    for node in NODES {
+        rig.wait_report(ID, node, "Started", Duration::from_secs(30))
+            .await;
+        let raw = rig.raw_report(ID, node);
+        assert!(
+            raw["spec"]["report"].get("notBefore").is_none(),
+            "{node}: notBefore survived the start: {:#}",
+            raw["spec"]
+        );
+        assert!(
+            owners_of(&raw, "f:notBefore").is_empty(),
+            "{node}: a stale owner of f:notBefore: {:#}",
+            raw["metadata"]["managedFields"]
+        );
+        // One owner of the whole report, the agent's apply, and nothing else.
+        assert_eq!(
+            managers(&raw),
+            [agent_apply()],
+            "{node}: the report has one owner: {:#}",
+            raw["metadata"]["managedFields"]
+        );
+    }
     // Each agent's report, as the API server holds it: named for the event
-    // and its node, about this event, owned by this very object.
+    // and its node, about this event, owned by no object.
     let out = rig
         .cluster
         .kubectl(&["get", "scheduledeventreports", "-o", "json"])
         .unwrap();
     let reports: Value = serde_json::from_str(&out).unwrap();
     let name = object_name(ID);
-    let mut nodes: Vec<String> = Vec::new();
+    let mut seen: Vec<(String, bool, String)> = Vec::new();
     for r in reports["items"].as_array().unwrap() {
         if r["spec"]["scheduledEvent"] != name.as_str() {
             continue;
         }
-        let node = r["spec"]["report"]["node"].as_str().unwrap().to_string();
+        let report = &r["spec"]["report"];
+        let node = report["node"].as_str().unwrap().to_string();
         assert_eq!(r["metadata"]["name"], format!("{name}.{node}"), "{r:#}");
-        assert_eq!(
-            r["metadata"]["ownerReferences"][0]["uid"], raw["metadata"]["uid"],
-            "{r:#}"
+        assert!(
+            r["metadata"].get("ownerReferences").is_none(),
+            "a report with an owner: {r:#}"
         );
-        assert_eq!(
-            r["metadata"]["ownerReferences"][0]["kind"], "ScheduledEvent",
-            "{r:#}"
-        );
-        nodes.push(node);
+        assert_eq!(report["eventId"], ID, "{r:#}");
+        assert_eq!(report["eventStatus"], "Started", "{r:#}");
+        assert_eq!(report["appearance"], 1, "{r:#}");
+        seen.push((
+            node,
+            report["named"].as_bool().unwrap(),
+            report["vm"].as_str().unwrap().to_string(),
+        ));
     }
-    nodes.sort();
+    seen.sort();
     // nb_1's agent sees the event too (IMDS delivers it to the set), unnamed.
-    assert_eq!(nodes, ["node-000000", "node-000001"], "{reports:#}");
-    assert_eq!(raw["spec"]["eventId"], ID);
+    assert_eq!(
+        seen,
+        [
+            (NODES[0].to_string(), true, "nb_0".to_string()),
+            (NODES[1].to_string(), false, "nb_1".to_string())
+        ],
+        "{reports:#}"
+    );
+    // Agents write no ScheduledEvent: that is the controller's, and none runs.
+    assert!(
+        rig.events.get_opt(&name).await.unwrap().is_none(),
+        "an agent wrote the ScheduledEvent {name}"
+    );
     for i in 0..2 {
         let log = rig.agent_log(i);
         assert!(
-            !log.contains("Could not mirror"),
+            !log.contains("Could not write this agent's report"),
             "agent {i} failed a write:\n{log}"
+        );
+        // One write per change of its view: first seen, then Started.
+        let m = rig.metrics(i).await;
+        assert_eq!(
+            counter(&m, r#"forewarn_agent_mirror_writes_total{result="ok"}"#),
+            2.0,
+            "agent {i}: {m}"
+        );
+        assert_eq!(
+            counter(&m, r#"forewarn_agent_mirror_writes_total{result="error"}"#),
+            0.0,
+            "agent {i}: {m}"
         );
     }
     rig.stop().await;
@@ -401,6 +540,8 @@ async fn started_event_keeps_no_not_before_and_no_stale_owner_of_it() {
 async fn first_imds_call_slower_than_the_short_timeout_succeeds() {
     const ID: &str = "A2000000-0000-4000-8000-00000000000B";
     const CONTROL_ID: &str = "A2000000-0000-4000-8000-00000000000C";
+    const PATIENT: &str = "fc-node-0";
+    const CONTROL: &str = "fc-node-1";
     let mut rig = Rig::start(
         "first-call",
         &format!(
@@ -411,23 +552,29 @@ async fn first_imds_call_slower_than_the_short_timeout_succeeds() {
     .await;
     rig.start_clock().await;
     // The default: 2 s per request, 120 s until IMDS first answers.
-    let patient = rig
-        .agent("node-000000", "fc_0", &["--imds-timeout", "2s"])
-        .await;
+    let patient = rig.agent(PATIENT, "fc_0", &["--imds-timeout", "2s"]).await;
     // The control: 2 s from the first request on, as before.
     rig.agent(
-        "node-000001",
+        CONTROL,
         "fc_1",
         &["--imds-timeout", "2s", "--imds-first-timeout", "2s"],
     )
     .await;
     // Only the patient agent sees this event.
-    let obj = rig
-        .wait_status(ID, "Scheduled", Duration::from_secs(40))
+    let report = rig
+        .wait_report(ID, PATIENT, "Scheduled", Duration::from_secs(40))
         .await;
-    assert_eq!(obj.spec.event_id, ID);
-    rig.wait_status(CONTROL_ID, "Scheduled", Duration::from_secs(20))
+    assert_eq!(report.event_id, ID);
+    assert!(report.named);
+    rig.wait_report(CONTROL_ID, CONTROL, "Scheduled", Duration::from_secs(20))
         .await;
+    let about: Vec<String> = rig
+        .reports_about(ID)
+        .await
+        .iter()
+        .map(|r| r.name_any())
+        .collect();
+    assert_eq!(about, [report_name(ID, PATIENT)]);
 
     let patient_reqs = rig.requests("fc_0").await;
     let first = &patient_reqs[0];
@@ -469,6 +616,7 @@ async fn one_malformed_event_does_not_block_the_good_ones() {
     const GOOD1: &str = "A3000000-0000-4000-8000-000000000001";
     const BAD: &str = "A3000000-0000-4000-8000-000000000002";
     const GOOD2: &str = "A3000000-0000-4000-8000-000000000003";
+    const NODE: &str = "mf-node-0";
     let mut rig = Rig::start(
         "malformed",
         &format!(
@@ -477,16 +625,17 @@ async fn one_malformed_event_does_not_block_the_good_ones() {
         &[GOOD1, BAD, GOOD2],
     )
     .await;
-    let a = rig.agent("node-000002", "mf_0", &[]).await;
+    let a = rig.agent(NODE, "mf_0", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
-    rig.wait_status(GOOD1, "Scheduled", Duration::from_secs(20))
+    rig.wait_report(GOOD1, NODE, "Scheduled", Duration::from_secs(20))
         .await;
-    rig.wait_status(GOOD2, "Scheduled", Duration::from_secs(20))
+    rig.wait_report(GOOD2, NODE, "Scheduled", Duration::from_secs(20))
         .await;
-    // Still no object for the malformed one a few polls later.
+    // Still no report on the malformed one a few polls later.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(rig.get(BAD).await.is_none(), "malformed event mirrored");
+    let bad = rig.reports_about(BAD).await;
+    assert!(bad.is_empty(), "malformed event reported: {bad:?}");
     let log = rig.agent_log(a);
     let line = log
         .lines()
@@ -501,10 +650,11 @@ async fn one_malformed_event_does_not_block_the_good_ones() {
         1,
         "logged more than once per document change"
     );
-    // GOOD2's NotBefore is in no known format: mirrored without it, and
+    // GOOD2's NotBefore is in no known format: reported without it, and
     // said once, not on every poll.
-    let good2 = rig.get(GOOD2).await.unwrap();
-    assert_eq!(good2.spec.not_before, None);
+    let good2 = rig.report(GOOD2, NODE).await.unwrap();
+    assert_eq!(good2.spec.report.not_before, None);
+    assert_eq!(good2.spec.report.event_status, "Scheduled");
     assert_eq!(
         log.matches("Ignoring NotBefore in an unknown format")
             .count(),
@@ -525,6 +675,7 @@ async fn incarnation_going_down_after_a_redeploy_is_handled() {
     const A: &str = "A4000000-0000-4000-8000-000000000001";
     const C: &str = "A4000000-0000-4000-8000-000000000002";
     const B: &str = "A4000000-0000-4000-8000-000000000003";
+    const NODE: &str = "inc-node-0";
     let mut rig = Rig::start(
         "incarnation",
         &format!(
@@ -533,21 +684,25 @@ async fn incarnation_going_down_after_a_redeploy_is_handled() {
         &[A, B, C],
     )
     .await;
-    let a = rig.agent("node-000001", "inc_0", &[]).await;
+    let a = rig.agent(NODE, "inc_0", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
-    rig.wait_status(A, "Scheduled", Duration::from_secs(20))
+    rig.wait_report(A, NODE, "Scheduled", Duration::from_secs(20))
         .await;
     // The document went 1 -> 2 (A) -> 3 (C) -> 4 (C cancelled), then the
     // redeploy restarts it at 1, and B makes it 2: lower than 4.
     let b = rig
-        .wait_status(B, "Scheduled", Duration::from_secs(30))
+        .wait_report(B, NODE, "Scheduled", Duration::from_secs(30))
         .await;
-    assert_eq!(b.spec.appearance, 1);
-    rig.wait_status(A, "Completed", Duration::from_secs(5))
+    assert_eq!(b.appearance, 1);
+    let a_gone = rig
+        .wait_report(A, NODE, "Completed", Duration::from_secs(5))
         .await;
-    rig.wait_status(C, "Completed", Duration::from_secs(5))
+    assert_eq!(a_gone.appearance, 1);
+    let c_gone = rig
+        .wait_report(C, NODE, "Completed", Duration::from_secs(5))
         .await;
+    assert_eq!(c_gone.appearance, 1);
     let log = rig.log().await;
     assert!(
         log.iter()
@@ -565,6 +720,7 @@ async fn incarnation_going_down_after_a_redeploy_is_handled() {
 #[tokio::test(flavor = "multi_thread")]
 async fn flapping_event_returns_to_scheduled_with_appearance_two() {
     const F: &str = "A5000000-0000-4000-8000-00000000000F";
+    const NODES: [&str; 2] = ["fl-node-0", "fl-node-1"];
     let mut rig = Rig::start(
         "flap",
         &format!(
@@ -573,32 +729,33 @@ async fn flapping_event_returns_to_scheduled_with_appearance_two() {
         &[F],
     )
     .await;
-    rig.agent("node-000000", "fl_0", &[]).await;
-    rig.agent("node-000002", "fl_1", &[]).await;
+    rig.agent(NODES[0], "fl_0", &[]).await;
+    rig.agent(NODES[1], "fl_1", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
     let first = rig
-        .wait_status(F, "Scheduled", Duration::from_secs(20))
+        .wait_report(F, NODES[0], "Scheduled", Duration::from_secs(20))
         .await;
-    assert_eq!(first.spec.appearance, 1);
+    assert_eq!(first.appearance, 1);
     let gone = rig
-        .wait_status(F, "Completed", Duration::from_secs(20))
+        .wait_report(F, NODES[0], "Completed", Duration::from_secs(20))
         .await;
-    assert_eq!(gone.spec.appearance, 1);
+    assert_eq!(gone.appearance, 1);
+    // Gone from the document: reported Completed with the content it had.
+    assert_eq!(gone.event_id, F);
+    assert!(gone.named);
     let back = rig
-        .wait_for("the event back", Duration::from_secs(20), || async {
-            rig.get(F)
-                .await
-                .filter(|o| o.spec.event_status == "Scheduled")
-        })
+        .wait_report(F, NODES[0], "Scheduled", Duration::from_secs(20))
         .await;
-    assert_eq!(back.spec.appearance, 2, "{:?}", back.spec);
-    assert!(back.spec.not_before.is_some());
-    // Both agents saw it come back; neither counts a third appearance.
+    assert_eq!(back.appearance, 2, "{back:?}");
+    assert!(back.not_before.is_some());
+    // Both agents saw it go and come back; neither counts a third appearance.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let settled = rig.get(F).await.unwrap();
-    assert_eq!(settled.spec.appearance, 2);
-    assert_eq!(settled.spec.event_status, "Scheduled");
+    for node in NODES {
+        let settled = rig.report(F, node).await.unwrap().spec.report;
+        assert_eq!(settled.appearance, 2, "{node}: {settled:?}");
+        assert_eq!(settled.event_status, "Scheduled", "{node}: {settled:?}");
+    }
     let log = rig.log().await;
     let phases: Vec<&str> = log
         .iter()
@@ -613,6 +770,7 @@ async fn flapping_event_returns_to_scheduled_with_appearance_two() {
 async fn event_id_that_is_no_valid_name_gets_a_hashed_name_and_keeps_the_id() {
     const ODD: &str = "Maintenance/Reboot #7_Of_Pool";
     const GOOD: &str = "A6000000-0000-4000-8000-000000000001";
+    const NODE: &str = "id-node-0";
     let mut rig = Rig::start(
         "odd-id",
         &format!(
@@ -621,67 +779,180 @@ async fn event_id_that_is_no_valid_name_gets_a_hashed_name_and_keeps_the_id() {
         &[ODD, GOOD],
     )
     .await;
-    rig.agent("node-000002", "id_0", &[]).await;
+    rig.agent(NODE, "id_0", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
-    let odd = rig
-        .wait_status(ODD, "Scheduled", Duration::from_secs(20))
-        .await;
-    let name = odd.metadata.name.clone().unwrap();
-    assert!(name.starts_with("sev-"), "{name}");
-    assert_eq!(odd.spec.event_id, ODD);
-    let good = rig
-        .wait_status(GOOD, "Scheduled", Duration::from_secs(5))
-        .await;
-    assert_eq!(good.metadata.name.as_deref(), Some(&*GOOD.to_lowercase()));
+    // Found by the id it carries, not by the name the test expects.
+    let by_id = |id: &'static str| {
+        let rig = &rig;
+        async move {
+            rig.wait_for(
+                &format!("a report of {id}"),
+                Duration::from_secs(20),
+                || async {
+                    rig.reports_of(NODE).await.into_iter().find(|r| {
+                        r.spec.report.event_id == id && r.spec.report.event_status == "Scheduled"
+                    })
+                },
+            )
+            .await
+        }
+    };
+    let odd = by_id(ODD).await;
+    let event = odd.spec.scheduled_event.clone();
+    assert!(event.starts_with("sev-"), "{event}");
+    assert_eq!(event, object_name(ODD));
+    assert_eq!(odd.name_any(), format!("{event}.{NODE}"));
+    assert_eq!(odd.spec.report.event_id, ODD);
+    let good = by_id(GOOD).await;
+    assert_eq!(good.spec.scheduled_event, GOOD.to_lowercase());
+    assert_eq!(good.name_any(), format!("{}.{NODE}", GOOD.to_lowercase()));
+    assert_eq!(good.spec.report.event_id, GOOD);
     rig.stop().await;
+}
+
+/// The `ScheduledEvent` the controller would build from `r` (the report of
+/// the only agent that sees the event), created as the controller does.
+async fn create_event(rig: &Rig, r: &Report) {
+    let spec = ScheduledEventSpec {
+        event_id: r.event_id.clone(),
+        event_type: r.event_type.clone(),
+        event_status: r.event_status,
+        event_source: r.event_source.clone(),
+        resource_type: r.resource_type.clone(),
+        resources: r.resources.clone(),
+        not_before: r.not_before,
+        duration_seconds: r.duration_seconds,
+        description: r.description.clone(),
+        appearance: r.appearance,
+    };
+    let params = PostParams {
+        field_manager: Some(CONTROLLER_MANAGER.into()),
+        ..Default::default()
+    };
+    rig.events
+        .create(
+            &params,
+            &ScheduledEvent::new(&object_name(&r.event_id), spec),
+        )
+        .await
+        .unwrap();
+}
+
+/// Writes the controller's approval decision on the event `id` through the
+/// status subresource; returns when it was written.
+async fn decide(
+    rig: &Rig,
+    id: &str,
+    at: DateTime<Utc>,
+    appearance: u32,
+    digest: &str,
+) -> DateTime<Utc> {
+    let body = json!({
+        "apiVersion": "forewarn.dev/v1alpha1",
+        "kind": "ScheduledEvent",
+        "metadata": {"name": object_name(id)},
+        "status": {"approval": {
+            "decidedAt": at,
+            "reason": "test: decided by hand",
+            "appearance": appearance,
+            "digest": digest,
+        }},
+    });
+    rig.events
+        .patch_status(
+            &object_name(id),
+            &PatchParams::apply(CONTROLLER_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .unwrap();
+    Utc::now()
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fallback_agent_waits_its_own_delay_whatever_the_decision_time() {
     const PAST: &str = "A7000000-0000-4000-8000-000000000001";
     const FUTURE: &str = "A7000000-0000-4000-8000-000000000002";
+    const OTHER_DIGEST: &str = "A7000000-0000-4000-8000-000000000003";
+    const OTHER_APPEARANCE: &str = "A7000000-0000-4000-8000-000000000004";
+    const NODE: &str = "sk-node-0";
     // The events name sk_1, which has no agent: sk_0's agent is the fallback.
+    let events: String = [PAST, FUTURE, OTHER_DIGEST, OTHER_APPEARANCE]
+        .iter()
+        .map(|id| {
+            format!(
+                "  - {{id: {id}, type: Redeploy, resources: [sk_1], at: 0s, notice: 1h, runFor: 1h}}\n"
+            )
+        })
+        .collect();
     let mut rig = Rig::start(
         "skew",
-        &format!(
-            "vms: [{{name: sk_0}}, {{name: sk_1}}]\nevents:\n  - {{id: {PAST}, type: Redeploy, resources: [sk_1], at: 0s, notice: 1h, runFor: 1h}}\n  - {{id: {FUTURE}, type: Redeploy, resources: [sk_1], at: 0s, notice: 1h, runFor: 1h}}\n"
-        ),
-        &[PAST, FUTURE],
+        &format!("vms: [{{name: sk_0}}, {{name: sk_1}}]\nevents:\n{events}"),
+        &[PAST, FUTURE, OTHER_DIGEST, OTHER_APPEARANCE],
     )
     .await;
-    rig.agent("node-000000", "sk_0", &["--approval-fallback", "8s"])
+    let a = rig
+        .agent(NODE, "sk_0", &["--approval-fallback", "8s"])
         .await;
     rig.ready().await;
     rig.start_clock().await;
-    rig.wait_status(PAST, "Scheduled", Duration::from_secs(20))
-        .await;
-    rig.wait_status(FUTURE, "Scheduled", Duration::from_secs(20))
-        .await;
+    // The controller's part: each ScheduledEvent from the agent's report.
+    let mut reports = std::collections::HashMap::new();
+    for id in [PAST, FUTURE, OTHER_DIGEST, OTHER_APPEARANCE] {
+        let r = rig
+            .wait_report(id, NODE, "Scheduled", Duration::from_secs(20))
+            .await;
+        assert!(!r.named, "{r:?}");
+        assert!(r.approvals.is_empty(), "{r:?}");
+        create_event(&rig, &r).await;
+        reports.insert(id, r);
+    }
+
+    // Decisions this agent must never carry out: bound to other content (the
+    // digest of a Freeze of the same id), or to another appearance.
+    let r = &reports[OTHER_DIGEST];
+    let freeze = identity_digest(
+        &r.event_id,
+        "Freeze",
+        &r.event_source,
+        &r.resource_type,
+        &r.resources,
+        r.duration_seconds,
+    );
+    assert_ne!(freeze, r.digest());
+    let wrong_at = Instant::now();
+    decide(&rig, OTHER_DIGEST, Utc::now(), r.appearance, &freeze).await;
+    let r = &reports[OTHER_APPEARANCE];
+    decide(
+        &rig,
+        OTHER_APPEARANCE,
+        Utc::now(),
+        r.appearance + 1,
+        &r.digest(),
+    )
+    .await;
 
     // Decisions stamped by a controller whose clock is an hour behind, and
-    // one an hour ahead.
-    let decide = |id: &'static str, at: DateTime<Utc>| {
-        let api = rig.api.clone();
-        async move {
-            let body = json!({
-                "apiVersion": "forewarn.dev/v1alpha1",
-                "kind": "ScheduledEvent",
-                "metadata": {"name": object_name(id)},
-                "status": {"approval": {"decidedAt": at, "reason": "test: skewed clock"}},
-            });
-            api.patch_status(
-                &object_name(id),
-                &PatchParams::apply("forewarn-test").force(),
-                &Patch::Apply(&body),
-            )
-            .await
-            .unwrap();
-            Utc::now()
-        }
-    };
-    let past_at = decide(PAST, Utc::now() - chrono::TimeDelta::hours(1)).await;
-    let future_at = decide(FUTURE, Utc::now() + chrono::TimeDelta::hours(1)).await;
+    // one an hour ahead, each bound to the event as the agent reported it.
+    let r = &reports[PAST];
+    let past_at = decide(
+        &rig,
+        PAST,
+        Utc::now() - chrono::TimeDelta::hours(1),
+        r.appearance,
+        &r.digest(),
+    )
+    .await;
+    let r = &reports[FUTURE];
+    let future_at = decide(
+        &rig,
+        FUTURE,
+        Utc::now() + chrono::TimeDelta::hours(1),
+        r.appearance,
+        &r.digest(),
+    )
+    .await;
 
     let approved = |id: &'static str| {
         let rig = &rig;
@@ -708,23 +979,55 @@ async fn fallback_agent_waits_its_own_delay_whatever_the_decision_time() {
             waited >= Duration::from_millis(7500) && waited <= Duration::from_secs(13),
             "{id}: sent {waited:?} after the decision, expected the 8 s fallback"
         );
-        // The agent records the result once IMDS has answered: a moment
-        // after the mock logged the request.
-        let a = rig
-            .wait_for(
-                &format!("the approval result of {id}"),
+        // The agent records the POST in its own report once IMDS has
+        // answered: a moment after the mock logged the request.
+        let decided = &reports[id];
+        let mine = rig
+            .wait_report_where(
+                id,
+                NODE,
+                "with the approval it sent",
                 Duration::from_secs(10),
-                || async {
-                    rig.get(id)
-                        .await
-                        .and_then(|o| o.status?.approval)
-                        .filter(|a| a.result.is_some())
-                },
+                |r| !r.approvals.is_empty(),
             )
             .await;
-        assert_eq!(a.sent_by.as_deref(), Some("node-000000"));
-        assert_eq!(a.result.as_deref(), Some("Accepted"));
+        assert_eq!(mine.approvals.len(), 1, "{mine:?}");
+        let sent = &mine.approvals[0];
+        assert_eq!(sent.status, 200, "{sent:?}");
+        assert_eq!(sent.appearance, decided.appearance, "{sent:?}");
+        assert_eq!(sent.digest, decided.digest(), "{sent:?}");
+        assert!(
+            (entry.time - sent.sent_at).num_milliseconds().abs() < 2000,
+            "sent at {} by the report, received at {} by the mock",
+            sent.sent_at,
+            entry.time
+        );
     }
+
+    // Well past the fallback since the wrong decisions were written.
+    let until = wrong_at + Duration::from_secs(12);
+    tokio::time::sleep(until.saturating_duration_since(Instant::now())).await;
+    let log = rig.log().await;
+    let wrong: Vec<&LogEntry> = log
+        .iter()
+        .filter(|e| {
+            e.what == "Approved" && [OTHER_DIGEST, OTHER_APPEARANCE].contains(&&*e.event_id)
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "a decision not bound to this event was sent: {wrong:?}"
+    );
+    // Exactly one StartRequests POST for each of the two good decisions.
+    let posts = rig.requests_by("sk_0", "POST").await;
+    assert_eq!(posts.len(), 2, "{posts:?}\n{log:?}");
+    for id in [OTHER_DIGEST, OTHER_APPEARANCE] {
+        let r = rig.report(id, NODE).await.unwrap().spec.report;
+        assert_eq!(r.event_status, "Scheduled", "{id}: {r:?}");
+        assert!(r.approvals.is_empty(), "{id}: {r:?}");
+    }
+    let m = rig.metrics(a).await;
+    assert_eq!(counter(&m, "forewarn_agent_approvals_total"), 2.0, "{m}");
     rig.stop().await;
 }
 
@@ -732,6 +1035,7 @@ async fn fallback_agent_waits_its_own_delay_whatever_the_decision_time() {
 async fn imds_429_is_backed_off_and_polling_resumes() {
     const EARLY: &str = "A8000000-0000-4000-8000-000000000001";
     const LATE: &str = "A8000000-0000-4000-8000-000000000002";
+    const NODE: &str = "th-node-0";
     let mut rig = Rig::start(
         "throttle",
         &format!(
@@ -740,13 +1044,21 @@ async fn imds_429_is_backed_off_and_polling_resumes() {
         &[EARLY, LATE],
     )
     .await;
-    let a = rig.agent("node-000001", "th_0", &[]).await;
+    let a = rig.agent(NODE, "th_0", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
-    rig.wait_status(EARLY, "Scheduled", Duration::from_secs(10))
+    rig.wait_report(EARLY, NODE, "Scheduled", Duration::from_secs(10))
         .await;
-    rig.wait_status(LATE, "Scheduled", Duration::from_secs(45))
+    rig.wait_report(LATE, NODE, "Scheduled", Duration::from_secs(45))
         .await;
+    // The last good document was kept through the fault: EARLY never
+    // reported gone.
+    let early = rig.report(EARLY, NODE).await.unwrap().spec.report;
+    assert_eq!(
+        (early.event_status, early.appearance),
+        (forewarn::crd::EventStatus::Scheduled, 1),
+        "{early:?}"
+    );
     let reqs = rig.requests("th_0").await;
     let throttled: Vec<&RequestEntry> = reqs.iter().filter(|r| r.status == Some(429)).collect();
     println!(
@@ -771,15 +1083,12 @@ async fn imds_429_is_backed_off_and_polling_resumes() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn connection_refused_is_kept_in_the_log() {
+    const NODE: &str = "rf-node-0";
     let mut rig = Rig::start("refused", "vms: [{name: rf_0}]\n", &[]).await;
     // Nothing listens on this port.
     let port = free_port().unwrap();
     let a = rig
-        .agent_at(
-            "node-000002",
-            &format!("http://127.0.0.1:{port}/vm/rf_0"),
-            &[],
-        )
+        .agent_at(NODE, &format!("http://127.0.0.1:{port}/vm/rf_0"), &[])
         .await;
     rig.wait_for(
         "the refusal in the log",
@@ -792,5 +1101,8 @@ async fn connection_refused_is_kept_in_the_log() {
         },
     )
     .await;
+    // Without IMDS, nothing to report.
+    let mine = rig.reports_of(NODE).await;
+    assert!(mine.is_empty(), "{mine:?}");
     rig.stop().await;
 }

@@ -25,6 +25,14 @@ const RELEASE: &str = "forewarn";
 const AGENT_SA: &str = "forewarn-agent";
 const CONTROLLER_SA: &str = "forewarn-controller";
 const VM_ANNOTATION: &str = "forewarn.dev/vm-name";
+/// The chart's one ValidatingAdmissionPolicy, and its binding (same name):
+/// an agent writes only its own node's reports.
+const AGENT_POLICY: &str = "forewarn-agent-reports";
+/// What `helm template` must be told the cluster serves for the chart to
+/// render the admission policy (`helm install` asks the cluster).
+const VAP_API: &str = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy";
+/// The start of the chart's refusal to render without the admission policy.
+const UNCONFINED: &str = "refusing to install agents that are not confined to their own node";
 
 // ---------------------------------------------------------------------------
 // Tools
@@ -119,10 +127,19 @@ fn all_features_values() -> String {
         .into_owned()
 }
 
-/// `helm template` of the release into NS with `extra` arguments.
+/// `helm template` of the release into NS with `extra` arguments, for a
+/// cluster that serves the ValidatingAdmissionPolicy API.
 fn render(extra: &[&str]) -> String {
     let chart = chart_dir();
-    let mut args = vec!["template", RELEASE, &chart, "--namespace", NS];
+    let mut args = vec![
+        "template",
+        RELEASE,
+        &chart,
+        "--namespace",
+        NS,
+        "--api-versions",
+        VAP_API,
+    ];
     args.extend_from_slice(extra);
     let out = helm(&args);
     assert!(
@@ -341,6 +358,10 @@ fn values_schema_rejects_wrong_values() {
             "/admissionPolicy/validationActions",
         ),
         ("agent.metrics.port=70000", "/agent/metrics/port"),
+        (
+            "admissionPolicy.acknowledgeUnconfinedAgents=maybe",
+            "/admissionPolicy/acknowledgeUnconfinedAgents",
+        ),
         ("nosuchvalue=1", "nosuchvalue"),
     ] {
         let out = helm(&["template", RELEASE, &chart, "--set", set]);
@@ -415,6 +436,175 @@ fn schema_has_no_remote_ref_and_every_value_is_documented() {
     assert!(
         undocumented.is_empty(),
         "values without a comment: {undocumented:#?}"
+    );
+}
+
+/// Fails closed: without the admission policy in force (off, an API
+/// server that does not serve it, or no Deny) the chart refuses to render,
+/// saying why and what to set, unless the user acknowledges unconfined
+/// agents; with it, the one policy and its binding are rendered, the
+/// controller is told their name and may read those two only.
+#[test]
+fn chart_refuses_unconfined_agents_unless_acknowledged() {
+    let chart = chart_dir();
+    let ack = "admissionPolicy.acknowledgeUnconfinedAgents=true";
+    let cases: [(&str, &[&str], &str); 3] = [
+        (
+            "admissionPolicy.enabled=false",
+            &[
+                "--api-versions",
+                VAP_API,
+                "--set",
+                "admissionPolicy.enabled=false",
+            ],
+            "admissionPolicy.enabled is false",
+        ),
+        (
+            "no ValidatingAdmissionPolicy API",
+            &[],
+            "the cluster does not serve the admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy API",
+        ),
+        (
+            "validationActions without Deny",
+            &[
+                "--api-versions",
+                VAP_API,
+                "--set",
+                "admissionPolicy.validationActions={Warn,Audit}",
+            ],
+            "admissionPolicy.validationActions has no Deny",
+        ),
+    ];
+    for (what, extra, why) in cases {
+        let mut args = vec!["template", RELEASE, chart.as_str(), "--namespace", NS];
+        args.extend_from_slice(extra);
+        let out = helm(&args);
+        assert!(!out.ok, "{what}: rendered without the acknowledgement");
+        for needle in [
+            UNCONFINED,
+            why,
+            "admissionPolicy.acknowledgeUnconfinedAgents=true",
+        ] {
+            assert!(
+                out.stderr.contains(needle),
+                "{what}: the refusal does not say {needle:?}: {}",
+                out.stderr
+            );
+        }
+        // Acknowledged, it renders; the policy only where it can run.
+        args.extend_from_slice(&["--set", ack]);
+        let out = helm(&args);
+        assert!(
+            out.ok,
+            "{what}: acknowledged, yet not rendered: {}",
+            out.stderr
+        );
+        let docs = documents(&out.stdout);
+        let vaps = docs
+            .iter()
+            .filter(|d| {
+                d["kind"]
+                    .as_str()
+                    .is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"))
+            })
+            .count();
+        let controller_args = docs
+            .iter()
+            .find(|d| d["kind"] == "Deployment")
+            .expect("the controller Deployment")["spec"]["template"]["spec"]["containers"][0]
+            ["args"]
+            .to_string();
+        if what == "validationActions without Deny" {
+            assert_eq!(vaps, 2, "{what}: the policy and its binding");
+            assert!(
+                controller_args.contains("--agent-policy="),
+                "{what}: {controller_args}"
+            );
+        } else {
+            assert_eq!(vaps, 0, "{what}: an admission policy rendered");
+        }
+        if what == "admissionPolicy.enabled=false" {
+            // No policy to check: the controller exports the gauge as 0, and
+            // may read no admission policy.
+            assert!(
+                !controller_args.contains("--agent-policy"),
+                "{what}: {controller_args}"
+            );
+            let role = docs
+                .iter()
+                .find(|d| {
+                    d["kind"] == "ClusterRole" && d["metadata"]["name"] == "forewarn-controller"
+                })
+                .expect("the controller's ClusterRole");
+            assert!(
+                !role["rules"]
+                    .to_string()
+                    .contains("admissionregistration.k8s.io"),
+                "{what}: the controller may still read admission policies: {}",
+                role["rules"]
+            );
+        }
+    }
+
+    // Confined (render() tells helm the cluster serves the API).
+    let docs = documents(&render(&[]));
+    let named = |kind: &str| -> Vec<String> {
+        docs.iter()
+            .filter(|d| d["kind"] == kind)
+            .filter_map(|d| d["metadata"]["name"].as_str().map(str::to_string))
+            .collect()
+    };
+    assert_eq!(named("ValidatingAdmissionPolicy"), [AGENT_POLICY]);
+    assert_eq!(named("ValidatingAdmissionPolicyBinding"), [AGENT_POLICY]);
+    let binding = docs
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+        .expect("binding");
+    assert_eq!(binding["spec"]["policyName"], AGENT_POLICY);
+    assert_eq!(
+        binding["spec"]["validationActions"],
+        serde_json::json!(["Deny"])
+    );
+    let dep = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("the controller Deployment");
+    let args: Vec<&str> = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let flag = format!("--agent-policy={AGENT_POLICY}");
+    assert!(args.contains(&flag.as_str()), "{args:?}");
+    let rules = |role: &str| -> Value {
+        docs.iter()
+            .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == role)
+            .unwrap_or_else(|| panic!("no ClusterRole {role}"))["rules"]
+            .clone()
+    };
+    assert_eq!(
+        rules("forewarn-agent"),
+        serde_json::json!([
+            {"apiGroups": ["forewarn.dev"], "resources": ["scheduledeventreports"], "verbs": ["create", "patch", "list"]},
+            {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents"], "verbs": ["get", "list", "watch"]}
+        ])
+    );
+    let controller = rules("forewarn-controller");
+    let admission: Vec<&Value> = controller
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter(|r| r["apiGroups"] == serde_json::json!(["admissionregistration.k8s.io"]))
+        .collect();
+    assert_eq!(
+        admission,
+        [&serde_json::json!({
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
+            "resourceNames": [AGENT_POLICY],
+            "verbs": ["get"]
+        })]
     );
 }
 
@@ -916,6 +1106,43 @@ fn apply_status(kubeconfig: &Path, name: &str, status: Value, manager: &str) -> 
     })
 }
 
+/// The resource rows of `kubectl auth can-i --list`: (resource with its
+/// group, resource names joined by spaces) to verbs. A row reads `resource
+/// [non-resource URLs] [resource names] [verbs]`; rows of the same resource
+/// and names are merged, non-resource URL rows (indented) left out.
+fn can_i_rules(
+    list: &str,
+) -> std::collections::BTreeMap<(String, String), std::collections::BTreeSet<String>> {
+    let mut rules = std::collections::BTreeMap::new();
+    for line in list.lines() {
+        if line.starts_with(char::is_whitespace) {
+            continue;
+        }
+        let Some((resource, rest)) = line.split_once(char::is_whitespace) else {
+            continue;
+        };
+        let groups: Vec<Vec<&str>> = rest
+            .split('[')
+            .skip(1)
+            .map(|g| {
+                g.split(']')
+                    .next()
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .collect()
+            })
+            .collect();
+        let [_, names, verbs] = groups.as_slice() else {
+            continue;
+        };
+        rules
+            .entry((resource.to_string(), names.join(" ")))
+            .or_insert_with(std::collections::BTreeSet::new)
+            .extend(verbs.iter().map(|v| v.to_string()));
+    }
+    rules
+}
+
 /// `helm install`, then the chart's ServiceAccounts with TokenRequest tokens:
 /// each may do what its role needs and nothing more.
 #[test]
@@ -945,35 +1172,40 @@ fn installed_chart_confines_each_service_account() {
         ("clusterrole", "forewarn-controller"),
         ("clusterrolebinding", "forewarn-agent"),
         ("clusterrolebinding", "forewarn-controller"),
-        ("validatingadmissionpolicy", "forewarn-agent-node"),
-        ("validatingadmissionpolicy", "forewarn-agent-status"),
-        ("validatingadmissionpolicy", "forewarn-agent-reports"),
-        ("validatingadmissionpolicybinding", "forewarn-agent-node"),
-        ("validatingadmissionpolicybinding", "forewarn-agent-status"),
-        ("validatingadmissionpolicybinding", "forewarn-agent-reports"),
+        ("validatingadmissionpolicy", AGENT_POLICY),
+        ("validatingadmissionpolicybinding", AGENT_POLICY),
         ("crd", "scheduledevents.forewarn.dev"),
         ("crd", "scheduledeventreports.forewarn.dev"),
     ] {
         k.ok(&["get", kind, name]);
     }
-    // The API server type-checked the policies' CEL against the real
-    // schemas (Node, the CRD) and found nothing to warn about.
-    for vap in [
-        "forewarn-agent-node",
-        "forewarn-agent-status",
-        "forewarn-agent-reports",
-    ] {
-        let status = eventually("policy type-checked", Duration::from_secs(30), || {
-            let p = k.json(&["get", "validatingadmissionpolicy", vap]);
-            (p["status"]["observedGeneration"] == p["metadata"]["generation"])
-                .then(|| p["status"].clone())
-        });
-        assert!(
-            status["typeChecking"]["expressionWarnings"].is_null(),
-            "{vap}: type-checking warnings: {}",
-            status["typeChecking"]
-        );
-    }
+    // The agent-reports policy is the only one: the agent's RBAC allows no
+    // other write to confine.
+    let vaps = k.json(&[
+        "get",
+        "validatingadmissionpolicies",
+        "-l",
+        &format!("app.kubernetes.io/instance={RELEASE}"),
+    ]);
+    let names: Vec<&str> = vaps["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, [AGENT_POLICY], "the release's admission policies");
+    // The API server type-checked the policy's CEL against the real schema
+    // (the CRD) and found nothing to warn about.
+    let status = eventually("policy type-checked", Duration::from_secs(30), || {
+        let p = k.json(&["get", "validatingadmissionpolicy", AGENT_POLICY]);
+        (p["status"]["observedGeneration"] == p["metadata"]["generation"])
+            .then(|| p["status"].clone())
+    });
+    assert!(
+        status["typeChecking"]["expressionWarnings"].is_null(),
+        "{AGENT_POLICY}: type-checking warnings: {}",
+        status["typeChecking"]
+    );
     let ds = k.json(&["get", "-n", NS, "daemonset", "forewarn-agent"]);
     assert_eq!(
         ds["status"]["numberReady"], 3,
@@ -1037,34 +1269,8 @@ fn installed_chart_confines_each_service_account() {
         who["status"]["userInfo"]
     );
 
-    // --- agent: its own node's vm-name annotation, nothing else.
-    agent.ok(&[
-        "patch",
-        "node",
-        nodes[0],
-        "--type=merge",
-        "-p",
-        &merge_patch(VM_ANNOTATION, "vm-chart-0"),
-    ]);
-    assert_eq!(annotation(&k, nodes[0]).as_deref(), Some("vm-chart-0"));
-    // As the agent writes it: server-side apply.
-    agent.ok_stdin(
-        &["apply", "--server-side", "--force-conflicts", "--field-manager=forewarn-agent", "-f", "-"],
-        &format!(
-            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {}\n  annotations:\n    {VM_ANNOTATION}: vm-chart-0b\n",
-            nodes[0]
-        ),
-    );
-    assert_eq!(annotation(&k, nodes[0]).as_deref(), Some("vm-chart-0b"));
-    let node = k.json(&["get", "node", nodes[0], "--show-managed-fields"]);
-    let managers: Vec<&str> = node["metadata"]["managedFields"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|m| m["manager"].as_str())
-        .collect();
-    assert!(managers.contains(&"forewarn-agent"), "{managers:?}");
-
+    // --- agent: its own node's reports, nothing else. Agents report, the
+    // controller decides: no ScheduledEvent, no status, no Node.
     let denials = std::cell::RefCell::new(Vec::new());
     let deny = |who: &Kubectl, what: &str, args: &[&str], expect: &str| {
         let msg = who.denied(args);
@@ -1074,48 +1280,122 @@ fn installed_chart_confines_each_service_account() {
         );
         denials.borrow_mut().push(format!("{what}:\n  {msg}"));
     };
-    let other = merge_patch(VM_ANNOTATION, "vm-chart-0");
-    deny(
+    // Refused by RBAC (403 Forbidden: the role grants no such verb), before
+    // any admission policy is asked.
+    let forbid = |who: &Kubectl, what: &str, args: &[&str], verb: &str, resource: &str| {
+        deny(
+            who,
+            what,
+            args,
+            &format!("cannot {verb} resource \"{resource}\""),
+        );
+    };
+    let file = |name: &str, text: &str| {
+        let path = out_dir().join(name);
+        std::fs::write(&path, text).expect("write a request body");
+        path.to_string_lossy().into_owned()
+    };
+
+    // Nodes: nothing at all (the controller maps VMs to nodes itself).
+    forbid(
         &agent,
-        "agent patches another node's vm-name",
-        &["patch", "node", nodes[1], "--type=merge", "-p", &other],
-        &format!("may change only its own Node, not {}", nodes[1]),
+        "agent reads its own Node",
+        &["get", "node", nodes[0]],
+        "get",
+        "nodes",
     );
-    assert_eq!(annotation(&k, nodes[1]), None);
-    deny(
+    forbid(
         &agent,
-        "agent cordons its own node",
-        &["cordon", nodes[0]],
-        "may change only the forewarn.dev/vm-name annotation",
-    );
-    deny(
-        &agent,
-        "agent taints its own node",
-        &["taint", "node", nodes[0], "forewarn.dev/x=y:NoSchedule"],
-        "may change only the forewarn.dev/vm-name annotation",
-    );
-    deny(
-        &agent,
-        "agent labels its own node",
-        &["label", "node", nodes[0], "forewarn.dev/x=y"],
-        "may change only the forewarn.dev/vm-name annotation",
-    );
-    deny(
-        &agent,
-        "agent sets another annotation on its own node",
+        "agent annotates its own Node",
         &[
             "patch",
             "node",
             nodes[0],
             "--type=merge",
             "-p",
-            &merge_patch("forewarn.dev/cordoned-for", "x"),
+            &merge_patch(VM_ANNOTATION, "vm-chart-0"),
         ],
-        "may change only the forewarn.dev/vm-name annotation",
+        "patch",
+        "nodes",
     );
-    deny(
+    forbid(
+        &agent,
+        "agent annotates another Node",
+        &[
+            "patch",
+            "node",
+            nodes[1],
+            "--type=merge",
+            "-p",
+            &merge_patch(VM_ANNOTATION, "vm-chart-0"),
+        ],
+        "patch",
+        "nodes",
+    );
+    let node_apply = file(
+        "agent-node-apply.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {}\n  annotations:\n    {VM_ANNOTATION}: vm-chart-0\n",
+            nodes[0]
+        ),
+    );
+    forbid(
+        &agent,
+        "agent applies its own Node (server-side apply)",
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=forewarn-agent",
+            "-f",
+            &node_apply,
+        ],
+        "patch",
+        "nodes",
+    );
+    forbid(
+        &agent,
+        "agent patches its own Node's status",
+        &[
+            "patch",
+            "node",
+            nodes[0],
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"conditions":[]}}"#,
+        ],
+        "patch",
+        "nodes/status",
+    );
+    let new_node = file(
+        "agent-node-create.yaml",
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: chart-forged-node\n",
+    );
+    forbid(
+        &agent,
+        "agent creates a Node",
+        &["create", "-f", &new_node],
+        "create",
+        "nodes",
+    );
+    forbid(
+        &agent,
+        "agent cordons its own node",
+        &["cordon", nodes[0]],
+        "get",
+        "nodes",
+    );
+    forbid(
+        &agent,
+        "agent taints its own node",
+        &["taint", "node", nodes[0], "forewarn.dev/x=y:NoSchedule"],
+        "get",
+        "nodes",
+    );
+    forbid(
         &unbound_agent,
-        "agent token not bound to a pod patches its node",
+        "agent token not bound to a pod annotates a Node",
         &[
             "patch",
             "node",
@@ -1124,7 +1404,8 @@ fn installed_chart_confines_each_service_account() {
             "-p",
             &merge_patch(VM_ANNOTATION, "vm-x"),
         ],
-        "the token carries no node name",
+        "patch",
+        "nodes",
     );
     let n0 = k.json(&["get", "node", nodes[0]]);
     assert!(
@@ -1132,7 +1413,13 @@ fn installed_chart_confines_each_service_account() {
         "{}",
         n0["spec"]
     );
-    assert!(n0["metadata"]["labels"]["forewarn.dev/x"].is_null());
+    for n in [nodes[0], nodes[1]] {
+        assert_eq!(annotation(&k, n), None, "{n} annotated by the agent");
+    }
+    assert!(
+        !k.run(&["get", "node", "chart-forged-node"], None).ok,
+        "the agent created a Node"
+    );
 
     // A pod to evict.
     ensure_namespace(&k, "chart-victims", "baseline");
@@ -1166,6 +1453,17 @@ fn installed_chart_confines_each_service_account() {
         &["delete", "scheduledevent", sev, "--ignore-not-found"],
         None,
     );
+    for n in nodes {
+        k.run(
+            &[
+                "delete",
+                "scheduledeventreport",
+                &format!("{sev}.{n}"),
+                "--ignore-not-found",
+            ],
+            None,
+        );
+    }
     k.ok_stdin(&["create", "-f", "-"], &format!(
         r#"{{"apiVersion":"forewarn.dev/v1alpha1","kind":"ScheduledEvent","metadata":{{"name":"{sev}"}},
            "spec":{{"eventId":"{sev}","eventStatus":"Scheduled","eventType":"Reboot","resources":["vm-chart-1"]}}}}"#));
@@ -1178,49 +1476,117 @@ fn installed_chart_confines_each_service_account() {
         "-p",
         r#"{"status":{"phase":"Draining","approval":{"reason":"waiting for the drain"}}}"#,
     ]);
-    deny(
+    // Reading events stays allowed: the agent sends the approvals the
+    // controller decides.
+    agent.ok(&["get", "scheduledevent", sev]);
+    agent.ok(&["get", "scheduledevents"]);
+
+    // ScheduledEvents: no create, update, patch (server-side apply is a
+    // patch) or delete, and nothing on their status.
+    let forged = file(
+        "agent-sev-create.yaml",
+        &sev_yaml(&format!("{sev}-2"), "Scheduled", "vm-chart-1"),
+    );
+    forbid(
+        &agent,
+        "agent creates a ScheduledEvent",
+        &["create", "-f", &forged],
+        "create",
+        "scheduledevents",
+    );
+    forbid(
+        &agent,
+        "agent applies a ScheduledEvent (server-side apply)",
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=forewarn-agent",
+            "-f",
+            &forged,
+        ],
+        "patch",
+        "scheduledevents",
+    );
+    let mut changed = agent.json(&["get", "scheduledevent", sev]);
+    changed["spec"]["eventStatus"] = "Completed".into();
+    let changed = file("agent-sev-replace.json", &changed.to_string());
+    forbid(
+        &agent,
+        "agent replaces a ScheduledEvent (update)",
+        &["replace", "-f", &changed],
+        "update",
+        "scheduledevents",
+    );
+    forbid(
+        &agent,
+        "agent patches a ScheduledEvent",
+        &[
+            "patch",
+            "scheduledevent",
+            sev,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"eventStatus":"Completed"}}"#,
+        ],
+        "patch",
+        "scheduledevents",
+    );
+    forbid(
         &agent,
         "agent deletes a ScheduledEvent",
         &["delete", "scheduledevent", sev],
-        "forbidden",
+        "delete",
+        "scheduledevents",
     );
-    // Status writes as the agent makes them: server-side apply on the status
-    // subresource (kube, like src/agent), with no GET first.
-    let agent_status = |what: &str, status: Value| -> Result<(), String> {
-        apply_status(&agent.kubeconfig, sev, status, forewarn::crd::AGENT_MANAGER)
-            .map_err(|e| format!("{what}:\n  {e}"))
-    };
-    for (what, status) in [
-        (
-            "agent writes status.approval.decidedAt",
-            serde_json::json!({"approval": {"decidedAt": "2026-01-01T00:00:00Z"}}),
-        ),
-        (
-            "agent writes status.phase",
-            serde_json::json!({"phase": "Approved"}),
-        ),
-        (
-            "agent writes status.nodes",
-            serde_json::json!({"nodes": [{"name": nodes[1], "vmName": "vm-chart-1", "drainedAt": "2026-01-01T00:00:00Z"}]}),
-        ),
-    ] {
-        let msg = agent_status(what, status).expect_err("must be refused");
-        assert!(
-            msg.contains("may write only status.approval.sentAt, sentBy and result"),
-            "{msg}"
-        );
-        denials.borrow_mut().push(msg);
-    }
-    // What it records after sending an approval: allowed.
-    agent_status(
-        "agent records the approval it sent",
+    forbid(
+        &agent,
+        "agent patches a ScheduledEvent's status",
+        &[
+            "patch",
+            "scheduledevent",
+            sev,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"phase":"Approved"}}"#,
+        ],
+        "patch",
+        "scheduledevents/status",
+    );
+    let mut status = agent.json(&["get", "scheduledevent", sev]);
+    status["status"]["phase"] = "Approved".into();
+    let status = file("agent-sev-status.json", &status.to_string());
+    forbid(
+        &agent,
+        "agent replaces a ScheduledEvent's status (update)",
+        &["replace", "--subresource=status", "-f", &status],
+        "update",
+        "scheduledevents/status",
+    );
+    // As the agent once recorded a sent approval: server-side apply on the
+    // status subresource (kube), with no GET first.
+    let msg = apply_status(
+        &agent.kubeconfig,
+        sev,
         serde_json::json!({"approval": {"sentAt": "2026-01-01T00:00:01Z", "sentBy": nodes[0], "result": "Accepted"}}),
+        forewarn::crd::AGENT_MANAGER,
     )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let stored = k.json(&["get", "scheduledevent", sev]);
-    assert_eq!(stored["status"]["phase"], "Draining");
+    .expect_err("the agent applied a ScheduledEvent's status");
     assert!(
-        stored["status"]["approval"]["decidedAt"].is_null(),
+        msg.contains("403") && msg.contains("cannot patch resource \"scheduledevents/status\""),
+        "agent applies a ScheduledEvent's status: not refused by RBAC: {msg}"
+    );
+    denials.borrow_mut().push(format!(
+        "agent applies a ScheduledEvent's status (kube):\n  {msg}"
+    ));
+    let stored = k.json(&["get", "scheduledevent", sev]);
+    assert_eq!(
+        stored["spec"]["eventStatus"], "Scheduled",
+        "{}",
+        stored["spec"]
+    );
+    assert_eq!(
+        stored["status"]["phase"], "Draining",
         "{}",
         stored["status"]
     );
@@ -1228,40 +1594,118 @@ fn installed_chart_confines_each_service_account() {
         stored["status"]["approval"]["reason"],
         "waiting for the drain"
     );
-    assert_eq!(stored["status"]["approval"]["sentBy"], nodes[0]);
-    assert_eq!(stored["status"]["approval"]["result"], "Accepted");
-    // Creating and mirroring events stays allowed.
-    agent.ok_stdin(&["create", "-f", "-"], &format!(
-        r#"{{"apiVersion":"forewarn.dev/v1alpha1","kind":"ScheduledEvent","metadata":{{"name":"{sev}-2"}},
-           "spec":{{"eventId":"{sev}-2","eventStatus":"Scheduled","eventType":"Freeze","resources":["vm-chart-0"]}}}}"#));
-    // As the agent writes a spec: the object as read, replaced (update).
-    let replace = |name: &str, change: &dyn Fn(&mut Value)| {
-        let mut obj = agent.json(&["get", "scheduledevent", name]);
-        change(&mut obj);
-        agent.ok_stdin(&["replace", "-f", "-"], &obj.to_string());
-    };
-    replace(&format!("{sev}-2"), &|o| {
-        o["spec"]["eventStatus"] = "Started".into()
-    });
+    assert!(
+        stored["status"]["approval"]["sentBy"].is_null(),
+        "{}",
+        stored["status"]
+    );
+    assert!(
+        !k.run(&["get", "scheduledevent", &format!("{sev}-2")], None)
+            .ok,
+        "the agent created a ScheduledEvent"
+    );
+
+    // Reports: its own node's, as the agent writes them (server-side
+    // apply, a create and then a change); the admission policy refuses
+    // another node's, and any from a token without a node name.
+    let own = format!("{sev}.{}", nodes[0]);
+    for status in ["Scheduled", "Started"] {
+        let out = apply_report(
+            &agent,
+            &report_yaml(
+                sev,
+                nodes[0],
+                "vm-chart-0",
+                "Reboot",
+                status,
+                &["vm-chart-1"],
+            ),
+        );
+        assert!(
+            out.ok,
+            "the agent may write its own report ({status}): {}",
+            out.stderr
+        );
+    }
+    let report = k.json(&["get", "scheduledeventreport", &own, "--show-managed-fields"]);
+    assert_eq!(report["spec"]["report"]["node"], nodes[0]);
+    assert_eq!(report["spec"]["report"]["eventStatus"], "Started");
+    let managers: Vec<&str> = report["metadata"]["managedFields"]
+        .as_array()
+        .expect("managedFields")
+        .iter()
+        .filter_map(|m| m["manager"].as_str())
+        .collect();
+    assert_eq!(managers, [forewarn::crd::AGENT_MANAGER], "{managers:?}");
+    agent.ok(&["get", "scheduledeventreports"]);
+    let out = apply_report(
+        &agent,
+        &report_yaml(
+            sev,
+            nodes[1],
+            "vm-chart-1",
+            "Reboot",
+            "Started",
+            &["vm-chart-1"],
+        ),
+    );
+    let expect = format!(
+        "forewarn agent on node {} may write only its own ScheduledEventReports",
+        nodes[0]
+    );
+    assert!(
+        !out.ok && out.stderr.contains(&expect),
+        "agent writes another node's report: not refused by the admission policy ({expect}): {}{}",
+        out.stdout,
+        out.stderr
+    );
+    denials.borrow_mut().push(format!(
+        "agent writes another node's report:\n  {}",
+        out.stderr.trim()
+    ));
+    let out = apply_report(
+        &unbound_agent,
+        &report_yaml(
+            sev,
+            nodes[0],
+            "vm-chart-0",
+            "Reboot",
+            "Completed",
+            &["vm-chart-1"],
+        ),
+    );
+    assert!(
+        !out.ok && out.stderr.contains("the token carries no node name"),
+        "agent token not bound to a pod writes a report: {}{}",
+        out.stdout,
+        out.stderr
+    );
+    denials.borrow_mut().push(format!(
+        "agent token not bound to a pod writes a report:\n  {}",
+        out.stderr.trim()
+    ));
+    assert!(
+        !k.run(
+            &[
+                "get",
+                "scheduledeventreport",
+                &format!("{sev}.{}", nodes[1])
+            ],
+            None
+        )
+        .ok,
+        "the agent wrote another node's report"
+    );
     assert_eq!(
-        k.json(&["get", "scheduledevent", &format!("{sev}-2")])["spec"]["eventStatus"],
+        k.json(&["get", "scheduledeventreport", &own])["spec"]["report"]["eventStatus"],
         "Started"
     );
-    // A status sent along with a create or a main-resource update is dropped
-    // by the API server (status subresource), so it needs no policy.
-    agent.ok_stdin(&["create", "-f", "-"], &format!(
-        r#"{{"apiVersion":"forewarn.dev/v1alpha1","kind":"ScheduledEvent","metadata":{{"name":"{sev}-3"}},
-           "spec":{{"eventId":"{sev}-3","eventStatus":"Scheduled","eventType":"Freeze","resources":["vm-chart-0"]}},
-           "status":{{"phase":"Approved","approval":{{"decidedAt":"2026-01-01T00:00:00Z"}}}}}}"#));
-    replace(
-        &format!("{sev}-3"),
-        &|o| o["status"] = serde_json::json!({"phase": "Approved", "approval": {"decidedAt": "2026-01-01T00:00:00Z"}}),
-    );
-    let forged = k.json(&["get", "scheduledevent", &format!("{sev}-3")]);
-    assert!(
-        forged["status"].is_null(),
-        "status written through the main resource: {}",
-        forged["status"]
+    forbid(
+        &agent,
+        "agent deletes its own report",
+        &["delete", "scheduledeventreport", &own],
+        "delete",
+        "scheduledeventreports",
     );
 
     // --- controller: what it needs works, Secrets do not.
@@ -1314,13 +1758,45 @@ fn installed_chart_confines_each_service_account() {
         forewarn::crd::CONTROLLER_MANAGER,
     )
     .unwrap_or_else(|e| panic!("the controller cannot write the approval decision: {e}"));
+    // It alone writes ScheduledEvents: creates one first reported by an
+    // agent, patches its spec, deletes reports and events.
+    controller.ok_stdin(
+        &["create", "-f", "-"],
+        &sev_yaml(&format!("{sev}-2"), "Scheduled", "vm-chart-0"),
+    );
     controller.ok(&[
-        "delete",
+        "patch",
         "scheduledevent",
-        sev,
         &format!("{sev}-2"),
-        &format!("{sev}-3"),
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"eventStatus":"Started"}}"#,
     ]);
+    controller.ok(&["get", "scheduledeventreports"]);
+    controller.ok(&["delete", "scheduledeventreport", &own]);
+    controller.ok(&["delete", "scheduledevent", sev, &format!("{sev}-2")]);
+    // The admission policy that confines the agents, and its binding: it
+    // may read those two (--agent-policy), nothing else of the kind.
+    for kind in [
+        "validatingadmissionpolicy",
+        "validatingadmissionpolicybinding",
+    ] {
+        controller.ok(&["get", kind, AGENT_POLICY]);
+    }
+    forbid(
+        &controller,
+        "controller lists admission policies",
+        &["get", "validatingadmissionpolicies"],
+        "list",
+        "validatingadmissionpolicies",
+    );
+    forbid(
+        &controller,
+        "controller reads another admission policy binding",
+        &["get", "validatingadmissionpolicybinding", "other"],
+        "get",
+        "validatingadmissionpolicybindings",
+    );
     // The Lease as the controller writes it: a create, then replaces.
     let lease = |holder: &str| {
         format!(
@@ -1343,6 +1819,74 @@ fn installed_chart_confines_each_service_account() {
         assert!(
             !list.lines().any(|l| l.starts_with("*.*")),
             "{name} has a wildcard:\n{list}"
+        );
+        // Exactly the chart's rules (README, "What each role may do"), plus
+        // the self-reviews every authenticated user may create.
+        let want: &[(&str, &str, &[&str])] = if name == "agent" {
+            &[
+                (
+                    "scheduledeventreports.forewarn.dev",
+                    "",
+                    &["create", "list", "patch"],
+                ),
+                (
+                    "scheduledevents.forewarn.dev",
+                    "",
+                    &["get", "list", "watch"],
+                ),
+            ]
+        } else {
+            &[
+                (
+                    "scheduledevents.forewarn.dev",
+                    "",
+                    &["create", "delete", "get", "list", "patch", "watch"],
+                ),
+                ("scheduledevents/status.forewarn.dev", "", &["patch"]),
+                (
+                    "scheduledeventreports.forewarn.dev",
+                    "",
+                    &["delete", "list", "watch"],
+                ),
+                ("nodes", "", &["get", "list", "patch", "watch"]),
+                ("pods", "", &["get", "list", "watch"]),
+                ("pods/eviction", "", &["create"]),
+                ("poddisruptionbudgets.policy", "", &["get", "list", "watch"]),
+                ("events.events.k8s.io", "", &["create", "patch"]),
+                (
+                    "validatingadmissionpolicies.admissionregistration.k8s.io",
+                    AGENT_POLICY,
+                    &["get"],
+                ),
+                (
+                    "validatingadmissionpolicybindings.admissionregistration.k8s.io",
+                    AGENT_POLICY,
+                    &["get"],
+                ),
+                ("leases.coordination.k8s.io", "", &["create"]),
+                (
+                    "leases.coordination.k8s.io",
+                    "forewarn-controller",
+                    &["get", "list", "update", "watch"],
+                ),
+            ]
+        };
+        let mut got = can_i_rules(&list);
+        got.retain(|(resource, _), verbs| {
+            !(resource.starts_with("selfsubject") && verbs.iter().eq(["create"]))
+        });
+        let want: std::collections::BTreeMap<(String, String), std::collections::BTreeSet<String>> =
+            want.iter()
+                .map(|(r, names, verbs)| {
+                    (
+                        (r.to_string(), names.to_string()),
+                        verbs.iter().map(|v| v.to_string()).collect(),
+                    )
+                })
+                .collect();
+        assert_eq!(
+            got, want,
+            "{name}: kubectl auth can-i --list is not the chart's rules:\n{list}"
         );
     }
     record += &format!("denials:\n{}\n", denials.borrow().join("\n"));
@@ -1415,12 +1959,10 @@ fn swapped_agent_tokens_are_refused_during_a_scenario() {
     let k = admin(&c);
     install(&k, &c);
     let opts = chart_run_options(&k, "chart-swapped-tokens", "forewarn-controller", true);
-    k.ok(&[
-        "annotate",
-        "node",
-        "node-000001",
-        &format!("{VM_ANNOTATION}-"),
-    ]);
+    k.run(
+        &["delete", "scheduledeventreports", "--all", "--wait=false"],
+        None,
+    );
     std::fs::create_dir_all(&opts.log_dir).expect("log dir");
     let vms: Vec<(String, String)> = (0..3)
         .map(|i| {
@@ -1453,7 +1995,7 @@ fn swapped_agent_tokens_are_refused_during_a_scenario() {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             if let Some(l) = text
                 .lines()
-                .find(|l| l.contains("may change only its own Node"))
+                .find(|l| l.contains("may write only its own ScheduledEventReports"))
             {
                 break Some(l.to_string());
             }
@@ -1475,8 +2017,18 @@ fn swapped_agent_tokens_are_refused_during_a_scenario() {
         )
     });
     println!("agent of node-000001 holding node-000000's token: {refusal}");
-    // And the API server kept node-000001 unannotated.
-    assert_eq!(annotation(&k, "node-000001"), None);
+    // And the API server holds no report of node-000001.
+    let reports = k.json(&["get", "scheduledeventreports"]);
+    let of_b: Vec<&Value> = reports["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["spec"]["report"]["node"] == "node-000001")
+        .collect();
+    assert!(
+        of_b.is_empty(),
+        "a report of node-000001 was stored: {of_b:?}"
+    );
 }
 
 /// The real agent and controller processes of the harness, each with a
@@ -1632,25 +2184,25 @@ fn sev_yaml(name: &str, status: &str, vm: &str) -> String {
     )
 }
 
-/// One agent's report entry, as the agent applies it (server-side apply of
-/// that entry alone, under its own field manager).
+/// One agent's report about the event `name`, as the agent applies it:
+/// the object `<name>.<node>`, its view of an event of `type_` (a `Freeze`
+/// of 5 s, anything else of unknown duration) listing `resources`.
 fn report_yaml(
     name: &str,
     node: &str,
     vm: &str,
-    named: bool,
+    type_: &str,
     status: &str,
     resources: &[&str],
 ) -> String {
-    let resources: Vec<String> = resources.iter().map(|s| s.to_string()).collect();
     report_yaml_named(
         &format!("{name}.{node}"),
         name,
         node,
         vm,
-        named,
+        type_,
         status,
-        &resources,
+        resources,
     )
 }
 
@@ -1660,13 +2212,15 @@ fn report_yaml_named(
     name: &str,
     node: &str,
     vm: &str,
-    named: bool,
+    type_: &str,
     status: &str,
-    resources: &[String],
+    resources: &[&str],
 ) -> String {
+    let named = resources.iter().any(|r| r.eq_ignore_ascii_case(vm));
+    let duration = if type_ == "Freeze" { 5 } else { -1 };
     format!(
-        "apiVersion: forewarn.dev/v1alpha1\nkind: ScheduledEventReport\nmetadata:\n  name: {object}\nspec:\n  scheduledEvent: {name}\n  report:\n    node: {node}\n    vm: {vm}\n    named: {named}\n    eventStatus: {status}\n    appearance: 1\n    resourcesDigest: {}\n",
-        forewarn::crd::resources_digest(resources)
+        "apiVersion: forewarn.dev/v1alpha1\nkind: ScheduledEventReport\nmetadata:\n  name: {object}\nspec:\n  scheduledEvent: {name}\n  report:\n    node: {node}\n    vm: {vm}\n    named: {named}\n    eventStatus: {status}\n    appearance: 1\n    eventId: {name}\n    eventType: {type_}\n    eventSource: Platform\n    resourceType: VirtualMachine\n    resources: [{}]\n    durationSeconds: {duration}\n    documentIncarnation: 1\n",
+        resources.join(", ")
     )
 }
 
@@ -1698,34 +2252,22 @@ fn condition(k: &Kubectl, sev: &str, type_: &str) -> Option<Value> {
         .cloned()
 }
 
-/// The trust model (DESIGN.md, Trust) with the chart's own tokens and a
-/// real controller process holding the controller's token: the agent of
-/// node-000000 cannot write node-000001's report (nor take its name), an event it forges naming
-/// node-000001's VM drains nothing, and its forged `Completed` of
-/// node-000001's live event does not release the node; node-000001's own
-/// agent's report does.
+/// The trust model (DESIGN.md, Trust) with the chart's own tokens (each
+/// agent's bound to the chart's agent pod on its node) and a real
+/// controller process holding the controller's token: an agent may write no
+/// `ScheduledEvent` and no other node's report; two other agents agreeing
+/// on a 5 s `Freeze` do not override node B's own `Reboot` (B stays
+/// cordoned, the approval stays bound to B's content), and their word that
+/// it ended does not release B; an event agent A reports naming only B's VM
+/// moves nothing; B's own agent's report that the event left releases B.
 #[test]
 fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
     let (_turn, c) = cluster();
     let k = admin(&c);
     install(&k, &c);
-    let (a, b) = ("node-000000", "node-000001");
-    let (vm_a, vm_b) = ("vm-trust-0", "vm-trust-1");
-    k.ok(&[
-        "annotate",
-        "--overwrite",
-        "node",
-        a,
-        &format!("{VM_ANNOTATION}={vm_a}"),
-    ]);
-    k.ok(&[
-        "annotate",
-        "--overwrite",
-        "node",
-        b,
-        &format!("{VM_ANNOTATION}={vm_b}"),
-    ]);
-    for n in [a, b] {
+    let (a, b, cc) = ("node-000000", "node-000001", "node-000002");
+    let (vm_a, vm_b, vm_c) = ("vm-trust-0", "vm-trust-1", "vm-trust-2");
+    for n in [a, b, cc] {
         k.run(&["uncordon", n], None);
     }
     let agent_token = |node: &str, name: &str| {
@@ -1734,6 +2276,7 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
     };
     let agent_a = agent_token(a, "trust-agent-a");
     let agent_b = agent_token(b, "trust-agent-b");
+    let agent_c = agent_token(cc, "trust-agent-c");
     let controller = token_kubeconfig(&k, "trust-controller", &token(&k, CONTROLLER_SA, None));
     k.run(
         &[
@@ -1746,23 +2289,17 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
         ],
         None,
     );
+    let (forged, live) = ("forged-event", "live-event");
     let clean = || {
-        for sev in ["forged-event", "live-event"] {
+        k.run(
+            &["delete", "scheduledeventreports", "--all", "--wait=false"],
+            None,
+        );
+        for sev in [forged, live] {
             k.run(
                 &["delete", "scheduledevent", sev, "--ignore-not-found"],
                 None,
             );
-            for n in [a, b] {
-                k.run(
-                    &[
-                        "delete",
-                        "scheduledeventreport",
-                        &format!("{sev}.{n}"),
-                        "--ignore-not-found",
-                    ],
-                    None,
-                );
-            }
         }
     };
     clean();
@@ -1771,53 +2308,111 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
         ctl.log().contains("Leading: reconciling").then_some(())
     });
 
-    // 1. A forged event: agent A creates an event naming B's VM. Writing
-    //    B's report for it is refused; without it, B is left alone.
-    let forged = "forged-event";
+    // 0. No agent writes a ScheduledEvent: only the controller does.
     let out = agent_a.run(
         &["create", "-f", "-"],
         Some(&sev_yaml(forged, "Scheduled", vm_b)),
     );
-    assert!(out.ok, "agent A may create an event: {}", out.stderr);
-    let out = apply_report(
-        &agent_a,
-        &report_yaml(forged, b, vm_b, true, "Scheduled", &[vm_b]),
-    );
     assert!(
-        !out.ok
-            && out.stderr.contains(&format!(
-                "forewarn agent on node {a} may write only its own ScheduledEventReports"
-            )),
-        "agent A wrote node B's report: {}{}",
+        !out.ok && out.stderr.contains("forbidden"),
+        "agent A created a ScheduledEvent: {}{}",
         out.stdout,
         out.stderr
     );
-    // Nor may it take B's report name for a report of its own (the API
-    // server pins the name to <event>.<node>), which would lock B out.
+
+    // 1. B's own agent reports a Reboot of its VM: the controller creates
+    //    the event from it and cordons B.
     let out = apply_report(
-        &agent_a,
-        &report_yaml_named(
-            &format!("{forged}.{b}"),
-            forged,
-            a,
-            vm_a,
-            false,
-            "Scheduled",
-            &[vm_b.to_string()],
-        ),
+        &agent_b,
+        &report_yaml(live, b, vm_b, "Reboot", "Scheduled", &[vm_b]),
     );
+    assert!(out.ok, "agent B may write its own report: {}", out.stderr);
+    eventually(
+        "node B cordoned on its own agent's report",
+        Duration::from_secs(30),
+        || unschedulable(&k, b).then_some(()),
+    );
+    let ev = k.json(&["get", "scheduledevent", live]);
+    assert_eq!(ev["spec"]["eventType"], "Reboot", "{}", ev["spec"]);
+    let managers: Vec<String> = ev["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| m["manager"].as_str().unwrap_or_default().to_string())
+        .collect();
     assert!(
-        !out.ok
-            && out
-                .stderr
-                .contains("the name must be <scheduledEvent>.<node>"),
-        "agent A took node B's report name: {}{}",
-        out.stdout,
-        out.stderr
+        managers.iter().all(|m| m == "forewarn-controller"),
+        "the ScheduledEvent has other writers: {managers:?}"
     );
+    let reboot_digest = forewarn::crd::identity_digest(
+        live,
+        "Reboot",
+        "Platform",
+        "VirtualMachine",
+        &[vm_b.to_string()],
+        -1,
+    );
+
+    // 2. Agents A and C report the same EventId as a 5 s Freeze of all three
+    //    VMs (policy: approve at once, no cordon). B is handled on its own
+    //    agent's report: it stays cordoned, and the event says they disagree.
+    let all = [vm_a, vm_c, vm_b];
+    for (agent, node, vm) in [(&agent_a, a, vm_a), (&agent_c, cc, vm_c)] {
+        let out = apply_report(
+            agent,
+            &report_yaml(live, node, vm, "Freeze", "Scheduled", &all),
+        );
+        assert!(
+            out.ok,
+            "agent on {node} may write its own report: {}",
+            out.stderr
+        );
+    }
+    let why = eventually(
+        "ReportsDisagree on the live event",
+        Duration::from_secs(30),
+        || condition(&k, live, "ReportsDisagree").filter(|c| c["status"] == "True"),
+    );
+    println!("disagreement: {why}");
+    assert!(
+        why["message"].as_str().unwrap_or_default().contains(b),
+        "{why}"
+    );
+    std::thread::sleep(Duration::from_secs(8));
+    assert!(
+        unschedulable(&k, b),
+        "node B was released on other agents' Freeze"
+    );
+    let ev = k.json(&["get", "scheduledevent", live]);
+    let digest = &ev["status"]["approval"]["digest"];
+    assert!(
+        digest.is_null() || *digest == reboot_digest.as_str(),
+        "an approval was decided for other content than B's own: {}",
+        ev["status"]
+    );
+
+    // 3. A and C say the event left their documents: B stays cordoned.
+    for (agent, node, vm) in [(&agent_a, a, vm_a), (&agent_c, cc, vm_c)] {
+        let out = apply_report(
+            agent,
+            &report_yaml(live, node, vm, "Freeze", "Completed", &all),
+        );
+        assert!(
+            out.ok,
+            "agent on {node} may write its own report: {}",
+            out.stderr
+        );
+    }
+    std::thread::sleep(Duration::from_secs(8));
+    assert!(
+        unschedulable(&k, b),
+        "node B was released on other agents' word alone"
+    );
+
+    // 4. Agent A reports an event naming only B's VM: B is not moved.
     let out = apply_report(
         &agent_a,
-        &report_yaml(forged, a, vm_a, false, "Scheduled", &[vm_b]),
+        &report_yaml(forged, a, vm_a, "Reboot", "Scheduled", &[vm_b]),
     );
     assert!(out.ok, "agent A may write its own report: {}", out.stderr);
     let unconfirmed = eventually(
@@ -1832,11 +2427,15 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
             .unwrap_or_default()
             .contains(b)
     );
-    // Given time to act, the controller has not touched B.
     std::thread::sleep(Duration::from_secs(5));
+    let node_b = k.json(&["get", "node", b]);
+    let held_for = node_b["metadata"]["annotations"]["forewarn.dev/cordoned-for"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     assert!(
-        !unschedulable(&k, b),
-        "node B was cordoned for an event only agent A reported"
+        !held_for.contains(forged),
+        "node B held for the forged event: {held_for}"
     );
     let ev = k.json(&["get", "scheduledevent", forged]);
     assert!(
@@ -1845,42 +2444,46 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
         ev["status"]
     );
 
-    // 2. A live event for B, reported by B's own agent: B is cordoned.
-    let live = "live-event";
-    k.ok_stdin(&["create", "-f", "-"], &sev_yaml(live, "Scheduled", vm_b));
+    // 5. Agent A may not write B's report, nor take its name.
     let out = apply_report(
-        &agent_b,
-        &report_yaml(live, b, vm_b, true, "Started", &[vm_b]),
+        &agent_a,
+        &report_yaml(live, b, vm_b, "Reboot", "Completed", &[vm_b]),
     );
-    assert!(out.ok, "agent B may write its own report: {}", out.stderr);
-    eventually(
-        "node B cordoned on its own agent's report",
-        Duration::from_secs(30),
-        || unschedulable(&k, b).then_some(()),
-    );
-    // Agent A marks it Completed (a replace agent A is allowed to make).
-    let mut forged_completion = agent_a.json(&["get", "scheduledevent", live]);
-    forged_completion["spec"]["eventStatus"] = "Completed".into();
-    agent_a.ok_stdin(&["replace", "-f", "-"], &forged_completion.to_string());
-    let why = eventually(
-        "CompletionUnconfirmed on the live event",
-        Duration::from_secs(30),
-        || condition(&k, live, "CompletionUnconfirmed").filter(|c| c["status"] == "True"),
-    );
-    println!("forged completion: {why}");
-    // Past the release delay (3 s) and then some: B stays cordoned.
-    std::thread::sleep(Duration::from_secs(8));
     assert!(
-        unschedulable(&k, b),
-        "node B was released on agent A's word alone"
+        !out.ok
+            && out.stderr.contains(&format!(
+                "forewarn agent on node {a} may write only its own ScheduledEventReports"
+            )),
+        "agent A wrote node B's report: {}{}",
+        out.stdout,
+        out.stderr
     );
-    let ev = k.json(&["get", "scheduledevent", live]);
-    assert_ne!(ev["status"]["phase"], "Completed", "{}", ev["status"]);
+    let out = apply_report(
+        &agent_a,
+        &report_yaml_named(
+            &format!("{forged}.{b}"),
+            forged,
+            a,
+            vm_a,
+            "Reboot",
+            "Scheduled",
+            &[vm_b],
+        ),
+    );
+    assert!(
+        !out.ok
+            && out
+                .stderr
+                .contains("the name must be <scheduledEvent>.<node>"),
+        "agent A took node B's report name: {}{}",
+        out.stdout,
+        out.stderr
+    );
 
-    // 3. B's own agent reports the event gone: now B is released.
+    // 6. B's own agent reports the event gone: now B is released.
     let out = apply_report(
         &agent_b,
-        &report_yaml(live, b, vm_b, true, "Completed", &[vm_b]),
+        &report_yaml(live, b, vm_b, "Reboot", "Completed", &[vm_b]),
     );
     assert!(out.ok, "agent B may write its own report: {}", out.stderr);
     eventually(
@@ -1888,8 +2491,6 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
         Duration::from_secs(30),
         || (!unschedulable(&k, b)).then_some(()),
     );
-    let ev = k.json(&["get", "scheduledevent", live]);
-    assert_eq!(ev["status"]["phase"], "Completed", "{}", ev["status"]);
     drop(ctl);
     clean();
 }

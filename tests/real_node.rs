@@ -23,7 +23,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use support::{
-    AGENT_IMAGE, Env, VM, api_port, apply, client, env, find_process, start_mock, start_mock_with,
+    AGENT_IMAGE, Env, VM, api_port, apply, client, env, find_process, start_mock_with,
     wait_pod_ready,
 };
 
@@ -192,21 +192,22 @@ async fn real_node_is_ready_and_not_kwok() {
 }
 
 #[tokio::test]
-async fn agent_pod_reads_imds_and_annotates_its_node() {
+async fn agent_pod_reads_imds_and_reports_its_event() {
+    const ID: &str = "5E1C0DE0-0000-4000-8000-00000000A101";
     let env = env();
     let client = client(&env).await;
     setup(&env, &client).await;
     let nodes: Api<Node> = Api::all(client.clone());
-    let before = nodes.get(&env.node).await.expect("node");
-    assert!(
-        !before
-            .annotations()
-            .contains_key(forewarn::crd::VM_NAME_ANNOTATION),
-        "the node is annotated before the agent ran"
-    );
 
-    // The mock plays IMDS at its real address, serving the VM at the root.
-    let mut mock = start_mock(&env).await;
+    // The mock plays IMDS at its real address, serving the VM at the root,
+    // with one event announced an hour ahead.
+    let mut mock = start_mock_with(
+        &env,
+        &format!("events:\n  - id: {ID}\n    type: Reboot\n    source: Platform\n    resources: [{VM}]\n    durationSeconds: -1\n    at: 0s\n    notice: 3600s\n    runFor: 5s\n"),
+        false,
+        "imds-mock",
+    )
+    .await;
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let started = Instant::now();
@@ -295,28 +296,43 @@ async fn agent_pod_reads_imds_and_annotates_its_node() {
         "no ServiceAccount token mounted:\n{mountinfo}"
     );
 
-    // Its Node carries the VM name it read from IMDS at 169.254.169.254.
-    let node = nodes.get(&env.node).await.expect("node");
-    assert_eq!(
-        node.annotations()
-            .get(forewarn::crd::VM_NAME_ANNOTATION)
-            .map(String::as_str),
-        Some(VM),
-        "annotations: {:?}",
-        node.annotations()
-    );
-    let owner = node
+    // Its report of the event it read from IMDS at 169.254.169.254, with
+    // the VM name IMDS gave, written by the agent's field manager alone.
+    let reports: Api<forewarn::crd::ScheduledEventReport> = Api::all(client.clone());
+    let name = format!("{}.{}", ID.to_ascii_lowercase(), env.node);
+    let report = {
+        let start = Instant::now();
+        loop {
+            if let Some(r) = reports.get_opt(&name).await.expect("get report") {
+                break r;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no report {name} from the agent"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    };
+    assert_eq!(report.spec.report.vm, VM, "{report:?}");
+    assert_eq!(report.spec.report.node, env.node);
+    assert!(report.spec.report.named);
+    assert_eq!(report.spec.report.event_id, ID);
+    let managers: Vec<Option<String>> = report
         .managed_fields()
         .iter()
-        .find(|m| {
-            m.fields_v1.as_ref().is_some_and(|f| {
-                serde_json::to_string(&f.0)
-                    .unwrap_or_default()
-                    .contains(forewarn::crd::VM_NAME_ANNOTATION)
-            })
-        })
-        .and_then(|m| m.manager.clone());
-    assert_eq!(owner.as_deref(), Some(forewarn::crd::AGENT_MANAGER));
+        .map(|m| m.manager.clone())
+        .collect();
+    assert_eq!(managers, [Some(forewarn::crd::AGENT_MANAGER.to_string())]);
+    // Agents write no Node.
+    let node = nodes.get(&env.node).await.expect("node");
+    assert!(
+        !node
+            .managed_fields()
+            .iter()
+            .any(|m| m.manager.as_deref() == Some(forewarn::crd::AGENT_MANAGER)),
+        "the agent wrote its Node: {:?}",
+        node.managed_fields()
+    );
     let logs = env
         .cluster
         .kubectl(&["logs", "-n", NS, "forewarn-agent"])

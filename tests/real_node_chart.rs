@@ -37,7 +37,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use forewarn::crd::{AGENT_MANAGER, VM_NAME_ANNOTATION};
+use forewarn::crd::AGENT_MANAGER;
 use forewarn::harness::cluster::repo_root;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
@@ -240,25 +240,22 @@ async fn chart_agent_runs_on_the_real_node() {
         "{root}"
     );
 
-    // Its Node carries the VM name, written by the agent's field manager.
+    // Agents write no Node (the controller maps VMs by providerID and the
+    // agents' reports).
     let nodes: Api<Node> = Api::all(client.clone());
     let node = nodes.get(&env.node).await.expect("node");
-    assert_eq!(
-        node.annotations()
-            .get(VM_NAME_ANNOTATION)
-            .map(String::as_str),
-        Some(VM)
-    );
     assert!(
-        node.managed_fields()
+        !node
+            .managed_fields()
             .iter()
             .any(|m| m.manager.as_deref() == Some(AGENT_MANAGER)),
-        "no managedFields entry of {AGENT_MANAGER}"
+        "the agent wrote its Node: {:?}",
+        node.managed_fields()
     );
 
     // The token the kubelet mounted into the agent pod: bound to the pod and
-    // its node, so the chart's admission policy lets it write its own Node's
-    // annotation and nothing on another Node.
+    // its node, so the chart's admission policy lets it write its own
+    // node's reports and no other node's, and RBAC no Node at all.
     let uid = pod.uid().expect("pod uid");
     let volumes = env
         .kubelet_root
@@ -277,13 +274,6 @@ async fn chart_agent_runs_on_the_real_node() {
         out.contains("authentication.kubernetes.io/node-name") && out.contains(&env.node),
         "the kubelet's token carries no node claim: {out}"
     );
-    let own = format!("{VM_NAME_ANNOTATION}={VM}");
-    let (ok, out) = kubectl_as(
-        &env,
-        token.trim(),
-        &["annotate", "node", &env.node, &own, "--overwrite"],
-    );
-    assert!(ok, "the agent's token may not annotate its own node: {out}");
     let other = nodes
         .list(&ListParams::default())
         .await
@@ -293,22 +283,60 @@ async fn chart_agent_runs_on_the_real_node() {
         .map(|n| n.name_any())
         .find(|n| *n != env.node)
         .expect("a KWOK node");
+    let report = |node: &str| {
+        format!(
+            "apiVersion: forewarn.dev/v1alpha1\nkind: ScheduledEventReport\nmetadata:\n  name: real-node-check.{node}\nspec:\n  scheduledEvent: real-node-check\n  report:\n    node: {node}\n    vm: {VM}\n    named: false\n    eventStatus: Completed\n    eventId: real-node-check\n    eventType: Reboot\n    resources: [elsewhere]\n"
+        )
+    };
+    let apply = |yaml: String| {
+        let file = env.logs.join("real-node-check-report.yaml");
+        std::fs::write(&file, yaml).expect("write report");
+        kubectl_as(
+            &env,
+            token.trim(),
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=forewarn-agent",
+                "-f",
+                &file.to_string_lossy(),
+            ],
+        )
+    };
+    let (ok, out) = apply(report(&env.node));
+    assert!(
+        ok,
+        "the agent's token may not write its own node's report: {out}"
+    );
+    let (ok, out) = apply(report(&other));
+    println!("writing {other}'s report with the agent pod's token: {out}");
+    assert!(
+        !ok && out.contains("may write only its own ScheduledEventReports"),
+        "the agent's token wrote another node's report: {out}"
+    );
     let (ok, out) = kubectl_as(
         &env,
         token.trim(),
-        &["annotate", "node", &other, &own, "--overwrite"],
+        &[
+            "annotate",
+            "node",
+            &env.node,
+            "example.com/x=y",
+            "--overwrite",
+        ],
     );
-    println!("annotating {other} with the agent pod's token: {out}");
-    assert!(!ok, "the agent's token annotated another node: {out}");
     assert!(
-        out.contains("denied") || out.contains("forbidden") || out.contains("Forbidden"),
-        "{out}"
+        !ok && out.contains("forbidden"),
+        "the agent's token annotated its node: {out}"
     );
-    let after = nodes.get(&other).await.expect("other node");
-    assert!(
-        !after.annotations().contains_key(VM_NAME_ANNOTATION),
-        "{other} got the annotation"
-    );
+    env.cluster
+        .kubectl(&[
+            "delete",
+            "scheduledeventreport",
+            &format!("real-node-check.{}", env.node),
+            "--ignore-not-found",
+        ])
+        .expect("delete the check's report");
 
     helm(
         &["uninstall", "forewarn", "--namespace", NS, "--wait"],

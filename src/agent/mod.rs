@@ -1,20 +1,17 @@
-//! The per-node agent: polls this VM's IMDS once a second, mirrors every
-//! event into its `ScheduledEvent`, records the VM name on its own Node, and
-//! carries out approvals the controller decided.
+//! The per-node agent: polls this VM's IMDS once a second, reports every
+//! event in its own `ScheduledEventReport` (its only write; see
+//! [`reports`]), and carries out the approvals the controller decided,
+//! only while its own document lists the event as decided (see
+//! [`approval`]).
 //!
-//! Spec writes (see `objects`): created, or replaced whole conditional on
-//! the `resourceVersion` read, with field manager `forewarn-agent`, so a
-//! field IMDS dropped leaves the object, and two agents never overwrite
-//! each other: the loser re-reads and merges forward (`mirror`).
-//!
-//! It writes to the API server only when its IMDS document changes, each
-//! event on its own (one failing event never holds back the others), and
-//! watches `ScheduledEvent`s only while its document lists a `Scheduled`
-//! event, so an idle cluster costs the API server nothing per poll.
+//! It writes to the API server only when its view of an event changes,
+//! each event on its own (one failing write never holds back the others),
+//! and watches `ScheduledEvent`s only while its document lists a
+//! `Scheduled` event, so an idle cluster costs the API server nothing per
+//! poll.
 
 pub mod approval;
-pub mod mirror;
-mod objects;
+pub mod reports;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -22,18 +19,16 @@ use std::time::{Duration, Instant};
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder, Retryable};
 use chrono::Utc;
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams};
+use kube::Client;
+use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Client, Resource};
 use prometheus::Registry;
-use serde_json::json;
 use tokio::time::MissedTickBehavior;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::cli::AgentArgs;
-use crate::crd::{AGENT_MANAGER, ScheduledEvent, VM_NAME_ANNOTATION};
+use crate::crd::{MAX_SENT_APPROVALS, Report, ScheduledEvent, ScheduledEventReport, SentApproval};
 use crate::imds::client::Client as ImdsClient;
 use crate::imds::model::{Document, Event, EventStatus};
 use crate::metrics::AgentMetrics;
@@ -62,45 +57,9 @@ pub enum Error {
         /// This agent's node.
         node: String,
     },
-    /// Reading a `ScheduledEvent` failed.
-    #[error("failed to get ScheduledEvent {name}: {source}")]
-    GetEvent {
-        /// Object name.
-        name: String,
-        /// The API error.
-        #[source]
-        source: kube::Error,
-    },
-    /// Creating or replacing a `ScheduledEvent` failed.
-    #[error("failed to write ScheduledEvent {name}: {source}")]
-    WriteEvent {
-        /// Object name.
-        name: String,
-        /// The API error.
-        #[source]
-        source: kube::Error,
-    },
-    /// Listing `ScheduledEvent`s failed.
-    #[error("failed to list ScheduledEvents: {source}")]
-    ListEvents {
-        /// The API error.
-        #[source]
-        source: kube::Error,
-    },
-    /// Writing the approval result failed.
-    #[error("failed to record the approval of {name}: {source}")]
-    RecordApproval {
-        /// Object name.
-        name: String,
-        /// The API error.
-        #[source]
-        source: kube::Error,
-    },
-    /// Annotating this node with its VM name failed.
-    #[error("failed to annotate node {node}: {source}")]
-    AnnotateNode {
-        /// Node name.
-        node: String,
+    /// Listing `ScheduledEventReport`s (this agent's own, at start) failed.
+    #[error("failed to list ScheduledEventReports: {source}")]
+    ListReports {
         /// The API error.
         #[source]
         source: kube::Error,
@@ -110,15 +69,11 @@ pub enum Error {
 /// `Result` with this module's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// An event whose stored object is older than this and which names this VM
-/// but is absent from this VM's document is taken as finished at start-up.
-/// The age guard keeps a freshly created object (another VM's document can
-/// change a moment before ours) from being completed by mistake.
-const STALE_AFTER: chrono::TimeDelta = chrono::TimeDelta::seconds(30);
-/// Time between start-up sweeps while some objects are too young to judge.
-const SWEEP_RETRY: Duration = Duration::from_secs(5);
 /// Minimum time between two approval attempts for one event.
 const APPROVAL_RETRY: Duration = Duration::from_secs(5);
+
+/// The most of IMDS's answer to an approval a report keeps, bytes.
+const APPROVAL_BODY_BYTES: usize = 512;
 
 /// Runs the agent until SIGTERM.
 ///
@@ -149,8 +104,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
 
     let mut agent = Agent {
         api: Api::all(client.clone()),
-        reports: Api::all(client.clone()),
-        nodes: Api::all(client),
+        reports: Api::all(client),
         imds,
         node: args.node_name.clone(),
         vm: compute.name,
@@ -164,13 +118,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             .without_max_times(),
         backoff: None,
         last_doc: None,
-        tracked: HashMap::new(),
         reported: HashMap::new(),
+        restored: false,
         synced: false,
         warned_not_before: HashSet::new(),
-        swept: false,
-        next_sweep: Instant::now(),
-        annotated: false,
         watch: None,
         attempts: HashMap::new(),
         decisions: HashMap::new(),
@@ -184,17 +135,18 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             _ = &mut shutdown => break,
             _ = tick.tick() => {}
         }
-        if !agent.annotated {
-            match agent.annotate_node().await {
-                Ok(()) => agent.annotated = true,
+        if !agent.restored {
+            match agent.restore().await {
+                Ok(()) => agent.restored = true,
                 Err(e) => {
-                    warn!(error = %error_chain(&e), "Could not record the VM name on the node yet")
+                    warn!(error = %error_chain(&e), "Could not read this agent's earlier reports yet; reporting waits for them");
+                    continue;
                 }
             }
         }
         let span = info_span!("poll", node = %agent.node);
         agent.poll().instrument(span).await;
-        ready.set(agent.annotated && agent.synced);
+        ready.set(agent.synced);
     }
     info!("Agent stopped");
     Ok(())
@@ -232,11 +184,11 @@ fn imds_result(e: &crate::imds::client::Error) -> &'static str {
     }
 }
 
-/// A reflector of `ScheduledEvent`s, aborted when dropped.
 /// How long a failed `ScheduledEvent` watch waits before it lists again:
 /// one IMDS poll (only agents with events to act on watch).
 const WATCH_RESTART_DELAY: Duration = Duration::from_secs(1);
 
+/// A reflector of `ScheduledEvent`s, aborted when dropped.
 struct EventWatch {
     store: Store<ScheduledEvent>,
     task: tokio::task::JoinHandle<()>,
@@ -250,8 +202,7 @@ impl Drop for EventWatch {
 
 struct Agent {
     api: Api<ScheduledEvent>,
-    reports: Api<crate::crd::ScheduledEventReport>,
-    nodes: Api<Node>,
+    reports: Api<ScheduledEventReport>,
     imds: ImdsClient,
     node: String,
     vm: String,
@@ -265,19 +216,15 @@ struct Agent {
     backoff: Option<(ExponentialBackoff, Instant)>,
     /// The last document IMDS served.
     last_doc: Option<Document>,
-    /// What this agent mirrored, per object name.
-    tracked: HashMap<String, mirror::Tracked>,
-    /// This agent's report entry as last written, per object name.
-    reported: HashMap<String, objects::Reported>,
-    /// Whether one document has been mirrored without a failure.
+    /// This agent's reports as last written (or read back at start), by
+    /// event object name.
+    reported: HashMap<String, Report>,
+    /// Whether the reports this agent wrote before it started were read.
+    restored: bool,
+    /// Whether one document has been reported without a failure.
     synced: bool,
     /// Object names whose unparsable `NotBefore` has been warned about.
     warned_not_before: HashSet<String>,
-    /// Whether the start-up sweep of stale objects is done.
-    swept: bool,
-    /// Earliest time of the next sweep attempt.
-    next_sweep: Instant,
-    annotated: bool,
     watch: Option<EventWatch>,
     /// Last approval attempt per object name.
     attempts: HashMap<String, Instant>,
@@ -327,17 +274,6 @@ impl Agent {
         let changed = self.last_doc.as_ref().is_none_or(|d| {
             d.incarnation != doc.incarnation || d.events != doc.events || d.rejected != doc.rejected
         });
-        let went_down = self
-            .last_doc
-            .as_ref()
-            .is_some_and(|d| doc.incarnation < d.incarnation);
-        if went_down {
-            info!(
-                from = self.last_doc.as_ref().map(|d| d.incarnation),
-                to = doc.incarnation,
-                "DocumentIncarnation went down (VM redeployed?); checking every listed event again"
-            );
-        }
         if changed {
             info!(
                 incarnation = doc.incarnation,
@@ -348,7 +284,7 @@ impl Agent {
             for r in &doc.rejected {
                 self.metrics.events_rejected.inc();
                 warn!(index = r.index, event_id = ?r.event_id, bytes = %r.bytes, reason = %r.reason,
-                    "Rejected a malformed entry of the IMDS document; mirroring the other events");
+                    "Rejected a malformed entry of the IMDS document; reporting the other events");
             }
         }
         // Warned once per event while it is listed with an odd NotBefore.
@@ -364,53 +300,21 @@ impl Agent {
                 warn!(event = %ev.event_id, not_before = %text, "Ignoring NotBefore in an unknown format");
             }
         }
-        let work = mirror::plan_document(&doc, &self.tracked, went_down);
-        let idle = work.listed.is_empty() && work.completions.is_empty();
+        let failures = self.write_reports(&doc).await;
         self.metrics
-            .imds_request(if idle && !changed { "unchanged" } else { "ok" }, took);
+            .imds_request(if changed { "ok" } else { "unchanged" }, took);
         self.metrics.imds_last_success.set(Utc::now().timestamp());
-        if idle || self.mirror(work).await == 0 {
+        if failures == 0 {
             self.synced = true;
-        }
-        if !self.swept && self.synced && Instant::now() >= self.next_sweep {
-            self.next_sweep = Instant::now() + SWEEP_RETRY;
-            match self.sweep_stale(&doc).await {
-                Ok(deferred) => self.swept = !deferred,
-                Err(e) => {
-                    warn!(error = %error_chain(&e), "Start-up sweep of finished events failed; will retry")
-                }
-            }
         }
         self.approve(&doc).await;
         self.last_doc = Some(doc);
     }
 
-    async fn annotate_node(&self) -> Result<()> {
-        let body = json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": { "name": self.node, "annotations": { VM_NAME_ANNOTATION: self.vm } },
-        });
-        self.nodes
-            .patch(
-                &self.node,
-                &PatchParams::apply(AGENT_MANAGER).force(),
-                &Patch::Apply(&body),
-            )
-            .await
-            .map_err(|source| Error::AnnotateNode {
-                node: self.node.clone(),
-                source,
-            })?;
-        info!(node = %self.node, vm = %self.vm, "Recorded the VM name on the node");
-        Ok(())
-    }
-
-    /// Carries out approvals the controller decided (DESIGN.md rule 3): only
-    /// for events this VM's document lists as `Scheduled`; the agent of a VM
-    /// the event names goes first, others step in `fallback` after they first
-    /// saw the decision (their own clock); a `Terminate` is approved only by
-    /// the VM it names (Azure's advice).
+    /// Carries out approvals the controller decided (DESIGN.md rule 3; see
+    /// [`approval::should_send`]): only for events this VM's document lists
+    /// as `Scheduled`, with this agent's own report of the same appearance
+    /// written, and the decision bound to the same content.
     async fn approve(&mut self, doc: &Document) {
         let scheduled: Vec<&Event> = doc
             .events
@@ -429,12 +333,18 @@ impl Agent {
         }
         for ev in scheduled {
             let name = ev.object_name();
+            // Only what this agent has reported of this very listing: the
+            // report carries its appearance.
+            let Some(mine) = self.reported.get(&name).filter(|r| r.is_listed()).cloned() else {
+                continue;
+            };
+            let digest = reports::view_of(ev, &self.node, &self.vm, 0, mine.appearance).digest();
             let Some(obj) = store.get(&ObjectRef::new(&name)) else {
                 continue;
             };
             let approval = obj.status.as_ref().and_then(|s| s.approval.as_ref());
-            let key = (name.clone(), obj.spec.appearance);
-            if approval.and_then(|a| a.decided_at).is_none() {
+            let key = (name.clone(), mine.appearance);
+            if approval::decision(approval).is_none() {
                 self.decisions.remove(&key);
                 continue;
             }
@@ -442,7 +352,15 @@ impl Agent {
                 debug!(event = %name, "Saw the approval decided");
                 Instant::now()
             });
-            if !approval::should_send(ev, approval, &self.vm, first_seen.elapsed(), self.fallback) {
+            if !approval::should_send(
+                ev,
+                &digest,
+                &mine,
+                approval,
+                &self.vm,
+                first_seen.elapsed(),
+                self.fallback,
+            ) {
                 continue;
             }
             if self
@@ -453,20 +371,35 @@ impl Agent {
                 continue;
             }
             self.attempts.insert(name.clone(), Instant::now());
-            let result = match self.imds.approve(std::slice::from_ref(&ev.event_id)).await {
-                Ok(()) => {
+            let sent_at = Utc::now();
+            let (status, body) = match self.imds.approve(std::slice::from_ref(&ev.event_id)).await {
+                Ok(body) => {
                     self.metrics.approvals.with_label_values(&["ok"]).inc();
-                    info!(event = %name, "Approved the event with IMDS (StartRequests)");
-                    approval::ACCEPTED.to_string()
+                    info!(event = %name, appearance = mine.appearance, %digest, "Approved the event with IMDS (StartRequests)");
+                    (200, body)
                 }
                 Err(e) => {
                     self.metrics.approvals.with_label_values(&["error"]).inc();
                     warn!(event = %name, error = %error_chain(&e), "IMDS refused or missed the approval; will retry");
-                    format!("Failed: {e}")
+                    let status = match &e {
+                        crate::imds::client::Error::Status { status, .. } => status.as_u16(),
+                        _ => 0,
+                    };
+                    (status, error_chain(&e))
                 }
             };
-            if let Err(e) = self.record_approval(&name, &result).await {
-                warn!(error = %error_chain(&e), "Could not record the approval result");
+            let mut report = mine;
+            report.approvals.push(SentApproval {
+                appearance: report.appearance,
+                digest,
+                sent_at,
+                status,
+                body: truncate(&body, APPROVAL_BODY_BYTES),
+            });
+            let excess = report.approvals.len().saturating_sub(MAX_SENT_APPROVALS);
+            report.approvals.drain(..excess);
+            if let Err(e) = self.apply_report(&name, report).await {
+                warn!(error = %error_chain(&e), "Could not record the approval in this agent's report; will retry");
             }
         }
     }
@@ -512,31 +445,15 @@ impl Agent {
         });
         store
     }
+}
 
-    async fn record_approval(&self, name: &str, result: &str) -> Result<()> {
-        let body = json!({
-            "apiVersion": ScheduledEvent::api_version(&()),
-            "kind": ScheduledEvent::kind(&()),
-            "metadata": { "name": name },
-            "status": { "approval": {
-                "sentAt": Utc::now(),
-                "sentBy": self.node,
-                "result": result,
-            }},
-        });
-        self.api
-            .patch_status(
-                name,
-                &PatchParams::apply(AGENT_MANAGER).force(),
-                &Patch::Apply(&body),
-            )
-            .await
-            .map_err(|source| Error::RecordApproval {
-                name: name.into(),
-                source,
-            })?;
-        Ok(())
+/// The first `max` bytes of `text`, cut at a character boundary.
+fn truncate(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
     }
+    text[..end].to_string()
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! [`report`] writes the status and the Events; [`run`] wires it all and
 //! [`sweep`] releases holds of deleted objects.
 
+pub mod confinement;
 pub mod drain;
 pub mod lease;
 pub mod nodes;
@@ -15,6 +16,7 @@ pub mod reconcile;
 pub mod reload;
 pub mod report;
 pub mod run;
+pub mod spec;
 pub mod status;
 pub mod sweep;
 pub mod trust;
@@ -28,7 +30,9 @@ use kube::Client;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 
-use crate::crd::{Report, ScheduledEvent, ScheduledEventReport};
+use chrono::{DateTime, Utc};
+
+use crate::crd::{AGENT_MANAGER, Report, ScheduledEvent, ScheduledEventReport};
 use crate::metrics::ControllerMetrics;
 use crate::policy::Policy;
 
@@ -59,6 +63,15 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// Creating a `ScheduledEvent` or writing its spec failed.
+    #[error("failed to write ScheduledEvent {name}: {source}")]
+    WriteEvent {
+        /// Object name.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
     /// Deleting an expired object failed.
     #[error("failed to delete ScheduledEvent {name}: {source}")]
     DeleteEvent {
@@ -82,6 +95,7 @@ impl Error {
             Error::ListPods(_) => "list_pods",
             Error::PatchStatus { .. } => "patch_status",
             Error::DeleteEvent { .. } => "delete_event",
+            Error::WriteEvent { .. } => "write_event",
         }
     }
 }
@@ -123,22 +137,42 @@ fn group_by_event(reports: impl IntoIterator<Item = Arc<ScheduledEventReport>>) 
     by_event
 }
 
-/// The reports about the object `ev`: named for it and, when they carry an
-/// owner reference (agents always set one), owned by this very object, so
-/// the reports of an earlier object of the same name, until the garbage
-/// collector deletes them, do not count for a new one.
-pub fn reports_about(reports: &ReportsByEvent, ev: &ScheduledEvent) -> Vec<Report> {
-    let name = ev.metadata.name.as_deref().unwrap_or_default();
-    let uid = ev.metadata.uid.as_deref();
-    reports
-        .get(name)
-        .into_iter()
+/// The reports about the event named `name`, and when an agent last wrote
+/// one of them (its `managedFields` time, else its creation).
+pub fn reports_about(reports: &ReportsByEvent, name: &str) -> (Vec<Report>, Option<DateTime<Utc>>) {
+    let about = reports.get(name).map(Vec::as_slice).unwrap_or_default();
+    let last = about.iter().filter_map(|r| last_write(r)).max();
+    (about.iter().map(|r| r.spec.report.clone()).collect(), last)
+}
+
+fn last_write(r: &ScheduledEventReport) -> Option<DateTime<Utc>> {
+    let to_chrono = |t: &k8s_openapi::jiff::Timestamp| {
+        DateTime::from_timestamp(
+            t.as_second(),
+            u32::try_from(t.subsec_nanosecond()).unwrap_or(0),
+        )
+    };
+    r.metadata
+        .managed_fields
+        .iter()
         .flatten()
-        .filter(|r| {
-            let owners = r.metadata.owner_references.as_deref().unwrap_or_default();
-            owners.is_empty() || owners.iter().any(|o| Some(o.uid.as_str()) == uid)
+        .filter(|m| m.manager.as_deref() == Some(AGENT_MANAGER))
+        .filter_map(|m| m.time.as_ref().and_then(|t| to_chrono(&t.0)))
+        .max()
+        .or_else(|| {
+            r.metadata
+                .creation_timestamp
+                .as_ref()
+                .and_then(|t| to_chrono(&t.0))
         })
-        .map(|r| r.spec.report.clone())
+}
+
+/// The VM each node's agent states in its reports, by node name.
+pub fn stated_vms(reports: &ReportsByEvent) -> HashMap<String, String> {
+    reports
+        .values()
+        .flatten()
+        .map(|r| (r.spec.report.node.clone(), r.spec.report.vm.clone()))
         .collect()
 }
 
@@ -172,11 +206,10 @@ pub struct Context {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{EventStatus, ScheduledEventReportSpec, ScheduledEventSpec};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use crate::crd::{EventStatus, ScheduledEventReportSpec};
 
-    fn report(event: &str, node: &str, owner: Option<&str>) -> Arc<ScheduledEventReport> {
-        let mut r = ScheduledEventReport::new(
+    fn report(event: &str, node: &str) -> Arc<ScheduledEventReport> {
+        Arc::new(ScheduledEventReport::new(
             &format!("{event}.{node}"),
             ScheduledEventReportSpec {
                 scheduled_event: event.into(),
@@ -186,52 +219,30 @@ mod tests {
                     named: true,
                     event_status: EventStatus::Scheduled,
                     appearance: 1,
-                    resources_digest: String::new(),
+                    event_id: event.into(),
+                    event_type: "Reboot".into(),
+                    event_source: "Platform".into(),
+                    resource_type: "VirtualMachine".into(),
+                    resources: vec![format!("vm-{node}")],
+                    not_before: None,
+                    duration_seconds: -1,
+                    description: String::new(),
+                    document_incarnation: 1,
+                    approvals: Vec::new(),
                 },
             },
-        );
-        r.metadata.owner_references = owner.map(|uid| {
-            vec![OwnerReference {
-                api_version: "forewarn.dev/v1alpha1".into(),
-                kind: "ScheduledEvent".into(),
-                name: event.into(),
-                uid: uid.into(),
-                ..OwnerReference::default()
-            }]
-        });
-        Arc::new(r)
+        ))
     }
 
     #[test]
-    fn only_reports_about_this_very_object_count() {
-        let mut ev = ScheduledEvent::new(
-            "ev",
-            ScheduledEventSpec {
-                event_id: "EV".into(),
-                event_type: "Reboot".into(),
-                event_status: EventStatus::Scheduled,
-                event_source: "Platform".into(),
-                resource_type: "VirtualMachine".into(),
-                resources: vec!["vm-a".into()],
-                not_before: None,
-                duration_seconds: -1,
-                description: String::new(),
-                appearance: 1,
-            },
-        );
-        ev.metadata.uid = Some("uid-new".into());
-        let all = [
-            report("ev", "a", Some("uid-new")),
-            // Of an earlier object of the same name, not yet collected.
-            report("ev", "b", Some("uid-old")),
-            // Written by hand, without an owner: named for it, it counts.
-            report("ev", "c", None),
-            report("other", "d", Some("uid-new")),
-        ];
-        let nodes: Vec<String> = reports_about(&group_by_event(all), &ev)
-            .into_iter()
-            .map(|r| r.node)
-            .collect();
+    fn reports_are_grouped_by_event_and_state_each_nodes_vm() {
+        let all = group_by_event([report("ev", "a"), report("ev", "c"), report("other", "d")]);
+        let (about, _) = reports_about(&all, "ev");
+        let nodes: Vec<&str> = about.iter().map(|r| r.node.as_str()).collect();
         assert_eq!(nodes, ["a", "c"]);
+        assert!(reports_about(&all, "none").0.is_empty());
+        let vms = stated_vms(&all);
+        assert_eq!(vms.get("d").map(String::as_str), Some("vm-d"));
+        assert_eq!(vms.len(), 3);
     }
 }

@@ -7,7 +7,9 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use crate::crd::{CORDONED_FOR_ANNOTATION, VM_NAME_ANNOTATION};
+use std::collections::HashMap;
+
+use crate::crd::CORDONED_FOR_ANNOTATION;
 
 /// Key of the taint forewarn puts next to its cordon (effect `NoSchedule`),
 /// so that tools and people can tell why a node is cordoned. Owned like the
@@ -99,35 +101,26 @@ pub fn vm_name_from_provider_id(provider_id: &str) -> Option<String> {
     }
 }
 
-/// The VM name of a node, from its `spec.providerID` (set by the kubelet or
-/// the cloud provider at registration) and the agent's self-declared
-/// annotation `forewarn.dev/vm-name`: when both exist they must agree
-/// (ignoring case), else the `providerID` wins and the node is reported
-/// (an agent must not be able to redirect another VM's events to its node);
-/// with only one, that one.
-pub fn vm_name(node: &Node) -> Option<String> {
-    identity(node).0
-}
-
-/// `(VM name, disagreement)`: see [`vm_name`]; the second value describes
-/// an annotation that contradicts the `providerID`.
-pub fn identity(node: &Node) -> (Option<String>, Option<String>) {
-    let annotation = node
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(VM_NAME_ANNOTATION))
-        .filter(|v| !v.is_empty())
-        .cloned();
-    let provider = node
-        .spec
+/// The VM name of a node's `spec.providerID` (set by the kubelet or the
+/// cloud provider at registration), if it is an Azure one.
+pub fn provider_vm(node: &Node) -> Option<String> {
+    node.spec
         .as_ref()
         .and_then(|s| s.provider_id.as_deref())
-        .and_then(vm_name_from_provider_id);
-    match (annotation, provider) {
+        .and_then(vm_name_from_provider_id)
+}
+
+/// `(VM name, disagreement)` of a node, from its `spec.providerID` and the
+/// VM its own agent states in its reports (`stated`): when both exist they
+/// must agree (ignoring case), else the `providerID` wins and the second
+/// value describes the contradiction (an agent must not be able to
+/// redirect another VM's events to its node); with only one, that one.
+pub fn identity(node: &Node, stated: Option<&str>) -> (Option<String>, Option<String>) {
+    let stated = stated.filter(|v| !v.is_empty()).map(str::to_owned);
+    match (stated, provider_vm(node)) {
         (Some(a), Some(p)) if !a.eq_ignore_ascii_case(&p) => {
             let why = format!(
-                "node {} declares VM {a} ({VM_NAME_ANNOTATION}) but its providerID names {p}; using {p}",
+                "the agent of node {} states VM {a} but its providerID names {p}; using {p}",
                 node.metadata.name.clone().unwrap_or_default()
             );
             (Some(p), Some(why))
@@ -150,15 +143,19 @@ pub struct Mapping {
     pub doubts: Vec<String>,
 }
 
-/// Maps each entry of `resources` to nodes, comparing ignoring case.
+/// Maps each entry of `resources` to nodes, comparing ignoring case; a
+/// node's VM is its [`identity`], `stated` giving the VM each node's agent
+/// states in its reports (by node name).
 pub fn map_resources<'a>(
     resources: &[String],
     nodes: impl IntoIterator<Item = &'a Node>,
+    stated: &HashMap<String, String>,
 ) -> Mapping {
     let mut known: Vec<(String, String)> = Vec::new();
     let mut disagreements = Vec::new();
     for n in nodes {
-        let (vm, why) = identity(n);
+        let name = n.metadata.name.as_deref().unwrap_or_default();
+        let (vm, why) = identity(n, stated.get(name).map(String::as_str));
         if let (Some(vm), Some(name)) = (vm, n.metadata.name.clone()) {
             if let Some(why) = why {
                 disagreements.push((vm.to_ascii_lowercase(), why));
@@ -233,12 +230,15 @@ mod tests {
     use k8s_openapi::api::core::v1::NodeSpec;
     use kube::api::ObjectMeta;
 
+    /// A node, and the VM its agent states (`annotation`), recorded in
+    /// [`STATED`] for [`stated`].
     fn node(name: &str, annotation: Option<&str>, provider_id: Option<&str>) -> Node {
+        if let Some(a) = annotation {
+            STATED.with(|s| s.borrow_mut().insert(name.to_string(), a.to_string()));
+        }
         Node {
             metadata: ObjectMeta {
                 name: Some(name.into()),
-                annotations: annotation
-                    .map(|a| [(VM_NAME_ANNOTATION.to_string(), a.to_string())].into()),
                 ..Default::default()
             },
             spec: Some(NodeSpec {
@@ -247,6 +247,14 @@ mod tests {
             }),
             status: None,
         }
+    }
+
+    thread_local! {
+        static STATED: std::cell::RefCell<HashMap<String, String>> = Default::default();
+    }
+
+    fn stated() -> HashMap<String, String> {
+        STATED.with(|s| s.borrow().clone())
     }
 
     #[test]
@@ -276,11 +284,11 @@ mod tests {
                 "azure:///subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/own-vm",
             ),
         );
-        assert_eq!(vm_name(&liar), Some("own-vm".into()));
-        let m = map_resources(&["victim-vm".into()], [&liar]);
+        assert_eq!(identity(&liar, Some("victim-vm")).0, Some("own-vm".into()));
+        let m = map_resources(&["victim-vm".into()], [&liar], &stated());
         assert!(m.mapped.is_empty(), "{m:?}");
         assert_eq!(m.unmapped, vec!["victim-vm".to_string()]);
-        let m = map_resources(&["own-vm".into()], [&liar]);
+        let m = map_resources(&["own-vm".into()], [&liar], &stated());
         assert_eq!(m.mapped, vec![("own-vm".to_string(), "node-a".to_string())]);
         assert!(m.doubts[0].contains("victim-vm"), "{m:?}");
     }
@@ -289,7 +297,7 @@ mod tests {
     fn a_vm_claimed_by_two_nodes_maps_to_both_and_is_doubted() {
         let a = node("node-a", Some("vm-1"), None);
         let b = node("node-b", Some("VM-1"), None);
-        let m = map_resources(&["vm-1".into()], [&a, &b]);
+        let m = map_resources(&["vm-1".into()], [&a, &b], &stated());
         assert_eq!(
             m.mapped,
             vec![
@@ -324,6 +332,7 @@ mod tests {
                 "other-vm".into(),
             ],
             &nodes,
+            &stated(),
         );
         assert!(doubts.is_empty());
         assert_eq!(

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::crd::{AGENT_MANAGER, EventStatus, Phase, ScheduledEvent};
+use crate::crd::{EventStatus, Phase, ScheduledEvent};
 use crate::imds::model::EventType;
 use crate::policy::{Action, Policy};
 
@@ -92,8 +92,13 @@ pub struct Observed {
     /// Nodes `Resources` maps to that no trusted report confirms (see
     /// [`super::trust`]): left alone, listed as `node: why`.
     pub unconfirmed: Vec<String>,
-    /// Why a spec `Completed` is not taken as the end, if so.
-    pub completion_unconfirmed: Option<String>,
+    /// Nodes whose own agents report other content than the spec, one line
+    /// each (see [`super::trust::Built::disagreement`]): each is handled on
+    /// its own report, and no approval is decided meanwhile.
+    pub disagreement: Vec<String>,
+    /// When an agent last wrote a report about the event (the API server's
+    /// `managedFields` time), else when the first report was created.
+    pub last_report: Option<DateTime<Utc>>,
 }
 
 /// A write to a Node's cordon, taint and hold list.
@@ -285,35 +290,6 @@ fn final_phase(ev: &ScheduledEvent) -> Option<Phase> {
     s.phase.filter(|p| p.is_final())
 }
 
-/// When an agent last wrote the object (`managedFields` of the agents'
-/// field managers, `forewarn-agent` and each agent's report manager; spec
-/// or status), else its creation time.
-pub fn last_agent_write(ev: &ScheduledEvent) -> Option<DateTime<Utc>> {
-    let to_chrono = |t: &k8s_openapi::jiff::Timestamp| {
-        DateTime::from_timestamp(
-            t.as_second(),
-            u32::try_from(t.subsec_nanosecond()).unwrap_or(0),
-        )
-    };
-    ev.metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter(|m| {
-            m.manager
-                .as_deref()
-                .is_some_and(|n| n.starts_with(AGENT_MANAGER))
-        })
-        .filter_map(|m| m.time.as_ref().and_then(|t| to_chrono(&t.0)))
-        .max()
-        .or_else(|| {
-            ev.metadata
-                .creation_timestamp
-                .as_ref()
-                .and_then(|t| to_chrono(&t.0))
-        })
-}
-
 /// Whether the controller ends a live event itself (DESIGN.md: every object
 /// reaches a final phase), with the condition's reason and message:
 ///
@@ -321,7 +297,7 @@ pub fn last_agent_write(ev: &ScheduledEvent) -> Option<DateTime<Utc>> {
 ///   none of its `Resources` maps to a node now, and `orphanedAfterSeconds`
 ///   have passed since it started (or `NotBefore` passed). The VMs were
 ///   deleted, and with them the agents that could see it end.
-/// - `NoAgentUpdate`: no agent has written the object for
+/// - `NoAgentUpdate`: no agent has written a report about it for
 ///   `staleAfterSeconds`, and as long has passed since it started (or
 ///   `NotBefore`, or its creation).
 fn unobserved_end(
@@ -355,7 +331,7 @@ fn unobserved_end(
         ));
     }
     let stale = Policy::seconds(policy.stale_after_seconds);
-    let last = last_agent_write(ev)?;
+    let last = seen.last_report?;
     let reference = since
         .or(ev.spec.not_before)
         .or(status.and_then(|s| s.first_seen))
@@ -585,11 +561,10 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
             return p;
         }
         Action::Approve => {
-            if !decided
-                && spec_status == EventStatus::Scheduled
-                && seen.completion_unconfirmed.is_none()
-            {
-                if !seen.doubts.is_empty() {
+            if !decided && spec_status == EventStatus::Scheduled {
+                if !seen.disagreement.is_empty() {
+                    p.approval_withheld = Some(disagreement_message(seen));
+                } else if !seen.doubts.is_empty() {
                     p.approval_withheld = Some(seen.doubts.join("; "));
                 } else if seen.unmapped.is_empty() || policy.approve_foreign_vms {
                     p.decide_approval = Some(format!(
@@ -617,15 +592,10 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         Action::Cordon | Action::Drain | Action::DrainAndApprove => {}
     }
 
-    // A spec `Completed` that a node's own report does not confirm yet (it
-    // lags a poll behind, or the spec was forged): keep what is held and
-    // the drains begun, start nothing new (trust::Assessment::effective).
-    let hold_only = seen.completion_unconfirmed.is_some();
     let mapped: Vec<&ObservedNode> = seen
         .nodes
         .iter()
         .filter(|n| !n.vm_name.is_empty())
-        .filter(|n| !hold_only || n.holds.contains(&me))
         .collect();
     // The drain lead time: an event announced long ahead (a predicted
     // failure) is not drained until NotBefore minus the lead time. Once
@@ -673,11 +643,7 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
     }
 
     let all_drained = !mapped.is_empty() && mapped.iter().all(|n| node_drained(n, now));
-    if action == Action::DrainAndApprove
-        && spec_status == EventStatus::Scheduled
-        && !decided
-        && !hold_only
-    {
+    if action == Action::DrainAndApprove && spec_status == EventStatus::Scheduled && !decided {
         decide_approval(&mut p, &mapped, seen, policy, all_drained);
     }
     if !started && !accepted && (decided || p.decide_approval.is_some()) {
@@ -710,8 +676,8 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
 ///
 /// - `AgentMissing`: a `Terminate` is sent only by the agent of the VM it
 ///   names (Azure's advice; see `agent::approval`), and a VM it names maps
-///   to no node (no node carries its `forewarn.dev/vm-name` annotation: the
-///   agent never ran there, or the node is gone).
+///   to no node (no node's providerID or agent names it: the agent never
+///   ran there, or the node is gone).
 /// - `Refused`: an agent sent it and IMDS answered with an error; agents retry.
 /// - `AwaitingAgent`: decided, no agent has sent it yet.
 fn approval_pending(ev: &ScheduledEvent, seen: &Observed) -> (String, String) {
@@ -722,8 +688,7 @@ fn approval_pending(ev: &ScheduledEvent, seen: &Observed) -> (String, String) {
         return (
             "AgentMissing".into(),
             format!(
-                "only the agent of the VM a Terminate names may send its approval, and no node carries the {} annotation of {}: the approval waits for that VM's agent",
-                crate::crd::VM_NAME_ANNOTATION,
+                "only the agent of the VM a Terminate names may send its approval, and no node's providerID or agent names {}: the approval waits for that VM's agent",
                 seen.unmapped.join(", ")
             ),
         );
@@ -745,6 +710,13 @@ fn approval_pending(ev: &ScheduledEvent, seen: &Observed) -> (String, String) {
     )
 }
 
+fn disagreement_message(seen: &Observed) -> String {
+    format!(
+        "the agents of the VMs the event names report different events, each node is handled on its own agent's report: {}",
+        seen.disagreement.join("; ")
+    )
+}
+
 fn foreign_message(unmapped: &[String]) -> String {
     format!(
         "Resources names VMs that are no node of this cluster: {}",
@@ -762,7 +734,9 @@ fn decide_approval(
     all_drained: bool,
 ) {
     let foreign_ok = seen.unmapped.is_empty() || policy.approve_foreign_vms;
-    if !seen.doubts.is_empty() {
+    if !seen.disagreement.is_empty() {
+        p.approval_withheld = Some(disagreement_message(seen));
+    } else if !seen.doubts.is_empty() {
         p.approval_withheld = Some(seen.doubts.join("; "));
     } else if all_drained && foreign_ok {
         p.decide_approval = Some(format!("all {} affected nodes drained", mapped.len()));

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
@@ -17,8 +17,12 @@ use tracing::{debug, info, instrument, warn};
 use super::plan::{self, EvictionOutcome, NodeWrite, Observed, ObservedNode, Plan};
 use super::report::{self, Subject};
 use super::status::{self, Outcome};
-use super::{Context, Error, ReportsByEvent, Result, drain, nodes, reports_about, trust};
-use crate::crd::ScheduledEvent;
+use super::{
+    Context, Error, ReportsByEvent, Result, drain, nodes, reports_about, spec, stated_vms, trust,
+};
+use crate::crd::{
+    Report, ScheduledEvent, ScheduledEventReport, ScheduledEventSpec, SentApproval, report_name,
+};
 
 /// When to look again at an event whose evictions a budget refused.
 const BLOCKED_REQUEUE: std::time::Duration = std::time::Duration::from_secs(1);
@@ -44,16 +48,37 @@ const NODE_WRITE_CONCURRENCY: usize = 32;
 /// Any failed read or write; the controller retries with backoff.
 #[instrument(skip_all, fields(event = %stored.name_any()))]
 pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result<Requeue> {
-    // The trust assessment reads the agents' reports, and the hand-over
-    // claims the other events, from caches. Before their first full list a
-    // missing report would read as a silent agent, and a spec `Completed`
-    // with no live report against it would release the node: wait.
+    // The spec is built from the agents' reports, and the hand-over claims
+    // from the other events, read from caches: before their first full list
+    // a missing report would read as a silent agent, wait.
     if !ctx.caches_synced() {
         debug!("Waiting for the ScheduledEvent and report caches to sync");
         return Ok(Requeue::requeue(CACHE_SYNC_WAIT));
     }
     let now = Utc::now();
-    let (ev, anew) = status::for_current_appearance(&stored);
+    let policy = ctx.policy();
+    let facts = Facts::read(&ctx);
+    let name = stored.name_any();
+    let (reports, last_report) = reports_about(&facts.reports, &name);
+    let judged = trust::judge_reports(&reports, |n| facts.provider_vm(n));
+    let built = match trust::build(&judged) {
+        Some(built) => {
+            if built.spec != stored.spec {
+                spec::write(&ctx, &name, Some(&stored), &built.spec).await?;
+            }
+            built
+        }
+        // No report about it (deleted by hand, or of an earlier version):
+        // the stored spec stands, and no node is confirmed by it.
+        None => trust::Built {
+            digest: stored.spec.digest(),
+            spec: stored.spec.clone(),
+            dissent: Vec::new(),
+        },
+    };
+    let mut ev = (*stored).clone();
+    ev.spec = built.spec.clone();
+    let (mut ev, anew) = status::for_current_appearance(&ev);
     if anew {
         info!(
             appearance = ev.spec.appearance,
@@ -61,19 +86,39 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         );
         report::clear_approval(&ev, &ctx).await?;
     }
-    let policy = ctx.policy();
-    let (ev, seen, snapshots) = observe(ev, &ctx, policy.trust_any_agent).await?;
-    let plan = plan::plan(&ev, &seen, &policy, now);
+    copy_sent_approval(&mut ev, &reports);
+    let last_report = last_report.or_else(|| {
+        ev.metadata
+            .creation_timestamp
+            .as_ref()
+            .and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0))
+    });
+    let observed = observe(&ev, &built, &judged, &facts, &ctx, policy.trust_any_agent).await?;
+    let Observation {
+        mut seen,
+        dissent,
+        snapshots,
+    } = observed;
+    seen.last_report = last_report;
+    let mut plan = plan::plan(&ev, &seen, &policy, now);
+    // Each dissenting node is handled on its own agent's report: its own
+    // event type, duration and NotBefore decide its cordon and drain.
+    for (spec, nodes) in dissent {
+        let mut theirs = ev.clone();
+        theirs.spec = spec;
+        let their_seen = Observed {
+            nodes,
+            ..Observed::default()
+        };
+        let their_plan = plan::plan(&theirs, &their_seen, &policy, now);
+        plan.node_writes.extend(their_plan.node_writes);
+        plan.evictions.extend(their_plan.evictions);
+        plan.kept.extend(their_plan.kept);
+        plan.requeue = plan.requeue.min(their_plan.requeue);
+        seen.nodes.extend(their_seen.nodes);
+    }
     if plan.delete {
-        let name = ev.name_any();
-        Api::<ScheduledEvent>::all(ctx.client.clone())
-            .delete(&name, &DeleteParams::default())
-            .await
-            .map_err(|source| Error::DeleteEvent {
-                name: name.clone(),
-                source,
-            })?;
-        info!("Deleted ScheduledEvent past its retention");
+        delete(&ev, &reports, &ctx).await?;
         return Ok(Requeue::await_change());
     }
     let outcomes = if ctx.dry_run {
@@ -116,53 +161,176 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
     Ok(Requeue::requeue(requeue))
 }
 
+/// Deletes an event past its retention, and the reports about it.
+async fn delete(ev: &ScheduledEvent, reports: &[Report], ctx: &Context) -> Result<()> {
+    let name = ev.name_any();
+    Api::<ScheduledEvent>::all(ctx.client.clone())
+        .delete(&name, &DeleteParams::default())
+        .await
+        .map_err(|source| Error::DeleteEvent {
+            name: name.clone(),
+            source,
+        })?;
+    let api: Api<ScheduledEventReport> = Api::all(ctx.client.clone());
+    for r in reports {
+        let Some(object) = report_name(&name, &r.node) else {
+            continue;
+        };
+        match api.delete(&object, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                warn!(report = %object, error = %e, "Could not delete a report of an expired event")
+            }
+        }
+    }
+    info!("Deleted ScheduledEvent past its retention, and its reports");
+    Ok(())
+}
+
+/// Copies onto `ev`'s approval what the agents report of sending it: of the
+/// POSTs that carried out this very decision (its appearance and digest),
+/// the first IMDS accepted, else the latest. Only a sender's own word about
+/// its own POST ever reads `Accepted`.
+fn copy_sent_approval(ev: &mut ScheduledEvent, reports: &[Report]) {
+    let Some(approval) = ev.status.as_mut().and_then(|s| s.approval.as_mut()) else {
+        return;
+    };
+    let (Some(appearance), Some(digest)) = (approval.appearance, approval.digest.clone()) else {
+        return;
+    };
+    let sent: Vec<(&str, &SentApproval)> = reports
+        .iter()
+        .flat_map(|r| r.approvals.iter().map(move |s| (r.node.as_str(), s)))
+        .filter(|(_, s)| s.appearance == appearance && s.digest == digest)
+        .collect();
+    let pick = sent
+        .iter()
+        .filter(|(_, s)| s.status == 200)
+        .min_by_key(|(_, s)| s.sent_at)
+        .or_else(|| sent.iter().max_by_key(|(_, s)| s.sent_at));
+    let Some((node, s)) = pick else {
+        return;
+    };
+    approval.sent_at = Some(s.sent_at);
+    approval.sent_by = Some((*node).to_owned());
+    approval.result = Some(if s.status == 200 {
+        crate::agent::approval::ACCEPTED.to_owned()
+    } else {
+        format!("Failed: IMDS answered {}: {}", s.status, s.body)
+    });
+}
+
+/// What every event's pass reads from the caches once.
+pub struct Facts {
+    /// The node cache.
+    pub nodes: Vec<Arc<Node>>,
+    /// The reports, by event.
+    pub reports: ReportsByEvent,
+    /// The VM each node's agent states.
+    pub stated: HashMap<String, String>,
+    providers: HashMap<String, String>,
+}
+
+impl Facts {
+    /// Reads the caches.
+    pub fn read(ctx: &Context) -> Self {
+        let nodes = ctx.nodes.state();
+        let reports = ctx.reports_by_event();
+        let stated = stated_vms(&reports);
+        let providers = nodes
+            .iter()
+            .filter_map(|n| Some((n.name_any(), nodes::provider_vm(n)?)))
+            .collect();
+        Facts {
+            nodes,
+            reports,
+            stated,
+            providers,
+        }
+    }
+
+    /// The VM of a node's `providerID`, if it has an Azure one.
+    pub fn provider_vm(&self, node: &str) -> Option<String> {
+        self.providers.get(node).cloned()
+    }
+
+    /// How `resources` map to nodes.
+    fn map(&self, resources: &[String]) -> nodes::Mapping {
+        nodes::map_resources(
+            resources,
+            self.nodes.iter().map(AsRef::as_ref),
+            &self.stated,
+        )
+    }
+}
+
+/// The contents an event's nodes are handled on: the spec's, then each
+/// dissent's, with their digests.
+fn contents(built: &trust::Built) -> Vec<(&ScheduledEventSpec, &str)> {
+    std::iter::once((&built.spec, built.digest.as_str()))
+        .chain(built.dissent.iter().map(|d| (&d.spec, d.digest.as_str())))
+        .collect()
+}
+
 /// The other unfinished events that map to each node and whose policy
 /// cordons it, from the controller's cache of `ScheduledEvent`s.
-fn claims(
-    me: &str,
-    ctx: &Context,
-    cached: &[Arc<Node>],
-    reports: &ReportsByEvent,
-) -> HashMap<String, Vec<String>> {
+fn claims(me: &str, ctx: &Context, facts: &Facts) -> HashMap<String, Vec<String>> {
     let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
     let policy = ctx.policy();
     for other in ctx.events.state() {
         let name = other.name_any();
-        if name == me {
+        if name == me || plan::is_over(&other) {
             continue;
         }
-        let action = policy.decide(
-            &other.spec.event_type.as_str().into(),
-            &other.spec.event_source,
-            other.spec.duration_seconds,
-        );
-        if !action.cordons() {
+        let (reports, _) = reports_about(&facts.reports, &name);
+        let judged = trust::judge_reports(&reports, |n| facts.provider_vm(n));
+        let Some(built) = trust::build(&judged) else {
             continue;
+        };
+        let mut mapped = Vec::new();
+        for (spec, digest) in contents(&built) {
+            let action = policy.decide(
+                &spec.event_type.as_str().into(),
+                &spec.event_source,
+                spec.duration_seconds,
+            );
+            if action.cordons() {
+                for (_, node) in facts.map(&spec.resources).mapped {
+                    mapped.push((node, digest.to_owned()));
+                }
+            }
         }
-        // Only nodes the other event holds on trusted word (see `trust`),
-        // and only while it is live on that word.
-        let mapped =
-            nodes::map_resources(&other.spec.resources, cached.iter().map(AsRef::as_ref)).mapped;
+        // Only nodes the other event holds on trusted word (see `trust`).
         let assessment = trust::assess(
-            &other,
-            &reports_about(reports, &other),
-            mapped.iter().map(|(_, node)| node.as_str()),
+            &built,
+            &judged,
+            mapped.iter().map(|(n, _)| n.as_str()),
             policy.trust_any_agent,
         );
-        if plan::is_over(&assessment.effective((*other).clone())) {
-            continue;
-        }
-        for (_, node) in mapped {
+        for (node, digest) in mapped {
             if assessment
                 .verdicts
                 .get(&node)
-                .is_some_and(trust::Verdict::is_live)
+                .is_some_and(|v| v.is_live_on(&digest))
             {
-                by_node.entry(node).or_default().push(name.clone());
+                let names = by_node.entry(node).or_default();
+                if !names.contains(&name) {
+                    names.push(name.clone());
+                }
             }
         }
     }
     by_node
+}
+
+/// What [`observe`] saw: the event's own view, the dissenting nodes with
+/// the spec each is handled on, and the node objects read (node writes are
+/// conditional on their `resourceVersion`).
+struct Observation {
+    seen: Observed,
+    dissent: Vec<(ScheduledEventSpec, Vec<ObservedNode>)>,
+    snapshots: HashMap<String, Arc<Node>>,
 }
 
 /// Reads, from the node cache, the nodes the event maps to and those that
@@ -170,31 +338,39 @@ fn claims(
 /// writes are conditional on the `resourceVersion` read here, so a stale
 /// cache costs a 409 and a retry, never a wrong write.
 ///
-/// Returns the event as the controller acts on it (see
-/// [`trust::Assessment::effective`]): a node that no trusted report confirms
-/// is not among the mapped nodes (it is released if it holds the event's
-/// cordon), and is listed in `Observed::unconfirmed`.
+/// A node that no trusted report confirms is not among the mapped nodes
+/// (it is released if it holds the event's cordon), and is listed in
+/// `Observed::unconfirmed`; a node whose own agent reports other content
+/// than the spec is observed apart, with the spec it is handled on.
 async fn observe(
-    ev: ScheduledEvent,
+    ev: &ScheduledEvent,
+    built: &trust::Built,
+    judged: &[trust::Judged<'_>],
+    facts: &Facts,
     ctx: &Context,
     trust_any_agent: bool,
-) -> Result<(ScheduledEvent, Observed, HashMap<String, Arc<Node>>)> {
+) -> Result<Observation> {
     let me = ev.name_any();
-    let cached = ctx.nodes.state();
-    let reports = ctx.reports_by_event();
-    let nodes::Mapping {
-        mapped,
-        unmapped,
-        mut doubts,
-    } = nodes::map_resources(&ev.spec.resources, cached.iter().map(AsRef::as_ref));
+    let by_name: HashMap<String, &Arc<Node>> =
+        facts.nodes.iter().map(|n| (n.name_any(), n)).collect();
+    let contents = contents(built);
+    let mappings: Vec<nodes::Mapping> = contents
+        .iter()
+        .map(|(spec, _)| facts.map(&spec.resources))
+        .collect();
     let assessment = trust::assess(
-        &ev,
-        &reports_about(&reports, &ev),
-        mapped.iter().map(|(_, node)| node.as_str()),
+        built,
+        judged,
+        mappings
+            .iter()
+            .flat_map(|m| m.mapped.iter().map(|(_, n)| n.as_str())),
         trust_any_agent,
     );
-    let ev = assessment.effective(ev);
-    let ev = &ev;
+    let nodes::Mapping {
+        unmapped,
+        mut doubts,
+        ..
+    } = mappings[0].clone();
     // Named in full for a few nodes; an event naming a thousand VMs must
     // not write a thousand reasons into its status.
     let mut unconfirmed = assessment.unconfirmed();
@@ -214,59 +390,64 @@ async fn observe(
     // appearance of the event, say): the hold was taken on trusted word,
     // and dropping it would make the node schedulable for a moment. Only a
     // trusted end (or the event's) releases it.
-    let by_name: HashMap<String, &Arc<Node>> = cached.iter().map(|n| (n.name_any(), n)).collect();
     let holds_it = |node: &str| {
         by_name
             .get(node)
             .is_some_and(|n| nodes::holds(n).contains(&me))
     };
-    let mapped: Vec<(String, String)> = mapped
-        .into_iter()
-        .filter(|(_, node)| match assessment.verdicts.get(node) {
-            Some(trust::Verdict::Live { .. }) => true,
-            Some(trust::Verdict::Unconfirmed { .. }) => holds_it(node),
-            _ => false,
-        })
-        .collect();
+    // (node, vm, which content) of every node handled, each node once.
+    let mut wanted: Vec<(String, String, usize)> = Vec::new();
+    for (i, ((_, digest), mapping)) in contents.iter().zip(&mappings).enumerate() {
+        for (vm, node) in &mapping.mapped {
+            let take = match assessment.verdicts.get(node) {
+                Some(v) if v.is_live_on(digest) => true,
+                Some(trust::Verdict::Unconfirmed { .. }) => i == 0 && holds_it(node),
+                _ => false,
+            };
+            if take && !wanted.iter().any(|(w, _, _)| w == node) {
+                wanted.push((node.clone(), vm.clone(), i));
+            }
+        }
+    }
+    for n in facts.nodes.iter().filter(|n| nodes::holds(n).contains(&me)) {
+        let name = n.name_any();
+        if !wanted.iter().any(|(w, _, _)| *w == name) {
+            wanted.push((name, String::new(), 0));
+        }
+    }
     let completed = plan::is_over(ev);
     let recorded = ev
         .status
         .as_ref()
         .and_then(|s| s.nodes.as_ref())
         .is_some_and(|n| !n.is_empty());
-    let action = ctx.policy().decide(
-        &ev.spec.event_type.as_str().into(),
-        &ev.spec.event_source,
-        ev.spec.duration_seconds,
-    );
-    let claims = claims(&me, ctx, &cached, &reports);
-    let mut wanted: Vec<(String, String)> =
-        mapped.into_iter().map(|(vm, node)| (node, vm)).collect();
-    for n in cached.iter().filter(|n| nodes::holds(n).contains(&me)) {
-        let name = n.name_any();
-        if !wanted.iter().any(|(w, _)| *w == name) {
-            wanted.push((name, String::new()));
-        }
-    }
-    let mut seen = Observed {
-        nodes: Vec::new(),
-        unmapped,
-        doubts,
-        unconfirmed,
-        completion_unconfirmed: assessment.completion_unconfirmed.clone(),
-    };
+    let policy = ctx.policy();
+    let drains: Vec<bool> = contents
+        .iter()
+        .map(|(spec, _)| {
+            policy
+                .decide(
+                    &spec.event_type.as_str().into(),
+                    &spec.event_source,
+                    spec.duration_seconds,
+                )
+                .drains()
+        })
+        .collect();
+    let claims = claims(&me, ctx, facts);
     // A finished event's record is frozen; pods are read only for nodes it
     // never recorded, so that the record says what was there. The lists
     // run side by side (an event may name hundreds of VMs), in order.
     let claims = &claims;
-    let listed: Vec<Result<(ObservedNode, Arc<Node>)>> =
-        futures::stream::iter(wanted.into_iter().filter_map(|(name, vm)| {
+    let drains = &drains;
+    let listed: Vec<Result<(ObservedNode, usize, Arc<Node>)>> =
+        futures::stream::iter(wanted.into_iter().filter_map(|(name, vm, i)| {
             // A node gone from the cache has nothing to drain or release.
             let node = Arc::clone(by_name.get(&name)?);
-            Some((name, vm, node))
+            Some((name, vm, i, node))
         }))
-        .map(|(name, vm, node)| async move {
-            let pods = if action.drains() && !vm.is_empty() && (!completed || !recorded) {
+        .map(|(name, vm, i, node)| async move {
+            let pods = if drains[i] && !vm.is_empty() && (!completed || !recorded) {
                 drain::pods_on(&ctx.client, &name).await?
             } else {
                 Vec::new()
@@ -279,18 +460,39 @@ async fn observe(
                 vm_name: vm,
                 pods,
             };
-            Ok((observed, node))
+            Ok((observed, i, node))
         })
         .buffered(POD_LIST_CONCURRENCY)
         .collect()
         .await;
+    let mut seen = Observed {
+        nodes: Vec::new(),
+        unmapped,
+        doubts,
+        unconfirmed,
+        disagreement: built.disagreement(),
+        last_report: None,
+    };
+    let mut dissent: Vec<(ScheduledEventSpec, Vec<ObservedNode>)> = contents[1..]
+        .iter()
+        .map(|(spec, _)| ((*spec).clone(), Vec::new()))
+        .collect();
     let mut snapshots = HashMap::new();
     for item in listed {
-        let (observed, node) = item?;
+        let (observed, i, node) = item?;
         snapshots.insert(observed.name.clone(), node);
-        seen.nodes.push(observed);
+        if i == 0 {
+            seen.nodes.push(observed);
+        } else {
+            dissent[i - 1].1.push(observed);
+        }
     }
-    Ok((ev.clone(), seen, snapshots))
+    dissent.retain(|(_, nodes)| !nodes.is_empty());
+    Ok(Observation {
+        seen,
+        dissent,
+        snapshots,
+    })
 }
 
 /// The Event reason, metric label and note of a node write.

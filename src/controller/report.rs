@@ -37,12 +37,7 @@ pub async fn report(
     ctx: &Context,
 ) -> Result<()> {
     let name = ev.name_any();
-    let mut prev = ev.status.clone().unwrap_or_default();
-    if let Some(a) = prev.approval.as_mut() {
-        a.sent_at = None;
-        a.sent_by = None;
-        a.result = None;
-    }
+    let prev = ev.status.clone().unwrap_or_default();
     if prev == *status {
         return Ok(());
     }

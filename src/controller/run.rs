@@ -18,7 +18,7 @@ use prometheus::Registry;
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
-use super::{Context, Error, drain, lease, reconcile::reconcile, reload, sweep};
+use super::{Context, Error, drain, lease, reconcile::reconcile, reload, spec, sweep};
 use crate::cli::ControllerArgs;
 use crate::crd::{CONTROLLER_MANAGER, ScheduledEvent, ScheduledEventReport};
 use crate::metrics::ControllerMetrics;
@@ -77,6 +77,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         }
     });
     let node_task = tokio::spawn(node_stream);
+    let confinement = tokio::spawn(super::confinement::watch(
+        client.clone(),
+        args.agent_policy.clone(),
+        metrics.agent_confinement.clone(),
+    ));
     tokio::select! {
         _ = &mut shutdown => { node_task.abort(); return Ok(()) }
         r = nodes.wait_until_ready() => r?,
@@ -123,6 +128,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     // assessment reads and the trigger of the event they are about, so a
     // reconcile a report triggers always sees that report.
     let (reports, report_stream) = cache::<ScheduledEventReport>(client.clone());
+    // Each report change also wakes the task that creates the objects of
+    // events that have reports and no object yet (see `spec`).
+    let report_changed = Arc::new(tokio::sync::Notify::new());
+    let notify = report_changed.clone();
+    let report_stream = report_stream.inspect(move |_| notify.notify_one());
     let controller = Controller::new(
         Api::<ScheduledEvent>::all(client.clone()),
         watcher::Config::default().any_semantic(),
@@ -159,6 +169,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let leader_gauge = metrics.leader.clone();
     // A dry run writes no node, so it releases no hold either.
     let sweep = (!args.dry_run).then(|| tokio::spawn(sweep::sweep_orphaned_holds(ctx.clone())));
+    let creator = tokio::spawn(spec::create_missing(ctx.clone(), report_changed));
     let controller = controller
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {
@@ -172,6 +183,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         _ = controller => Ok(()),
     };
     node_task.abort();
+    creator.abort();
+    confinement.abort();
     if let Some(sweep) = sweep {
         sweep.abort();
     }

@@ -274,16 +274,15 @@ pub fn next_status(
     };
 
     let drained = nodes.iter().filter(|n| n.drained_at.is_some()).count();
-    let mut approval = prev.approval.clone().map(|a| Approval {
-        sent_at: None,
-        sent_by: None,
-        result: None,
-        ..a
-    });
+    // The decision, with what its sender reported of it (copied onto `ev`
+    // by the reconcile from the agents' reports).
+    let mut approval = prev.approval.clone();
     if let Some(reason) = &plan.decide_approval {
         approval = Some(Approval {
             decided_at: Some(now),
             reason: Some(reason.clone()),
+            appearance: Some(ev.spec.appearance),
+            digest: Some(ev.spec.digest()),
             ..Default::default()
         });
     }
@@ -334,18 +333,6 @@ pub fn next_status(
                 start.to_rfc3339()
             ),
         );
-    } else if let Some(prev) = prev_conditions
-        .iter()
-        .find(|x| x.type_ == "DrainScheduled")
-        .filter(|_| seen.completion_unconfirmed.is_some())
-    {
-        // Held while a Completed waits for its confirmation: nothing moved.
-        c.set(
-            "DrainScheduled",
-            prev.status == "True",
-            &prev.reason,
-            prev.message.clone(),
-        );
     } else if prev_conditions
         .iter()
         .any(|x| x.type_ == "DrainScheduled" && x.status == "True")
@@ -379,11 +366,12 @@ pub fn next_status(
         ),
     );
     c.set_while(
-        "CompletionUnconfirmed",
-        seen.completion_unconfirmed
-            .clone()
-            .map(|why| ("NodeStillListsEvent", why)),
-        ("Confirmed", "no trusted report lists the event any more"),
+        "ReportsDisagree",
+        (!seen.disagreement.is_empty()).then(|| ("OwnReportsDiffer", seen.disagreement.join("; "))),
+        (
+            "Agree",
+            "the agents of the VMs the event names report the same event",
+        ),
     );
     if let Some((reason, message)) = &plan.ended_unobserved {
         c.set("EndedWithoutObserver", true, reason, message.clone());

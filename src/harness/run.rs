@@ -22,7 +22,9 @@ use serde_json::json;
 use super::cluster::Cluster;
 use super::procs::{Credentials, Fleet, Proc};
 use crate::controller::nodes::{holds, is_cordoned};
-use crate::crd::{CONTROLLER_MANAGER, CORDONED_FOR_ANNOTATION, ScheduledEvent, VM_NAME_ANNOTATION};
+use crate::crd::{
+    CONTROLLER_MANAGER, CORDONED_FOR_ANNOTATION, ScheduledEvent, ScheduledEventReport,
+};
 use crate::imds::mock::LogEntry;
 use crate::imds::scenario::Scenario;
 
@@ -310,6 +312,12 @@ fn short(id: &str) -> &str {
 /// Removes what earlier runs left: ScheduledEvents, forewarn's marks on
 /// nodes, cordons, and the workload namespace.
 async fn reset(client: &Client, namespace: &str) -> anyhow::Result<()> {
+    // Reports first: the controller creates an event that has reports.
+    let reports: Api<ScheduledEventReport> = Api::all(client.clone());
+    reports
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .context("failed to delete old ScheduledEventReports")?;
     let sevs: Api<ScheduledEvent> = Api::all(client.clone());
     sevs.delete_collection(&DeleteParams::default(), &ListParams::default())
         .await
@@ -317,7 +325,7 @@ async fn reset(client: &Client, namespace: &str) -> anyhow::Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     for n in nodes.list(&ListParams::default()).await? {
         let patch = json!({
-            "metadata": {"annotations": {CORDONED_FOR_ANNOTATION: null, VM_NAME_ANNOTATION: null}},
+            "metadata": {"annotations": {CORDONED_FOR_ANNOTATION: null}},
             "spec": {"unschedulable": null, "taints": null},
         });
         nodes
@@ -1444,7 +1452,6 @@ async fn restore_node(nodes_api: &Api<Node>, node: Node, report: &mut Report) {
     let name = node.name_any();
     let mut annotations = node.metadata.annotations.clone().unwrap_or_default();
     annotations.remove(CORDONED_FOR_ANNOTATION);
-    annotations.remove(VM_NAME_ANNOTATION);
     let fresh = Node {
         metadata: kube::api::ObjectMeta {
             name: Some(name.clone()),

@@ -277,7 +277,7 @@ impl Client {
     ///
     /// # Errors
     /// [`Error::Request`] or [`Error::Status`] (400 for a malformed body).
-    pub async fn approve(&self, event_ids: &[String]) -> Result<()> {
+    pub async fn approve(&self, event_ids: &[String]) -> Result<String> {
         let url = self.events_url();
         let body = StartRequests {
             start_requests: event_ids
@@ -287,13 +287,14 @@ impl Client {
                 })
                 .collect(),
         };
-        self.send(
-            "approve scheduled events",
-            Endpoint::Events,
-            url.clone(),
-            self.http.post(&url).json(&body),
-        )
-        .await?;
-        Ok(())
+        let answer = self
+            .send(
+                "approve scheduled events",
+                Endpoint::Events,
+                url.clone(),
+                self.http.post(&url).json(&body),
+            )
+            .await?;
+        Ok(String::from_utf8_lossy(&answer).into_owned())
     }
 }

@@ -55,3 +55,36 @@ app.kubernetes.io/component: {{ .role }}
 {{- define "forewarn.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
+
+{{/*
+The name of the ValidatingAdmissionPolicy that confines the agents to their
+own node's reports, and of its binding (the same); the controller checks
+both with --agent-policy.
+*/}}
+{{- define "forewarn.agentPolicyName" -}}
+{{- printf "%s-agent-reports" (include "forewarn.fullname" .) }}
+{{- end }}
+
+{{/*
+"true" when the cluster serves admissionregistration.k8s.io/v1
+ValidatingAdmissionPolicy (Kubernetes >= 1.30), else empty. `helm install`
+and `helm upgrade` ask the cluster; `helm template` and `helm lint` know only
+what --api-versions names.
+*/}}
+{{- define "forewarn.vapServed" -}}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" }}true{{ end }}
+{{- end }}
+
+{{/*
+Why the agents would not be confined by the admission policy; empty when
+they are.
+*/}}
+{{- define "forewarn.agentsUnconfined" -}}
+{{- if not .Values.admissionPolicy.enabled -}}
+admissionPolicy.enabled is false
+{{- else if not (include "forewarn.vapServed" .) -}}
+the cluster does not serve the admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy API
+{{- else if not (has "Deny" .Values.admissionPolicy.validationActions) -}}
+admissionPolicy.validationActions has no Deny
+{{- end -}}
+{{- end }}

@@ -410,26 +410,32 @@ fn finished_event_is_deleted_after_retention() {
 }
 
 #[test]
-fn controller_status_never_carries_the_agents_approval_fields() {
+fn the_decision_names_its_appearance_and_digest_and_is_never_rewritten() {
+    let ev = event("Reboot", "Scheduled", &["vm_1"]);
+    let obs = seen(vec![node("node-1", "vm_1", true, &["ev-1"], vec![])], &[]);
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    assert!(p.decide_approval.is_some());
+    let a = next_status(&ev, &obs, &p, &[], now()).approval.unwrap();
+    assert_eq!(a.appearance, Some(ev.spec.appearance));
+    assert_eq!(a.digest, Some(ev.spec.digest()));
+    assert!(a.sent_at.is_none() && a.result.is_none());
+    // Decided once; what the sender reported (copied by the reconcile) stays.
+    let sent = Approval {
+        sent_at: Some(now()),
+        sent_by: Some("node-1".into()),
+        result: Some("Failed: IMDS answered 500: down".into()),
+        ..a.clone()
+    };
     let ev = with_status(
-        event("Reboot", "Scheduled", &["vm_1"]),
+        ev,
         ScheduledEventStatus {
-            approval: Some(Approval {
-                decided_at: Some(now()),
-                reason: Some("r".into()),
-                sent_at: Some(now()),
-                sent_by: Some("node-1".into()),
-                result: Some("Failed: timeout".into()),
-            }),
+            approval: Some(sent.clone()),
             ..Default::default()
         },
     );
-    let obs = seen(vec![node("node-1", "vm_1", true, &["ev-1"], vec![])], &[]);
     let p = plan(&ev, &obs, &Policy::default(), now());
     assert_eq!(p.decide_approval, None, "decided once only");
-    let a = next_status(&ev, &obs, &p, &[], now()).approval.unwrap();
-    assert_eq!(a.decided_at, Some(now()));
-    assert!(a.sent_at.is_none() && a.sent_by.is_none() && a.result.is_none());
+    assert_eq!(next_status(&ev, &obs, &p, &[], now()).approval, Some(sent));
 }
 
 #[test]
@@ -764,6 +770,8 @@ fn decided(at: DateTime<Utc>, result: Option<&str>) -> Approval {
     Approval {
         decided_at: Some(at),
         reason: Some("all 1 affected nodes drained".into()),
+        appearance: Some(1),
+        digest: Some("d".into()),
         sent_at: result.map(|_| at),
         sent_by: result.map(|_| "node-1".into()),
         result: result.map(String::from),
@@ -837,14 +845,14 @@ fn a_terminate_whose_vm_has_no_agent_waits_and_says_why() {
             ..Default::default()
         },
     );
-    // The node went (or lost its forewarn.dev/vm-name annotation).
+    // The node went (or no providerID or agent names its VM any more).
     let obs = seen(vec![], &["vmss_2"]);
     let p = plan(&ev, &obs, &Policy::default(), now());
     assert_ne!(p.phase, Phase::Approved);
     let (reason, message) = p.approval_pending.clone().unwrap();
     assert_eq!(reason, "AgentMissing");
     assert!(
-        message.contains("vmss_2") && message.contains("forewarn.dev/vm-name"),
+        message.contains("vmss_2") && message.contains("no node's providerID or agent names"),
         "{message}"
     );
 }
@@ -1018,53 +1026,44 @@ fn a_scheduled_event_whose_node_went_ends_once_not_before_and_the_orphan_time_pa
 
 #[test]
 fn an_event_no_agent_has_written_for_the_ttl_ends_whatever_its_phase() {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
     let policy = Policy::parse("staleAfterSeconds: 3600\n", "p").unwrap();
-    let written = |ev: &mut ScheduledEvent, ago: i64| {
-        let t = now() - chrono::Duration::seconds(ago);
-        ev.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
-            manager: Some(crate::crd::AGENT_MANAGER.into()),
-            time: Some(Time(
-                k8s_openapi::jiff::Timestamp::from_second(t.timestamp()).unwrap(),
-            )),
-            ..Default::default()
-        }]);
+    // The last report an agent wrote about it, `ago` seconds ago.
+    let written = |ago: i64| Observed {
+        last_report: Some(now() - chrono::Duration::seconds(ago)),
+        ..seen(vec![], &["elsewhere_0"])
     };
     // An ignored Freeze, seen Started 2 h ago by agents that are all gone:
     // no mapped node was ever recorded (it names foreign VMs only).
-    let mut ev = with_status(
+    let ev = with_status(
         event("Freeze", "Started", &["elsewhere_0"]),
         ScheduledEventStatus {
             started_at: Some(now() - chrono::Duration::hours(2)),
             ..Default::default()
         },
     );
-    written(&mut ev, 2 * 3600);
     let policy_ignore = Policy {
         default_action: Action::Ignore,
         rules: Vec::new(),
         ..policy.clone()
     };
-    let p = plan(&ev, &seen(vec![], &["elsewhere_0"]), &policy_ignore, now());
+    let p = plan(&ev, &written(2 * 3600), &policy_ignore, now());
     assert_eq!(p.phase, Phase::Completed);
     assert_eq!(p.ended_unobserved.as_ref().unwrap().0, "NoAgentUpdate");
     // Written by an agent 10 min ago: alive.
-    written(&mut ev, 600);
     assert_eq!(
-        plan(&ev, &seen(vec![], &["elsewhere_0"]), &policy_ignore, now()).phase,
+        plan(&ev, &written(600), &policy_ignore, now()).phase,
         Phase::Ignored
     );
     // A Scheduled event announced days ahead is not stale before its NotBefore.
     let mut far = event("Redeploy", "Scheduled", &["elsewhere_0"]);
     far.spec.not_before = Some(now() + chrono::Duration::days(3));
-    written(&mut far, 2 * 24 * 3600);
     assert_eq!(
-        plan(&far, &seen(vec![], &["elsewhere_0"]), &policy, now()).ended_unobserved,
+        plan(&far, &written(2 * 24 * 3600), &policy, now()).ended_unobserved,
         None
     );
     // Stale and never started, NotBefore 2 h ago: the platform ran it.
     far.spec.not_before = Some(now() - chrono::Duration::hours(2));
-    let p = plan(&far, &seen(vec![], &["elsewhere_0"]), &policy, now());
+    let p = plan(&far, &written(2 * 24 * 3600), &policy, now());
     assert_eq!(p.phase, Phase::Completed);
 }
 
@@ -1178,64 +1177,30 @@ fn a_doubtful_mapping_withholds_approval_though_every_node_is_drained() {
     assert_eq!(st.nodes_drained.as_deref(), Some("2/2"), "both drained");
 }
 
-/// A spec `Completed` that the node's own report does not confirm yet (a
-/// cancellation its agent sees a poll later, whose spec lost `NotBefore`):
-/// the event is handled as its report says (`Scheduled`), but nothing new
-/// starts: no cordon, no eviction, no approval. A node already held stays
-/// held and its drain goes on (a forged `Completed` cannot stop a drain).
+/// Named VMs' agents that report different events: each node is handled on
+/// its own report (the reconcile plans the dissenting ones apart), and no
+/// approval is decided while they disagree.
 #[test]
-fn unconfirmed_completion_keeps_holds_and_starts_nothing_new() {
-    let mut obs = seen(
-        vec![node("node-1", "vm_1", false, &[], vec![pod("a")])],
-        &[],
-    );
-    obs.completion_unconfirmed = Some("node-1 still lists it".into());
-    let ev = event("Redeploy", "Scheduled", &["vm_1"]);
-    let mut ev = ev;
-    ev.spec.not_before = None;
+fn disagreeing_reports_withhold_the_approval_and_say_why() {
+    let mut obs = seen(vec![node("node-1", "vm_1", true, &["ev-1"], vec![])], &[]);
+    obs.disagreement = vec!["node-2 reports Freeze of 5s for [vm_2]".into()];
+    let ev = event("Reboot", "Scheduled", &["vm_1"]);
     let p = plan(&ev, &obs, &Policy::default(), now());
-    assert!(p.node_writes.is_empty(), "{:?}", p.node_writes);
-    assert!(p.evictions.is_empty());
     assert_eq!(p.decide_approval, None);
-    assert_eq!(p.phase, Phase::Pending);
-
-    let mut held = seen(
-        vec![node("node-1", "vm_1", true, &["ev-1"], vec![pod("a")])],
-        &[],
+    assert!(
+        p.approval_withheld
+            .as_deref()
+            .unwrap()
+            .contains("node-2 reports Freeze"),
+        "{:?}",
+        p.approval_withheld
     );
-    held.completion_unconfirmed = Some("node-1 still lists it".into());
-    let p = plan(&ev, &held, &Policy::default(), now());
-    assert!(p.node_writes.is_empty(), "{:?}", p.node_writes);
-    assert_eq!(p.evictions.len(), 1, "the drain begun goes on");
-    assert_eq!(p.decide_approval, None);
-    assert_eq!(p.phase, Phase::Draining);
-
-    // A drain still waiting for its lead time keeps saying so meanwhile.
-    let waiting = crate::crd::Condition {
-        observed_generation: None,
-        type_: "DrainScheduled".into(),
-        status: "True".into(),
-        reason: "WaitingForLeadTime".into(),
-        message: "the cordon and drain start at ...".into(),
-        last_transition_time: now(),
-    };
-    let ev = with_status(
-        ev,
-        ScheduledEventStatus {
-            conditions: Some(vec![waiting]),
-            ..ScheduledEventStatus::default()
-        },
-    );
-    let p = plan(&ev, &obs, &Policy::default(), now());
     let st = next_status(&ev, &obs, &p, &[], now());
-    let kept = st
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == "DrainScheduled")
-        .expect("DrainScheduled kept");
     assert_eq!(
-        (kept.status.as_str(), kept.reason.as_str()),
-        ("True", "WaitingForLeadTime")
+        cond(&st, "ReportsDisagree"),
+        Some(("True".into(), "OwnReportsDiffer".into()))
     );
+    obs.disagreement.clear();
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    assert!(p.decide_approval.is_some());
 }
