@@ -1282,13 +1282,15 @@ fn installed_chart_confines_each_service_account() {
     };
     // Refused by RBAC (403 Forbidden: the role grants no such verb), before
     // any admission policy is asked.
+    // RBAC's refusal of `verb`, or of the read kubectl makes first (`get`).
     let forbid = |who: &Kubectl, what: &str, args: &[&str], verb: &str, resource: &str| {
-        deny(
-            who,
-            what,
-            args,
-            &format!("cannot {verb} resource \"{resource}\""),
+        let msg = who.denied(args);
+        let refused = |v: &str| msg.contains(&format!("cannot {v} resource \"{resource}\""));
+        assert!(
+            refused(verb) || refused("get"),
+            "{what}: refused, but not by RBAC (cannot {verb} resource \"{resource}\"): {msg}"
         );
+        denials.borrow_mut().push(format!("{what}:\n  {msg}"));
     };
     let file = |name: &str, text: &str| {
         let path = out_dir().join(name);
@@ -1990,6 +1992,11 @@ fn swapped_agent_tokens_are_refused_during_a_scenario() {
         )
         .await
         .expect("fleet starts");
+        // The scenario's clock: the event appears, and each agent reports it.
+        fleet
+            .start_mock(&reqwest::Client::new())
+            .await
+            .expect("the mock's clock starts");
         let start = Instant::now();
         let found = loop {
             let text = std::fs::read_to_string(&log).unwrap_or_default();

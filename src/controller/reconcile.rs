@@ -104,8 +104,11 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
     // Each dissenting node is handled on its own agent's report: its own
     // event type, duration and NotBefore decide its cordon and drain.
     for (spec, nodes) in dissent {
+        // Their own record starts empty: the event's status (its phase,
+        // its approval) is about the spec's content, not theirs.
         let mut theirs = ev.clone();
         theirs.spec = spec;
+        theirs.status = None;
         let their_seen = Observed {
             nodes,
             ..Observed::default()
