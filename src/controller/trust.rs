@@ -186,7 +186,10 @@ pub fn build(reports: &[Judged<'_>]) -> Option<Built> {
     let mut spec = None;
     for (digest, (named, js)) in &by_digest {
         if *digest == main {
-            spec = Some(spec_of(js, appearance));
+            // Its status is the named VMs' own word when there is one: the
+            // event is over once their own agents no longer list it.
+            let own: Vec<&Judged<'_>> = js.iter().copied().filter(|j| j.named).collect();
+            spec = Some(spec_of(if own.is_empty() { js } else { &own }, appearance));
         } else if any_named && *named > 0 {
             let nodes = js
                 .iter()
