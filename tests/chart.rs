@@ -1844,7 +1844,7 @@ fn installed_chart_confines_each_service_account() {
                     "",
                     &["create", "delete", "get", "list", "patch", "watch"],
                 ),
-                ("scheduledevents/status.forewarn.dev", "", &["patch"]),
+                ("scheduledevents.forewarn.dev/status", "", &["patch"]),
                 (
                     "scheduledeventreports.forewarn.dev",
                     "",

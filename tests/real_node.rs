@@ -44,15 +44,26 @@ async fn setup(env: &Env, client: &Client) {
             &repo_root().join("crds").to_string_lossy(),
         ])
         .expect("apply the CRDs");
-    env.cluster
-        .kubectl(&[
+    // `kubectl wait` fails at once (not waits) while a CRD just applied has
+    // no status conditions yet: ask again for a few seconds.
+    let wait = || {
+        env.cluster.kubectl(&[
             "wait",
             "--for=condition=Established",
             "--timeout=60s",
             "crd/scheduledevents.forewarn.dev",
             "crd/scheduledeventreports.forewarn.dev",
         ])
-        .expect("CRD established");
+    };
+    let mut established = wait();
+    for _ in 0..20 {
+        if established.is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        established = wait();
+    }
+    established.expect("CRD established");
     let ns: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     apply(
         &ns,
@@ -66,18 +77,21 @@ async fn setup(env: &Env, client: &Client) {
     )
     .await;
     let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(client.clone());
-    apply(&roles, json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": "forewarn-real-agent"},
-        "rules": [
-            {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents"],
-             "verbs": ["get", "list", "watch", "create", "update"]},
-            {"apiGroups": ["forewarn.dev"], "resources": ["scheduledeventreports"],
-             "verbs": ["create", "patch"]},
-            {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents/status"], "verbs": ["patch"]},
-            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-        ],
-    })).await;
+    apply(
+        &roles,
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": "forewarn-real-agent"},
+            "rules": [
+                // The chart's agent rules (charts/forewarn/templates/rbac-agent.yaml).
+                {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents"],
+                 "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["forewarn.dev"], "resources": ["scheduledeventreports"],
+                 "verbs": ["create", "patch", "list"]},
+            ],
+        }),
+    )
+    .await;
     let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(client.clone());
     apply(&bindings, json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
