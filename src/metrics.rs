@@ -79,7 +79,7 @@ pub struct AgentMetrics {
     /// Unix time, seconds, of the last IMDS scheduled events request that
     /// returned a document.
     pub imds_last_success: IntGauge,
-    /// Writes of `ScheduledEvent` objects by `result`: `ok`, `error`.
+    /// Writes of the agent's own `ScheduledEventReport`s by `result`: `ok`, `error`.
     pub mirror_writes: IntCounterVec,
     /// Approval (`StartRequests`) POSTs by `result`: `ok`, `error`.
     pub approvals: IntCounterVec,
@@ -128,7 +128,7 @@ impl AgentMetrics {
             mirror_writes: IntCounterVec::new(
                 Opts::new(
                     "forewarn_agent_mirror_writes_total",
-                    "ScheduledEvent writes by the agent, by result",
+                    "Writes of the agent's own ScheduledEventReports, by result",
                 ),
                 &["result"],
             )?,

@@ -338,7 +338,7 @@ impl Agent {
             let Some(mine) = self.reported.get(&name).filter(|r| r.is_listed()).cloned() else {
                 continue;
             };
-            let digest = reports::view_of(ev, &self.node, &self.vm, 0, mine.appearance).digest();
+            let digest = reports::digest_of(ev);
             let Some(obj) = store.get(&ObjectRef::new(&name)) else {
                 continue;
             };

@@ -44,6 +44,19 @@ pub fn view_of(ev: &Event, node: &str, vm: &str, incarnation: i64, appearance: u
     }
 }
 
+/// The identity digest of `ev` as this agent would report it
+/// ([`crate::crd::identity_digest`]): what an approval decision is bound to.
+pub fn digest_of(ev: &Event) -> String {
+    crate::crd::identity_digest(
+        &ev.event_id,
+        &ev.event_type.to_string(),
+        &ev.event_source,
+        &ev.resource_type,
+        &ev.resources,
+        ev.duration_seconds,
+    )
+}
+
 /// Whether two views say the same of the event (the document incarnation
 /// aside: it changes whenever any event of the document does).
 fn same_view(a: &Report, b: &Report) -> bool {
@@ -261,6 +274,19 @@ mod tests {
         assert_eq!(
             (back[0].1.event_status, back[0].1.appearance),
             (CrdStatus::Scheduled, 2)
+        );
+    }
+
+    #[test]
+    fn an_events_digest_is_its_reports() {
+        let d = doc(SCHEDULED);
+        let ev = &d.events[0];
+        assert_eq!(digest_of(ev), view_of(ev, "n1", "vm_1", 2, 1).digest());
+        let started = doc(STARTED);
+        assert_eq!(
+            digest_of(ev),
+            digest_of(&started.events[0]),
+            "status is no part of it"
         );
     }
 

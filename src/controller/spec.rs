@@ -11,11 +11,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 use tracing::{info, warn};
 
+use super::reconcile::Facts;
 use super::{Context, Error, Result, reports_about, trust};
 use crate::crd::{CONTROLLER_MANAGER, ScheduledEvent, ScheduledEventSpec};
 
@@ -97,9 +97,10 @@ pub async fn create_missing(ctx: Arc<Context>, changed: Arc<tokio::sync::Notify>
         if !ctx.caches_synced() {
             continue;
         }
-        let reports = ctx.reports_by_event();
+        let facts = Facts::read(&ctx);
         created.retain(|_, at| at.elapsed() < CREATED_GRACE);
-        let mut missing: Vec<&String> = reports
+        let mut missing: Vec<&String> = facts
+            .reports
             .iter()
             .filter(|(name, rs)| {
                 rs.iter().any(|r| r.spec.report.is_listed())
@@ -109,15 +110,9 @@ pub async fn create_missing(ctx: Arc<Context>, changed: Arc<tokio::sync::Notify>
             .map(|(name, _)| name)
             .collect();
         missing.sort();
-        let providers: HashMap<String, String> = ctx
-            .nodes
-            .state()
-            .iter()
-            .filter_map(|n| Some((n.name_any(), super::nodes::provider_vm(n)?)))
-            .collect();
         for name in missing {
-            let (about, _) = reports_about(&reports, name);
-            let judged = trust::judge_reports(&about, |n| providers.get(n).cloned());
+            let (about, _) = reports_about(&facts.reports, name);
+            let judged = trust::judge_reports(&about, |n| facts.provider_vm(n));
             let Some(built) = trust::build(&judged) else {
                 continue;
             };

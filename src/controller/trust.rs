@@ -237,11 +237,6 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// Whether the node is to be held for the event.
-    pub fn is_live(&self) -> bool {
-        matches!(self, Verdict::Live { .. })
-    }
-
     /// Whether the node is held on content of identity `digest`.
     pub fn is_live_on(&self, digest: &str) -> bool {
         matches!(self, Verdict::Live { digest: d, .. } if d == digest)
@@ -429,7 +424,7 @@ mod tests {
         let forged = [report("a", Scheduled, "Reboot", &["vm-b"])];
         let judged = judge_reports(&forged, no_provider_id);
         let built = build(&judged).unwrap();
-        assert!(assess(&built, &judged, ["b"], true).verdicts["b"].is_live());
+        assert!(assess(&built, &judged, ["b"], true).verdicts["b"].is_live_on(&built.digest));
     }
 
     #[test]
