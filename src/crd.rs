@@ -158,6 +158,8 @@ impl ScheduledEventSpec {
     shortname = "sevr",
     doc = "One forewarn agent's view of one ScheduledEvent, from its own node's IMDS document (written only by that node's agent).",
     validation = Rule::new("self.metadata.name == self.spec.scheduledEvent + '.' + self.spec.report.node").message("the name must be <scheduledEvent>.<node>"),
+    // Each agent watches only its own reports (`--field-selector spec.report.node=<node>`).
+    selectable = ".spec.report.node",
     printcolumn(
         name = "Event",
         type_ = "string",
@@ -297,6 +299,12 @@ pub struct SentApproval {
 pub fn report_name(event: &str, node: &str) -> Option<String> {
     let name = format!("{event}.{node}");
     (name.len() <= 253).then_some(name)
+}
+
+/// The field selector of the reports of `node` (the CRD's selectable field
+/// `.spec.report.node`).
+pub fn reports_of_node(node: &str) -> String {
+    format!("spec.report.node={node}")
 }
 
 /// A short, stable digest of an event's identity, what an approval decision
@@ -536,7 +544,8 @@ pub struct NodeProgress {
     /// The VM name from `Resources` that maps to it.
     pub vm_name: String,
     /// Whether forewarn cordoned the node for this event (false when someone
-    /// else had already cordoned it, or the policy does not cordon).
+    /// else had already cordoned it, or the policy does not cordon); kept
+    /// once the event is over, when the cordon has been released.
     #[serde(default)]
     pub cordoned_by_us: bool,
     /// Whether the node was already cordoned by someone else; forewarn leaves it so.
@@ -564,6 +573,11 @@ pub struct NodeProgress {
     /// state` (e.g. `stuck terminating: finalizers [example.com/hold]`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting_for: Vec<String>,
+    /// When this node's own part of the event ended (its agent no longer
+    /// lists it) while the event went on for other nodes; its cordon is
+    /// released `releaseDelaySeconds` later, unless another event holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<DateTime<Utc>>,
     /// When the node was first seen with no pod left that must leave it.
     /// Absent when it never emptied, also after the event is over.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1088,6 +1088,99 @@ async fn imds_429_is_backed_off_and_polling_resumes() {
     rig.stop().await;
 }
 
+/// A report deleted by hand while its event is listed is written again by
+/// its agent (it watches its own reports), with the same view: the
+/// controller would otherwise lose that node's own word.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_report_deleted_by_hand_is_written_again_by_its_agent() {
+    const ID: &str = "A9000000-0000-4000-8000-000000000002";
+    const NODE: &str = "dr-node-0";
+    let mut rig = Rig::start(
+        "deleted-report",
+        &format!(
+            "vms: [{{name: dr_0}}]\nevents:\n  - {{id: {ID}, type: Reboot, resources: [dr_0], at: 0s, notice: 1h}}\n"
+        ),
+        &[ID],
+    )
+    .await;
+    rig.agent(NODE, "dr_0", &[]).await;
+    rig.ready().await;
+    rig.start_clock().await;
+    let first = rig
+        .wait_report(ID, NODE, "Scheduled", Duration::from_secs(10))
+        .await;
+    let old = rig.report(ID, NODE).await.expect("the report");
+    let name = report_name(ID, NODE);
+    rig.reports
+        .delete(&name, &Default::default())
+        .await
+        .expect("delete the report");
+    let deleted = Instant::now();
+    let again = loop {
+        if let Some(r) = rig.report(ID, NODE).await
+            && r.metadata.uid != old.metadata.uid
+        {
+            break r;
+        }
+        assert!(
+            deleted.elapsed() < Duration::from_secs(10),
+            "the deleted report was not written again within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!(
+        "report written again {:.2} s after it was deleted",
+        deleted.elapsed().as_secs_f64()
+    );
+    assert_eq!(again.spec.report, first, "the view changed");
+    rig.stop().await;
+}
+
+/// A document whose `Events` is `null` (or missing) is a parse error: the
+/// agent counts and logs it with its bytes and keeps the last good state;
+/// it never takes it as "no events" and reports the event gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_document_with_null_events_is_a_parse_error_not_no_events() {
+    const ID: &str = "A9000000-0000-4000-8000-000000000001";
+    const NODE: &str = "ne-node-0";
+    let mut rig = Rig::start(
+        "null-events",
+        &format!(
+            "vms: [{{name: ne_0}}]\nevents:\n  - {{id: {ID}, type: Reboot, resources: [ne_0], at: 0s, notice: 1h}}\nfaults:\n  - {{at: 3s, for: 6s, kind: nullEvents}}\n"
+        ),
+        &[ID],
+    )
+    .await;
+    let a = rig.agent(NODE, "ne_0", &[]).await;
+    rig.ready().await;
+    rig.start_clock().await;
+    rig.wait_report(ID, NODE, "Scheduled", Duration::from_secs(10))
+        .await;
+    // Through the fault and past it, the report stays Scheduled in its
+    // first appearance (a "no events" reading would report it Completed,
+    // and its return a second appearance).
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let report = rig.report(ID, NODE).await.unwrap().spec.report;
+    assert_eq!(
+        (report.event_status, report.appearance),
+        (forewarn::crd::EventStatus::Scheduled, 1),
+        "{report:?}"
+    );
+    let m = rig.metrics(a).await;
+    let parse_errors: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("forewarn_agent_imds_polls_total") && l.contains("parse_error"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(parse_errors >= 3.0, "{m}");
+    let log = rig.agent_log(a);
+    assert!(
+        log.contains("`Events` is missing or null") && log.contains("\\\"Events\\\": null"),
+        "{log}"
+    );
+    rig.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn connection_refused_is_kept_in_the_log() {
     const NODE: &str = "rf-node-0";

@@ -681,10 +681,12 @@ async fn blocked_drain_alerts_fire_in_a_real_prometheus_and_resolve_after_the_ev
         "{}",
         history("ForewarnEventUnapprovedAtNotBefore")
     );
-    // A leader was there all along once the fleet ran.
+    // A leader was there all along once the fleet ran (allowing a few
+    // Prometheus scrape and rule-evaluation rounds after its start: on a
+    // loaded 2-core machine the alert resolved at +5.3 s).
     let leading = samples
         .iter()
-        .filter(|(t, _)| *t > report.started + chrono::Duration::seconds(5))
+        .filter(|(t, _)| *t > report.started + chrono::Duration::seconds(8))
         .all(|s| !active("ForewarnNoControllerLeader", s));
     assert!(leading, "{}", history("ForewarnNoControllerLeader"));
     drop(prom);

@@ -586,7 +586,7 @@ fn chart_refuses_unconfined_agents_unless_acknowledged() {
     assert_eq!(
         rules("forewarn-agent"),
         serde_json::json!([
-            {"apiGroups": ["forewarn.dev"], "resources": ["scheduledeventreports"], "verbs": ["create", "patch", "list"]},
+            {"apiGroups": ["forewarn.dev"], "resources": ["scheduledeventreports"], "verbs": ["create", "patch", "list", "watch"]},
             {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents"], "verbs": ["get", "list", "watch"]}
         ])
     );
@@ -1829,7 +1829,7 @@ fn installed_chart_confines_each_service_account() {
                 (
                     "scheduledeventreports.forewarn.dev",
                     "",
-                    &["create", "list", "patch"],
+                    &["create", "list", "patch", "watch"],
                 ),
                 (
                     "scheduledevents.forewarn.dev",

@@ -159,6 +159,211 @@ async fn last_vms_terminate_with_its_agent_gone_ends_completed_and_leaves_nothin
     );
 }
 
+/// Issue 13, item 6: a node whose own part of a multi-VM event ends (its
+/// VM's IMDS no longer lists it) while the event goes on for another node
+/// keeps its cordon for `releaseDelaySeconds` after its part ended, not a
+/// moment less (it was released at once as a stray), and keeps its record.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_whose_own_part_ends_is_released_after_the_release_delay() {
+    let _turn = TURN.lock().await;
+    const ID: &str = "9E1F2A3B-4C5D-4E6F-8A7B-9C0D1E2F3A05";
+    let cluster = shared_cluster().await;
+    let client = cluster.client().await.expect("client");
+    let monitor = Monitor::start(&client, "shop").await;
+    let (report, _) = play_with("lifecycle-part-ends.yaml", |o| {
+        o.timeout = Duration::from_secs(120);
+    })
+    .await;
+    // vmss_1's document leaves the event out from 12 s on (the mock's
+    // clock starts with the run); its agent polls once a second.
+    let part_ended = report.started + chrono::TimeDelta::seconds(12);
+    let left: Vec<LogEntry> = ["Cancelled", "Finished"]
+        .iter()
+        .flat_map(|what| imds_entries(&report, ID, what))
+        .collect();
+    let end = left.first().map(|e| e.time).expect("the event left IMDS");
+    let held = monitor.node_between(
+        "node-000001",
+        part_ended,
+        part_ended + chrono::TimeDelta::seconds(5),
+    );
+    println!("node-000001 after its part ended (time, unschedulable, tainted): {held:?}");
+    assert_eq!(
+        monitor.node_at("node-000001", part_ended),
+        Some((true, true)),
+        "node-000001 was not held when its part ended"
+    );
+    assert!(
+        held.iter()
+            .all(|(_, unschedulable, tainted)| *unschedulable && *tainted),
+        "node-000001 was released within the release delay (5 s) after its part ended: {held:?}"
+    );
+    let before_end = end - chrono::TimeDelta::seconds(2);
+    assert_eq!(
+        monitor.node_at("node-000001", before_end),
+        Some((false, false)),
+        "node-000001 was still held long after its part ended"
+    );
+    assert_eq!(
+        monitor.node_at("node-000002", before_end),
+        Some((true, true)),
+        "node-000002 was released while its part went on"
+    );
+    let ev = sev(&client, ID).await.expect("the object");
+    let st = ev.status.unwrap_or_default();
+    let one = st
+        .nodes
+        .iter()
+        .flatten()
+        .find(|n| n.name == "node-000001")
+        .expect("node-000001's record");
+    println!("node-000001's record: {one:?}");
+    let ended_at = one.ended_at.expect("endedAt");
+    assert!(
+        ended_at >= part_ended && ended_at - part_ended <= chrono::TimeDelta::seconds(3),
+        "endedAt {ended_at} is not just after the part ended at {part_ended}"
+    );
+    assert!(
+        one.cordoned_by_us,
+        "the record lost that forewarn cordoned it"
+    );
+}
+
+/// Issue 13, item 6: a `ScheduledEvent` deleted by hand while IMDS still
+/// lists its event is created again from the agents' reports within 2 s,
+/// and its node stays cordoned throughout.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_scheduled_event_deleted_by_hand_is_created_again_within_two_seconds() {
+    let _turn = TURN.lock().await;
+    const ID: &str = "9E1F2A3B-4C5D-4E6F-8A7B-9C0D1E2F3A06";
+    let cluster = shared_cluster().await;
+    let client = cluster.client().await.expect("client");
+    let monitor = Monitor::start(&client, "shop").await;
+    let api: Api<ScheduledEvent> = Api::all(client.clone());
+    let name = ID.to_ascii_lowercase();
+    // Once the event is drained and approved, delete its object, and time
+    // its return.
+    let deleter = {
+        let (api, name) = (api.clone(), name.clone());
+        tokio::spawn(async move {
+            let start = std::time::Instant::now();
+            let old = loop {
+                assert!(
+                    start.elapsed() < Duration::from_secs(60),
+                    "no approved object"
+                );
+                if let Ok(Some(ev)) = api.get_opt(&name).await
+                    && ev.status.as_ref().and_then(|s| s.phase) == Some(Phase::Approved)
+                {
+                    break ev;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            api.delete(&name, &Default::default())
+                .await
+                .expect("delete the object");
+            let deleted = Utc::now();
+            let back = loop {
+                if let Ok(Some(ev)) = api.get_opt(&name).await
+                    && ev.metadata.uid != old.metadata.uid
+                {
+                    break Utc::now();
+                }
+                assert!(
+                    Utc::now() - deleted < chrono::TimeDelta::seconds(10),
+                    "not created again within 10 s"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            (deleted, back)
+        })
+    };
+    let (report, _) = play_with("lifecycle-deleted-object.yaml", |o| {
+        o.timeout = Duration::from_secs(120);
+    })
+    .await;
+    let (deleted, back) = deleter.await.expect("the deleter");
+    println!(
+        "deleted at +{:.1} s, created again {:.2} s later",
+        secs(deleted - report.started),
+        secs(back - deleted)
+    );
+    assert!(
+        back - deleted <= chrono::TimeDelta::seconds(2),
+        "created again {:.2} s after it was deleted",
+        secs(back - deleted)
+    );
+    let held = monitor.node_between("node-000001", deleted, back + chrono::TimeDelta::seconds(2));
+    assert!(
+        held.iter()
+            .all(|(_, unschedulable, tainted)| *unschedulable && *tainted),
+        "node-000001 was released while its event's object was gone: {held:?}"
+    );
+    assert_eq!(
+        monitor.node_at("node-000001", back + chrono::TimeDelta::seconds(2)),
+        Some((true, true))
+    );
+}
+
+/// Issue 13, item 6: an event that reached its `NotBefore`, ran and left
+/// IMDS while IMDS throttled every agent (429s), with no approval, is
+/// recorded as ended (`Completed`, `CompletedUnobserved`), not `Cancelled`;
+/// `ApprovalPending` never reads `Accepted` for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn event_that_ran_while_imds_throttled_the_agents_is_completed_not_cancelled() {
+    let _turn = TURN.lock().await;
+    const ID: &str = "9E1F2A3B-4C5D-4E6F-8A7B-9C0D1E2F3A07";
+    let (report, cluster) = play_with("lifecycle-imds-throttled.yaml", |o| {
+        o.timeout = Duration::from_secs(150);
+        o.policy = Some("rules:\n- {eventType: reboot, action: Drain}\n".into());
+    })
+    .await;
+    // The timing, from the mock's log: started and gone inside the fault.
+    let fault = (
+        report.started + chrono::TimeDelta::seconds(7),
+        report.started + chrono::TimeDelta::seconds(27),
+    );
+    let started = imds_entries(&report, ID, "Started");
+    let finished = imds_entries(&report, ID, "Finished");
+    let (started, finished) = (
+        started.first().expect("it started").time,
+        finished.first().expect("it finished").time,
+    );
+    assert!(
+        started > fault.0 && finished < fault.1,
+        "the timing this test needs did not hold: started at +{:.1} s, gone at +{:.1} s",
+        secs(started - report.started),
+        secs(finished - report.started)
+    );
+    assert!(
+        !report
+            .timeline
+            .iter()
+            .any(|l| l.contains("Azure status Scheduled -> Started")),
+        "an agent saw the event Started:\n{}",
+        report.timeline.join("\n")
+    );
+    assert!(report.approvals.is_empty(), "the policy approves nothing");
+    let client = cluster.client().await.expect("client");
+    let ev = sev(&client, ID).await.expect("the object");
+    let st = ev.status.clone().unwrap_or_default();
+    assert_eq!(st.phase, Some(Phase::Completed), "{st:?}");
+    let (status, reason, message) =
+        condition(&ev, "CompletedUnobserved").expect("no CompletedUnobserved condition");
+    println!("CompletedUnobserved: {status} {reason}: {message}");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "NotBeforePassed")
+    );
+    if let Some((_, reason, _)) = condition(&ev, "ApprovalPending") {
+        assert_ne!(reason, "Accepted", "an approval never sent reads Accepted");
+    }
+    assert!(
+        holds_anywhere(&client).await.is_empty(),
+        "a node still holds a cordon"
+    );
+}
+
 /// Item 2 of issue 6: a GPU VM's own event (delivered to it alone) whose
 /// VM and node are deleted while it is still `Scheduled`: it ends once
 /// `NotBefore` passed, with the reason recorded.

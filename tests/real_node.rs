@@ -87,7 +87,7 @@ async fn setup(env: &Env, client: &Client) {
                 {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents"],
                  "verbs": ["get", "list", "watch"]},
                 {"apiGroups": ["forewarn.dev"], "resources": ["scheduledeventreports"],
-                 "verbs": ["create", "patch", "list"]},
+                 "verbs": ["create", "patch", "list", "watch"]},
             ],
         }),
     )

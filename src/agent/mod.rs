@@ -123,6 +123,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         synced: false,
         warned_not_before: HashSet::new(),
         watch: None,
+        report_watch: None,
         attempts: HashMap::new(),
         decisions: HashMap::new(),
     };
@@ -188,6 +189,19 @@ fn imds_result(e: &crate::imds::client::Error) -> &'static str {
 /// one IMDS poll (only agents with events to act on watch).
 const WATCH_RESTART_DELAY: Duration = Duration::from_secs(1);
 
+/// A watch of this agent's own reports (field selector on its node),
+/// aborted when dropped: it sends the event name of each report deleted.
+struct ReportWatch {
+    deleted: tokio::sync::mpsc::UnboundedReceiver<String>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ReportWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// A reflector of `ScheduledEvent`s, aborted when dropped.
 struct EventWatch {
     store: Store<ScheduledEvent>,
@@ -226,6 +240,8 @@ struct Agent {
     /// Object names whose unparsable `NotBefore` has been warned about.
     warned_not_before: HashSet<String>,
     watch: Option<EventWatch>,
+    /// While this agent has a live report: the watch of its own reports.
+    report_watch: Option<ReportWatch>,
     /// Last approval attempt per object name.
     attempts: HashMap<String, Instant>,
     /// When this agent first saw each decided approval, per object name and
@@ -300,7 +316,7 @@ impl Agent {
                 warn!(event = %ev.event_id, not_before = %text, "Ignoring NotBefore in an unknown format");
             }
         }
-        let failures = self.write_reports(&doc).await;
+        let failures = self.write_reports(&doc).await + self.reapply_deleted().await;
         self.metrics
             .imds_request(if changed { "ok" } else { "unchanged" }, took);
         self.metrics.imds_last_success.set(Utc::now().timestamp());
@@ -402,6 +418,69 @@ impl Agent {
                 warn!(error = %error_chain(&e), "Could not record the approval in this agent's report; will retry");
             }
         }
+    }
+
+    /// Applies again each live report of this agent that someone deleted
+    /// (seen by the watch of its own reports, which runs while it has a live
+    /// report), and forgets an ended one (the controller deletes those with
+    /// their event). Returns the number of writes that failed.
+    async fn reapply_deleted(&mut self) -> usize {
+        let live = self.reported.values().any(Report::is_listed);
+        if !live {
+            self.report_watch = None;
+            return 0;
+        }
+        let watch = match &mut self.report_watch {
+            Some(w) if !w.task.is_finished() => w,
+            _ => self.report_watch.insert(self.watch_own_reports()),
+        };
+        let mut deleted = Vec::new();
+        while let Ok(name) = watch.deleted.try_recv() {
+            deleted.push(name);
+        }
+        let mut failures = 0;
+        for name in deleted {
+            match self.reported.get(&name).cloned() {
+                Some(r) if r.is_listed() => {
+                    warn!(event = %name, "This agent's report was deleted while the event is listed; writing it again");
+                    if let Err(e) = self.apply_report(&name, r).await {
+                        failures += 1;
+                        warn!(event = %name, error = %error_chain(&e), "Could not write this agent's report; will retry");
+                    }
+                }
+                _ => {
+                    self.reported.remove(&name);
+                }
+            }
+        }
+        failures
+    }
+
+    fn watch_own_reports(&self) -> ReportWatch {
+        let (tx, deleted) = tokio::sync::mpsc::unbounded_channel();
+        let api = self.reports.clone();
+        let config = watcher::Config::default().fields(&crate::crd::reports_of_node(&self.node));
+        let task = tokio::spawn(async move {
+            loop {
+                let stream = watcher(api.clone(), config.clone());
+                futures::pin_mut!(stream);
+                while let Some(item) = stream.next().await {
+                    match item {
+                        Ok(watcher::Event::Delete(r)) => {
+                            let _ = tx.send(r.spec.scheduled_event.clone());
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            warn!(error = %error_chain(&e), retry_in = ?WATCH_RESTART_DELAY, "Watch of this agent's reports failed; listing again");
+                            break;
+                        }
+                    }
+                }
+                tokio::time::sleep(WATCH_RESTART_DELAY).await;
+            }
+        });
+        debug!("Watching this agent's own reports while it has a live one");
+        ReportWatch { deleted, task }
     }
 
     fn ensure_watch(&mut self) -> Store<ScheduledEvent> {

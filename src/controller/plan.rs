@@ -76,6 +76,10 @@ pub struct ObservedNode {
     pub claimed_by: Vec<String>,
     /// Pods on the node that are not DaemonSet, mirror or finished pods.
     pub pods: Vec<PodInfo>,
+    /// The node's own part of the event ended (see [`super::trust`]) while
+    /// it still holds the event's cordon: released after the release delay,
+    /// not drained, not counted for the approval.
+    pub ended: bool,
 }
 
 /// What the controller saw for one event.
@@ -99,6 +103,9 @@ pub struct Observed {
     /// When an agent last wrote a report about the event (the API server's
     /// `managedFields` time), else when the first report was created.
     pub last_report: Option<DateTime<Utc>>,
+    /// The controller runs with `--dry-run`: it writes no node, so a node
+    /// counts as cordoned as it would be (see [`node_drained`]).
+    pub dry_run: bool,
 }
 
 /// A write to a Node's cordon, taint and hold list.
@@ -394,9 +401,20 @@ fn release(me: &str, nodes: &[ObservedNode]) -> Vec<NodeWrite> {
 }
 
 /// The cordon writes for the mapped nodes (rule 4: a node cordoned by
-/// someone else is left so, and nothing is recorded on it).
+/// someone else is left so, and nothing is recorded on it). A node that
+/// holds the event's cordon but was uncordoned (by hand, during the event)
+/// is cordoned again.
 fn cordon(me: &str, mapped: &[&ObservedNode]) -> Vec<NodeWrite> {
     let mut writes = Vec::new();
+    for n in mapped
+        .iter()
+        .filter(|n| n.holds.iter().any(|h| h == me) && !n.cordoned)
+    {
+        writes.push(NodeWrite::Cordon {
+            node: n.name.clone(),
+            holds: n.holds.clone(),
+        });
+    }
     for n in mapped.iter().filter(|n| !n.holds.iter().any(|h| h == me)) {
         let mut holds = n.holds.clone();
         holds.push(me.to_string());
@@ -456,9 +474,22 @@ fn plan_evictions(
     (evictions, kept)
 }
 
-/// Whether every mapped node has no pod left that must leave it.
-pub fn node_drained(n: &ObservedNode, now: DateTime<Utc>) -> bool {
-    !n.pods.iter().any(|p| must_leave(p, now))
+/// Whether a mapped node is drained: cordoned when it was read, and, in
+/// the pod list taken after that, no pod left that must leave it. A node
+/// cordoned in this very pass is not drained yet (its pods were listed
+/// before the cordon, and a pod may have been scheduled since), nor is a
+/// node someone uncordoned during the event.
+///
+/// In a dry run (`dry_run`), where nothing is ever cordoned, a node counts
+/// as cordoned as it would be.
+pub fn node_drained(n: &ObservedNode, dry_run: bool, now: DateTime<Utc>) -> bool {
+    (n.cordoned || dry_run) && !n.pods.iter().any(|p| must_leave(p, now))
+}
+
+/// Whether the event's `NotBefore` had come by `at` (the platform starts an
+/// event at `NotBefore` at the latest).
+pub fn not_before_passed(ev: &ScheduledEvent, at: DateTime<Utc>) -> bool {
+    ev.spec.not_before.is_some_and(|nb| nb <= at)
 }
 
 /// The plan of an event that left IMDS (rules 5 and 8): release what it
@@ -472,20 +503,23 @@ fn plan_finished(
     started: bool,
 ) {
     let me = name_of(ev);
-    // After an accepted approval the platform may start the event at once;
-    // one that then leaves IMDS unseen (an outage, a fast run) most likely
-    // ran: it is recorded as completed (unobserved), not cancelled. A final
-    // phase once recorded for this appearance stays.
-    p.phase = final_phase(ev).unwrap_or(if started || approval_accepted(ev) {
-        Phase::Completed
-    } else {
-        Phase::Cancelled
-    });
     let finished = ev
         .status
         .as_ref()
         .and_then(|s| s.finished_at)
         .unwrap_or(now);
+    // After an accepted approval the platform may start the event at once,
+    // and past `NotBefore` it starts it whether or not anyone approved: one
+    // that then leaves IMDS unseen (an outage, IMDS throttling the agents,
+    // a fast run) most likely ran: it is recorded as completed
+    // (unobserved), not cancelled. A final phase once recorded for this
+    // appearance stays.
+    let ran = started || approval_accepted(ev) || not_before_passed(ev, finished);
+    p.phase = final_phase(ev).unwrap_or(if ran {
+        Phase::Completed
+    } else {
+        Phase::Cancelled
+    });
     let release_at = finished
         + chrono::Duration::seconds(i64::try_from(policy.release_delay_seconds).unwrap_or(3600));
     let writes = release(&me, &seen.nodes);
@@ -595,7 +629,7 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
     let mapped: Vec<&ObservedNode> = seen
         .nodes
         .iter()
-        .filter(|n| !n.vm_name.is_empty())
+        .filter(|n| !n.vm_name.is_empty() && !n.ended)
         .collect();
     // The drain lead time: an event announced long ahead (a predicted
     // failure) is not drained until NotBefore minus the lead time. Once
@@ -642,7 +676,8 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         p.kept = kept;
     }
 
-    let all_drained = !mapped.is_empty() && mapped.iter().all(|n| node_drained(n, now));
+    let all_drained =
+        !mapped.is_empty() && mapped.iter().all(|n| node_drained(n, seen.dry_run, now));
     if action == Action::DrainAndApprove && spec_status == EventStatus::Scheduled && !decided {
         decide_approval(&mut p, &mapped, seen, policy, all_drained);
     }
@@ -668,8 +703,54 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         Phase::Started => Duration::from_secs(10),
         _ => Duration::from_secs(5),
     };
+    if let Some(wait) = release_ended(&mut p, ev, seen, policy, now) {
+        p.requeue = p.requeue.min(wait);
+    }
+    // A node cordoned in this pass counts as drained only on a pod list
+    // taken after the cordon: look again soon.
+    if p.node_writes
+        .iter()
+        .any(|w| matches!(w, NodeWrite::Cordon { .. }))
+    {
+        p.requeue = p.requeue.min(AFTER_CORDON);
+    }
     p
 }
+
+/// Releases the nodes whose own part of the live event ended, each
+/// `releaseDelaySeconds` after its record's `endedAt` (this pass for one
+/// seen ended now), so that an event that comes back on that node, or
+/// another that follows on it, finds it still cordoned (rules 4 and 5).
+/// Returns how long until the next one is due, if one waits.
+fn release_ended(
+    p: &mut Plan,
+    ev: &ScheduledEvent,
+    seen: &Observed,
+    policy: &Policy,
+    now: DateTime<Utc>,
+) -> Option<Duration> {
+    let me = name_of(ev);
+    let delay = Policy::seconds(policy.release_delay_seconds);
+    let recorded = ev.status.as_ref().and_then(|s| s.nodes.as_ref());
+    let mut wait: Option<Duration> = None;
+    for n in seen.nodes.iter().filter(|n| n.ended) {
+        let ended_at = recorded
+            .and_then(|r| r.iter().find(|r| r.name == n.name))
+            .and_then(|r| r.ended_at)
+            .unwrap_or(now);
+        let due = ended_at + delay;
+        if now >= due {
+            p.node_writes.extend(release(&me, std::slice::from_ref(n)));
+        } else {
+            let left = (due - now).to_std().unwrap_or(Duration::from_secs(1));
+            wait = Some(wait.map_or(left, |w| w.min(left)));
+        }
+    }
+    wait
+}
+
+/// How soon a pass that cordoned looks again (see [`node_drained`]).
+const AFTER_CORDON: Duration = Duration::from_millis(300);
 
 /// Why a decided approval has not been accepted by IMDS yet:
 /// `(reason, message)`.

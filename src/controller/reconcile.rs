@@ -111,6 +111,7 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         theirs.status = None;
         let their_seen = Observed {
             nodes,
+            dry_run: ctx.dry_run,
             ..Observed::default()
         };
         let their_plan = plan::plan(&theirs, &their_seen, &policy, now);
@@ -398,24 +399,28 @@ async fn observe(
             .get(node)
             .is_some_and(|n| nodes::holds(n).contains(&me))
     };
-    // (node, vm, which content) of every node handled, each node once.
-    let mut wanted: Vec<(String, String, usize)> = Vec::new();
+    // (node, vm, which content, its own part ended) of every node handled,
+    // each node once. A node whose own part ended while it holds the
+    // event's cordon is handled with the event's own content: released
+    // after the release delay (`plan::release_ended`).
+    let mut wanted: Vec<(String, String, usize, bool)> = Vec::new();
     for (i, ((_, digest), mapping)) in contents.iter().zip(&mappings).enumerate() {
         for (vm, node) in &mapping.mapped {
-            let take = match assessment.verdicts.get(node) {
-                Some(v) if v.is_live_on(digest) => true,
-                Some(trust::Verdict::Unconfirmed { .. }) => i == 0 && holds_it(node),
-                _ => false,
+            let (take, content, ended) = match assessment.verdicts.get(node) {
+                Some(v) if v.is_live_on(digest) => (true, i, false),
+                Some(trust::Verdict::Unconfirmed { .. }) => (i == 0 && holds_it(node), 0, false),
+                Some(trust::Verdict::Ended { .. }) => (holds_it(node), 0, true),
+                _ => (false, 0, false),
             };
-            if take && !wanted.iter().any(|(w, _, _)| w == node) {
-                wanted.push((node.clone(), vm.clone(), i));
+            if take && !wanted.iter().any(|(w, ..)| w == node) {
+                wanted.push((node.clone(), vm.clone(), content, ended));
             }
         }
     }
     for n in facts.nodes.iter().filter(|n| nodes::holds(n).contains(&me)) {
         let name = n.name_any();
-        if !wanted.iter().any(|(w, _, _)| *w == name) {
-            wanted.push((name, String::new(), 0));
+        if !wanted.iter().any(|(w, ..)| *w == name) {
+            wanted.push((name, String::new(), 0, false));
         }
     }
     let completed = plan::is_over(ev);
@@ -444,13 +449,13 @@ async fn observe(
     let claims = &claims;
     let drains = &drains;
     let listed: Vec<Result<(ObservedNode, usize, Arc<Node>)>> =
-        futures::stream::iter(wanted.into_iter().filter_map(|(name, vm, i)| {
+        futures::stream::iter(wanted.into_iter().filter_map(|(name, vm, i, ended)| {
             // A node gone from the cache has nothing to drain or release.
             let node = Arc::clone(by_name.get(&name)?);
-            Some((name, vm, i, node))
+            Some((name, vm, i, ended, node))
         }))
-        .map(|(name, vm, i, node)| async move {
-            let pods = if drains[i] && !vm.is_empty() && (!completed || !recorded) {
+        .map(|(name, vm, i, ended, node)| async move {
+            let pods = if drains[i] && !vm.is_empty() && !ended && (!completed || !recorded) {
                 drain::pods_on(&ctx.client, &name).await?
             } else {
                 Vec::new()
@@ -462,6 +467,7 @@ async fn observe(
                 name,
                 vm_name: vm,
                 pods,
+                ended,
             };
             Ok((observed, i, node))
         })
@@ -475,6 +481,7 @@ async fn observe(
         unconfirmed,
         disagreement: built.disagreement(),
         last_report: None,
+        dry_run: ctx.dry_run,
     };
     let mut dissent: Vec<(ScheduledEventSpec, Vec<ObservedNode>)> = contents[1..]
         .iter()

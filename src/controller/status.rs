@@ -98,6 +98,7 @@ fn live_progress(
     plan: &Plan,
     outcomes: &[Outcome],
     before: Option<&NodeProgress>,
+    dry_run: bool,
     now: DateTime<Utc>,
 ) -> NodeProgress {
     let written = plan.node_writes.iter().find(|w| w.node() == n.name);
@@ -136,7 +137,7 @@ fn live_progress(
             })
         })
         .collect();
-    let drained_now = plan.action.drains() && remaining == 0;
+    let drained_now = plan.action.drains() && super::plan::node_drained(n, dry_run, now);
     NodeProgress {
         name: n.name.clone(),
         vm_name: n.vm_name.clone(),
@@ -152,6 +153,7 @@ fn live_progress(
             .map(|k| format!("{}: {}", k.pod, k.reason))
             .collect(),
         waiting_for,
+        ended_at: None,
         drained_at: if drained_now {
             before.and_then(|b| b.drained_at).or(Some(now))
         } else {
@@ -161,13 +163,8 @@ fn live_progress(
 }
 
 /// The per-node records of a finished (or ignored) event: the last live
-/// record of each node, frozen, with only the cordon released.
-fn final_progress(
-    me: &str,
-    seen: &Observed,
-    plan: &Plan,
-    prev: &[NodeProgress],
-) -> Vec<NodeProgress> {
+/// record of each node, frozen.
+fn final_progress(seen: &Observed, prev: &[NodeProgress]) -> Vec<NodeProgress> {
     let mut nodes: Vec<NodeProgress> = prev.to_vec();
     for n in seen.nodes.iter().filter(|n| !n.vm_name.is_empty()) {
         if !nodes.iter().any(|p| p.name == n.name) {
@@ -182,17 +179,8 @@ fn final_progress(
             });
         }
     }
-    for p in &mut nodes {
-        let still_held = match plan.node_writes.iter().find(|w| w.node() == p.name) {
-            Some(w) => w.holds().iter().any(|h| h == me),
-            None => seen
-                .nodes
-                .iter()
-                .find(|n| n.name == p.name)
-                .is_some_and(|n| n.holds.iter().any(|h| h == me)),
-        };
-        p.cordoned_by_us = p.cordoned_by_us && still_held;
-    }
+    // `cordonedByUs` stays as recorded: the record says what forewarn did,
+    // and the release is the node's own (its annotation and cordon).
     nodes
 }
 
@@ -248,7 +236,7 @@ pub fn next_status(
     let finished = plan.phase.is_final() || plan.phase == Phase::Ignored;
 
     let nodes: Vec<NodeProgress> = if finished {
-        final_progress(&me, seen, plan, &prev_nodes)
+        final_progress(seen, &prev_nodes)
     } else {
         let mut live: Vec<NodeProgress> = seen
             .nodes
@@ -256,18 +244,28 @@ pub fn next_status(
             .filter(|n| !n.vm_name.is_empty())
             .map(|n| {
                 let before = prev_nodes.iter().find(|p| p.name == n.name);
-                live_progress(&me, n, plan, outcomes, before, now)
+                if n.ended {
+                    // Its part is over: its record stays as it was, with
+                    // when it ended (the release delay counts from it).
+                    let mut p = before.cloned().unwrap_or_else(|| NodeProgress {
+                        name: n.name.clone(),
+                        vm_name: n.vm_name.clone(),
+                        cordoned_by_us: true,
+                        ..NodeProgress::default()
+                    });
+                    p.ended_at = p.ended_at.or(Some(now));
+                    return p;
+                }
+                live_progress(&me, n, plan, outcomes, before, seen.dry_run, now)
             })
             .collect();
-        // A node that is gone from the cluster (its VM deleted) keeps its
-        // last record, frozen: the event did affect it, and that it had
-        // nodes is what lets it end once none is left.
+        // A node no longer handled (gone from the cluster with its VM, or
+        // released once its own part ended) keeps its last record, frozen:
+        // the event did affect it, and that it had nodes is what lets it
+        // end once none is left.
         for p in &prev_nodes {
             if !p.vm_name.is_empty() && !seen.nodes.iter().any(|n| n.name == p.name) {
-                live.push(NodeProgress {
-                    cordoned_by_us: false,
-                    ..p.clone()
-                });
+                live.push(p.clone());
             }
         }
         live
@@ -300,13 +298,27 @@ pub fn next_status(
     if plan.action.drains() {
         drain_conditions(&mut c, &nodes, plan, finished, now);
     }
-    if plan.phase == Phase::Completed && prev.started_at.is_none() && !spec_started_ever(ev) {
-        c.set(
-            "CompletedUnobserved",
-            true,
-            "ApprovedThenGone",
-            "left IMDS after IMDS accepted its approval, without being seen Started: taken as run, not cancelled".into(),
-        );
+    if plan.phase == Phase::Completed
+        && prev.started_at.is_none()
+        && !spec_started_ever(ev)
+        && !prev_conditions
+            .iter()
+            .any(|x| x.type_ == "CompletedUnobserved")
+    {
+        let accepted = approval.as_ref().and_then(|a| a.result.as_deref())
+            == Some(crate::agent::approval::ACCEPTED);
+        let (reason, message) = if accepted {
+            (
+                "ApprovedThenGone",
+                "left IMDS after IMDS accepted its approval, without being seen Started: taken as run, not cancelled",
+            )
+        } else {
+            (
+                "NotBeforePassed",
+                "left IMDS after its NotBefore, without being seen Started (no agent could read IMDS meanwhile?): taken as run, not cancelled",
+            )
+        };
+        c.set("CompletedUnobserved", true, reason, message.into());
     }
     if let Some((reason, message)) = &plan.approval_pending {
         c.set("ApprovalPending", true, reason, message.clone());
@@ -315,12 +327,24 @@ pub fn next_status(
             .iter()
             .any(|x| x.type_ == "ApprovalPending" && x.status == "True")
     {
-        c.set(
-            "ApprovalPending",
-            false,
-            "Accepted",
-            "IMDS accepted the approval, or no approval waits".into(),
-        );
+        // `Accepted` only on the sender's own word that IMDS took its POST.
+        let (reason, message) = match approval.as_ref().and_then(|a| a.result.as_deref()) {
+            Some(crate::agent::approval::ACCEPTED) => (
+                "Accepted",
+                format!(
+                    "IMDS accepted the approval sent by {}",
+                    approval
+                        .as_ref()
+                        .and_then(|a| a.sent_by.as_deref())
+                        .unwrap_or("an agent")
+                ),
+            ),
+            _ => (
+                "NotSent",
+                "no approval waits any more, and none was accepted: the event started or ended first".into(),
+            ),
+        };
+        c.set("ApprovalPending", false, reason, message);
     }
     if let Some(start) = plan.drain_starts_at {
         c.set(

@@ -29,12 +29,14 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
     let mut tick = tokio::time::interval(SWEEP_INTERVAL);
     loop {
         tick.tick().await;
-        if !ctx
-            .nodes
-            .state()
-            .iter()
-            .any(|n| !nodes::holds(n).is_empty())
-        {
+        // The nodes first, then the list: every hold in this snapshot was
+        // written before the list was taken, by a reconcile of an event
+        // that existed then, so the list holds that event unless it was
+        // deleted since. Read the other way round, a hold written between
+        // the list and the read (a new event's) would look orphaned.
+        // Writes are conditional on the snapshot's resourceVersion.
+        let snapshot = ctx.nodes.state();
+        if !snapshot.iter().any(|n| !nodes::holds(n).is_empty()) {
             continue;
         }
         let existing: HashSet<String> = match events.list_metadata(&ListParams::default()).await {
@@ -44,9 +46,18 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
                 continue;
             }
         };
-        for node in ctx.nodes.state() {
+        // An object deleted by hand while an agent still reports its event
+        // listed is created again (`spec::create_missing`): its holds stay.
+        let reported: HashSet<String> = ctx
+            .reports_by_event()
+            .into_iter()
+            .filter(|(_, rs)| rs.iter().any(|r| r.spec.report.is_listed()))
+            .map(|(name, _)| name)
+            .collect();
+        for node in snapshot {
             let holds = nodes::holds(&node);
-            let orphaned = nodes::orphaned_holds(&holds, |h| existing.contains(h));
+            let orphaned =
+                nodes::orphaned_holds(&holds, |h| existing.contains(h) || reported.contains(h));
             if orphaned.is_empty() {
                 continue;
             }

@@ -16,9 +16,11 @@
 //!   on its own agent's report: live while it lists the event with its VM
 //!   named, ended once it no longer lists it; or, while that agent is silent
 //!   (a VM already failing), on the reports of at least two other agents
-//!   that list the event with the same content as the spec. Two other
-//!   agents that no longer list it end it for the node even when its own
-//!   agent's last word was live (its VM may be gone with its agent).
+//!   that list the event with the same content as the spec, and ended once
+//!   two such agents no longer list it. While a node's own agent lists the
+//!   event, no other agent's word ends it for that node (a VM deleted with
+//!   its agent ends the event by the controller's own rules: no node left,
+//!   no agent update).
 //!
 //! Whether a report names its own VM is judged by the controller: the VM of
 //! the reporting node is its `providerID`'s when it has one, else the VM its
@@ -148,10 +150,13 @@ fn spec_of(reports: &[&Judged<'_>], appearance: u32) -> ScheduledEventSpec {
         event_source: first.event_source.clone(),
         resource_type: first.resource_type.clone(),
         resources: first.resources.clone(),
-        not_before: if status == EventStatus::Scheduled {
-            listed.iter().filter_map(|r| r.not_before).min()
-        } else {
-            None
+        // While Scheduled, the earliest the listing agents give; once gone,
+        // the last any gave (whether it left before or after it says if it
+        // ran); none once Started.
+        not_before: match status {
+            EventStatus::Scheduled => listed.iter().filter_map(|r| r.not_before).min(),
+            EventStatus::Completed => reports.iter().filter_map(|j| j.report.not_before).min(),
+            EventStatus::Started => None,
         },
         duration_seconds: first.duration_seconds,
         description: first.description.clone(),
@@ -325,11 +330,6 @@ fn judge(node: &str, reports: &[&Judged<'_>], digest: &str) -> Verdict {
                 by: "its own agent".into(),
             };
         }
-        if own.digest == digest && others_ended.len() >= OTHERS_NEEDED {
-            return Verdict::Ended {
-                by: format!("agents on {}", others_ended.join(", ")),
-            };
-        }
         return Verdict::Live {
             by: "its own agent".into(),
             status: own.report.event_status,
@@ -491,14 +491,25 @@ mod tests {
         ];
         let (_, a) = run(&other, &["b"]);
         assert!(matches!(a.verdicts["b"], Verdict::Unconfirmed { .. }));
-        // Two others that no longer list it end it, even over a live own report.
+        // Two others that no longer list it end it for a silent node...
         let ended = [
+            report("a", Completed, "Reboot", r),
+            report("c", Completed, "Reboot", r),
+        ];
+        let (_, a) = run(&ended, &["b"]);
+        assert!(matches!(a.verdicts["b"], Verdict::Ended { .. }));
+        // ...but not for a node whose own agent still lists it.
+        let own_live = [
             report("a", Completed, "Reboot", r),
             report("c", Completed, "Reboot", r),
             report("b", Started, "Reboot", r),
         ];
-        let (_, a) = run(&ended, &["b"]);
-        assert!(matches!(a.verdicts["b"], Verdict::Ended { .. }));
+        let (built, a) = run(&own_live, &["b"]);
+        assert!(
+            a.verdicts["b"].is_live_on(&built.digest),
+            "{:?}",
+            a.verdicts["b"]
+        );
     }
 
     #[test]

@@ -218,7 +218,7 @@ impl Inner {
                 self.scenario
                     .events
                     .iter()
-                    .filter(|e| e.delivered_to(vm))
+                    .filter(|e| e.delivered_to(vm) && !e.gone_for(vm, elapsed))
                     .filter_map(|e| {
                         e.render_json(
                             e.phase_at(elapsed, self.approvals.get(&e.id).copied()),
@@ -377,6 +377,11 @@ async fn answer_events(
         Some(FaultKind::Garbage) => {
             (StatusCode::OK, "{\"DocumentIncarnation\": <html>garbage").into_response()
         }
+        Some(FaultKind::NullEvents) => (
+            StatusCode::OK,
+            "{\"DocumentIncarnation\": 99, \"Events\": null}",
+        )
+            .into_response(),
         Some(FaultKind::Hang) | None => {
             tokio::time::sleep(Duration::from_secs(30)).await;
             (StatusCode::GATEWAY_TIMEOUT, "hung").into_response()

@@ -264,6 +264,11 @@ pub enum ParseError {
         #[source]
         source: serde_json::Error,
     },
+    /// `Events` is missing or `null`. IMDS always sends the list (empty
+    /// when nothing is announced); a document without it says nothing about
+    /// the events, and taking it as "no events" would end every event.
+    #[error("failed to parse scheduled events document: `Events` is missing or null")]
+    NoEvents,
 }
 
 /// The document with its events still unparsed, so one bad entry costs
@@ -294,7 +299,8 @@ pub fn parse_document(bytes: &[u8]) -> Result<Document, ParseError> {
         serde_json::from_slice(bytes).map_err(|source| ParseError::Json { source })?;
     let mut events = Vec::new();
     let mut rejected = Vec::new();
-    for (index, value) in raw.events.unwrap_or_default().into_iter().enumerate() {
+    let listed = raw.events.ok_or(ParseError::NoEvents)?;
+    for (index, value) in listed.into_iter().enumerate() {
         match RawEvent::deserialize(&value) {
             Ok(ev) => events.push(Event::from(ev)),
             Err(e) => rejected.push(RejectedEvent {
@@ -469,19 +475,23 @@ mod tests {
     }
 
     #[test]
-    fn empty_events_and_missing_events_are_an_empty_list() {
+    fn empty_events_are_an_empty_list_and_missing_or_null_events_an_error() {
         assert!(
             parse_document(br#"{"DocumentIncarnation":1,"Events":[]}"#)
                 .unwrap()
                 .events
                 .is_empty()
         );
-        assert!(
-            parse_document(br#"{"DocumentIncarnation":1}"#)
-                .unwrap()
-                .events
-                .is_empty()
-        );
+        for doc in [
+            &br#"{"DocumentIncarnation":1}"#[..],
+            br#"{"DocumentIncarnation":1,"Events":null}"#,
+        ] {
+            assert!(
+                matches!(parse_document(doc), Err(ParseError::NoEvents)),
+                "{}",
+                String::from_utf8_lossy(doc)
+            );
+        }
     }
 
     #[test]

@@ -29,7 +29,8 @@
 //!     deliverTo: all            # all (default: every VM of the group) or resources (only the VMs named)
 //!     approvalStartsAfter: 0s   # delay from approval to start (the platform may wait for other tenants)
 //!     gone:                     # optional: IMDS flaps: the event is not listed in these windows, then
-//!       - {at: 10s, for: 3s}    #   comes back with the same EventId (its timeline is not paused)
+//!       - {at: 10s, for: 3s}    #   comes back with the same EventId (its timeline is not paused);
+//!       - {at: 20s, for: 60s, vms: [aks-pool-vmss_1]}  # only these VMs' documents leave it out
 //!     malformed: false          # true: listed with EventStatus a number and Resources a string (the
 //!                               #   EventId kept), an entry a strict parser rejects
 //!     expect:                   # optional, read by the demo and the tests, ignored by the mock
@@ -40,7 +41,7 @@
 //! faults:                  # optional: IMDS misbehaving for a while
 //!   - at: 3s
 //!     for: 2s
-//!     kind: status500           # status500 | status429 | garbage | hang
+//!     kind: status500           # status500 | status429 | garbage | nullEvents | hang
 //!     vms: [aks-pool-vmss_0]    # optional, default all VMs
 //! ```
 //!
@@ -103,6 +104,9 @@ pub struct Window {
     /// Length.
     #[serde(rename = "for", with = "humantime_serde")]
     pub duration: Duration,
+    /// The VMs whose documents do not list it then (empty: every VM's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vms: Vec<String>,
 }
 
 impl Window {
@@ -243,6 +247,8 @@ pub enum FaultKind {
     Status429,
     /// 200 with a body that is not JSON.
     Garbage,
+    /// 200 with a document whose `Events` is `null`.
+    NullEvents,
     /// No answer for 30 s.
     Hang,
 }
@@ -420,10 +426,23 @@ impl ScenarioEvent {
         (elapsed >= start).then_some(start)
     }
 
+    /// Whether `vm`'s document leaves the event out at `elapsed` (a window
+    /// of [`Self::gone`] that names it).
+    pub fn gone_for(&self, vm: &str, elapsed: Duration) -> bool {
+        self.gone
+            .iter()
+            .any(|w| w.contains(elapsed) && w.vms.iter().any(|v| v.eq_ignore_ascii_case(vm)))
+    }
+
     /// The event's phase at `elapsed`, given the offset of its first approval.
     pub fn phase_at(&self, elapsed: Duration, approved: Option<Duration>) -> Phase {
         match self.lifecycle_at(elapsed, approved) {
-            Phase::Scheduled | Phase::Started if self.gone.iter().any(|w| w.contains(elapsed)) => {
+            Phase::Scheduled | Phase::Started
+                if self
+                    .gone
+                    .iter()
+                    .any(|w| w.vms.is_empty() && w.contains(elapsed)) =>
+            {
                 Phase::Gone
             }
             phase => phase,

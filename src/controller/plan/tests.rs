@@ -49,6 +49,7 @@ fn node(name: &str, vm: &str, cordoned: bool, holds: &[&str], pods: Vec<PodInfo>
         holds: holds.iter().map(|s| s.to_string()).collect(),
         claimed_by: Vec::new(),
         pods,
+        ended: false,
     }
 }
 
@@ -586,7 +587,10 @@ fn finished_event_keeps_the_record_of_a_drain_that_never_finished() {
     assert_eq!(n.pods_remaining, 1);
     assert!(n.drained_at.is_none());
     assert_eq!(n.blocking_budgets, vec!["default/web".to_string()]);
-    assert!(!n.cordoned_by_us, "released");
+    assert!(
+        n.cordoned_by_us,
+        "the final record keeps that forewarn cordoned the node"
+    );
     let c = st.conditions.unwrap();
     assert!(
         c.iter().any(|c| c.type_ == "DrainIncomplete"
@@ -1104,7 +1108,11 @@ fn a_dry_run_records_what_it_would_do_and_never_an_approval_agents_send() {
     assert_eq!(cond(&st, "DryRun"), Some(("True".into(), "DryRun".into())));
     // Empty node (nothing to evict): the approval is decided, recorded in
     // dryRun only, with its first time kept.
-    let empty = seen(vec![node("node-1", "vm_1", false, &[], vec![])], &[]);
+    // (A dry run's node counts as cordoned as it would be.)
+    let empty = Observed {
+        dry_run: true,
+        ..seen(vec![node("node-1", "vm_1", false, &[], vec![])], &[])
+    };
     let before = with_status(ev.clone(), st.clone());
     let p = plan(&before, &empty, &Policy::default(), now());
     assert!(p.decide_approval.is_some());
@@ -1203,4 +1211,180 @@ fn disagreeing_reports_withhold_the_approval_and_say_why() {
     obs.disagreement.clear();
     let p = plan(&ev, &obs, &Policy::default(), now());
     assert!(p.decide_approval.is_some());
+}
+
+/// The approval is decided only on a pod list taken after the cordon: the
+/// pass that cordons lists the pods before its own cordon (a pod may be
+/// scheduled in between), so it never counts the node drained.
+#[test]
+fn the_pass_that_cordons_never_decides_the_approval() {
+    let ev = event("Reboot", "Scheduled", &["vm_1"]);
+    let fresh = seen(vec![node("node-1", "vm_1", false, &[], vec![])], &[]);
+    let p = plan(&ev, &fresh, &Policy::default(), now());
+    assert!(
+        matches!(p.node_writes[..], [NodeWrite::Cordon { .. }]),
+        "{:?}",
+        p.node_writes
+    );
+    assert_eq!(p.decide_approval, None);
+    assert_ne!(p.phase, Phase::Drained);
+    assert!(p.requeue <= Duration::from_millis(300), "{:?}", p.requeue);
+    let st = next_status(&ev, &fresh, &p, &[], now());
+    assert_eq!(st.nodes_drained.as_deref(), Some("0/1"));
+    // The next pass sees it cordoned, with an empty pod list: drained.
+    let held = seen(vec![node("node-1", "vm_1", true, &["ev-1"], vec![])], &[]);
+    let p = plan(&ev, &held, &Policy::default(), now());
+    assert!(p.decide_approval.is_some());
+    assert_eq!(p.phase, Phase::Drained);
+}
+
+/// A node that holds the event's cordon but was uncordoned by hand during
+/// the event is cordoned again, and is not counted drained meanwhile.
+#[test]
+fn a_held_node_uncordoned_by_hand_is_cordoned_again_and_not_drained() {
+    let ev = event("Reboot", "Scheduled", &["vm_1"]);
+    let drained = with_status(
+        ev.clone(),
+        ScheduledEventStatus {
+            nodes: Some(vec![NodeProgress {
+                name: "node-1".into(),
+                vm_name: "vm_1".into(),
+                cordoned_by_us: true,
+                drained_at: Some(now()),
+                ..NodeProgress::default()
+            }]),
+            ..Default::default()
+        },
+    );
+    let uncordoned = seen(vec![node("node-1", "vm_1", false, &["ev-1"], vec![])], &[]);
+    let p = plan(&drained, &uncordoned, &Policy::default(), now());
+    assert_eq!(
+        p.node_writes,
+        [NodeWrite::Cordon {
+            node: "node-1".into(),
+            holds: vec!["ev-1".into()],
+        }]
+    );
+    assert_eq!(p.decide_approval, None);
+    let st = next_status(&drained, &uncordoned, &p, &[], now());
+    assert_eq!(st.nodes_drained.as_deref(), Some("0/1"));
+    assert_eq!(st.nodes.unwrap()[0].drained_at, None);
+}
+
+/// A node whose own part of a multi-VM event ended (its agent no longer
+/// lists it) while the event goes on elsewhere keeps its cordon for the
+/// release delay, counted from when its part ended, and its record.
+#[test]
+fn a_node_whose_own_part_ended_is_released_only_after_the_release_delay() {
+    let ev = event("Reboot", "Started", &["vm_1", "vm_2"]);
+    let mut ended = node("node-1", "vm_1", true, &["ev-1"], vec![]);
+    ended.ended = true;
+    let live = node("node-2", "vm_2", true, &["ev-1"], vec![pod("a")]);
+    let obs = seen(vec![ended, live], &[]);
+    let policy = Policy::default();
+    let p = plan(&ev, &obs, &policy, now());
+    assert!(
+        !p.node_writes.iter().any(|w| w.node() == "node-1"),
+        "released at once: {:?}",
+        p.node_writes
+    );
+    assert!(p.evictions.iter().all(|e| e.node == "node-2"));
+    assert!(p.requeue <= Duration::from_secs(policy.release_delay_seconds));
+    let st = next_status(&ev, &obs, &p, &[], now());
+    let record = st.nodes.as_ref().unwrap();
+    let one = record
+        .iter()
+        .find(|n| n.name == "node-1")
+        .expect("its record kept");
+    assert_eq!(one.ended_at, Some(now()));
+    assert!(one.cordoned_by_us);
+    // Within the delay: still held; after it: released.
+    let ev = with_status(ev, st);
+    let soon = now() + chrono::Duration::seconds(2);
+    assert!(
+        !plan(&ev, &obs, &policy, soon)
+            .node_writes
+            .iter()
+            .any(|w| w.node() == "node-1")
+    );
+    let later = now() + Policy::seconds(policy.release_delay_seconds);
+    let p = plan(&ev, &obs, &policy, later);
+    assert!(
+        p.node_writes.iter().any(|w| matches!(
+            w,
+            NodeWrite::Release { node, uncordon: true, .. } if node == "node-1"
+        )),
+        "{:?}",
+        p.node_writes
+    );
+    assert_eq!(
+        next_status(&ev, &obs, &p, &[], later).nodes.unwrap()[0].ended_at,
+        Some(now()),
+        "endedAt is kept"
+    );
+}
+
+/// `ApprovalPending` reads `Accepted` only when a sender reported that IMDS
+/// accepted its POST; an approval that was never sent reads `NotSent`.
+#[test]
+fn approval_pending_never_reads_accepted_for_an_approval_never_sent() {
+    let pending = crate::crd::Condition {
+        observed_generation: None,
+        type_: "ApprovalPending".into(),
+        status: "True".into(),
+        reason: "AwaitingAgent".into(),
+        message: String::new(),
+        last_transition_time: now(),
+    };
+    let obs = seen(vec![node("node-1", "vm_1", true, &["ev-1"], vec![])], &[]);
+    let ev = with_status(
+        event("Reboot", "Started", &["vm_1"]),
+        ScheduledEventStatus {
+            approval: Some(decided(now(), None)),
+            conditions: Some(vec![pending.clone()]),
+            ..Default::default()
+        },
+    );
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    let st = next_status(&ev, &obs, &p, &[], now());
+    assert_eq!(
+        cond(&st, "ApprovalPending"),
+        Some(("False".into(), "NotSent".into()))
+    );
+    let ev = with_status(
+        event("Reboot", "Started", &["vm_1"]),
+        ScheduledEventStatus {
+            approval: Some(decided(now(), Some("Accepted"))),
+            conditions: Some(vec![pending]),
+            ..Default::default()
+        },
+    );
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    let st = next_status(&ev, &obs, &p, &[], now());
+    assert_eq!(
+        cond(&st, "ApprovalPending"),
+        Some(("False".into(), "Accepted".into()))
+    );
+}
+
+/// An event that left IMDS after its `NotBefore` ran (the platform starts
+/// it then at the latest), even unseen and unapproved: `Completed`, not
+/// `Cancelled`; one that left before it was cancelled.
+#[test]
+fn an_event_gone_after_its_not_before_ran_and_one_gone_before_was_cancelled() {
+    let obs = seen(vec![], &[]);
+    let mut ev = event("Reboot", "Completed", &["vm_1"]);
+    ev.spec.not_before = Some(now() - chrono::Duration::seconds(10));
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    assert_eq!(p.phase, Phase::Completed);
+    let st = next_status(&ev, &obs, &p, &[], now());
+    assert_eq!(
+        cond(&st, "CompletedUnobserved"),
+        Some(("True".into(), "NotBeforePassed".into()))
+    );
+    ev.spec.not_before = Some(now() + chrono::Duration::seconds(10));
+    assert_eq!(
+        plan(&ev, &obs, &Policy::default(), now()).phase,
+        Phase::Cancelled
+    );
 }
