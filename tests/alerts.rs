@@ -21,9 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use forewarn::agent::metrics::AgentMetrics;
+use forewarn::controller::metrics::ControllerMetrics;
 use forewarn::harness::cluster::{Cluster, repo_root};
 use forewarn::harness::run::{RunOptions, run_scenario, summary};
-use forewarn::metrics::{AgentMetrics, ControllerMetrics};
 use serde_json::{Value, json};
 
 const RULES: &str = "charts/forewarn/files/alerts.yaml";

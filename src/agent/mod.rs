@@ -11,6 +11,7 @@
 //! poll.
 
 pub mod approval;
+pub mod metrics;
 pub mod reports;
 
 use std::collections::{HashMap, HashSet};
@@ -31,8 +32,8 @@ use crate::cli::AgentArgs;
 use crate::crd::{MAX_SENT_APPROVALS, Report, ScheduledEvent, ScheduledEventReport, SentApproval};
 use crate::imds::client::Client as ImdsClient;
 use crate::imds::model::{Document, Event, EventStatus};
-use crate::metrics::AgentMetrics;
 use crate::server::{self, Readiness};
+use metrics::AgentMetrics;
 
 /// Errors of the agent's Kubernetes side.
 #[derive(Debug, thiserror::Error)]

@@ -301,7 +301,7 @@ impl Elector {
 fn releases(api: Api<Lease>, name: String) -> impl futures::Stream<Item = ()> {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     watcher(api, config)
-        .backoff(super::run::watch_backoff())
+        .backoff(super::watch::watch_backoff())
         .applied_objects()
         .filter_map(|item| async move {
             let lease = item.ok()?;

@@ -10,6 +10,7 @@
 pub mod confinement;
 pub mod drain;
 pub mod lease;
+pub mod metrics;
 pub mod nodes;
 pub mod plan;
 pub mod reconcile;
@@ -20,6 +21,7 @@ pub mod spec;
 pub mod status;
 pub mod sweep;
 pub mod trust;
+pub mod watch;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,8 +35,8 @@ use kube::runtime::reflector::Store;
 use chrono::{DateTime, Utc};
 
 use crate::crd::{AGENT_MANAGER, Report, ScheduledEvent, ScheduledEventReport};
-use crate::metrics::ControllerMetrics;
 use crate::policy::Policy;
+use metrics::ControllerMetrics;
 
 pub use run::run;
 

@@ -543,15 +543,36 @@ fn plan_finished(
     };
 }
 
-/// Plans the next step for `ev` (DESIGN.md, "Policy" and "Rules").
+/// What [`plan`] knows of the event before it chooses a branch.
+struct Known {
+    /// The object's name (what holds on nodes name).
+    me: String,
+    /// `spec.eventStatus`.
+    spec_status: EventStatus,
+    /// Seen `Started` now or before.
+    started: bool,
+    /// IMDS accepted an approval (a sender's word).
+    accepted: bool,
+    /// An approval was decided.
+    decided: bool,
+}
+
+/// Plans the next step for `ev` (DESIGN.md, "Policy" and "Rules"), in
+/// order: an event that is over releases its nodes ([`plan_finished`]); one
+/// no agent can see end any more is ended ([`unobserved_end`]); else the
+/// policy's action decides: [`plan_ignored`], [`plan_approve_only`] or
+/// [`plan_drain`] (cordon, drain, approval).
 pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime<Utc>) -> Plan {
-    let me = name_of(ev);
     let spec_status = ev.spec.event_status;
     let event_type = EventType::from(ev.spec.event_type.as_str());
     let action = policy.decide(&event_type, &ev.spec.event_source, ev.spec.duration_seconds);
-    let started = was_started(ev, spec_status);
-    let accepted = approval_accepted(ev);
-    let decided = approval_decided(ev);
+    let known = Known {
+        me: name_of(ev),
+        spec_status,
+        started: was_started(ev, spec_status),
+        accepted: approval_accepted(ev),
+        decided: approval_decided(ev),
+    };
     let deadline = ev.spec.not_before.map(|nb| {
         nb - chrono::Duration::seconds(
             i64::try_from(policy.drain_margin_seconds).unwrap_or(i64::MAX / 2),
@@ -575,88 +596,96 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
     };
 
     if is_over(ev) {
-        plan_finished(&mut p, ev, seen, policy, now, started);
+        plan_finished(&mut p, ev, seen, policy, now, known.started);
         return p;
     }
     if let Some(end) = unobserved_end(ev, seen, policy, now) {
         // Past NotBefore the platform starts the event whether or not anyone
         // approved it: taken as run. Before, it cannot have run.
-        let ran = started || accepted || ev.spec.not_before.is_some_and(|nb| nb <= now);
+        let ran = known.started || known.accepted || not_before_passed(ev, now);
         p.ended_unobserved = Some(end);
         plan_finished(&mut p, ev, seen, policy, now, ran);
         return p;
     }
-
     match action {
-        Action::Ignore => {
-            p.phase = Phase::Ignored;
-            p.node_writes = release(&me, &seen.nodes);
-            p.requeue = Duration::from_secs(300);
-            return p;
+        Action::Ignore => plan_ignored(&mut p, &known, seen),
+        Action::Approve => plan_approve_only(&mut p, &known, ev, seen, policy),
+        Action::Cordon | Action::Drain | Action::DrainAndApprove => {
+            plan_drain(&mut p, &known, ev, seen, policy, &event_type, now);
         }
-        Action::Approve => {
-            if !decided && spec_status == EventStatus::Scheduled {
-                if !seen.disagreement.is_empty() {
-                    p.approval_withheld = Some(disagreement_message(seen));
-                } else if !seen.doubts.is_empty() {
-                    p.approval_withheld = Some(seen.doubts.join("; "));
-                } else if seen.unmapped.is_empty() || policy.approve_foreign_vms {
-                    p.decide_approval = Some(format!(
-                        "policy approves {} events of {}s at once",
-                        ev.spec.event_type, ev.spec.duration_seconds
-                    ));
-                } else {
-                    p.approval_withheld = Some(foreign_message(&seen.unmapped));
-                }
-            }
-            p.phase = if started {
-                Phase::Started
-            } else if accepted {
-                Phase::Approved
-            } else {
-                Phase::Pending
-            };
-            if !started && !accepted && (decided || p.decide_approval.is_some()) {
-                p.approval_pending = Some(approval_pending(ev, seen));
-            }
-            p.node_writes = release(&me, &seen.nodes);
-            p.requeue = Duration::from_secs(10);
-            return p;
-        }
-        Action::Cordon | Action::Drain | Action::DrainAndApprove => {}
     }
+    p
+}
 
+/// `Ignore`: record only; release whatever the event held.
+fn plan_ignored(p: &mut Plan, known: &Known, seen: &Observed) {
+    p.phase = Phase::Ignored;
+    p.node_writes = release(&known.me, &seen.nodes);
+    p.requeue = Duration::from_secs(300);
+}
+
+/// `Approve`: decide the approval at once (rule 2 still holds: every VM
+/// named in the cluster, no doubt, no disagreement), cordon nothing.
+fn plan_approve_only(
+    p: &mut Plan,
+    known: &Known,
+    ev: &ScheduledEvent,
+    seen: &Observed,
+    policy: &Policy,
+) {
+    if !known.decided && known.spec_status == EventStatus::Scheduled {
+        if !seen.disagreement.is_empty() {
+            p.approval_withheld = Some(disagreement_message(seen));
+        } else if !seen.doubts.is_empty() {
+            p.approval_withheld = Some(seen.doubts.join("; "));
+        } else if seen.unmapped.is_empty() || policy.approve_foreign_vms {
+            p.decide_approval = Some(format!(
+                "policy approves {} events of {}s at once",
+                ev.spec.event_type, ev.spec.duration_seconds
+            ));
+        } else {
+            p.approval_withheld = Some(foreign_message(&seen.unmapped));
+        }
+    }
+    p.phase = if known.started {
+        Phase::Started
+    } else if known.accepted {
+        Phase::Approved
+    } else {
+        Phase::Pending
+    };
+    note_pending_approval(p, known, ev, seen);
+    p.node_writes = release(&known.me, &seen.nodes);
+    p.requeue = Duration::from_secs(10);
+}
+
+/// A decided approval IMDS has not accepted yet: why it waits.
+fn note_pending_approval(p: &mut Plan, known: &Known, ev: &ScheduledEvent, seen: &Observed) {
+    if !known.started && !known.accepted && (known.decided || p.decide_approval.is_some()) {
+        p.approval_pending = Some(approval_pending(ev, seen));
+    }
+}
+
+/// `Cordon`, `Drain`, `DrainAndApprove`: wait for the drain lead time, then
+/// cordon the mapped nodes, release the strays, evict, decide the approval
+/// once every mapped node is drained, and release nodes whose own part
+/// ended after the release delay.
+fn plan_drain(
+    p: &mut Plan,
+    known: &Known,
+    ev: &ScheduledEvent,
+    seen: &Observed,
+    policy: &Policy,
+    event_type: &EventType,
+    now: DateTime<Utc>,
+) {
+    let me = &known.me;
+    let action = p.action;
     let mapped: Vec<&ObservedNode> = seen
         .nodes
         .iter()
         .filter(|n| !n.vm_name.is_empty() && !n.ended)
         .collect();
-    // The drain lead time: an event announced long ahead (a predicted
-    // failure) is not drained until NotBefore minus the lead time. Once
-    // begun (a node holds the cordon for it), a drain goes on.
-    let holding = mapped.iter().any(|n| n.holds.contains(&me));
-    if let Some(start) = ev
-        .spec
-        .not_before
-        .map(|nb| nb - Policy::seconds(policy.drain_lead_time_seconds))
-        .filter(|start| now < *start && !started && !decided && !holding)
-    {
-        p.drain_starts_at = Some(start);
-        p.phase = Phase::Pending;
-        let stray: Vec<ObservedNode> = seen
-            .nodes
-            .iter()
-            .filter(|n| n.vm_name.is_empty())
-            .cloned()
-            .collect();
-        p.node_writes = release(&me, &stray);
-        p.requeue = (start - now)
-            .to_std()
-            .unwrap_or(Duration::from_secs(1))
-            .clamp(Duration::from_secs(1), Duration::from_secs(300));
-        return p;
-    }
-    p.node_writes = cordon(&me, &mapped);
     // Nodes that hold a cordon for the event but no longer map to it.
     let stray: Vec<ObservedNode> = seen
         .nodes
@@ -664,13 +693,33 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         .filter(|n| n.vm_name.is_empty())
         .cloned()
         .collect();
-    p.node_writes.extend(release(&me, &stray));
+    // The drain lead time: an event announced long ahead (a predicted
+    // failure) is not drained until NotBefore minus the lead time. Once
+    // begun (a node holds the cordon for it), a drain goes on.
+    let holding = mapped.iter().any(|n| n.holds.contains(me));
+    if let Some(start) = ev
+        .spec
+        .not_before
+        .map(|nb| nb - Policy::seconds(policy.drain_lead_time_seconds))
+        .filter(|start| now < *start && !known.started && !known.decided && !holding)
+    {
+        p.drain_starts_at = Some(start);
+        p.phase = Phase::Pending;
+        p.node_writes = release(me, &stray);
+        p.requeue = (start - now)
+            .to_std()
+            .unwrap_or(Duration::from_secs(1))
+            .clamp(Duration::from_secs(1), Duration::from_secs(300));
+        return;
+    }
+    p.node_writes = cordon(me, &mapped);
+    p.node_writes.extend(release(me, &stray));
     if action.drains() {
         let (evictions, kept) = plan_evictions(
             &mapped,
-            drain_budget(deadline, now),
+            drain_budget(p.deadline, now),
             policy.min_grace_seconds,
-            policy.evicts_unmanaged(&event_type),
+            policy.evicts_unmanaged(event_type),
         );
         p.evictions = evictions;
         p.kept = kept;
@@ -678,17 +727,18 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
 
     let all_drained =
         !mapped.is_empty() && mapped.iter().all(|n| node_drained(n, seen.dry_run, now));
-    if action == Action::DrainAndApprove && spec_status == EventStatus::Scheduled && !decided {
-        decide_approval(&mut p, &mapped, seen, policy, all_drained);
+    if action == Action::DrainAndApprove
+        && known.spec_status == EventStatus::Scheduled
+        && !known.decided
+    {
+        decide_approval(p, &mapped, seen, policy, all_drained);
     }
-    if !started && !accepted && (decided || p.decide_approval.is_some()) {
-        p.approval_pending = Some(approval_pending(ev, seen));
-    }
+    note_pending_approval(p, known, ev, seen);
     // `Approved` means IMDS accepted the approval; a decided approval that
     // no agent has sent yet keeps the phase where the drain is.
-    p.phase = if started {
+    p.phase = if known.started {
         Phase::Started
-    } else if accepted {
+    } else if known.accepted {
         Phase::Approved
     } else if action.drains() && all_drained {
         Phase::Drained
@@ -703,7 +753,7 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         Phase::Started => Duration::from_secs(10),
         _ => Duration::from_secs(5),
     };
-    if let Some(wait) = release_ended(&mut p, ev, seen, policy, now) {
+    if let Some(wait) = release_ended(p, ev, seen, policy, now) {
         p.requeue = p.requeue.min(wait);
     }
     // A node cordoned in this pass counts as drained only on a pod list
@@ -714,7 +764,6 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
     {
         p.requeue = p.requeue.min(AFTER_CORDON);
     }
-    p
 }
 
 /// Releases the nodes whose own part of the live event ended, each

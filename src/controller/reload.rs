@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tracing::{error, info};
 
-use crate::metrics::ControllerMetrics;
+use super::metrics::ControllerMetrics;
 use crate::policy::{self, Policy};
 
 /// How often the policy file is read.

@@ -5,23 +5,22 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use backon::ExponentialBuilder;
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::controller::{self, Action as Requeue, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector;
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use prometheus::Registry;
-use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
+use super::metrics::ControllerMetrics;
+use super::watch::{cache, watch_backoff};
 use super::{Context, Error, drain, lease, reconcile::reconcile, reload, spec, sweep};
 use crate::cli::ControllerArgs;
 use crate::crd::{CONTROLLER_MANAGER, ScheduledEvent, ScheduledEventReport};
-use crate::metrics::ControllerMetrics;
 use crate::policy::Policy;
 use crate::server::{self, Readiness};
 
@@ -205,40 +204,6 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     leader_gauge.set(0);
     info!("Controller stopped");
     outcome
-}
-
-/// A cache of every `K` in the cluster, and the stream that fills it (it
-/// fills only while the stream is polled), yielding each object it touched;
-/// watch errors back off with [`watch_backoff`].
-fn cache<K>(client: Client) -> (Store<K>, impl Stream<Item = Result<K, watcher::Error>>)
-where
-    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    let (store, writer) = reflector::store();
-    let stream = reflector::reflector(
-        writer,
-        watcher(
-            Api::<K>::all(client),
-            watcher::Config::default().any_semantic(),
-        ),
-    )
-    .backoff(watch_backoff())
-    .touched_objects();
-    (store, stream)
-}
-
-/// Watches resume quickly after an API server outage: a bounded backoff
-/// (0.5 s doubling to 2.5 s, plus backon's jitter of up to 100%: at most
-/// 5 s) instead of kube's default, which waits up to minutes after a `too
-/// old resource version`.
-pub fn watch_backoff() -> watcher::ExponentialBackoff {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(500))
-        .with_max_delay(Duration::from_millis(2500))
-        .with_jitter()
-        .without_max_times()
-        .into()
 }
 
 /// The delay before retrying a failed reconcile: 200 ms after a conflict

@@ -221,7 +221,9 @@ pub fn for_current_appearance(ev: &ScheduledEvent) -> (ScheduledEvent, bool) {
     (fresh, true)
 }
 
-/// The status after `plan` was carried out with `outcomes`.
+/// The status after `plan` was carried out with `outcomes`: the per-node
+/// records ([`node_records`]), the approval ([`approval_record`]), the
+/// conditions ([`conditions`]) and the times.
 pub fn next_status(
     ev: &ScheduledEvent,
     seen: &Observed,
@@ -229,13 +231,51 @@ pub fn next_status(
     outcomes: &[Outcome],
     now: DateTime<Utc>,
 ) -> ScheduledEventStatus {
-    let me = name_of(ev);
     let prev = ev.status.clone().unwrap_or_default();
-    let prev_nodes = prev.nodes.clone().unwrap_or_default();
-    let prev_conditions = prev.conditions.clone().unwrap_or_default();
     let finished = plan.phase.is_final() || plan.phase == Phase::Ignored;
+    let nodes = node_records(ev, seen, plan, outcomes, finished, now);
+    let drained = nodes.iter().filter(|n| n.drained_at.is_some()).count();
+    let approval = approval_record(ev, plan, now);
+    let conditions = conditions(ev, seen, plan, &nodes, approval.as_ref(), finished, now);
+    let spec_started = ev.spec.event_status == EventStatus::Started;
+    ScheduledEventStatus {
+        phase: Some(plan.phase),
+        action: Some(plan.action),
+        nodes_drained: Some(format!("{drained}/{}", nodes.len())),
+        nodes: Some(nodes),
+        unmapped_resources: Some(seen.unmapped.clone()),
+        approval,
+        first_seen: prev.first_seen.or(Some(now)),
+        started_at: prev.started_at.or_else(|| spec_started.then_some(now)),
+        finished_at: if plan.phase.is_final() {
+            prev.finished_at.or(Some(now))
+        } else {
+            None
+        },
+        conditions: Some(conditions),
+        dry_run: prev.dry_run,
+        appearance: Some(ev.spec.appearance),
+        previous_appearances: prev.previous_appearances,
+    }
+}
 
-    let nodes: Vec<NodeProgress> = if finished {
+/// The per-node records: each handled node's live progress; once the
+/// event is over (or ignored), the last records, frozen.
+fn node_records(
+    ev: &ScheduledEvent,
+    seen: &Observed,
+    plan: &Plan,
+    outcomes: &[Outcome],
+    finished: bool,
+    now: DateTime<Utc>,
+) -> Vec<NodeProgress> {
+    let me = name_of(ev);
+    let prev_nodes = ev
+        .status
+        .as_ref()
+        .and_then(|s| s.nodes.clone())
+        .unwrap_or_default();
+    if finished {
         final_progress(seen, &prev_nodes)
     } else {
         let mut live: Vec<NodeProgress> = seen
@@ -269,12 +309,14 @@ pub fn next_status(
             }
         }
         live
-    };
+    }
+}
 
-    let drained = nodes.iter().filter(|n| n.drained_at.is_some()).count();
-    // The decision, with what its sender reported of it (copied onto `ev`
-    // by the reconcile from the agents' reports).
-    let mut approval = prev.approval.clone();
+/// The approval: as recorded (with what its sender reported, copied onto
+/// `ev` by the reconcile), or decided now, bound to the appearance and the
+/// identity digest of the event it was decided on.
+fn approval_record(ev: &ScheduledEvent, plan: &Plan, now: DateTime<Utc>) -> Option<Approval> {
+    let mut approval = ev.status.as_ref().and_then(|s| s.approval.clone());
     if let Some(reason) = &plan.decide_approval {
         approval = Some(Approval {
             decided_at: Some(now),
@@ -284,7 +326,22 @@ pub fn next_status(
             ..Default::default()
         });
     }
+    approval
+}
 
+/// The conditions, each keeping its `lastTransitionTime` while its status
+/// holds; an event that is over keeps those it had.
+fn conditions(
+    ev: &ScheduledEvent,
+    seen: &Observed,
+    plan: &Plan,
+    nodes: &[NodeProgress],
+    approval: Option<&Approval>,
+    finished: bool,
+    now: DateTime<Utc>,
+) -> Vec<Condition> {
+    let prev = ev.status.clone().unwrap_or_default();
+    let prev_conditions = prev.conditions.clone().unwrap_or_default();
     let mut c = Conditions {
         prev: &prev_conditions,
         out: if finished {
@@ -296,7 +353,7 @@ pub fn next_status(
         now,
     };
     if plan.action.drains() {
-        drain_conditions(&mut c, &nodes, plan, finished, now);
+        drain_conditions(&mut c, nodes, plan, finished, now);
     }
     if plan.phase == Phase::Completed
         && prev.started_at.is_none()
@@ -305,8 +362,8 @@ pub fn next_status(
             .iter()
             .any(|x| x.type_ == "CompletedUnobserved")
     {
-        let accepted = approval.as_ref().and_then(|a| a.result.as_deref())
-            == Some(crate::agent::approval::ACCEPTED);
+        let accepted =
+            approval.and_then(|a| a.result.as_deref()) == Some(crate::agent::approval::ACCEPTED);
         let (reason, message) = if accepted {
             (
                 "ApprovedThenGone",
@@ -328,13 +385,12 @@ pub fn next_status(
             .any(|x| x.type_ == "ApprovalPending" && x.status == "True")
     {
         // `Accepted` only on the sender's own word that IMDS took its POST.
-        let (reason, message) = match approval.as_ref().and_then(|a| a.result.as_deref()) {
+        let (reason, message) = match approval.and_then(|a| a.result.as_deref()) {
             Some(crate::agent::approval::ACCEPTED) => (
                 "Accepted",
                 format!(
                     "IMDS accepted the approval sent by {}",
                     approval
-                        .as_ref()
                         .and_then(|a| a.sent_by.as_deref())
                         .unwrap_or("an agent")
                 ),
@@ -409,26 +465,7 @@ pub fn next_status(
         );
     }
 
-    let spec_started = ev.spec.event_status == EventStatus::Started;
-    ScheduledEventStatus {
-        phase: Some(plan.phase),
-        action: Some(plan.action),
-        nodes_drained: Some(format!("{drained}/{}", nodes.len())),
-        nodes: Some(nodes),
-        unmapped_resources: Some(seen.unmapped.clone()),
-        approval,
-        first_seen: prev.first_seen.or(Some(now)),
-        started_at: prev.started_at.or_else(|| spec_started.then_some(now)),
-        finished_at: if plan.phase.is_final() {
-            prev.finished_at.or(Some(now))
-        } else {
-            None
-        },
-        conditions: Some(c.out),
-        dry_run: prev.dry_run,
-        appearance: Some(ev.spec.appearance),
-        previous_appearances: prev.previous_appearances,
-    }
+    c.out
 }
 
 fn spec_started_ever(ev: &ScheduledEvent) -> bool {

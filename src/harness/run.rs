@@ -691,7 +691,7 @@ async fn observe(
     let (sev_tx, mut sev_rx) = tokio::sync::mpsc::unbounded_channel();
     let sev_watch = tokio::spawn(async move {
         let stream = watcher(sevs, watcher::Config::default())
-            .backoff(crate::controller::run::watch_backoff())
+            .backoff(crate::controller::watch::watch_backoff())
             .applied_objects();
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {
@@ -708,7 +708,7 @@ async fn observe(
     let pods_all: Api<Pod> = Api::all(client.clone());
     let _abort_pods = AbortOnDrop(tokio::spawn(async move {
         let stream = watcher(pods_all, watcher::Config::default())
-            .backoff(crate::controller::run::watch_backoff())
+            .backoff(crate::controller::watch::watch_backoff())
             .applied_objects();
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {
@@ -724,7 +724,7 @@ async fn observe(
     let nodes_all: Api<Node> = Api::all(client.clone());
     let _abort_nodes = AbortOnDrop(tokio::spawn(async move {
         let stream = watcher(nodes_all, watcher::Config::default())
-            .backoff(crate::controller::run::watch_backoff())
+            .backoff(crate::controller::watch::watch_backoff())
             .applied_objects();
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {

@@ -1,0 +1,685 @@
+//! The controller's metrics (see [`crate::metrics`] for the naming rules).
+//!
+//! The controller's gauges about the state of the cluster (active events,
+//! cordoned nodes, blocked drains, events past `NotBefore` without
+//! approval) are computed at scrape time from its caches of Nodes and
+//! `ScheduledEvent`s ([`ControllerMetrics::watch_caches`]), and only by the
+//! leader, so that standbys do not report the same events twice.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::runtime::reflector::Store;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{
+    GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+use crate::crd::{ScheduledEvent, ScheduledEventStatus};
+use crate::metrics::{TYPES, phase_label, series_names, source_label, type_label};
+
+/// Buckets of notice (`NotBefore` minus first seen), seconds: Azure gives
+/// 30 s (Preempt), 5 to 15 minutes (Freeze, Reboot, Redeploy, Terminate),
+/// and up to days for user-initiated maintenance.
+const NOTICE_SECONDS: &[f64] = &[
+    0.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 21600.0, 86400.0, 604800.0,
+];
+/// Buckets of detection-to-cordon latency, seconds (goal: 1.5 s p99).
+const CORDON_SECONDS: &[f64] = &[
+    0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0,
+];
+/// Buckets of drain durations, seconds.
+const DRAIN_SECONDS: &[f64] = &[
+    0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0,
+];
+/// Buckets of the time left before `NotBefore` when an approval is decided,
+/// seconds (negative: decided after it).
+const MARGIN_SECONDS: &[f64] = &[
+    0.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0,
+];
+
+/// Metrics of the controller.
+#[derive(Clone)]
+pub struct ControllerMetrics {
+    /// Reconciles by `result`: `ok`, `error`.
+    pub reconciles: IntCounterVec,
+    /// Failed reconciles by `category` ([`crate::controller::Error::category`]):
+    /// `conflict`, `patch_node`, `list_pods`, `patch_status`, `delete_event`.
+    pub reconcile_errors: IntCounterVec,
+    /// Evictions by `result`: `evicted`, `blocked` (a PodDisruptionBudget
+    /// refused it), `throttled` (429 without a budget), `gone`, `error`.
+    pub evictions: IntCounterVec,
+    /// Cordon and uncordon writes by `action`: `cordon`, `uncordon`, `release`.
+    pub node_writes: IntCounterVec,
+    /// Approvals decided, by event `type`.
+    pub approvals_decided: IntCounterVec,
+    /// Events whose drain did not finish before its deadline, start or end, by `type`.
+    pub drains_incomplete: IntCounterVec,
+    /// Changes of the policy file by `result`: `loaded`, `refused`.
+    pub policy_reloads: IntCounterVec,
+    /// Event appearances seen for the first time, by `type` and `source`.
+    pub events_observed: IntCounterVec,
+    /// Notice received: `NotBefore` minus the time the controller first saw
+    /// the event, seconds, by `type` (events without `NotBefore` are not observed).
+    pub notice: HistogramVec,
+    /// Detection to cordon: from the `ScheduledEvent`'s `creationTimestamp`
+    /// (whole seconds, so up to 1 s early) to the cordon write, seconds, by
+    /// `type`; first appearances only.
+    pub detection_to_cordon: HistogramVec,
+    /// Drain duration: from the controller first seeing the event to an
+    /// affected node having no pod left that must leave it, seconds, by `type`.
+    pub drain_duration: HistogramVec,
+    /// Time left before `NotBefore` when the approval was decided, seconds,
+    /// by `type` (negative: decided after `NotBefore`).
+    pub approval_margin: HistogramVec,
+    /// 1 while this replica holds the leader-election Lease, else 0.
+    pub leader: IntGauge,
+    /// 1 when the admission policy that confines each agent to its own
+    /// node's reports, and its binding, are installed and deny; else 0.
+    pub agent_confinement: IntGauge,
+    caches: Caches,
+    /// Objects (UID and appearance) already counted as observed: a
+    /// reconcile that runs on a cached copy older than its own status
+    /// write must not count the event again.
+    counted: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<(String, u32)>>>,
+}
+
+impl ControllerMetrics {
+    /// Creates and registers the controller's collectors, with the cache
+    /// gauges, which report nothing until [`Self::watch_caches`].
+    ///
+    /// # Errors
+    /// When a collector with the same name is already registered.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let m = Self::new()?;
+        for c in m.collectors()? {
+            registry.register(c)?;
+        }
+        Ok(m)
+    }
+
+    fn new() -> prometheus::Result<Self> {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels)
+        };
+        let histogram = |name: &str, help: &str, buckets: &[f64]| {
+            HistogramVec::new(
+                HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+                &["type"],
+            )
+        };
+        Ok(ControllerMetrics {
+            reconciles: counter(
+                "forewarn_controller_reconciles_total",
+                "ScheduledEvent reconciles, by result",
+                &["result"],
+            )?,
+            reconcile_errors: counter(
+                "forewarn_controller_reconcile_errors_total",
+                "Failed ScheduledEvent reconciles, by error category",
+                &["category"],
+            )?,
+            evictions: counter(
+                "forewarn_controller_evictions_total",
+                "Pod evictions through the Eviction API, by result",
+                &["result"],
+            )?,
+            node_writes: counter(
+                "forewarn_controller_node_writes_total",
+                "Cordon and uncordon writes, by action",
+                &["action"],
+            )?,
+            approvals_decided: counter(
+                "forewarn_controller_approvals_decided_total",
+                "Approvals decided, by event type",
+                &["type"],
+            )?,
+            drains_incomplete: counter(
+                "forewarn_controller_drains_incomplete_total",
+                "Events whose drain did not finish before the deadline, the start or the end, by event type",
+                &["type"],
+            )?,
+            policy_reloads: counter(
+                "forewarn_controller_policy_reloads_total",
+                "Changes of the policy file, by result: loaded, or refused (invalid; the policy in force stays)",
+                &["result"],
+            )?,
+            events_observed: counter(
+                "forewarn_controller_events_observed_total",
+                "Event appearances first seen by the controller, by event type and source",
+                &["type", "source"],
+            )?,
+            notice: histogram(
+                "forewarn_controller_event_notice_seconds",
+                "NotBefore minus the time the controller first saw the event, seconds",
+                NOTICE_SECONDS,
+            )?,
+            detection_to_cordon: histogram(
+                "forewarn_controller_detection_to_cordon_seconds",
+                "From the ScheduledEvent's creation to the cordon write, seconds",
+                CORDON_SECONDS,
+            )?,
+            drain_duration: histogram(
+                "forewarn_controller_drain_duration_seconds",
+                "From the event first seen to an affected node drained, seconds",
+                DRAIN_SECONDS,
+            )?,
+            approval_margin: histogram(
+                "forewarn_controller_approval_time_to_not_before_seconds",
+                "Time left before NotBefore when the approval was decided, seconds",
+                MARGIN_SECONDS,
+            )?,
+            leader: IntGauge::new(
+                "forewarn_controller_leader",
+                "1 while this replica holds the leader-election Lease",
+            )?,
+            agent_confinement: IntGauge::new(
+                "forewarn_agent_confinement_installed",
+                "1 when the admission policy confining each agent to its own node's reports is installed and denies",
+            )?,
+            caches: Caches::default(),
+            counted: std::sync::Arc::default(),
+        })
+    }
+
+    fn collectors(&self) -> prometheus::Result<Vec<Box<dyn Collector>>> {
+        Ok(vec![
+            Box::new(self.reconciles.clone()),
+            Box::new(self.reconcile_errors.clone()),
+            Box::new(self.evictions.clone()),
+            Box::new(self.node_writes.clone()),
+            Box::new(self.approvals_decided.clone()),
+            Box::new(self.drains_incomplete.clone()),
+            Box::new(self.policy_reloads.clone()),
+            Box::new(self.events_observed.clone()),
+            Box::new(self.notice.clone()),
+            Box::new(self.detection_to_cordon.clone()),
+            Box::new(self.drain_duration.clone()),
+            Box::new(self.approval_margin.clone()),
+            Box::new(self.leader.clone()),
+            Box::new(self.agent_confinement.clone()),
+            Box::new(CacheCollector::new(self.caches.clone())?),
+        ])
+    }
+
+    /// The names of every metric the controller exports, with each
+    /// histogram's `_bucket`, `_sum` and `_count` series.
+    pub fn names() -> Vec<String> {
+        Self::new()
+            .and_then(|m| m.collectors())
+            .map(|c| series_names(&c))
+            .unwrap_or_default()
+    }
+
+    /// From now on, every scrape computes the cache gauges from these caches
+    /// (called by the leader once it leads).
+    pub fn watch_caches(&self, nodes: Store<Node>, events: Store<ScheduledEvent>) {
+        let mut c = self
+            .caches
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *c = Some((nodes, events));
+    }
+
+    /// Records an event seen for the first time (`first_seen` just set):
+    /// counts it and observes its notice.
+    pub fn event_observed(&self, ev: &ScheduledEvent, first_seen: DateTime<Utc>) {
+        let key = (
+            ev.metadata.uid.clone().unwrap_or_default(),
+            ev.spec.appearance,
+        );
+        let first = self
+            .counted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key);
+        if !first {
+            return;
+        }
+        let ty = type_label(&ev.spec.event_type);
+        self.events_observed
+            .with_label_values(&[ty, source_label(&ev.spec.event_source)])
+            .inc();
+        if let Some(nb) = ev.spec.not_before {
+            self.notice
+                .with_label_values(&[ty])
+                .observe(seconds_between(first_seen, nb));
+        }
+    }
+
+    /// Observes a cordon written at `now` for `ev`, when it is the event's
+    /// first appearance (the object was created for it; a returning
+    /// `EventId` keeps its old `creationTimestamp`).
+    pub fn cordoned(&self, ev: &ScheduledEvent, now: DateTime<Utc>) {
+        if ev.spec.appearance > 1 {
+            return;
+        }
+        if let Some(created) = ev
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .and_then(|t| DateTime::from_timestamp_millis(t.0.as_millisecond()))
+        {
+            self.detection_to_cordon
+                .with_label_values(&[type_label(&ev.spec.event_type)])
+                .observe(seconds_between(created, now).max(0.0));
+        }
+    }
+
+    /// Observes a node drained at `drained_at` of an event first seen at `first_seen`.
+    pub fn drained(
+        &self,
+        ev: &ScheduledEvent,
+        first_seen: DateTime<Utc>,
+        drained_at: DateTime<Utc>,
+    ) {
+        self.drain_duration
+            .with_label_values(&[type_label(&ev.spec.event_type)])
+            .observe(seconds_between(first_seen, drained_at).max(0.0));
+    }
+
+    /// Observes an approval decided at `now`.
+    pub fn approval_decided(&self, ev: &ScheduledEvent, now: DateTime<Utc>) {
+        let ty = type_label(&ev.spec.event_type);
+        self.approvals_decided.with_label_values(&[ty]).inc();
+        if let Some(nb) = ev.spec.not_before {
+            self.approval_margin
+                .with_label_values(&[ty])
+                .observe(seconds_between(now, nb));
+        }
+    }
+}
+
+/// `to - from` in seconds, with milliseconds.
+fn seconds_between(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+    (to - from).num_milliseconds() as f64 / 1000.0
+}
+
+/// The leader's caches, once it leads.
+#[derive(Clone, Default)]
+struct Caches(Arc<RwLock<Option<NodesAndEvents>>>);
+
+/// The leader's node cache and its cache of `ScheduledEvent`s.
+type NodesAndEvents = (Store<Node>, Store<ScheduledEvent>);
+
+/// The gauges computed at scrape time from the caches.
+struct CacheCollector {
+    caches: Caches,
+    active: IntGaugeVec,
+    cordoned: IntGaugeVec,
+    blocked: GaugeVec,
+    unapproved: IntGaugeVec,
+    /// One scrape at a time resets and refills the gauges.
+    lock: Mutex<()>,
+}
+
+impl CacheCollector {
+    fn new(caches: Caches) -> prometheus::Result<Self> {
+        Ok(CacheCollector {
+            caches,
+            active: IntGaugeVec::new(
+                Opts::new(
+                    "forewarn_controller_active_events",
+                    "ScheduledEvents not Completed or Cancelled, by event type and phase",
+                ),
+                &["type", "phase"],
+            )?,
+            cordoned: IntGaugeVec::new(
+                Opts::new(
+                    "forewarn_controller_cordoned_nodes",
+                    "Nodes cordoned by forewarn (forewarn.dev/cordoned-for), by whether an event that is not over still holds them (event_state active) or none does (ended)",
+                ),
+                &["event_state"],
+            )?,
+            blocked: GaugeVec::new(
+                Opts::new(
+                    "forewarn_controller_drain_blocked_time_to_not_before_seconds",
+                    "Of the Scheduled events whose drain a PodDisruptionBudget blocks, the least time left before NotBefore, seconds (negative once passed), by event type",
+                ),
+                &["type"],
+            )?,
+            unapproved: IntGaugeVec::new(
+                Opts::new(
+                    "forewarn_controller_events_unapproved_past_not_before",
+                    "Events not over whose policy approves them, that reached NotBefore (or started after notice) without an approval accepted by IMDS, by event type",
+                ),
+                &["type"],
+            )?,
+            lock: Mutex::new(()),
+        })
+    }
+}
+
+impl Collector for CacheCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        [
+            self.active.desc(),
+            self.cordoned.desc(),
+            self.blocked.desc(),
+            self.unapproved.desc(),
+        ]
+        .concat()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let (nodes, events) = {
+            let c = self
+                .caches
+                .0
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match c.as_ref() {
+                Some((n, e)) => (n.state(), e.state()),
+                None => return Vec::new(),
+            }
+        };
+        let g = CacheGauges::compute(&nodes, &events, Utc::now());
+        let _one = self
+            .lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.active.reset();
+        self.cordoned.reset();
+        self.blocked.reset();
+        self.unapproved.reset();
+        for ((ty, phase), n) in &g.active {
+            self.active.with_label_values(&[*ty, *phase]).set(*n);
+        }
+        self.cordoned
+            .with_label_values(&["active"])
+            .set(g.cordoned_active);
+        self.cordoned
+            .with_label_values(&["ended"])
+            .set(g.cordoned_ended);
+        for (ty, s) in &g.blocked {
+            self.blocked.with_label_values(&[*ty]).set(*s);
+        }
+        for (ty, n) in &g.unapproved {
+            self.unapproved.with_label_values(&[*ty]).set(*n);
+        }
+        [
+            self.active.collect(),
+            self.cordoned.collect(),
+            self.blocked.collect(),
+            self.unapproved.collect(),
+        ]
+        .concat()
+    }
+}
+
+/// The cache gauges' values at one instant.
+#[derive(Debug, Default, PartialEq)]
+pub struct CacheGauges {
+    /// Events not over, by (type, phase); every type and live phase present, 0 when none.
+    pub active: BTreeMap<(&'static str, &'static str), i64>,
+    /// Nodes forewarn cordoned that an event not over holds.
+    pub cordoned_active: i64,
+    /// Nodes forewarn cordoned whose holding events are all over or deleted.
+    pub cordoned_ended: i64,
+    /// Per type with a blocked drain: the least seconds left before `NotBefore`.
+    pub blocked: BTreeMap<&'static str, f64>,
+    /// Events past `NotBefore` without an accepted approval, per type (every type, 0 when none).
+    pub unapproved: BTreeMap<&'static str, i64>,
+}
+
+/// Phases of events that are not over ([`crate::crd::Phase::is_final`]).
+const LIVE_PHASES: [&str; 6] = [
+    "Pending", "Draining", "Drained", "Approved", "Started", "Ignored",
+];
+
+impl CacheGauges {
+    /// Computes the gauges from the cached Nodes and `ScheduledEvent`s at `now`.
+    ///
+    /// An event is live while its `status.phase` is not `Completed` or
+    /// `Cancelled` (no status yet counts as `Pending`). Its drain is blocked
+    /// while its `DrainBlocked` condition is `True`. It is unapproved past
+    /// `NotBefore` when its `status.action` approves (`Approve`,
+    /// `DrainAndApprove`), no approval was accepted (`approval.result` is not
+    /// `Accepted`), and either it is still `Scheduled` with `NotBefore` at
+    /// or before `now`, or it started after the controller first saw it
+    /// (an event that arrives `Started`, without notice, never counts).
+    pub fn compute(
+        nodes: &[Arc<Node>],
+        events: &[Arc<ScheduledEvent>],
+        now: DateTime<Utc>,
+    ) -> Self {
+        let mut g = CacheGauges::default();
+        for ty in TYPES {
+            g.unapproved.insert(ty, 0);
+            for phase in LIVE_PHASES {
+                g.active.insert((ty, phase), 0);
+            }
+        }
+        let mut live = HashSet::new();
+        let none = ScheduledEventStatus::default();
+        for ev in events {
+            let status = ev.status.as_ref().unwrap_or(&none);
+            let phase = phase_label(status.phase.map_or("Pending", |p| p.as_str()));
+            if matches!(phase, "Completed" | "Cancelled") {
+                continue;
+            }
+            live.insert(ev.name_any());
+            let ty = type_label(&ev.spec.event_type);
+            *g.active.entry((ty, phase)).or_default() += 1;
+            let scheduled = ev.spec.event_status == "Scheduled";
+            let blocked = status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "DrainBlocked" && c.status == "True");
+            if let (true, true, Some(nb)) = (scheduled, blocked, ev.spec.not_before) {
+                let left = seconds_between(now, nb);
+                g.blocked
+                    .entry(ty)
+                    .and_modify(|s| *s = s.min(left))
+                    .or_insert(left);
+            }
+            let approves = matches!(
+                status.action,
+                Some(crate::policy::Action::Approve | crate::policy::Action::DrainAndApprove)
+            );
+            let accepted =
+                status.approval.as_ref().and_then(|a| a.result.as_deref()) == Some("Accepted");
+            let past = if scheduled {
+                ev.spec.not_before.is_some_and(|nb| nb <= now)
+            } else {
+                ev.spec.event_status == "Started"
+                    && matches!((status.first_seen, status.started_at), (Some(f), Some(s)) if s > f)
+            };
+            if approves && !accepted && past {
+                *g.unapproved.entry(ty).or_default() += 1;
+            }
+        }
+        for n in nodes {
+            let holds = super::nodes::holds(n);
+            if holds.is_empty() {
+                continue;
+            }
+            if holds.iter().any(|h| live.contains(h)) {
+                g.cordoned_active += 1;
+            } else {
+                g.cordoned_ended += 1;
+            }
+        }
+        g
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{Approval, Condition, ScheduledEventSpec};
+    use chrono::Duration;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use std::collections::BTreeMap as Map;
+
+    fn event(
+        name: &str,
+        ty: &str,
+        status: &str,
+        not_before: Option<DateTime<Utc>>,
+        st: ScheduledEventStatus,
+    ) -> Arc<ScheduledEvent> {
+        let mut ev = ScheduledEvent::new(
+            name,
+            ScheduledEventSpec {
+                event_id: name.into(),
+                event_type: ty.into(),
+                event_status: serde_json::from_value(serde_json::json!(status))
+                    .expect("a known eventStatus"),
+                event_source: "Platform".into(),
+                resource_type: "VirtualMachine".into(),
+                resources: vec![],
+                not_before,
+                duration_seconds: -1,
+                description: String::new(),
+                appearance: 1,
+            },
+        );
+        ev.status = Some(st);
+        Arc::new(ev)
+    }
+
+    fn node(name: &str, holds: Option<&str>) -> Arc<Node> {
+        let mut annotations = Map::new();
+        if let Some(h) = holds {
+            annotations.insert(
+                crate::crd::CORDONED_FOR_ANNOTATION.to_string(),
+                h.to_string(),
+            );
+        }
+        Arc::new(Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                annotations: Some(annotations),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
+
+    fn blocked_condition(now: DateTime<Utc>) -> Condition {
+        Condition {
+            observed_generation: None,
+            type_: "DrainBlocked".into(),
+            status: "True".into(),
+            reason: "EvictionRefused".into(),
+            message: String::new(),
+            last_transition_time: now,
+        }
+    }
+
+    #[test]
+    fn cache_gauges_count_blocked_unapproved_and_orphaned_cordons() {
+        let now = Utc::now();
+        let live = |phase: &str, action: &str| ScheduledEventStatus {
+            phase: Some(serde_json::from_value(serde_json::json!(phase)).expect("a phase")),
+            action: Some(serde_json::from_value(serde_json::json!(action)).expect("an action")),
+            first_seen: Some(now - Duration::seconds(60)),
+            ..Default::default()
+        };
+        let mut blocked = live("Draining", "DrainAndApprove");
+        blocked.conditions = Some(vec![blocked_condition(now)]);
+        let mut accepted = live("Approved", "DrainAndApprove");
+        accepted.approval = Some(Approval {
+            result: Some("Accepted".into()),
+            ..Default::default()
+        });
+        let mut started_after_notice = live("Started", "DrainAndApprove");
+        started_after_notice.started_at = Some(now - Duration::seconds(5));
+        let mut started_without_notice = live("Started", "DrainAndApprove");
+        started_without_notice.started_at = started_without_notice.first_seen;
+        let events = vec![
+            // Blocked, 40 s and 10 s before NotBefore: the least counts.
+            event(
+                "a",
+                "Redeploy",
+                "Scheduled",
+                Some(now + Duration::seconds(40)),
+                blocked.clone(),
+            ),
+            event(
+                "b",
+                "Redeploy",
+                "Scheduled",
+                Some(now + Duration::seconds(10)),
+                blocked.clone(),
+            ),
+            // Blocked and past NotBefore, still Scheduled: both gauges.
+            event(
+                "c",
+                "Reboot",
+                "Scheduled",
+                Some(now - Duration::seconds(3)),
+                blocked,
+            ),
+            // Past NotBefore but approved and accepted: neither.
+            event(
+                "d",
+                "Reboot",
+                "Scheduled",
+                Some(now - Duration::seconds(3)),
+                accepted,
+            ),
+            // Past NotBefore, policy does not approve: not unapproved.
+            event(
+                "e",
+                "Freeze",
+                "Scheduled",
+                Some(now - Duration::seconds(3)),
+                live("Draining", "Drain"),
+            ),
+            event("f", "Terminate", "Started", None, started_after_notice),
+            event("g", "Preempt", "Started", None, started_without_notice),
+            event(
+                "h",
+                "Freeze",
+                "Completed",
+                None,
+                live("Completed", "DrainAndApprove"),
+            ),
+        ];
+        let nodes = vec![
+            node("n0", None),
+            node("n1", Some("a")),
+            node("n2", Some("h")),
+            node("n3", Some("gone,h")),
+            node("n4", Some("h,f")),
+        ];
+        let g = CacheGauges::compute(&nodes, &events, now);
+        assert_eq!(g.blocked.len(), 2, "{:?}", g.blocked);
+        assert!((g.blocked["Redeploy"] - 10.0).abs() < 0.01);
+        assert!((g.blocked["Reboot"] + 3.0).abs() < 0.01);
+        let unapproved: Vec<(&str, i64)> = g
+            .unapproved
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(t, n)| (*t, *n))
+            .collect();
+        assert_eq!(unapproved, [("Reboot", 1), ("Terminate", 1)]);
+        assert_eq!((g.cordoned_active, g.cordoned_ended), (2, 2));
+        assert_eq!(g.active[&("Redeploy", "Draining")], 2);
+        assert_eq!(g.active[&("Freeze", "Draining")], 1);
+        assert_eq!(g.active.values().sum::<i64>(), 7, "h is over");
+    }
+
+    #[test]
+    fn cache_gauges_are_silent_until_the_caches_are_watched() {
+        let r = Registry::new();
+        let m = ControllerMetrics::register(&r).expect("register");
+        m.leader.set(1);
+        let names: Vec<String> = r.gather().iter().map(|f| f.name().to_string()).collect();
+        assert_eq!(
+            names,
+            [
+                "forewarn_agent_confinement_installed",
+                "forewarn_controller_leader"
+            ]
+        );
+    }
+}
