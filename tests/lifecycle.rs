@@ -671,7 +671,7 @@ impl Monitor {
         let s = seen.clone();
         let node_task = tokio::spawn(async move {
             let stream = watcher(nodes, watcher::Config::default())
-                .backoff(forewarn::controller::run::watch_backoff())
+                .backoff(forewarn::controller::watch::watch_backoff())
                 .applied_objects();
             futures::pin_mut!(stream);
             while let Some(item) = stream.next().await {
@@ -693,7 +693,7 @@ impl Monitor {
         let s = seen.clone();
         let pod_task = tokio::spawn(async move {
             let stream = watcher(pods, watcher::Config::default())
-                .backoff(forewarn::controller::run::watch_backoff())
+                .backoff(forewarn::controller::watch::watch_backoff())
                 .applied_objects();
             futures::pin_mut!(stream);
             let mut known = std::collections::HashSet::new();
