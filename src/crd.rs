@@ -359,7 +359,8 @@ pub struct ScheduledEventStatus {
     /// The policy action chosen: `Ignore`, `Approve`, `Cordon`, `Drain` or `DrainAndApprove`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<Action>,
-    /// Affected nodes drained over affected nodes in this cluster, e.g. `1/2`.
+    /// Affected nodes drained over affected nodes in this cluster, e.g. `1/2`
+    /// (nodes deleted since are not counted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes_drained: Option<String>,
     /// Per-node progress for each entry of `Resources` that maps to a node
@@ -578,6 +579,10 @@ pub struct NodeProgress {
     /// released `releaseDelaySeconds` later, unless another event holds it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<DateTime<Utc>>,
+    /// When the node was found deleted from the cluster (its VM gone): its
+    /// record stays, and it no longer counts in `nodesDrained`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted_at: Option<DateTime<Utc>>,
     /// When the node was first seen with no pod left that must leave it.
     /// Absent when it never emptied, also after the event is over.
     #[serde(default, skip_serializing_if = "Option::is_none")]

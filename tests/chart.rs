@@ -2385,6 +2385,22 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
         why["message"].as_str().unwrap_or_default().contains(b),
         "{why}"
     );
+    let recorded = eventually("a ReportsDisagree Event", Duration::from_secs(15), || {
+        let events = k.json(&[
+            "get",
+            "events.events.k8s.io",
+            "-A",
+            "--field-selector",
+            "reason=ReportsDisagree",
+        ]);
+        events["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["regarding"]["name"] == live)
+            .cloned()
+    });
+    println!("Event: {}", recorded["note"]);
     std::thread::sleep(Duration::from_secs(8));
     assert!(
         unschedulable(&k, b),

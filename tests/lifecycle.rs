@@ -364,6 +364,104 @@ async fn event_that_ran_while_imds_throttled_the_agents_is_completed_not_cancell
     );
 }
 
+/// Issue 13, item 10: an upgrade from the version whose agents wrote
+/// `ScheduledEvent`s, with an event in progress and a node held. The
+/// earlier version's object, its report (node, VM, status: no `EventId`)
+/// and its hold are in place when the new processes start: the new
+/// controller adopts the object (not created anew; its spec rewritten from
+/// the new reports), the node stays cordoned and tainted until the event is
+/// over, and nothing is left held.
+#[tokio::test(flavor = "multi_thread")]
+async fn upgrade_with_an_event_in_progress_adopts_it_and_keeps_the_node_held() {
+    let _turn = TURN.lock().await;
+    const ID: &str = "9E1F2A3B-4C5D-4E6F-8A7B-9C0D1E2F3A08";
+    const NODE: &str = "node-000001";
+    const VM: &str = "aks-nodepool1-27351046-vmss_1";
+    let name = ID.to_ascii_lowercase();
+    let cluster = shared_cluster().await;
+    let client = cluster.client().await.expect("client");
+    let monitor = Monitor::start(&client, "shop").await;
+    let earlier_event = serde_json::json!({
+        "apiVersion": "forewarn.dev/v1alpha1",
+        "kind": "ScheduledEvent",
+        "metadata": {"name": name},
+        "spec": {
+            "eventId": ID,
+            "eventType": "Redeploy",
+            "eventStatus": "Scheduled",
+            "eventSource": "Platform",
+            "resourceType": "VirtualMachine",
+            "resources": [VM],
+            "notBefore": "2020-01-01T00:00:00Z",
+            "durationSeconds": -1,
+            "description": "as an earlier forewarn agent wrote it",
+            "appearance": 1,
+        },
+    });
+    let earlier_report = serde_json::json!({
+        "apiVersion": "forewarn.dev/v1alpha1",
+        "kind": "ScheduledEventReport",
+        "metadata": {"name": format!("{name}.{NODE}")},
+        "spec": {
+            "scheduledEvent": name,
+            "report": {"node": NODE, "vm": VM, "named": true, "eventStatus": "Scheduled", "appearance": 1},
+        },
+    });
+    let (report, _) = play_with("lifecycle-upgrade.yaml", |o| {
+        o.timeout = Duration::from_secs(120);
+        o.extra_objects = vec![earlier_event, earlier_report];
+        o.prior_holds = vec![(NODE.into(), name.clone())];
+    })
+    .await;
+    let finished = imds_entries(&report, ID, "Finished");
+    let finished = finished.first().expect("the event ran and ended").time;
+
+    // Held from the new processes' start to the event's end.
+    let during = monitor.node_between(NODE, report.started, finished);
+    println!("{NODE} from the start to the end (time, unschedulable, tainted): {during:?}");
+    assert_eq!(monitor.node_at(NODE, report.started), Some((true, true)));
+    assert!(
+        during
+            .iter()
+            .all(|(_, unschedulable, tainted)| *unschedulable && *tainted),
+        "{NODE} was released during the upgrade: {during:?}"
+    );
+    // The earlier object, adopted: created before the new processes, its
+    // spec now what the new agents report.
+    let ev = sev(&client, ID).await.expect("the object");
+    let created = ev
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| jiff_to_chrono(&t.0))
+        .expect("creationTimestamp");
+    assert!(
+        created <= report.started,
+        "the object was created anew at {created}, after the start {}",
+        report.started
+    );
+    assert_eq!(
+        ev.spec.description, "Virtual machine is being redeployed to a different host.",
+        "the spec was not rewritten from the new reports: {:?}",
+        ev.spec
+    );
+    let st = ev.status.clone().unwrap_or_default();
+    assert_eq!(st.phase, Some(Phase::Completed), "{st:?}");
+    let approval = st.approval.clone().expect("approval");
+    assert_eq!(approval.sent_by.as_deref(), Some(NODE), "{approval:?}");
+    // The earlier report, rewritten whole by the new agent.
+    let reports: Api<forewarn::crd::ScheduledEventReport> = Api::all(client.clone());
+    let mine = reports
+        .get(&format!("{name}.{NODE}"))
+        .await
+        .expect("the node's report");
+    assert_eq!(mine.spec.report.event_id, ID, "{:?}", mine.spec.report);
+    assert!(
+        holds_anywhere(&client).await.is_empty(),
+        "a node still holds a cordon"
+    );
+}
+
 /// Item 2 of issue 6: a GPU VM's own event (delivered to it alone) whose
 /// VM and node are deleted while it is still `Scheduled`: it ends once
 /// `NotBefore` passed, with the reason recorded.
@@ -391,6 +489,15 @@ async fn gpu_only_event_whose_vm_is_deleted_ends_with_its_reason() {
     let (status, reason, message) = condition(&ev, "EndedWithoutObserver").expect("the reason");
     assert_eq!((status.as_str(), reason.as_str()), ("True", "NoNodeLeft"));
     assert!(message.contains("aks-gpupool-55667788-vmss_1"), "{message}");
+    // The deleted node keeps its record, out of the drained count.
+    let gone = st
+        .nodes
+        .iter()
+        .flatten()
+        .find(|n| n.name == "node-000001")
+        .expect("the deleted node's record");
+    assert!(gone.deleted_at.is_some(), "{gone:?}");
+    assert_eq!(st.nodes_drained.as_deref(), Some("0/0"), "{st:?}");
     // It ended after NotBefore (28 s after the scenario's start) plus the orphan time.
     let finished = st.finished_at.expect("finishedAt");
     let not_before = report.started + chrono::Duration::seconds(28);

@@ -103,6 +103,8 @@ pub struct Observed {
     /// When an agent last wrote a report about the event (the API server's
     /// `managedFields` time), else when the first report was created.
     pub last_report: Option<DateTime<Utc>>,
+    /// Nodes the status records that are no longer in the cluster.
+    pub deleted: Vec<String>,
     /// The controller runs with `--dry-run`: it writes no node, so a node
     /// counts as cordoned as it would be (see [`node_drained`]).
     pub dry_run: bool,

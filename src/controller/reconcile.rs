@@ -474,6 +474,15 @@ async fn observe(
         .buffered(POD_LIST_CONCURRENCY)
         .collect()
         .await;
+    let deleted = ev
+        .status
+        .as_ref()
+        .and_then(|s| s.nodes.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|n| !by_name.contains_key(&n.name))
+        .map(|n| n.name.clone())
+        .collect();
     let mut seen = Observed {
         nodes: Vec::new(),
         unmapped,
@@ -481,6 +490,7 @@ async fn observe(
         unconfirmed,
         disagreement: built.disagreement(),
         last_report: None,
+        deleted,
         dry_run: ctx.dry_run,
     };
     let mut dissent: Vec<(ScheduledEventSpec, Vec<ObservedNode>)> = contents[1..]

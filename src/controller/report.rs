@@ -116,6 +116,18 @@ pub async fn report(
         )
         .await;
     }
+    if let Some(message) = newly_true(&prev, status, "ReportsDisagree") {
+        warn!(%message, "The agents of the VMs the event names report different events");
+        publish(
+            ctx,
+            ev,
+            Subject::Event,
+            KubeEventType::Warning,
+            "ReportsDisagree",
+            format!("{name}: each node is handled on its own agent's report: {message}"),
+        )
+        .await;
+    }
     if let Some(message) = newly_true(&prev, status, "DrainScheduled") {
         info!(%message, "Drain scheduled");
         publish(

@@ -98,7 +98,11 @@ pub async fn create_missing(ctx: Arc<Context>, changed: Arc<tokio::sync::Notify>
             continue;
         }
         let facts = Facts::read(&ctx);
-        created.retain(|_, at| at.elapsed() < CREATED_GRACE);
+        // Forgotten once the cache shows it: an object deleted after that
+        // is created again at the next scan.
+        created.retain(|name, at| {
+            at.elapsed() < CREATED_GRACE && ctx.events.get(&ObjectRef::new(name)).is_none()
+        });
         let mut missing: Vec<&String> = facts
             .reports
             .iter()

@@ -154,6 +154,7 @@ fn live_progress(
             .collect(),
         waiting_for,
         ended_at: None,
+        deleted_at: None,
         drained_at: if drained_now {
             before.and_then(|b| b.drained_at).or(Some(now))
         } else {
@@ -233,15 +234,22 @@ pub fn next_status(
 ) -> ScheduledEventStatus {
     let prev = ev.status.clone().unwrap_or_default();
     let finished = plan.phase.is_final() || plan.phase == Phase::Ignored;
-    let nodes = node_records(ev, seen, plan, outcomes, finished, now);
-    let drained = nodes.iter().filter(|n| n.drained_at.is_some()).count();
+    let mut nodes = node_records(ev, seen, plan, outcomes, finished, now);
+    // A node deleted from the cluster keeps its record, out of the count.
+    for n in nodes.iter_mut().filter(|n| seen.deleted.contains(&n.name)) {
+        n.deleted_at = n.deleted_at.or(Some(now));
+    }
+    let present = nodes.iter().filter(|n| n.deleted_at.is_none());
+    let (drained, total) = present.fold((0, 0), |(d, t), n| {
+        (d + usize::from(n.drained_at.is_some()), t + 1)
+    });
     let approval = approval_record(ev, plan, now);
     let conditions = conditions(ev, seen, plan, &nodes, approval.as_ref(), finished, now);
     let spec_started = ev.spec.event_status == EventStatus::Started;
     ScheduledEventStatus {
         phase: Some(plan.phase),
         action: Some(plan.action),
-        nodes_drained: Some(format!("{drained}/{}", nodes.len())),
+        nodes_drained: Some(format!("{drained}/{total}")),
         nodes: Some(nodes),
         unmapped_resources: Some(seen.unmapped.clone()),
         approval,

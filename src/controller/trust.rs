@@ -93,14 +93,18 @@ impl Built {
     }
 }
 
-/// Judges each report: `vm_of(node)` is the node's VM from its
-/// `providerID`, if it has one.
+/// Judges each report (those of an earlier version, without an `EventId`,
+/// are left out): `vm_of(node)` is the node's VM from its `providerID`, if
+/// it has one.
 pub fn judge_reports<'a>(
     reports: &'a [Report],
     vm_of: impl Fn(&str) -> Option<String>,
 ) -> Vec<Judged<'a>> {
     reports
         .iter()
+        // A report without an `EventId` is of an earlier version (before
+        // reports held the whole view): it says nothing of the event.
+        .filter(|r| !r.event_id.is_empty())
         .map(|r| {
             let vm = vm_of(&r.node).unwrap_or_else(|| r.vm.clone());
             Judged {
@@ -435,6 +439,14 @@ mod tests {
         let (built, a) = run(&[report("b", Completed, "Reboot", r)], &["b"]);
         assert_eq!(built.spec.event_status, Completed);
         assert!(matches!(a.verdicts["b"], Verdict::Ended { .. }));
+    }
+
+    #[test]
+    fn a_report_of_an_earlier_version_is_no_view() {
+        let mut old = report("b", Scheduled, "Reboot", &["vm-b"]);
+        old.event_id.clear();
+        old.event_type.clear();
+        assert!(judge_reports(&[old], no_provider_id).is_empty());
     }
 
     #[test]

@@ -53,6 +53,11 @@ pub struct RunOptions {
     /// Nodes left cordoned by forewarn for a `ScheduledEvent` that was then
     /// deleted by hand; forewarn must release them.
     pub orphaned_holds: Vec<String>,
+    /// `(node, event object name)`: nodes an earlier forewarn cordoned and
+    /// tainted for an event that is still in progress (an upgrade): set on
+    /// the node before the processes start, with `extra_objects` for the
+    /// earlier version's objects.
+    pub prior_holds: Vec<(String, String)>,
     /// SIGKILL the controller as soon as an event is seen `Started`, and
     /// start a new one (DESIGN.md: any process may die at any moment).
     pub kill_controller_on_start: bool,
@@ -152,6 +157,7 @@ impl RunOptions {
             min_available: 5,
             precordoned: Vec::new(),
             orphaned_holds: Vec::new(),
+            prior_holds: Vec::new(),
             kill_controller_on_start: false,
             agent_down_across_finish: None,
             policy: None,
@@ -512,6 +518,21 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
             .with_context(|| format!("failed to leave a stale hold on {node}"))?;
     }
 
+    for (node, event) in &opts.prior_holds {
+        let current = nodes.get(node).await?;
+        let taints = crate::controller::nodes::taints_for(&current, true)
+            .or_else(|| current.spec.as_ref().and_then(|s| s.taints.clone()));
+        let held = json!({
+            "metadata": {"annotations": {CORDONED_FOR_ANNOTATION: event}},
+            "spec": {"unschedulable": true, "taints": taints},
+        });
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&held))
+            .await
+            .with_context(|| {
+                format!("failed to hold {node} for {event} as an earlier forewarn would")
+            })?;
+    }
     create_extra_objects(cluster, opts)?;
     let policy_file = opts.log_dir.join("policy.yaml");
     if let Some(policy) = &opts.policy {

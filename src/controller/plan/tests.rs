@@ -1388,3 +1388,45 @@ fn an_event_gone_after_its_not_before_ran_and_one_gone_before_was_cancelled() {
         Phase::Cancelled
     );
 }
+
+/// A node deleted from the cluster (its VM gone) keeps its record, marked
+/// `deletedAt`, and leaves the drained count.
+#[test]
+fn a_deleted_node_keeps_its_record_and_leaves_the_drained_count() {
+    let ev = with_status(
+        event("Reboot", "Started", &["vm_1", "vm_2"]),
+        ScheduledEventStatus {
+            nodes: Some(vec![
+                NodeProgress {
+                    name: "node-1".into(),
+                    vm_name: "vm_1".into(),
+                    cordoned_by_us: true,
+                    ..NodeProgress::default()
+                },
+                NodeProgress {
+                    name: "node-2".into(),
+                    vm_name: "vm_2".into(),
+                    cordoned_by_us: true,
+                    drained_at: Some(now()),
+                    ..NodeProgress::default()
+                },
+            ]),
+            ..Default::default()
+        },
+    );
+    let obs = Observed {
+        deleted: vec!["node-1".into()],
+        ..seen(vec![node("node-2", "vm_2", true, &["ev-1"], vec![])], &[])
+    };
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    let st = next_status(&ev, &obs, &p, &[], now());
+    assert_eq!(st.nodes_drained.as_deref(), Some("1/1"));
+    let one = st
+        .nodes
+        .iter()
+        .flatten()
+        .find(|n| n.name == "node-1")
+        .expect("its record kept");
+    assert_eq!(one.deleted_at, Some(now()));
+    assert!(one.cordoned_by_us);
+}
