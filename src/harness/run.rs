@@ -892,18 +892,18 @@ async fn observe(
                 if st.spec_status.is_empty() {
                     tl.at(
                         seen_at,
-                        "agent",
+                        "controller",
                         format!(
-                            "{} {id} mirrored as ScheduledEvent/{name} ({})",
+                            "{} {id}: ScheduledEvent/{name} created from the agents' reports ({})",
                             sev.spec.event_type, sev.spec.event_status
                         ),
                     );
                 } else {
                     tl.at(
                         seen_at,
-                        "agent",
+                        "controller",
                         format!(
-                            "{} {id} Azure status {} -> {}",
+                            "{} {id} Azure status {} -> {} (as the named VMs' agents report it)",
                             sev.spec.event_type, st.spec_status, sev.spec.event_status
                         ),
                     );
