@@ -190,10 +190,19 @@ fn imds_result(e: &crate::imds::client::Error) -> &'static str {
 /// one IMDS poll (only agents with events to act on watch).
 const WATCH_RESTART_DELAY: Duration = Duration::from_secs(1);
 
+/// What the watch of this agent's own reports saw.
+enum OwnReports {
+    /// The report about this event (object name) was deleted.
+    Deleted(String),
+    /// A (re)list completed with reports about these events: one deleted
+    /// before the list or while the watch was down gives no `Deleted`.
+    Listed(HashSet<String>),
+}
+
 /// A watch of this agent's own reports (field selector on its node),
-/// aborted when dropped: it sends the event name of each report deleted.
+/// aborted when dropped.
 struct ReportWatch {
-    deleted: tokio::sync::mpsc::UnboundedReceiver<String>,
+    seen: tokio::sync::mpsc::UnboundedReceiver<OwnReports>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -436,9 +445,19 @@ impl Agent {
             _ => self.report_watch.insert(self.watch_own_reports()),
         };
         let mut deleted = Vec::new();
-        while let Ok(name) = watch.deleted.try_recv() {
-            deleted.push(name);
+        while let Ok(seen) = watch.seen.try_recv() {
+            match seen {
+                OwnReports::Deleted(name) => deleted.push(name),
+                OwnReports::Listed(names) => deleted.extend(
+                    self.reported
+                        .iter()
+                        .filter(|(n, r)| r.is_listed() && !names.contains(*n))
+                        .map(|(n, _)| n.clone()),
+                ),
+            }
         }
+        deleted.sort();
+        deleted.dedup();
         let mut failures = 0;
         for name in deleted {
             match self.reported.get(&name).cloned() {
@@ -458,19 +477,27 @@ impl Agent {
     }
 
     fn watch_own_reports(&self) -> ReportWatch {
-        let (tx, deleted) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, seen) = tokio::sync::mpsc::unbounded_channel();
         let api = self.reports.clone();
         let config = watcher::Config::default().fields(&crate::crd::reports_of_node(&self.node));
         let task = tokio::spawn(async move {
             loop {
                 let stream = watcher(api.clone(), config.clone());
                 futures::pin_mut!(stream);
+                let mut listing = HashSet::new();
                 while let Some(item) = stream.next().await {
                     match item {
                         Ok(watcher::Event::Delete(r)) => {
-                            let _ = tx.send(r.spec.scheduled_event.clone());
+                            let _ = tx.send(OwnReports::Deleted(r.spec.scheduled_event));
                         }
-                        Ok(_) => {}
+                        Ok(watcher::Event::Init) => listing.clear(),
+                        Ok(watcher::Event::InitApply(r)) => {
+                            listing.insert(r.spec.scheduled_event);
+                        }
+                        Ok(watcher::Event::InitDone) => {
+                            let _ = tx.send(OwnReports::Listed(std::mem::take(&mut listing)));
+                        }
+                        Ok(watcher::Event::Apply(_)) => {}
                         Err(e) => {
                             warn!(error = %error_chain(&e), retry_in = ?WATCH_RESTART_DELAY, "Watch of this agent's reports failed; listing again");
                             break;
@@ -481,7 +508,7 @@ impl Agent {
             }
         });
         debug!("Watching this agent's own reports while it has a live one");
-        ReportWatch { deleted, task }
+        ReportWatch { seen, task }
     }
 
     fn ensure_watch(&mut self) -> Store<ScheduledEvent> {
