@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Runs forewarn's test suites side by side: the unit tests and each
-# end-to-end test binary (each on a local cluster of its own name), plus the
-# real-node test when the machine allows it. Each suite's output goes to
-# target/test-logs/<suite>.log and is printed whole when the suite ends; the
-# script fails if any suite fails, and names them.
+# Runs forewarn's test suites side by side: the unit tests and every
+# end-to-end test binary it finds in tests/*.rs (each starts a local cluster
+# of its own name), plus the real-node binaries (those whose [[test]] entry in
+# Cargo.toml requires the feature `real-node`) when the machine allows it.
+# Each suite's output goes to target/test-logs/<suite>.log and is printed
+# whole when the suite ends. At the end it prints one table (suite, passed,
+# failed, seconds) and fails if any suite failed, or ran no test at all (a
+# suite that runs 0 tests proves nothing), naming them.
 #
 # Usage: hack/test-all.sh
 # Environment:
-#   FOREWARN_SKIP_REAL_NODE=1  skip the real-node test (machines without root
-#                              or unshare); without it, a machine that cannot
-#                              run it fails loudly.
+#   FOREWARN_SKIP_REAL_NODE=1  skip the real-node binaries (machines without
+#                              root or unshare); without it, a machine that
+#                              cannot run them fails loudly.
 #   CARGO                      cargo binary (default: cargo)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,10 +21,31 @@ logs=target/test-logs
 mkdir -p "$logs"
 rm -f "$logs"/*.log
 
-# Each end-to-end binary starts its own cluster; these names are torn down at the end.
-clusters=(forewarn-test forewarn-test-b forewarn-drain forewarn-agent forewarn-chart forewarn-leader forewarn-prom forewarn-life)
+# The suites: every tests/*.rs; those that need a real node apart.
+real_tests=$(python3 - <<'EOF'
+import tomllib
+with open("Cargo.toml", "rb") as f:
+    c = tomllib.load(f)
+print(" ".join(t["name"] for t in c.get("test", []) if "real-node" in t.get("required-features", [])))
+EOF
+) || { echo "[test] cannot read Cargo.toml's [[test]] entries"; exit 1; }
+suites=(lib)
+for f in tests/*.rs; do
+  s=$(basename "$f" .rs)
+  [[ " $real_tests " == *" $s "* ]] || suites+=("$s")
+done
+
+# Each end-to-end binary starts local clusters of its own names; the ones
+# this run creates are torn down at the end (clusters that existed before it,
+# e.g. a demo's, are left alone).
+kwok_clusters="${FOREWARN_KWOK_WORKDIR:-${FOREWARN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/forewarn}/kwok}/clusters"
+existing=" $(ls "$kwok_clusters" 2>/dev/null | tr '\n' ' ') "
 teardown() {
-  for c in "${clusters[@]}"; do bash hack/cluster.sh down --name "$c" >/dev/null 2>&1 || true; done
+  local c
+  for c in $(ls "$kwok_clusters" 2>/dev/null); do
+    [[ $existing == *" $c "* ]] && continue
+    bash hack/cluster.sh down --name "$c" >/dev/null 2>&1 || true
+  done
 }
 trap teardown EXIT
 
@@ -33,21 +57,17 @@ $cargo test --features harness --no-run 2>&1 | tail -n 3 || exit 1
 bash hack/build-k8s.sh >/dev/null || exit 1
 bash hack/build-helm.sh >/dev/null || exit 1
 
-# The real-node part: the image and agent on a real kubelet (tests/real_node.rs)
-# and the Helm chart end to end there (tests/real_node_chart.rs).
-real_tests="real_node real_node_chart"
-if [[ "${FOREWARN_SKIP_REAL_NODE:-}" != 1 ]]; then
+if [[ "${FOREWARN_SKIP_REAL_NODE:-}" != 1 && -n $real_tests ]]; then
   # Built before the suites start, so that a cold static release build does
   # not compete for the CPU with timing-sensitive end-to-end tests.
-  echo "[test] building the real node (kubelet, images, test binary)"
+  echo "[test] building the real node (kubelet, images, test binaries: $real_tests)"
   FOREWARN_REAL_TESTS="$real_tests" bash hack/real-node.sh build >"$logs/real_node-build.log" 2>&1 ||
     { cat "$logs/real_node-build.log"; echo "[test] FAILED: the real node cannot be built here (FOREWARN_SKIP_REAL_NODE=1 skips it on machines without root or unshare)"; exit 1; }
 fi
 
-suites=(lib imds_mock scenarios drain agent_imds leader alerts lifecycle)
-[[ -f tests/chart.rs ]] && suites+=(chart)
-declare -A pid
+declare -A pid took
 started=$SECONDS
+echo "[test] suites: ${suites[*]}"
 for s in "${suites[@]}"; do
   if [[ $s == lib ]]; then
     $cargo test --features harness --lib >"$logs/$s.log" 2>&1 &
@@ -59,13 +79,20 @@ done
 
 real_node=skip
 if [[ "${FOREWARN_SKIP_REAL_NODE:-}" == 1 ]]; then
-  echo "[test] FOREWARN_SKIP_REAL_NODE=1: the real-node test is skipped"
-else
+  echo "[test] FOREWARN_SKIP_REAL_NODE=1: the real-node binaries ($real_tests) are skipped"
+elif [[ -n $real_tests ]]; then
   real_node=run
   FOREWARN_REAL_TESTS="$real_tests" bash hack/real-node.sh test >"$logs/real_node.log" 2>&1 &
   pid[real_node]=$!
   suites+=(real_node)
 fi
+
+# passed and failed test counts of one libtest output (every "test result:"
+# line in it summed).
+counts() {
+  awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1) } }
+       END { print p + 0, f + 0 }' "$1"
+}
 
 failed=()
 remaining=("${suites[@]}")
@@ -78,8 +105,9 @@ while ((${#remaining[@]})); do
     fi
     wait "${pid[$s]}"
     rc=$?
+    took[$s]=$((SECONDS - started))
     echo
-    echo "================ $s (exit $rc, $((SECONDS - started)) s) ================"
+    echo "================ $s (exit $rc, ${took[$s]} s) ================"
     cat "$logs/$s.log"
     ((rc == 0)) || failed+=("$s")
   done
@@ -87,11 +115,37 @@ while ((${#remaining[@]})); do
   ((${#remaining[@]})) && sleep 1
 done
 
+# The table: one row per test binary. The real-node log holds several
+# binaries, each after a line "running <name>-<hash>"; split it by them.
+rows=()
+for s in "${suites[@]}"; do
+  if [[ $s == real_node ]]; then
+    for t in $real_tests; do
+      awk -v t="$t" '/ running [a-z_]+-[0-9a-f]+$/ { on = ($NF ~ "^" t "-[0-9a-f]+$") } on' \
+        "$logs/real_node.log" >"$logs/real_node.$t.part"
+      rows+=("$t $(counts "$logs/real_node.$t.part") ${took[$s]}")
+    done
+  else
+    rows+=("$s $(counts "$logs/$s.log") ${took[$s]}")
+  fi
+done
+empty=()
 echo
 echo "[test] all suites ended in $((SECONDS - started)) s"
+printf '%-22s %7s %7s %8s\n' suite passed failed seconds
+for r in "${rows[@]}"; do
+  read -r name p f secs <<<"$r"
+  printf '%-22s %7s %7s %8s\n' "$name" "$p" "$f" "$secs"
+  if ((p + f == 0)); then
+    empty+=("$name")
+  fi
+done
+if ((${#empty[@]})); then
+  echo "[test] FAILED: ran no test at all: ${empty[*]}"
+fi
 if ((${#failed[@]})); then
   echo "[test] FAILED: ${failed[*]}; logs in $logs/"
-  exit 1
 fi
-[[ $real_node == skip ]] && echo "[test] note: the real-node test did not run (FOREWARN_SKIP_REAL_NODE=1)"
+((${#failed[@]} + ${#empty[@]})) && exit 1
+[[ $real_node == skip ]] && echo "[test] note: the real-node binaries did not run (FOREWARN_SKIP_REAL_NODE=1)"
 echo "[test] every suite passed"

@@ -1,8 +1,9 @@
 //! forewarn: Azure Scheduled Events turned into safe Kubernetes node maintenance.
 //!
-//! A per-node [`agent`] mirrors the VM's IMDS Scheduled Events into
-//! cluster-scoped [`crd::ScheduledEvent`] objects and carries out approvals; a
-//! leader-elected [`controller`] cordons and drains the affected nodes
+//! A per-node [`agent`] reports the VM's IMDS Scheduled Events in its own
+//! [`crd::ScheduledEventReport`]s and carries out approvals; a
+//! leader-elected [`controller`] builds each cluster-scoped
+//! [`crd::ScheduledEvent`] from the reports, cordons and drains the affected nodes
 //! (honouring PodDisruptionBudgets), decides the approval once they are
 //! drained, and uncordons them when the event is over. [`imds::mock`] plays
 //! Azure for demos and tests.
@@ -15,6 +16,7 @@ pub mod crd;
 #[cfg(feature = "harness")]
 pub mod harness;
 pub mod imds;
+pub mod kubeclient;
 pub mod metrics;
 pub mod policy;
 pub mod server;

@@ -182,6 +182,18 @@ impl Kubectl {
     }
 
     /// Runs and panics on failure; returns stdout.
+    /// Waits until every CRD named is `Established`. `kubectl wait` fails
+    /// at once (it does not wait) while a CRD just applied has no status
+    /// conditions yet, so it is asked again until it succeeds.
+    fn wait_established(&self, crds: &[&str]) {
+        let mut args = vec!["wait", "--for=condition=Established", "--timeout=60s"];
+        args.extend(crds.iter().copied());
+        eventually("CRDs established", Duration::from_secs(60), || {
+            let out = self.run(&args, None);
+            out.ok.then_some(())
+        });
+    }
+
     fn ok(&self, args: &[&str]) -> String {
         let out = self.run(args, None);
         assert!(out.ok, "kubectl {args:?} failed: {}", out.stderr.trim());
@@ -731,10 +743,7 @@ fn workloads_run_the_documented_flags_and_security_context() {
 fn install_monitoring_crds(k: &Kubectl) {
     let file = repo_root().join("tests/chart-fixtures/prometheus-operator-crds.yaml");
     k.ok(&["apply", "--server-side", "-f", &file.to_string_lossy()]);
-    k.ok(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
+    k.wait_established(&[
         "crd/servicemonitors.monitoring.coreos.com",
         "crd/podmonitors.monitoring.coreos.com",
     ]);
@@ -914,12 +923,7 @@ fn crd_upgrade_step_serves_the_new_schema() {
         None,
     );
     k.ok_stdin(&["create", "-f", "-"], &old.to_string());
-    k.ok(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/scheduledevents.forewarn.dev",
-    ]);
+    k.wait_established(&["crd/scheduledevents.forewarn.dev"]);
     let event = r#"{"apiVersion":"forewarn.dev/v1alpha1","kind":"ScheduledEvent","metadata":{"name":"crd-upgrade-probe"},
         "spec":{"eventId":"crd-upgrade-probe","eventStatus":"Scheduled","eventType":"Reboot","resourceType":"VirtualMachine"}}"#;
     let before = eventually("old schema served", Duration::from_secs(30), || {
@@ -940,12 +944,7 @@ fn crd_upgrade_step_serves_the_new_schema() {
         &repo_root().join("charts/forewarn/crds/").to_string_lossy(),
     ]);
     println!("upgrade step: {}", step.trim());
-    k.ok(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/scheduledevents.forewarn.dev",
-    ]);
+    k.wait_established(&["crd/scheduledevents.forewarn.dev"]);
     // The stored CRD is the chart's, the extra column is gone...
     let stored = k.json(&["get", "crd", "scheduledevents.forewarn.dev"]);
     let new: Value = serde_yaml::from_str(&std::fs::read_to_string(&crd_file).unwrap()).unwrap();

@@ -12,7 +12,9 @@
 //! One agent goes first: that of the first VM the event names (in lower
 //! case, sorted), so that an event naming a hundred VMs is approved once,
 //! not by a hundred agents at the same instant; any other steps in after a
-//! fallback delay (the first VM may be gone or not in the cluster). A
+//! fallback delay (the first VM may be gone or not in the cluster), spread
+//! per node over one to two times the configured delay
+//! ([`fallback_for`]). A
 //! `Terminate` or `Preempt` is approved only by a VM it names, as Azure
 //! advises, since approving one VM's delete may hold back or release the
 //! others'. Sending twice is harmless: IMDS answers 200 again.
@@ -21,10 +23,24 @@
 //! the decision, never from the controller's `decidedAt`: two machines'
 //! clocks may disagree by more than the delay.
 
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use crate::crd::{Approval, Report};
-use crate::imds::model::{Event, EventType};
+use chrono::Utc;
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::time::MissedTickBehavior;
+use tracing::{debug, info, warn};
+
+use super::metrics::AgentMetrics;
+use super::{error_chain, reports, truncate};
+use crate::crd::{Approval, Report, ScheduledEvent, SentApproval};
+use crate::imds::client::Client as ImdsClient;
+use crate::imds::model::{Document, Event, EventStatus, EventType};
+use crate::kubeclient::watch_backoff;
 
 /// The `result` the controller records when IMDS accepted an approval.
 pub const ACCEPTED: &str = "Accepted";
@@ -83,6 +99,278 @@ fn first_named(event: &Event, my_vm: &str) -> bool {
         .is_some_and(|first| first == my_vm.to_ascii_lowercase())
 }
 
+/// The fallback delay of the agent on `node`: `base` stretched by a share
+/// of up to 100% that the node's name fixes, so that the agents that step
+/// in after the first named one do not all send in the same second.
+pub fn fallback_for(node: &str, base: Duration) -> Duration {
+    let digest = ring::digest::digest(&ring::digest::SHA256, node.as_bytes());
+    let share = u16::from_be_bytes([digest.as_ref()[0], digest.as_ref()[1]]);
+    base + base.mul_f64(f64::from(share) / f64::from(u16::MAX))
+}
+
+/// Minimum time between two approval attempts for one event.
+const APPROVAL_RETRY: Duration = Duration::from_secs(5);
+
+/// The most of IMDS's answer to an approval a report keeps, bytes.
+const APPROVAL_BODY_BYTES: usize = 512;
+
+/// The `ScheduledEvent`s this agent's document lists as `Scheduled`, as
+/// their watches last showed them, by object name.
+type Objects = Arc<Mutex<HashMap<String, Arc<ScheduledEvent>>>>;
+
+/// The watch of one `ScheduledEvent` (a field selector on its name),
+/// aborted when dropped.
+struct ObjectWatch(tokio::task::JoinHandle<()>);
+
+impl Drop for ObjectWatch {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The approval sender: a task of its own, so that a slow IMDS answer to
+/// an approval delays neither a poll nor a report write. It wakes on a new
+/// document, a new report written, a change of a watched `ScheduledEvent`,
+/// and once per poll interval (fallback delays, retries).
+pub struct Approver {
+    imds: ImdsClient,
+    api: Api<ScheduledEvent>,
+    vm: String,
+    metrics: AgentMetrics,
+    fallback: Duration,
+    interval: Duration,
+    docs: watch::Receiver<Option<Arc<Document>>>,
+    written: watch::Receiver<Arc<HashMap<String, Report>>>,
+    sent: mpsc::UnboundedSender<(String, SentApproval)>,
+    objects: Objects,
+    object_changed: Arc<Notify>,
+    /// One per event listed `Scheduled`; none while there is none.
+    watches: HashMap<String, ObjectWatch>,
+    /// Last approval attempt per event (only events listed `Scheduled`).
+    attempts: HashMap<String, Instant>,
+    /// When this agent first saw each decided approval, per event and
+    /// appearance (its own monotonic clock, for the fallback delay; only
+    /// events listed `Scheduled`).
+    decisions: HashMap<(String, u32), Instant>,
+}
+
+impl Approver {
+    /// An approval sender for VM `vm`; `api` is used for watches only.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        imds: ImdsClient,
+        api: Api<ScheduledEvent>,
+        vm: String,
+        metrics: AgentMetrics,
+        fallback: Duration,
+        interval: Duration,
+        docs: watch::Receiver<Option<Arc<Document>>>,
+        written: watch::Receiver<Arc<HashMap<String, Report>>>,
+        sent: mpsc::UnboundedSender<(String, SentApproval)>,
+    ) -> Self {
+        Approver {
+            imds,
+            api,
+            vm,
+            metrics,
+            fallback,
+            interval,
+            docs,
+            written,
+            sent,
+            objects: Arc::default(),
+            object_changed: Arc::new(Notify::new()),
+            watches: HashMap::new(),
+            attempts: HashMap::new(),
+            decisions: HashMap::new(),
+        }
+    }
+
+    /// Runs until the task is aborted.
+    pub async fn run(mut self) {
+        let mut tick = tokio::time::interval(self.interval);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let changed = self.object_changed.clone();
+        loop {
+            tokio::select! {
+                r = self.docs.changed() => if r.is_err() { return },
+                r = self.written.changed() => if r.is_err() { return },
+                () = changed.notified() => {}
+                _ = tick.tick() => {}
+            }
+            self.step().await;
+        }
+    }
+
+    /// Carries out the approvals the controller decided (DESIGN.md rule 3;
+    /// see [`should_send`]): only for events this VM's document lists as
+    /// `Scheduled`, with this agent's own report of the same appearance
+    /// written, and the decision bound to the same content.
+    async fn step(&mut self) {
+        let doc = self.docs.borrow_and_update().clone();
+        let written = self.written.borrow_and_update().clone();
+        let scheduled: Vec<&Event> = doc
+            .as_deref()
+            .map(|d| {
+                d.events
+                    .iter()
+                    .filter(|e| e.event_status == EventStatus::Scheduled)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let names: HashSet<String> = scheduled.iter().map(|e| e.object_name()).collect();
+        self.watch_only(&names);
+        self.attempts.retain(|n, _| names.contains(n));
+        self.decisions.retain(|(n, _), _| names.contains(n));
+        for ev in scheduled {
+            let name = ev.object_name();
+            // Only what this agent has reported of this very listing: the
+            // report carries its appearance.
+            let Some(mine) = written.get(&name).filter(|r| r.is_listed()) else {
+                continue;
+            };
+            let digest = reports::digest_of(ev);
+            let Some(obj) = self.object(&name) else {
+                continue;
+            };
+            let approval = obj.status.as_ref().and_then(|s| s.approval.as_ref());
+            let key = (name.clone(), mine.appearance);
+            if decision(approval).is_none() {
+                self.decisions.remove(&key);
+                continue;
+            }
+            let first_seen = *self.decisions.entry(key).or_insert_with(|| {
+                debug!(event = %name, "Saw the approval decided");
+                Instant::now()
+            });
+            if !should_send(
+                ev,
+                &digest,
+                mine,
+                approval,
+                &self.vm,
+                first_seen.elapsed(),
+                self.fallback,
+            ) {
+                continue;
+            }
+            if self
+                .attempts
+                .get(&name)
+                .is_some_and(|t| t.elapsed() < APPROVAL_RETRY)
+            {
+                continue;
+            }
+            self.attempts.insert(name.clone(), Instant::now());
+            let sent_at = Utc::now();
+            let (status, body) = match self.imds.approve(std::slice::from_ref(&ev.event_id)).await {
+                Ok(body) => {
+                    self.metrics.approvals.with_label_values(&["ok"]).inc();
+                    info!(event = %name, appearance = mine.appearance, %digest, "Approved the event with IMDS (StartRequests)");
+                    (200, body)
+                }
+                Err(e) => {
+                    self.metrics.approvals.with_label_values(&["error"]).inc();
+                    warn!(event = %name, error = %error_chain(&e), "IMDS refused or missed the approval; will retry");
+                    let status = match &e {
+                        crate::imds::client::Error::Status { status, .. } => status.as_u16(),
+                        _ => 0,
+                    };
+                    (status, error_chain(&e))
+                }
+            };
+            // Recorded in this agent's report by the report writer.
+            let _ = self.sent.send((
+                name,
+                SentApproval {
+                    appearance: mine.appearance,
+                    digest,
+                    sent_at,
+                    status,
+                    body: truncate(&body, APPROVAL_BODY_BYTES),
+                },
+            ));
+        }
+    }
+
+    fn object(&self, name: &str) -> Option<Arc<ScheduledEvent>> {
+        self.objects
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    /// Keeps one watch per event in `names`, and none other.
+    fn watch_only(&mut self, names: &HashSet<String>) {
+        self.watches.retain(|n, _| names.contains(n));
+        self.objects
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|n, _| names.contains(n));
+        for name in names {
+            if self.watches.contains_key(name) {
+                continue;
+            }
+            debug!(event = %name, "Watching the ScheduledEvent while it is scheduled");
+            let task = tokio::spawn(watch_object(
+                self.api.clone(),
+                name.clone(),
+                self.objects.clone(),
+                self.object_changed.clone(),
+            ));
+            self.watches.insert(name.clone(), ObjectWatch(task));
+        }
+    }
+}
+
+/// Keeps `objects[name]` as the watch of that one `ScheduledEvent` shows
+/// it (absent while it does not exist), resuming after errors with
+/// [`watch_backoff`]; notifies `changed` on every change.
+async fn watch_object(
+    api: Api<ScheduledEvent>,
+    name: String,
+    objects: Objects,
+    changed: Arc<Notify>,
+) {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let stream = watcher(api, config).backoff(watch_backoff());
+    futures::pin_mut!(stream);
+    let mut listed = false;
+    let set = |obj: Option<ScheduledEvent>| {
+        let mut map = objects
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match obj {
+            Some(o) => map.insert(name.clone(), Arc::new(o)),
+            None => map.remove(&name),
+        };
+        drop(map);
+        changed.notify_one();
+    };
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(watcher::Event::Apply(o)) => set(Some(o)),
+            Ok(watcher::Event::InitApply(o)) => {
+                listed = true;
+                set(Some(o));
+            }
+            Ok(watcher::Event::Delete(_)) => set(None),
+            Ok(watcher::Event::Init) => listed = false,
+            Ok(watcher::Event::InitDone) => {
+                if !listed {
+                    set(None);
+                }
+            }
+            // Missing RBAC or an unreachable API server stops every
+            // approval: say so loudly.
+            Err(e) => {
+                warn!(event = %name, error = %error_chain(&e), "ScheduledEvent watch failed; resuming after a backoff")
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,6 +415,24 @@ mod tests {
     const FALLBACK: Duration = Duration::from_secs(5);
 
     const JUST_SEEN: Duration = Duration::ZERO;
+
+    #[test]
+    fn fallback_delays_are_spread_over_one_to_two_times_the_base() {
+        let base = Duration::from_secs(5);
+        let delays: Vec<Duration> = (0..200)
+            .map(|i| fallback_for(&format!("aks-pool-{i:06}"), base))
+            .collect();
+        assert!(delays.iter().all(|d| *d >= base && *d <= base * 2));
+        // The same node always gets the same delay; nodes get different ones.
+        assert_eq!(fallback_for("aks-pool-000001", base), delays[1]);
+        let distinct: std::collections::BTreeSet<_> =
+            delays.iter().map(|d| d.as_millis() / 500).collect();
+        assert!(
+            distinct.len() >= 8,
+            "200 nodes in {} half-second slots",
+            distinct.len()
+        );
+    }
 
     #[test]
     fn nothing_is_sent_before_the_controller_decides() {

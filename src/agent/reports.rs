@@ -4,22 +4,34 @@
 //! The pure part ([`plan`]) says which reports a document asks for, from
 //! what the agent last wrote; the I/O part applies them by server-side apply
 //! (field manager `forewarn-agent`) and, at start, reads back the reports
-//! this agent wrote before it restarted. One apply per change of its view
+//! this agent wrote before it restarted ([`Reporter`], a task of its own:
+//! a slow API server never delays a poll). One apply per change of its view
 //! (first seen `Scheduled`, `Started`, gone from the document, an approval
 //! sent); no read-modify-write, no conditional replace: no other writer
 //! touches the object, so there is nothing to conflict with.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder, Retryable};
+use futures::StreamExt;
 use kube::Resource;
-use kube::api::{ListParams, Patch, PatchParams};
-use tracing::{info, warn};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
 
-use super::{Agent, Error, Result, error_chain};
+use super::metrics::AgentMetrics;
+use super::{Error, Result, error_chain};
 use crate::crd::{
-    AGENT_MANAGER, EventStatus as CrdStatus, Report, ScheduledEventReport, report_name,
+    AGENT_MANAGER, EventStatus as CrdStatus, MAX_SENT_APPROVALS, Report, ScheduledEventReport,
+    SentApproval, report_name,
 };
 use crate::imds::model::{Document, Event, object_name};
+use crate::kubeclient::watch_backoff;
+use crate::server::Readiness;
 
 /// This agent's view of `ev`, listed in a document of `incarnation`, as
 /// appearance `appearance`. An `EventStatus` this version does not know is
@@ -130,88 +142,352 @@ pub fn plan(
     out
 }
 
-impl Agent {
-    /// Reads the reports this agent wrote before it (re)started, so that it
-    /// goes on from them: an appearance continues, an event that left its
-    /// document while it was away is reported `Completed` on the next poll.
-    pub(super) async fn restore(&mut self) -> Result<()> {
-        let all = self
-            .reports
-            .list(&ListParams::default())
+/// What the watch of this agent's own reports saw.
+enum OwnReports {
+    /// The report about this event (object name) was deleted.
+    Deleted(String),
+    /// A (re)list completed with reports about these events: one deleted
+    /// before the list or while the watch was down gives no `Deleted`.
+    Listed(HashSet<String>),
+}
+
+/// A watch of this agent's own reports (field selector on its node),
+/// aborted when dropped.
+struct OwnWatch {
+    seen: mpsc::UnboundedReceiver<OwnReports>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for OwnWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The report writer: the only task that writes to the API server. It
+/// turns each new document into the reports it asks for ([`plan`]), records
+/// the approvals the approval task sent, writes again a report someone
+/// deleted while its event is listed, and forgets a report of an ended
+/// event once the controller deleted it (so its memory is bounded by the
+/// events the controller keeps).
+pub struct Reporter {
+    /// For requests (timeouts: [`crate::kubeclient::Clients`]).
+    pub api: Api<ScheduledEventReport>,
+    /// For the watch of this agent's own reports.
+    pub watch_api: Api<ScheduledEventReport>,
+    /// This agent's node.
+    pub node: String,
+    /// This agent's VM (`compute.name`).
+    pub vm: String,
+    /// The agent's metrics.
+    pub metrics: AgentMetrics,
+    /// Set once the earlier reports were read and a document came.
+    pub ready: Readiness,
+    /// The latest IMDS document.
+    pub docs: watch::Receiver<Option<Arc<Document>>>,
+    /// Approvals the approval task sent: the event's object name, and what
+    /// to record.
+    pub sent: mpsc::UnboundedReceiver<(String, SentApproval)>,
+    /// Where the reports as last written are published (for the approval
+    /// task: it sends only for an appearance this agent has reported).
+    pub written_tx: watch::Sender<Arc<HashMap<String, Report>>>,
+}
+
+/// At most this many report writes are in flight at once.
+const PARALLEL_WRITES: usize = 8;
+
+/// Backoff of failed report writes: from 1 s, doubling, up to 30 s, with
+/// jitter (so that agents that failed together do not retry together).
+fn write_backoff() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(Duration::from_secs(30))
+        .with_jitter()
+        .without_max_times()
+}
+
+impl Reporter {
+    /// Runs until the task is aborted: reads this agent's earlier reports
+    /// (retried with backoff; nothing is written before), then writes what
+    /// each document, approval and deletion asks for.
+    pub async fn run(mut self) {
+        let mut written = (|| self.restore())
+            .retry(write_backoff())
+            .notify(|e, d| warn!(error = %error_chain(e), retry_in = ?d, "Could not read this agent's earlier reports yet; reporting waits for them"))
             .await
-            .map_err(|source| Error::ListReports { source })?;
-        for r in all {
-            if r.spec.report.node != self.node {
-                continue;
+            .unwrap_or_default();
+        // What the server should hold and does not yet, by event.
+        let mut pending: BTreeMap<String, Report> = BTreeMap::new();
+        // Per event: the delays still to come and the earliest next try,
+        // after a failed write (one failing write holds back no other).
+        let mut retry: HashMap<String, (ExponentialBackoff, Instant)> = HashMap::new();
+        let mut own: Option<OwnWatch> = None;
+        self.docs.mark_changed();
+        loop {
+            let next_retry = retry.values().map(|(_, at)| *at).min();
+            tokio::select! {
+                changed = self.docs.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let doc = self.docs.borrow_and_update().clone();
+                    if let Some(doc) = doc {
+                        let desired = desired(&written, &pending);
+                        pending.extend(plan(&doc, &desired, &self.node, &self.vm));
+                        self.ready.set(true);
+                    }
+                }
+                Some((name, sent)) = self.sent.recv() => {
+                    self.record_sent(&written, &mut pending, name, sent);
+                }
+                Some(seen) = async { match &mut own { Some(w) => w.seen.recv().await, None => std::future::pending().await } } => {
+                    self.own_reports_seen(&mut written, &mut pending, seen);
+                }
+                () = async { match next_retry { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {}
             }
-            self.reported
-                .insert(r.spec.scheduled_event.clone(), r.spec.report.clone());
+            // Every message already queued is taken before writing, so one
+            // burst of changes is one write per report.
+            while let Ok((name, sent)) = self.sent.try_recv() {
+                self.record_sent(&written, &mut pending, name, sent);
+            }
+            retry.retain(|name, _| pending.contains_key(name));
+            let now = Instant::now();
+            let due: Vec<String> = pending
+                .keys()
+                .filter(|n| retry.get(*n).is_none_or(|(_, at)| *at <= now))
+                .cloned()
+                .collect();
+            if !due.is_empty() {
+                for name in self.write(&mut written, &mut pending, due).await {
+                    let (delays, at) = retry
+                        .entry(name.clone())
+                        .or_insert_with(|| (write_backoff().build(), now));
+                    let delay = delays.next().unwrap_or(Duration::from_secs(30));
+                    *at = Instant::now() + delay;
+                    debug!(event = %name, retry_in = ?delay, "Backing off before writing this report again");
+                }
+            }
+            // The watch of its own reports runs while this agent has any.
+            if written.is_empty() && pending.is_empty() {
+                own = None;
+            } else if own.as_ref().is_none_or(|w| w.task.is_finished()) {
+                own = Some(self.watch_own_reports());
+            }
         }
-        info!(
-            reports = self.reported.len(),
-            "Read this agent's earlier reports"
-        );
-        Ok(())
     }
 
-    /// Applies each report `doc` asks for; returns how many failed (tried
-    /// again on the next poll: what was not written is planned again).
-    pub(super) async fn write_reports(&mut self, doc: &Document) -> usize {
-        let mut failures = 0;
-        for (name, report) in plan(doc, &self.reported, &self.node, &self.vm) {
-            match self.apply_report(&name, report).await {
-                Ok(()) => self.metrics.mirror_writes.with_label_values(&["ok"]).inc(),
+    /// Reads the reports this agent wrote before it (re)started, so that it
+    /// goes on from them: an appearance continues, an event that left its
+    /// document while it was away is reported `Completed` on the next
+    /// document.
+    async fn restore(&self) -> Result<HashMap<String, Report>> {
+        let lp = ListParams::default().fields(&crate::crd::reports_of_node(&self.node));
+        let all = self
+            .api
+            .list(&lp)
+            .await
+            .map_err(|source| Error::ListReports { source })?;
+        let mine: HashMap<String, Report> = all
+            .into_iter()
+            .filter(|r| r.spec.report.node == self.node)
+            .map(|r| (r.spec.scheduled_event, r.spec.report))
+            .collect();
+        info!(reports = mine.len(), "Read this agent's earlier reports");
+        self.written_tx.send_replace(Arc::new(mine.clone()));
+        Ok(mine)
+    }
+
+    /// Adds the approval `sent` to the report about `name` it was sent
+    /// for (same appearance), keeping the last [`MAX_SENT_APPROVALS`].
+    fn record_sent(
+        &self,
+        written: &HashMap<String, Report>,
+        pending: &mut BTreeMap<String, Report>,
+        name: String,
+        sent: SentApproval,
+    ) {
+        let Some(mut report) = pending.get(&name).or_else(|| written.get(&name)).cloned() else {
+            return;
+        };
+        if report.appearance != sent.appearance {
+            return;
+        }
+        report.approvals.push(sent);
+        let excess = report.approvals.len().saturating_sub(MAX_SENT_APPROVALS);
+        report.approvals.drain(..excess);
+        pending.insert(name, report);
+    }
+
+    /// A report of this agent's deleted (or missing from a relist): written
+    /// again while its event is listed, forgotten once it ended.
+    fn own_reports_seen(
+        &self,
+        written: &mut HashMap<String, Report>,
+        pending: &mut BTreeMap<String, Report>,
+        seen: OwnReports,
+    ) {
+        let gone: Vec<String> = match seen {
+            OwnReports::Deleted(name) => vec![name],
+            OwnReports::Listed(names) => written
+                .keys()
+                .filter(|n| !names.contains(*n))
+                .cloned()
+                .collect(),
+        };
+        for name in gone {
+            let Some(last) = written.remove(&name) else {
+                continue;
+            };
+            let want = pending.remove(&name).unwrap_or(last);
+            if want.is_listed() {
+                warn!(event = %name, "This agent's report was deleted while the event is listed; writing it again");
+                pending.insert(name, want);
+            } else {
+                debug!(event = %name, "The report of an ended event was deleted; forgetting it");
+            }
+        }
+        self.written_tx.send_replace(Arc::new(written.clone()));
+    }
+
+    /// Writes the pending reports about the events `due`, at most
+    /// [`PARALLEL_WRITES`] at once; returns the events whose write failed
+    /// (those stay pending).
+    async fn write(
+        &self,
+        written: &mut HashMap<String, Report>,
+        pending: &mut BTreeMap<String, Report>,
+        due: Vec<String>,
+    ) -> Vec<String> {
+        let batch: Vec<(String, Report)> = due
+            .into_iter()
+            .filter_map(|n| pending.get(&n).cloned().map(|r| (n, r)))
+            .collect();
+        let results: Vec<(String, Report, Result<()>)> = futures::stream::iter(batch)
+            .map(|(name, report)| async move {
+                let r = apply_report(&self.api, &self.node, &name, &report).await;
+                (name, report, r)
+            })
+            .buffer_unordered(PARALLEL_WRITES)
+            .collect()
+            .await;
+        let mut failed = Vec::new();
+        for (name, report, result) in results {
+            match result {
+                Ok(()) => {
+                    self.metrics.mirror_writes.with_label_values(&["ok"]).inc();
+                    // A newer want may have come meanwhile: it stays pending.
+                    if pending.get(&name) == Some(&report) {
+                        pending.remove(&name);
+                    }
+                    written.insert(name, report);
+                }
                 Err(e) => {
-                    failures += 1;
                     self.metrics
                         .mirror_writes
                         .with_label_values(&["error"])
                         .inc();
-                    warn!(event = %name, error = %error_chain(&e), "Could not write this agent's report; will retry");
+                    warn!(event = %name, error = %error_chain(&e), "Could not write this agent's report; will retry after a backoff");
+                    failed.push(name);
                 }
             }
         }
-        failures
+        self.written_tx.send_replace(Arc::new(written.clone()));
+        failed
     }
 
-    /// Writes `report` as this agent's `ScheduledEventReport` about the
-    /// event `name`: a server-side apply of the whole object
-    /// `<event>.<node>` (field manager `forewarn-agent`, forced: no other
-    /// writer owns its fields).
-    pub(super) async fn apply_report(&mut self, name: &str, report: Report) -> Result<()> {
-        let Some(object) = report_name(name, &self.node) else {
-            return Err(Error::ReportName {
-                name: name.into(),
-                node: self.node.clone(),
-            });
-        };
-        let body = serde_json::json!({
-            "apiVersion": ScheduledEventReport::api_version(&()),
-            "kind": ScheduledEventReport::kind(&()),
-            "metadata": { "name": object },
-            "spec": { "scheduledEvent": name, "report": report },
+    fn watch_own_reports(&self) -> OwnWatch {
+        let (tx, seen) = mpsc::unbounded_channel();
+        let config = watcher::Config::default().fields(&crate::crd::reports_of_node(&self.node));
+        let stream = watcher(self.watch_api.clone(), config).backoff(watch_backoff());
+        let task = tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            let mut listing = HashSet::new();
+            while let Some(item) = stream.next().await {
+                let sent = match item {
+                    Ok(watcher::Event::Delete(r)) => {
+                        tx.send(OwnReports::Deleted(r.spec.scheduled_event))
+                    }
+                    Ok(watcher::Event::Init) => {
+                        listing.clear();
+                        Ok(())
+                    }
+                    Ok(watcher::Event::InitApply(r)) => {
+                        listing.insert(r.spec.scheduled_event);
+                        Ok(())
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        tx.send(OwnReports::Listed(std::mem::take(&mut listing)))
+                    }
+                    Ok(watcher::Event::Apply(_)) => Ok(()),
+                    Err(e) => {
+                        warn!(error = %error_chain(&e), "Watch of this agent's reports failed; resuming after a backoff");
+                        Ok(())
+                    }
+                };
+                if sent.is_err() {
+                    return;
+                }
+            }
         });
-        self.reports
-            .patch(
-                &object,
-                &PatchParams::apply(AGENT_MANAGER).force(),
-                &Patch::Apply(body),
-            )
-            .await
-            .map_err(|source| Error::WriteReport {
-                name: name.into(),
-                source,
-            })?;
-        if report.event_status == CrdStatus::Completed {
-            info!(event = %name, appearance = report.appearance, "Reported the event gone from this VM's document");
-        } else {
-            info!(event = %name, event_id = %report.event_id, r#type = %report.event_type,
-                status = %report.event_status, appearance = report.appearance,
-                resources = ?report.resources, "Reported the event");
-        }
-        self.reported.insert(name.into(), report);
-        Ok(())
+        debug!("Watching this agent's own reports while it has any");
+        OwnWatch { seen, task }
     }
+}
+
+/// The reports as they will be once every pending write is done.
+fn desired(
+    written: &HashMap<String, Report>,
+    pending: &BTreeMap<String, Report>,
+) -> HashMap<String, Report> {
+    let mut all = written.clone();
+    all.extend(pending.iter().map(|(n, r)| (n.clone(), r.clone())));
+    all
+}
+
+/// Writes `report` as `node`'s agent's `ScheduledEventReport` about the
+/// event `name`: a server-side apply of the whole object `<event>.<node>`
+/// (field manager `forewarn-agent`, forced: no other writer owns its
+/// fields).
+///
+/// # Errors
+/// [`Error::ReportName`] when the name would be too long,
+/// [`Error::WriteReport`] when the API server refuses or does not answer.
+pub async fn apply_report(
+    api: &Api<ScheduledEventReport>,
+    node: &str,
+    name: &str,
+    report: &Report,
+) -> Result<()> {
+    let Some(object) = report_name(name, node) else {
+        return Err(Error::ReportName {
+            name: name.into(),
+            node: node.to_owned(),
+        });
+    };
+    let body = serde_json::json!({
+        "apiVersion": ScheduledEventReport::api_version(&()),
+        "kind": ScheduledEventReport::kind(&()),
+        "metadata": { "name": object },
+        "spec": { "scheduledEvent": name, "report": report },
+    });
+    api.patch(
+        &object,
+        &PatchParams::apply(AGENT_MANAGER).force(),
+        &Patch::Apply(body),
+    )
+    .await
+    .map_err(|source| Error::WriteReport {
+        name: name.into(),
+        source,
+    })?;
+    if report.event_status == CrdStatus::Completed {
+        info!(event = %name, appearance = report.appearance, "Reported the event gone from this VM's document");
+    } else {
+        info!(event = %name, event_id = %report.event_id, r#type = %report.event_type,
+            status = %report.event_status, appearance = report.appearance,
+            approvals = report.approvals.len(), resources = ?report.resources, "Reported the event");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -12,20 +12,34 @@
 //! - a leader stops acting once it has not renewed for the renew deadline,
 //!   which is shorter than the duration a standby waits.
 //!
+//! The election runs on a thread of its own with its own runtime and its
+//! own Kubernetes client ([`spawn`]), so that reconciles keeping the main
+//! runtime busy can never delay a renewal; and every write the controller
+//! sends passes [`WritesWhileLeading`], which refuses it unless the last
+//! renewal is younger than the renew deadline ([`Validity`]). A process
+//! paused past its lease (SIGSTOP, a stalled VM) and resumed sends no write:
+//! its clock shows the validity passed before any request is sent.
+//!
 //! We write this ourselves because kube-lease-manager 0.13 releases a Lease
 //! without a precondition: a standby dropping its manager, or "releasing an
 //! expired lock" judged from a stale read or a skewed `renewTime`, cleared
 //! the live leader's `holderIdentity` and then acquired it, so two replicas
 //! led at once (seen in CI, `tests/leader.rs`).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, PostParams};
+use kube::client::Body;
 use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -128,8 +142,11 @@ impl Elector {
     /// replica holds the Lease, or no renewal succeeded for the renew
     /// deadline (counted from the start of the last successful request, so
     /// the server's copy is never older than we think).
-    pub async fn hold(&mut self) -> String {
+    pub async fn hold(&mut self, validity: &Validity) -> String {
         loop {
+            if let Some(renewed) = self.renewed {
+                validity.set_until(renewed + self.timing.renew_deadline);
+            }
             tokio::time::sleep(self.timing.retry_period).await;
             let Some(renewed) = self.renewed else {
                 return "this replica never held the Lease".into();
@@ -311,4 +328,229 @@ fn releases(api: Api<Lease>, name: String) -> impl futures::Stream<Item = ()> {
                 .is_none_or(|h| h.is_empty());
             free.then_some(())
         })
+}
+
+/// Until when this process may write as the leader: the start of its last
+/// successful renewal plus the renew deadline, on its own monotonic clock.
+/// Shared by the election thread (which sets it) and the write guard (which
+/// reads it); a process that never led, or lost the Lease, may not write.
+#[derive(Clone, Debug)]
+pub struct Validity(Arc<ValidityInner>);
+
+#[derive(Debug)]
+struct ValidityInner {
+    origin: Instant,
+    /// Milliseconds from `origin`; 0: not leading.
+    until: AtomicU64,
+}
+
+impl Default for Validity {
+    fn default() -> Self {
+        Validity(Arc::new(ValidityInner {
+            origin: Instant::now(),
+            until: AtomicU64::new(0),
+        }))
+    }
+}
+
+impl Validity {
+    fn set_until(&self, until: Instant) {
+        let ms = u64::try_from(until.saturating_duration_since(self.0.origin).as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        self.0.until.store(ms, Ordering::SeqCst);
+    }
+
+    /// No longer leading.
+    pub fn clear(&self) {
+        self.0.until.store(0, Ordering::SeqCst);
+    }
+
+    /// Whether this process holds a Lease renewed within the renew deadline.
+    pub fn valid(&self) -> bool {
+        let now = u64::try_from(self.0.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        now < self.0.until.load(Ordering::SeqCst)
+    }
+}
+
+/// The error a write gets when this process may not write as the leader.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "refused to send {method} {path}: this process has not renewed the leader-election Lease within the renew deadline"
+)]
+pub struct NotLeading {
+    method: http::Method,
+    path: String,
+}
+
+/// A tower layer that refuses every request but `GET` (reads, lists and
+/// watches) unless [`Validity::valid`]: no write of a process that is not
+/// the leader (any longer) reaches the API server, whichever code path
+/// sends it.
+#[derive(Clone, Debug)]
+pub struct WritesWhileLeading(pub Validity);
+
+impl<S> tower::Layer<S> for WritesWhileLeading {
+    type Service = GuardedWrites<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        GuardedWrites {
+            inner,
+            validity: self.0.clone(),
+        }
+    }
+}
+
+/// The service of [`WritesWhileLeading`].
+#[derive(Clone, Debug)]
+pub struct GuardedWrites<S> {
+    inner: S,
+    validity: Validity,
+}
+
+impl<S, B> tower::Service<http::Request<Body>> for GuardedWrites<S>
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<B>>,
+    S::Error: Into<tower::BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<B>;
+    type Error = tower::BoxError;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        if req.method() != http::Method::GET && !self.validity.valid() {
+            let refused = NotLeading {
+                method: req.method().clone(),
+                path: req.uri().path().to_owned(),
+            };
+            return Box::pin(async move { Err(refused.into()) });
+        }
+        let fut = self.inner.call(req);
+        Box::pin(async move { fut.await.map_err(Into::into) })
+    }
+}
+
+/// Where the election stands, as the election thread publishes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Leadership {
+    /// Waiting for the Lease.
+    Standby,
+    /// Holding it.
+    Leading,
+    /// Lost it (or could not run the election), with the reason.
+    Lost(String),
+}
+
+/// The election thread, seen from the rest of the process.
+pub struct Election {
+    /// Until when this process may write as the leader.
+    pub validity: Validity,
+    /// Where the election stands.
+    pub state: watch::Receiver<Leadership>,
+    release: Option<oneshot::Sender<oneshot::Sender<bool>>>,
+}
+
+impl Election {
+    /// Stops the election and, if this process still holds the Lease,
+    /// releases it (a standby takes over at once instead of after the
+    /// duration); returns whether it released it.
+    pub async fn release(mut self) -> bool {
+        self.validity.clear();
+        let Some(tx) = self.release.take() else {
+            return false;
+        };
+        let (done_tx, done) = oneshot::channel();
+        if tx.send(done_tx).is_err() {
+            return false;
+        }
+        tokio::time::timeout(Duration::from_secs(5), done)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or(false)
+    }
+}
+
+/// Runs the election for the Lease `namespace/name` as `identity` on a
+/// thread of its own, with its own single-threaded runtime and a client
+/// built there from `config` (kube's client runs its connection tasks on the
+/// runtime that built it, so one built on the main runtime would wait for
+/// it).
+///
+/// # Errors
+/// The thread cannot be started.
+pub fn spawn(
+    config: kube::Config,
+    namespace: &str,
+    name: &str,
+    identity: &str,
+    timing: Timing,
+) -> std::io::Result<Election> {
+    let validity = Validity::default();
+    let (state_tx, state) = watch::channel(Leadership::Standby);
+    let (release, mut release_rx) = oneshot::channel::<oneshot::Sender<bool>>();
+    let (namespace, name, identity) = (namespace.to_owned(), name.to_owned(), identity.to_owned());
+    let shared = validity.clone();
+    std::thread::Builder::new()
+        .name("lease".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = state_tx.send(Leadership::Lost(format!("cannot start the election's runtime: {e}")));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let client = match kube::Client::try_from(config) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = state_tx.send(Leadership::Lost(format!("cannot build the election's client: {e}")));
+                        return;
+                    }
+                };
+                let mut elector = Elector::new(Api::namespaced(client, &namespace), &name, &identity, timing);
+                tokio::select! {
+                    () = elector.acquire() => {}
+                    r = &mut release_rx => {
+                        if let Ok(done) = r { let _ = done.send(false); }
+                        return;
+                    }
+                }
+                let _ = state_tx.send(Leadership::Leading);
+                let lost = tokio::select! {
+                    why = elector.hold(&shared) => Some(why),
+                    r = &mut release_rx => {
+                        shared.clear();
+                        let released = match elector.release().await {
+                            Ok(r) => r,
+                            Err(e) => {
+                                warn!(error = %e, "Could not release the Lease; a standby takes over when it expires");
+                                false
+                            }
+                        };
+                        if let Ok(done) = r { let _ = done.send(released); }
+                        None
+                    }
+                };
+                if let Some(why) = lost {
+                    shared.clear();
+                    let _ = state_tx.send(Leadership::Lost(why));
+                    // Nothing to release: the Lease is another's, or was not
+                    // renewed; answer the release request when it comes.
+                    if let Ok(done) = release_rx.await {
+                        let _ = done.send(false);
+                    }
+                }
+            });
+        })?;
+    Ok(Election {
+        validity,
+        state,
+        release: Some(release),
+    })
 }

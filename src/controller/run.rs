@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
 use kube::api::Api;
+use kube::client::ClientBuilder;
 use kube::runtime::controller::{self, Action as Requeue, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
 use prometheus::Registry;
 use tracing::{info, warn};
 
@@ -21,6 +22,7 @@ use super::watch::{cache, watch_backoff};
 use super::{Context, Error, drain, lease, reconcile::reconcile, reload, spec, sweep};
 use crate::cli::ControllerArgs;
 use crate::crd::{CONTROLLER_MANAGER, ScheduledEvent, ScheduledEventReport};
+use crate::kubeclient::{self, Clients};
 use crate::policy::Policy;
 use crate::server::{self, Readiness};
 
@@ -48,28 +50,43 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         }
         None => (Policy::default(), String::new()),
     };
-    let config = kube::Config::infer().await?;
-    let client = Client::try_from(config.clone())?;
-    let mut evict_config = config;
-    evict_config.default_retry = false;
-    let evict_client = Client::try_from(evict_config)?;
-
-    let registry = Registry::new();
-    let metrics = ControllerMetrics::register(&registry)?;
-    let ready = Readiness::default();
-    server::spawn(args.metrics_addr, registry, ready.clone()).await?;
-
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "forewarn".into());
         format!("{host}-{}", std::process::id())
     });
+    let config = kubeclient::request_config(kube::Config::infer().await?, "controller", &identity)?;
+    // Leader election on a thread of its own (see `lease`); every write of
+    // this process passes its guard.
+    let election = lease::spawn(
+        config.clone(),
+        &args.lease_namespace,
+        &args.lease_name,
+        &identity,
+        lease::Timing::default(),
+    )?;
+    let guard = lease::WritesWhileLeading(election.validity.clone());
+    let clients = Clients::from_request_config(config.clone())?;
+    let client = ClientBuilder::try_from(config.clone())?
+        .with_layer(&guard)
+        .build();
+    let mut evict_config = config;
+    evict_config.default_retry = false;
+    let evict_client = ClientBuilder::try_from(evict_config)?
+        .with_layer(&guard)
+        .build();
+
+    let registry = Registry::new();
+    let metrics = ControllerMetrics::register(&registry)?;
+    let ready = Readiness::default();
+    server::spawn(args.metrics_addr, registry, ready.clone(), None).await?;
+
     let shutdown = crate::cli::shutdown_signal();
     tokio::pin!(shutdown);
 
     // The node cache runs whether or not this replica leads: readiness means
     // "healthy and synced", so a standby is Ready and a rolling update with
     // maxUnavailable 0 never waits for a Lease it cannot get.
-    let (nodes, node_stream) = cache::<Node>(client.clone());
+    let (nodes, node_stream) = cache::<Node>(clients.watches.clone());
     let node_stream = node_stream.for_each(|r| async {
         if let Err(e) = r {
             warn!(error = %e, "Node watch error (retrying)");
@@ -81,8 +98,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         args.agent_policy.clone(),
         metrics.agent_confinement.clone(),
     ));
+    let mut leadership = election.state.clone();
     tokio::select! {
-        _ = &mut shutdown => { node_task.abort(); return Ok(()) }
+        _ = &mut shutdown => { node_task.abort(); election.release().await; return Ok(()) }
         r = nodes.wait_until_ready() => r?,
     }
     ready.set(true);
@@ -90,16 +108,22 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     // Leader election (client-go's algorithm, see `lease`): API errors are
     // retried, never a crash loop; a standby watching the Lease asks at once
     // when the leader releases it on SIGTERM.
-    let mut elector = lease::Elector::new(
-        Api::namespaced(client.clone(), &args.lease_namespace),
-        &args.lease_name,
-        &identity,
-        lease::Timing::default(),
-    );
     info!(%identity, lease = %args.lease_name, namespace = %args.lease_namespace, "Waiting for leadership");
-    tokio::select! {
-        _ = &mut shutdown => { node_task.abort(); return Ok(()) }
-        () = elector.acquire() => {}
+    let leading = tokio::select! {
+        _ = &mut shutdown => None,
+        r = leadership.wait_for(|l| *l != lease::Leadership::Standby) => r.ok().map(|l| l.clone()),
+    };
+    match leading {
+        Some(lease::Leadership::Leading) => {}
+        Some(lease::Leadership::Lost(why)) => {
+            node_task.abort();
+            anyhow::bail!("leader election stopped: {why}");
+        }
+        _ => {
+            node_task.abort();
+            election.release().await;
+            return Ok(());
+        }
     }
     metrics.leader.set(1);
     info!(%identity, ?policy, dry_run = args.dry_run, "Leading: reconciling ScheduledEvents");
@@ -126,14 +150,14 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     // The agents' reports: one reflector feeds both the cache the trust
     // assessment reads and the trigger of the event they are about, so a
     // reconcile a report triggers always sees that report.
-    let (reports, report_stream) = cache::<ScheduledEventReport>(client.clone());
+    let (reports, report_stream) = cache::<ScheduledEventReport>(clients.watches.clone());
     // Each report change also wakes the task that creates the objects of
     // events that have reports and no object yet (see `spec`).
     let report_changed = Arc::new(tokio::sync::Notify::new());
     let notify = report_changed.clone();
     let report_stream = report_stream.inspect(move |_| notify.notify_one());
     let controller = Controller::new(
-        Api::<ScheduledEvent>::all(client.clone()),
+        Api::<ScheduledEvent>::all(clients.watches.clone()),
         watcher::Config::default().any_semantic(),
     )
     .watches_stream(report_stream, |r: ScheduledEventReport| {
@@ -178,7 +202,13 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         });
     let outcome = tokio::select! {
         _ = &mut shutdown => Ok(()),
-        why = elector.hold() => Err(anyhow::anyhow!("stopped acting as leader: {why}; exiting so that a fresh process takes over")),
+        l = leadership.wait_for(|l| matches!(l, lease::Leadership::Lost(_))) => {
+            let why = match l.as_deref() {
+                Ok(lease::Leadership::Lost(why)) => why.clone(),
+                _ => "the election thread stopped".into(),
+            };
+            Err(anyhow::anyhow!("stopped acting as leader: {why}; exiting so that a fresh process takes over"))
+        }
         _ = controller => Ok(()),
     };
     node_task.abort();
@@ -193,12 +223,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     ready.set(false);
     // Releasing hands the Lease to a standby at once instead of after its
     // duration; only a Lease this replica still holds is released.
-    match elector.release().await {
-        Ok(true) => info!("Released the leader-election Lease"),
-        Ok(false) => {}
-        Err(e) => {
-            warn!(error = %e, "Could not release the Lease; a standby takes over when it expires")
-        }
+    if election.release().await {
+        info!("Released the leader-election Lease");
     }
     // 1 while this replica holds the Lease: until it was released.
     leader_gauge.set(0);

@@ -1,9 +1,6 @@
 //! The controller's watches: the reflector caches it keeps, and the backoff
 //! every watch of the controller (and its Lease watch) resumes with.
 
-use std::time::Duration;
-
-use backon::ExponentialBuilder;
 use futures::Stream;
 use kube::Client;
 use kube::api::Api;
@@ -32,15 +29,4 @@ where
     (store, stream)
 }
 
-/// Watches resume quickly after an API server outage: a bounded backoff
-/// (0.5 s doubling to 2.5 s, plus backon's jitter of up to 100%: at most
-/// 5 s) instead of kube's default, which waits up to minutes after a `too
-/// old resource version`.
-pub fn watch_backoff() -> watcher::ExponentialBackoff {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(500))
-        .with_max_delay(Duration::from_millis(2500))
-        .with_jitter()
-        .without_max_times()
-        .into()
-}
+pub use crate::kubeclient::watch_backoff;

@@ -106,13 +106,22 @@ impl Cluster {
         };
         let crds = repo_root().join("crds");
         cluster.kubectl(&["apply", "--server-side", "-f", &crds.to_string_lossy()])?;
-        cluster.kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/scheduledevents.forewarn.dev",
-            "crd/scheduledeventreports.forewarn.dev",
-        ])?;
+        // `kubectl wait` fails at once (it does not wait) while a CRD just
+        // applied has no status conditions yet: ask again until it answers.
+        let started = std::time::Instant::now();
+        loop {
+            match cluster.kubectl(&[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/scheduledevents.forewarn.dev",
+                "crd/scheduledeventreports.forewarn.dev",
+            ]) {
+                Ok(_) => break,
+                Err(e) if started.elapsed() > std::time::Duration::from_secs(60) => return Err(e),
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(200)),
+            }
+        }
         Ok(cluster)
     }
 
@@ -242,6 +251,28 @@ impl Cluster {
         })
     }
 
+    /// Pauses the cluster's kube-apiserver (SIGSTOP): its port stays open
+    /// and connections are accepted by the kernel, but no request is
+    /// answered, as with an API server that hangs. Resumed (SIGCONT) by
+    /// [`PausedApiServer::resume`] or when the guard is dropped.
+    ///
+    /// # Errors
+    /// When the pid file names no running kube-apiserver of this cluster.
+    pub fn pause_api_server(&self) -> anyhow::Result<PausedApiServer> {
+        let dir = self
+            .kubeconfig
+            .parent()
+            .context("the kubeconfig has no parent directory")?
+            .to_path_buf();
+        let Component { pid, .. } = Component::read(&dir, "kube-apiserver")?;
+        let ok = Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()?
+            .success();
+        anyhow::ensure!(ok, "kill -STOP {pid} (kube-apiserver) failed");
+        Ok(PausedApiServer { pid })
+    }
+
     /// Starts a kube-apiserver stopped by [`Cluster::stop_api_server`] again
     /// (same binary and flags, same directory, output appended to its log,
     /// in a process group of its own as kwokctl starts it), records its pid
@@ -318,6 +349,23 @@ pub async fn client_for(kubeconfig: &Path) -> anyhow::Result<Client> {
         .with_context(|| format!("failed to read {}", kubeconfig.display()))?;
     let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
     Ok(Client::try_from(config)?)
+}
+
+/// A kube-apiserver paused by [`Cluster::pause_api_server`].
+#[derive(Debug)]
+pub struct PausedApiServer {
+    pid: String,
+}
+
+impl PausedApiServer {
+    /// Lets it run again.
+    pub fn resume(self) {}
+}
+
+impl Drop for PausedApiServer {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-CONT", &self.pid]).status();
+    }
 }
 
 /// A kube-apiserver stopped by [`Cluster::stop_api_server`]: what it takes

@@ -100,6 +100,23 @@ impl Proc {
         let _ = self.child.kill().await;
     }
 
+    /// Sends `signal` (a name `kill` knows: `STOP`, `CONT`, `KILL`) to the
+    /// process.
+    ///
+    /// # Errors
+    /// When it was reaped already or `kill` fails.
+    pub fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let pid = self
+            .id()
+            .ok_or_else(|| anyhow::anyhow!("{} has exited", self.name))?;
+        let ok = std::process::Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status()?
+            .success();
+        anyhow::ensure!(ok, "kill -{signal} {pid} ({}) failed", self.name);
+        Ok(())
+    }
+
     /// Its process id while it runs (`None` once reaped); `make bench`
     /// reads its `/proc/<pid>/status` and `stat`.
     pub fn id(&self) -> Option<u32> {

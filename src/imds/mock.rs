@@ -361,28 +361,32 @@ async fn answer_events(
         let mut inner = mock.lock();
         let fault = inner
             .elapsed()
-            .and_then(|(e, _)| inner.scenario.fault_at(vm, e));
-        if fault.is_none() {
-            return Json(inner.document(vm)).into_response();
+            .and_then(|(e, _)| inner.scenario.fault_at(vm, e).cloned());
+        match fault {
+            None => return Json(inner.document(vm)).into_response(),
+            Some(f) => f,
         }
-        fault
     };
-    match fault {
-        Some(FaultKind::Status500) => {
+    match fault.kind {
+        FaultKind::Status500 => {
             (StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error").into_response()
         }
-        Some(FaultKind::Status429) => {
+        FaultKind::Status429 => {
             (StatusCode::TOO_MANY_REQUESTS, "Too many requests").into_response()
         }
-        Some(FaultKind::Garbage) => {
+        FaultKind::Garbage => {
             (StatusCode::OK, "{\"DocumentIncarnation\": <html>garbage").into_response()
         }
-        Some(FaultKind::NullEvents) => (
+        FaultKind::NullEvents => (
             StatusCode::OK,
             "{\"DocumentIncarnation\": 99, \"Events\": null}",
         )
             .into_response(),
-        Some(FaultKind::Hang) | None => {
+        FaultKind::Slow => {
+            tokio::time::sleep(fault.delay).await;
+            Json(mock.lock().document(vm)).into_response()
+        }
+        FaultKind::Hang => {
             tokio::time::sleep(Duration::from_secs(30)).await;
             (StatusCode::GATEWAY_TIMEOUT, "hung").into_response()
         }

@@ -41,7 +41,8 @@
 //! faults:                  # optional: IMDS misbehaving for a while
 //!   - at: 3s
 //!     for: 2s
-//!     kind: status500           # status500 | status429 | garbage | nullEvents | hang
+//!     kind: status500           # status500 | status429 | garbage | nullEvents | hang | slow
+//!     delay: 10s                # slow only: the right answer after this long (default 10s)
 //!     vms: [aks-pool-vmss_0]    # optional, default all VMs
 //! ```
 //!
@@ -251,6 +252,8 @@ pub enum FaultKind {
     NullEvents,
     /// No answer for 30 s.
     Hang,
+    /// The right answer, after the fault's `delay`.
+    Slow,
 }
 
 /// A period of misbehaviour.
@@ -265,6 +268,9 @@ pub struct Fault {
     pub duration: Duration,
     /// What IMDS does.
     pub kind: FaultKind,
+    /// How long a `slow` answer takes (default 10 s).
+    #[serde(default = "ten_seconds", with = "humantime_serde")]
+    pub delay: Duration,
     /// The VMs affected; empty means all.
     #[serde(default)]
     pub vms: Vec<String>,
@@ -363,15 +369,12 @@ impl Scenario {
     }
 
     /// The fault in force for `vm` at `elapsed`, if any.
-    pub fn fault_at(&self, vm: &str, elapsed: Duration) -> Option<FaultKind> {
-        self.faults
-            .iter()
-            .find(|f| {
-                elapsed >= f.at
-                    && elapsed < f.at + f.duration
-                    && (f.vms.is_empty() || f.vms.iter().any(|v| v.eq_ignore_ascii_case(vm)))
-            })
-            .map(|f| f.kind)
+    pub fn fault_at(&self, vm: &str, elapsed: Duration) -> Option<&Fault> {
+        self.faults.iter().find(|f| {
+            elapsed >= f.at
+                && elapsed < f.at + f.duration
+                && (f.vms.is_empty() || f.vms.iter().any(|v| v.eq_ignore_ascii_case(vm)))
+        })
     }
 }
 
@@ -632,7 +635,10 @@ faults:
     #[test]
     fn faults_apply_to_their_vms_and_window() {
         let s = Scenario::parse(YAML).unwrap();
-        assert_eq!(s.fault_at("vmss_1", secs(6)), Some(FaultKind::Garbage));
+        assert_eq!(
+            s.fault_at("vmss_1", secs(6)).map(|f| f.kind),
+            Some(FaultKind::Garbage)
+        );
         assert_eq!(s.fault_at("vmss_0", secs(6)), None);
         assert_eq!(s.fault_at("vmss_1", secs(7)), None);
     }
