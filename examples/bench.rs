@@ -309,12 +309,14 @@ async fn start_fleet(
     scenario: &str,
     vms: &[(String, String)],
     credentials: Option<Credentials>,
+    extra_env: &[(&str, &str)],
 ) -> anyhow::Result<Fleet> {
     std::fs::create_dir_all(dir)?;
     let file = dir.join("scenario.yaml");
     std::fs::write(&file, scenario)?;
     let env = forewarn_env(cluster);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    env.extend_from_slice(extra_env);
     let lease = format!("bench-{}", std::process::id());
     let fleet = Fleet::start_as(
         bin,
@@ -539,7 +541,16 @@ async fn detection(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result
         );
     }
     let vms: Vec<(String, String)> = (0..n).map(|i| (node_name(i), vm_name(i))).collect();
-    let fleet = start_fleet(&cluster, bin, &run_dir("detection"), &scenario, &vms, None).await?;
+    let fleet = start_fleet(
+        &cluster,
+        bin,
+        &run_dir("detection"),
+        &scenario,
+        &vms,
+        None,
+        &[],
+    )
+    .await?;
     let watches = Watches::start(&client).await?;
     let http = reqwest::Client::builder().no_proxy().build()?;
     // Let the agents reach their steady poll first.
@@ -704,7 +715,7 @@ async fn burst(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result<()>
         );
     }
     let vms: Vec<(String, String)> = (0..n).map(|i| (node_name(i), vm_name(i))).collect();
-    let fleet = start_fleet(&cluster, bin, &dir, &scenario, &vms, Some(creds)).await?;
+    let fleet = start_fleet(&cluster, bin, &dir, &scenario, &vms, Some(creds), &[]).await?;
     let watches = Watches::start(&client).await?;
     let http = reqwest::Client::builder().no_proxy().build()?;
 
@@ -1079,7 +1090,7 @@ async fn scale(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result<()>
     let n = args.scale_nodes;
     let agents = args.scale_agents.min(n);
     let cluster =
-        tokio::task::spawn_blocking(move || start_cluster(CLUSTER_SCALE, n, false)).await??;
+        tokio::task::spawn_blocking(move || start_cluster(CLUSTER_SCALE, n, true)).await??;
     let client = cluster.client().await?;
     let result = scale_on(args, bin, table, &cluster, &client, n, agents).await;
     let _ = cluster.stop();
@@ -1178,7 +1189,35 @@ async fn scale_on(
         resources.join(", ")
     );
     let vms: Vec<(String, String)> = (0..agents).map(|i| (node_name(i), vm_name(i))).collect();
-    let fleet = start_fleet(cluster, bin, &run_dir("scale"), &scenario, &vms, None).await?;
+    let dir = run_dir("scale");
+    std::fs::create_dir_all(&dir)?;
+    let mut creds = Credentials {
+        controller: impersonating_kubeconfig(cluster, &dir, "bench:controller")?,
+        agents: BTreeMap::new(),
+        lease_namespace: "default".into(),
+        lease_name: format!("bench-{}", std::process::id()),
+    };
+    for (node, _) in &vms {
+        creds.agents.insert(
+            node.clone(),
+            impersonating_kubeconfig(cluster, &dir, &format!("bench:agent:{node}"))?,
+        );
+    }
+    let qps = SCALE_EVICTION_QPS.to_string();
+    let burst = (SCALE_EVICTION_QPS * 2).to_string();
+    let fleet = start_fleet(
+        cluster,
+        bin,
+        &dir,
+        &scenario,
+        &vms,
+        Some(creds),
+        &[
+            ("FOREWARN_EVICTION_QPS", &qps),
+            ("FOREWARN_EVICTION_BURST", &burst),
+        ],
+    )
+    .await?;
     let watches = Watches::start(client).await?;
     let http = reqwest::Client::builder().no_proxy().build()?;
     tokio::time::sleep(Duration::from_secs(20)).await;
@@ -1202,9 +1241,26 @@ async fn scale_on(
         )
     });
     let seen = watches.with(|s| s.sev_first.get(&id).copied());
-    // The controller keeps draining; its peak so far, some seconds in.
-    tokio::time::sleep(Duration::from_secs(15)).await;
+    // The whole event: drained, approved, started, over and released.
+    let events: Api<ScheduledEvent> = Api::all(client.clone());
+    let object = forewarn::imds::model::object_name(&id);
+    let ended = Instant::now() + Duration::from_secs(SCALE_EVENT_WITHIN);
+    let mut done = None;
+    while Instant::now() < ended {
+        let phase = events
+            .get_opt(&object)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|e| e.status?.phase);
+        if matches!(phase, Some(forewarn::crd::Phase::Completed)) {
+            done = Some(Utc::now());
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     let busy = proc_stat(ctl_pid, ticks)?;
+    let until = done.unwrap_or_else(Utc::now);
     stop_fleet(fleet).await;
     drop(watches);
     table.add(
@@ -1221,13 +1277,79 @@ async fn scale_on(
         "≤ 48 MiB",
         Some(mib(idle.rss) <= 48.0),
     );
+    let whole = if done.is_some() {
+        format!("the whole event ({:.0} s)", secs(until - changed))
+    } else {
+        format!("the event's first {SCALE_EVENT_WITHIN} s (not over by then)")
+    };
     table.add(
         "4 footprint",
-        &format!("controller peak RSS (VmHWM), 15 s into draining the {n}-VM event"),
+        &format!(
+            "controller peak RSS (VmHWM) over {whole}, {n} VMs, {} pods",
+            args.scale_pods
+        ),
         format!("{:.1} MiB", mib(busy.hwm)),
+        "≤ 64 MiB",
+        Some(mib(busy.hwm) <= 64.0),
+    );
+    let cpu = busy.cpu - idle.cpu;
+    table.add(
+        "6 scale",
+        &format!("controller CPU over {whole}"),
+        format!("{cpu:.1} CPU seconds"),
         "",
         None,
     );
+    // The controller's requests, as the API server logged them.
+    let requests: Vec<Request> = audit_requests(&audit_log(cluster))?
+        .into_iter()
+        .filter(|r| r.user == "bench:controller" && r.at >= changed && r.at <= until)
+        .collect();
+    let span = secs(until - changed).max(1e-3);
+    let node_gets = requests
+        .iter()
+        .filter(|r| r.verb == "get" && r.resource == "nodes")
+        .count();
+    let evictions = requests
+        .iter()
+        .filter(|r| r.resource == "pods" && r.subresource == "eviction")
+        .count();
+    let pod_lists = requests
+        .iter()
+        .filter(|r| r.verb == "list" && r.resource == "pods")
+        .count();
+    table.add(
+        "5 API load",
+        &format!("controller Node GETs during the {n}-VM event"),
+        node_gets.to_string(),
+        "0 (node cache)",
+        Some(node_gets == 0),
+    );
+    table.add(
+        "5 API load",
+        &format!("controller requests during the {n}-VM event"),
+        format!(
+            "{} in {span:.0} s: {:.1}/s, of which evictions {:.1}/s (rate budget {SCALE_EVICTION_QPS}/s, burst {}), pod LISTs {pod_lists}",
+            requests.len(),
+            requests.len() as f64 / span,
+            evictions as f64 / span,
+            SCALE_EVICTION_QPS * 2
+        ),
+        "evictions ≤ budget",
+        Some(evictions as f64 / span <= f64::from(SCALE_EVICTION_QPS) * 1.1),
+    );
+    // On paper: AKS's limit is 5,000 nodes. Every figure above scaled by
+    // 5,000 / n is an upper bound (part of the memory is the executable
+    // and the runtime, which do not grow).
+    let k = 5000.0 / n as f64;
+    table.note(format!(
+        "sizing at 5,000 nodes and {} pods (the same pods per node), scaling this run's figures by {k:.0}:          idle RSS ≤ {:.0} MiB, peak RSS ≤ {:.0} MiB, CPU ≤ {:.0} CPU seconds for an event naming every VM          (upper bounds: the executable and runtime, about {:.0} MiB of the idle figure, do not grow)",
+        args.scale_pods as f64 * k,
+        mib(idle.rss) * k,
+        mib(busy.hwm) * k,
+        cpu * k,
+        mib(idle.rss - idle.anon)
+    ));
     match (result, first, last) {
         (Ok(()), Some(first), Some(last)) => {
             table.add(
@@ -1240,8 +1362,8 @@ async fn scale_on(
                     secs(first - changed),
                     (n - 1) as f64 / secs(last - first).max(1e-3)
                 ),
-                "≤ 5 s",
-                Some(secs(last - changed) <= 5.0),
+                "≤ 2 s",
+                Some(secs(last - changed) <= 2.0),
             );
         }
         (r, _, _) => {
@@ -1252,13 +1374,21 @@ async fn scale_on(
                     "only {count} of {n} cordoned within 180 s{}",
                     r.err().map(|e| format!(" ({e})")).unwrap_or_default()
                 ),
-                "≤ 5 s",
+                "≤ 2 s",
                 Some(false),
             );
         }
     }
     Ok(())
 }
+
+/// The controller's eviction rate budget in the scale part (evictions per
+/// second; burst twice that): 10,000 pods at the default 20/s would take
+/// over 8 minutes.
+const SCALE_EVICTION_QPS: u32 = 100;
+
+/// How long the scale part waits for its event to be over, seconds.
+const SCALE_EVENT_WITHIN: u64 = 420;
 
 // ---------------------------------------------------------------------------
 // 4. Executable size, 3. drain

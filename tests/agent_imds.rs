@@ -1212,3 +1212,96 @@ async fn connection_refused_is_kept_in_the_log() {
     assert!(mine.is_empty(), "{mine:?}");
     rig.stop().await;
 }
+
+/// IMDS answering 10 s late on one node (fault `slow` for its VM) holds
+/// back only that node's agent: the other agent reports its event within
+/// seconds and polls on at its interval; the slow one, whose IMDS timeout
+/// is above the delay, reports its event once IMDS answers, and its
+/// `/healthz` stays 200 all along (its poll loop is slow, not stuck).
+#[tokio::test(flavor = "multi_thread")]
+async fn imds_answering_after_ten_seconds_on_one_node_leaves_the_others_unaffected() {
+    const SLOW: &str = "A9000000-0000-4000-8000-000000000031";
+    const FAST: &str = "A9000000-0000-4000-8000-000000000032";
+    let mut rig = Rig::start(
+        "slow-imds",
+        &format!(
+            "vms: [{{name: sl_0}}, {{name: sl_1}}]\nevents:\n  - {{id: {SLOW}, type: Reboot, resources: [sl_0], at: 2s, notice: 1h, deliverTo: resources}}\n  - {{id: {FAST}, type: Reboot, resources: [sl_1], at: 2s, notice: 1h, deliverTo: resources}}\nfaults:\n  - {{at: 0s, for: 60s, kind: slow, delay: 10s, vms: [sl_0]}}\n"
+        ),
+        &[SLOW, FAST],
+    )
+    .await;
+    let slow = rig
+        .agent("sl-node-0", "sl_0", &["--imds-timeout", "15s"])
+        .await;
+    rig.agent("sl-node-1", "sl_1", &[]).await;
+    rig.ready().await;
+    let started = rig.start_clock().await;
+    let mut health = Vec::new();
+    let mut fast_at = None;
+    while started.elapsed() < Duration::from_secs(30) {
+        let h = rig
+            .http
+            .get(format!("http://127.0.0.1:{}/healthz", rig.agents[slow].1))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+            .ok();
+        health.push(h);
+        if fast_at.is_none() && rig.report(FAST, "sl-node-1").await.is_some() {
+            fast_at = Some(started.elapsed());
+        }
+        if fast_at.is_some() && rig.report(SLOW, "sl-node-0").await.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let fast_at = fast_at.expect("the fast node's event was never reported");
+    println!("fast node's event reported {fast_at:?} after the start (listed at 2 s)");
+    assert!(
+        fast_at < Duration::from_secs(8),
+        "the fast node's report waited for the slow IMDS: {fast_at:?}"
+    );
+    let r = rig
+        .wait_report(SLOW, "sl-node-0", "Scheduled", Duration::from_secs(30))
+        .await;
+    assert_eq!(r.vm, "sl_0");
+    println!(
+        "slow node's event reported {:?} after the start",
+        started.elapsed()
+    );
+    assert!(
+        health.iter().all(|h| *h == Some(200)),
+        "the slow agent's /healthz: {health:?}"
+    );
+    // The fast agent polled at its interval meanwhile.
+    let polls: Vec<DateTime<Utc>> = rig
+        .requests("sl_1")
+        .await
+        .into_iter()
+        .map(|r| r.arrived)
+        .collect();
+    let longest = polls
+        .windows(2)
+        .map(|w| (w[1] - w[0]).num_milliseconds())
+        .max()
+        .unwrap_or(i64::MAX);
+    assert!(
+        polls.len() >= 10 && longest < 2500,
+        "fast agent: {} polls, longest gap {longest} ms",
+        polls.len()
+    );
+    // The slow VM's requests were answered 10 s late, so its agent polled
+    // rarely (it waits for each answer); none was abandoned.
+    let slow_polls = rig.requests("sl_0").await;
+    assert!(
+        slow_polls
+            .iter()
+            .filter(|r| r
+                .answered
+                .is_some_and(|a| (a - r.arrived).num_seconds() >= 9))
+            .count()
+            >= 1,
+        "{slow_polls:?}"
+    );
+    rig.stop().await;
+}

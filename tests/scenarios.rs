@@ -368,3 +368,18 @@ async fn event_delivered_only_to_the_vm_it_names_is_handled() {
     assert_eq!(r.cordoned, ["node-000001"]);
     assert_eq!(approved_via(&r), ["aks-gpupool-41220931-vmss_1"]);
 }
+
+/// A flood of 200 events in the same second (issue 14): every one is
+/// approved once drained (the 190 short Freezes at once, the 10 Reboots of
+/// the first VM once it is drained) and reaches Completed (`play` checks
+/// each event's expectations and that no node is left cordoned), and only
+/// the first VM's node was ever cordoned.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_two_hundred_events_at_once_loses_none_and_leaves_nothing_cordoned() {
+    let r = play_with("flood-200.yaml", |o| o.timeout = Duration::from_secs(240)).await;
+    let approved: std::collections::BTreeSet<&str> =
+        r.approvals.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(approved.len(), 200, "approved: {approved:?}");
+    assert_eq!(r.cordoned, ["node-000000"]);
+    println!("200 events played in {:.1} s", r.elapsed);
+}

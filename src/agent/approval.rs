@@ -144,8 +144,9 @@ pub struct Approver {
     sent: mpsc::UnboundedSender<(String, SentApproval)>,
     objects: Objects,
     object_changed: Arc<Notify>,
-    /// One per event listed `Scheduled`; none while there is none.
-    watches: HashMap<String, ObjectWatch>,
+    /// One per event listed `Scheduled` (none while there is none), or one
+    /// of every event while more than [`MAX_NAMED_WATCHES`] are.
+    watches: Watches,
     /// Last approval attempt per event (only events listed `Scheduled`).
     attempts: HashMap<String, Instant>,
     /// When this agent first saw each decided approval, per event and
@@ -180,7 +181,7 @@ impl Approver {
             sent,
             objects: Arc::default(),
             object_changed: Arc::new(Notify::new()),
-            watches: HashMap::new(),
+            watches: Watches::Named(HashMap::new()),
             attempts: HashMap::new(),
             decisions: HashMap::new(),
         }
@@ -301,71 +302,145 @@ impl Approver {
             .cloned()
     }
 
-    /// Keeps one watch per event in `names`, and none other.
+    /// Keeps one watch per event in `names` and none other, or, while
+    /// there are more than [`MAX_NAMED_WATCHES`], one watch of them all.
     fn watch_only(&mut self, names: &HashSet<String>) {
-        self.watches.retain(|n, _| names.contains(n));
         self.objects
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .retain(|n, _| names.contains(n));
+        if names.len() > MAX_NAMED_WATCHES {
+            match &self.watches {
+                Watches::All { wanted, .. } => {
+                    *wanted
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = names.clone();
+                }
+                Watches::Named(_) => {
+                    debug!(
+                        events = names.len(),
+                        "Watching every ScheduledEvent while this many are scheduled"
+                    );
+                    let wanted = Arc::new(Mutex::new(names.clone()));
+                    let task = tokio::spawn(watch_objects(
+                        self.api.clone(),
+                        None,
+                        wanted.clone(),
+                        self.objects.clone(),
+                        self.object_changed.clone(),
+                    ));
+                    self.watches = Watches::All {
+                        wanted,
+                        _watch: ObjectWatch(task),
+                    };
+                }
+            }
+            return;
+        }
+        if matches!(self.watches, Watches::All { .. }) {
+            self.watches = Watches::Named(HashMap::new());
+        }
+        let Watches::Named(watches) = &mut self.watches else {
+            return;
+        };
+        watches.retain(|n, _| names.contains(n));
         for name in names {
-            if self.watches.contains_key(name) {
+            if watches.contains_key(name) {
                 continue;
             }
             debug!(event = %name, "Watching the ScheduledEvent while it is scheduled");
-            let task = tokio::spawn(watch_object(
+            let task = tokio::spawn(watch_objects(
                 self.api.clone(),
-                name.clone(),
+                Some(name.clone()),
+                Arc::new(Mutex::new(HashSet::from([name.clone()]))),
                 self.objects.clone(),
                 self.object_changed.clone(),
             ));
-            self.watches.insert(name.clone(), ObjectWatch(task));
+            watches.insert(name.clone(), ObjectWatch(task));
         }
     }
 }
 
-/// Keeps `objects[name]` as the watch of that one `ScheduledEvent` shows
-/// it (absent while it does not exist), resuming after errors with
-/// [`watch_backoff`]; notifies `changed` on every change.
-async fn watch_object(
+/// The most events watched one by one (a field selector on each name);
+/// beyond, one watch of every `ScheduledEvent` costs the API server less.
+const MAX_NAMED_WATCHES: usize = 8;
+
+/// The approval sender's watches of `ScheduledEvent`s.
+enum Watches {
+    /// One per event, by name.
+    Named(HashMap<String, ObjectWatch>),
+    /// One of every event, keeping those `wanted`.
+    All {
+        wanted: Arc<Mutex<HashSet<String>>>,
+        _watch: ObjectWatch,
+    },
+}
+
+/// Keeps `objects` as a watch shows the `ScheduledEvent`s `wanted`: of
+/// the one named `only` (a field selector on its name), or of every one.
+/// An object absent from a completed (re)list is dropped; errors resume
+/// after [`watch_backoff`]; `changed` is notified on every change.
+async fn watch_objects(
     api: Api<ScheduledEvent>,
-    name: String,
+    only: Option<String>,
+    wanted: Arc<Mutex<HashSet<String>>>,
     objects: Objects,
     changed: Arc<Notify>,
 ) {
-    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut config = watcher::Config::default();
+    if let Some(name) = &only {
+        config = config.fields(&format!("metadata.name={name}"));
+    }
     let stream = watcher(api, config).backoff(watch_backoff());
     futures::pin_mut!(stream);
-    let mut listed = false;
-    let set = |obj: Option<ScheduledEvent>| {
-        let mut map = objects
+    let is_wanted = |name: &str| {
+        wanted
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match obj {
-            Some(o) => map.insert(name.clone(), Arc::new(o)),
-            None => map.remove(&name),
-        };
-        drop(map);
-        changed.notify_one();
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(name)
     };
+    let lock = || {
+        objects
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    // The names a (re)list in progress showed.
+    let mut listed: HashSet<String> = HashSet::new();
     while let Some(item) = stream.next().await {
         match item {
-            Ok(watcher::Event::Apply(o)) => set(Some(o)),
-            Ok(watcher::Event::InitApply(o)) => {
-                listed = true;
-                set(Some(o));
-            }
-            Ok(watcher::Event::Delete(_)) => set(None),
-            Ok(watcher::Event::Init) => listed = false,
-            Ok(watcher::Event::InitDone) => {
-                if !listed {
-                    set(None);
+            Ok(watcher::Event::Apply(o)) => {
+                let name = o.metadata.name.clone().unwrap_or_default();
+                if is_wanted(&name) {
+                    lock().insert(name, Arc::new(o));
+                    changed.notify_one();
                 }
+            }
+            Ok(watcher::Event::InitApply(o)) => {
+                let name = o.metadata.name.clone().unwrap_or_default();
+                listed.insert(name.clone());
+                if is_wanted(&name) {
+                    lock().insert(name, Arc::new(o));
+                    changed.notify_one();
+                }
+            }
+            Ok(watcher::Event::Delete(o)) => {
+                let name = o.metadata.name.clone().unwrap_or_default();
+                if lock().remove(&name).is_some() {
+                    changed.notify_one();
+                }
+            }
+            Ok(watcher::Event::Init) => listed.clear(),
+            Ok(watcher::Event::InitDone) => {
+                lock().retain(|n, _| {
+                    listed.contains(n) || (only.is_some() && only.as_deref() != Some(n.as_str()))
+                });
+                listed.clear();
+                changed.notify_one();
             }
             // Missing RBAC or an unreachable API server stops every
             // approval: say so loudly.
             Err(e) => {
-                warn!(event = %name, error = %error_chain(&e), "ScheduledEvent watch failed; resuming after a backoff")
+                warn!(event = ?only, error = %error_chain(&e), "ScheduledEvent watch failed; resuming after a backoff")
             }
         }
     }

@@ -521,6 +521,10 @@ pub fn spawn(
                         return;
                     }
                 }
+                // Valid from the acquiring write on, before anyone is told.
+                if let Some(renewed) = elector.renewed {
+                    shared.set_until(renewed + timing.renew_deadline);
+                }
                 let _ = state_tx.send(Leadership::Leading);
                 let lost = tokio::select! {
                     why = elector.hold(&shared) => Some(why),

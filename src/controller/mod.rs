@@ -13,6 +13,7 @@ pub mod lease;
 pub mod metrics;
 pub mod nodes;
 pub mod plan;
+pub mod pods;
 pub mod reconcile;
 pub mod reload;
 pub mod report;
@@ -115,6 +116,7 @@ impl Context {
         let ready = |r: Option<Result<(), _>>| r.is_some_and(|r| r.is_ok());
         ready(self.events.wait_until_ready().now_or_never())
             && ready(self.reports.wait_until_ready().now_or_never())
+            && self.pods.ready()
     }
 
     /// The cached reports, by the name of the `ScheduledEvent` they are
@@ -203,6 +205,12 @@ pub struct Context {
     limiter: Arc<DefaultDirectRateLimiter>,
     /// Consecutive failed reconciles per object, for exponential backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// The pods the drain considers, by node (see [`pods`]).
+    pods: pods::PodCache,
+    /// Consecutive passes per event whose evictions a PodDisruptionBudget
+    /// refused, for the blocked drain's backoff (an entry lives while its
+    /// drain is blocked).
+    blocked: Mutex<HashMap<String, u32>>,
 }
 
 #[cfg(test)]

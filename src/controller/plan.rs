@@ -222,6 +222,10 @@ pub struct Plan {
     pub delete: bool,
     /// When to look again.
     pub requeue: Duration,
+    /// Whether `requeue` is only the drain's poll for progress (pods
+    /// leaving), not a time something falls due: a drain that a
+    /// PodDisruptionBudget blocks may then be looked at less often.
+    pub polls_progress: bool,
 }
 
 /// How an eviction request ended, classified from the API server's answer.
@@ -595,6 +599,7 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         ended_unobserved: None,
         delete: false,
         requeue: Duration::from_secs(5),
+        polls_progress: false,
     };
 
     if is_over(ev) {
@@ -749,11 +754,14 @@ fn plan_drain(
     } else {
         Phase::Pending
     };
+    let poll = match p.phase {
+        Phase::Draining => Some(DRAIN_POLL),
+        Phase::Started if action.drains() && !all_drained => Some(DRAIN_POLL),
+        _ => None,
+    };
     p.requeue = match p.phase {
-        Phase::Draining => Duration::from_secs(2),
-        Phase::Started if action.drains() && !all_drained => Duration::from_secs(2),
-        Phase::Started => Duration::from_secs(10),
-        _ => Duration::from_secs(5),
+        Phase::Started if poll.is_none() => Duration::from_secs(10),
+        _ => poll.unwrap_or(Duration::from_secs(5)),
     };
     if let Some(wait) = release_ended(p, ev, seen, policy, now) {
         p.requeue = p.requeue.min(wait);
@@ -766,7 +774,11 @@ fn plan_drain(
     {
         p.requeue = p.requeue.min(AFTER_CORDON);
     }
+    p.polls_progress = poll == Some(p.requeue);
 }
+
+/// How often a drain in progress is looked at while pods leave.
+const DRAIN_POLL: Duration = Duration::from_secs(2);
 
 /// Releases the nodes whose own part of the live event ended, each
 /// `releaseDelaySeconds` after its record's `endedAt` (this pass for one

@@ -14,7 +14,7 @@ use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::EventType as KubeEventType;
 use tracing::{debug, info, instrument, warn};
 
-use super::plan::{self, EvictionOutcome, NodeWrite, Observed, ObservedNode, Plan};
+use super::plan::{self, EvictionOutcome, NodeWrite, Observed, ObservedNode, Plan, PodInfo};
 use super::report::{self, Subject};
 use super::status::{self, Outcome};
 use super::{
@@ -26,6 +26,9 @@ use crate::crd::{
 
 /// When to look again at an event whose evictions a budget refused.
 const BLOCKED_REQUEUE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The longest pause between two passes over a blocked drain.
+const MAX_BLOCKED_REQUEUE: std::time::Duration = std::time::Duration::from_secs(16);
 
 /// How soon a reconcile that came before the caches synced is tried again.
 const CACHE_SYNC_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
@@ -101,6 +104,13 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
     } = observed;
     seen.last_report = last_report;
     let mut plan = plan::plan(&ev, &seen, &policy, now);
+    // The approval is decided on each node's pods as the API server has
+    // them now, not as the cache last showed them (a pod bound just before
+    // the cordon may not be cached yet): one LIST a node, at the decision.
+    if plan.decide_approval.is_some() && !ctx.dry_run && fresh_pods(&ev, &mut seen, &ctx).await? {
+        debug!("A fresh read of the nodes' pods differs from the cache: planning again on it");
+        plan = plan::plan(&ev, &seen, &policy, now);
+    }
     // Each dissenting node is handled on its own agent's report: its own
     // event type, duration and NotBefore decide its cordon and drain.
     for (spec, nodes) in dissent {
@@ -158,16 +168,93 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
             .iter()
             .any(|(_, _, o)| matches!(o, EvictionOutcome::Blocked { .. })) =>
         {
-            plan.requeue.min(BLOCKED_REQUEUE)
+            let passes = {
+                let mut b = ctx
+                    .blocked
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let n = b.entry(name.clone()).or_insert(0);
+                *n = n.saturating_add(1);
+                *n
+            };
+            if plan.polls_progress {
+                blocked_backoff(passes)
+            } else {
+                plan.requeue.min(blocked_backoff(passes))
+            }
         }
-        None => plan.requeue,
+        None => {
+            ctx.blocked
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&name);
+            plan.requeue
+        }
     };
     Ok(Requeue::requeue(requeue))
+}
+
+/// The pause before looking again at a drain that a PodDisruptionBudget
+/// blocked on `passes` passes in a row: 1 s doubling to
+/// [`MAX_BLOCKED_REQUEUE`] (a budget allows again once a replacement is
+/// Ready, usually within seconds; a budget that stays shut costs a pass per
+/// 16 s, not per second).
+pub fn blocked_backoff(passes: u32) -> std::time::Duration {
+    let exp = passes.saturating_sub(1).min(8);
+    (BLOCKED_REQUEUE * (1u32 << exp)).min(MAX_BLOCKED_REQUEUE)
+}
+
+/// Reads the pods of each node whose pods this pass read from the cache
+/// again from the API server (one LIST a node, side by side), replacing
+/// them in `seen`. Returns whether any node's pods differ from the cache's.
+async fn fresh_pods(ev: &ScheduledEvent, seen: &mut Observed, ctx: &Context) -> Result<bool> {
+    let drains = ctx
+        .policy()
+        .decide(
+            &ev.spec.event_type.as_str().into(),
+            &ev.spec.event_source,
+            ev.spec.duration_seconds,
+        )
+        .drains();
+    if !drains {
+        return Ok(false);
+    }
+    let wanted: Vec<(usize, String)> = seen
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| !n.vm_name.is_empty() && !n.ended)
+        .map(|(i, n)| (i, n.name.clone()))
+        .collect();
+    let client = ctx.client.clone();
+    let read: Vec<(usize, Vec<PodInfo>)> = futures::stream::iter(wanted)
+        .map(move |(i, node)| {
+            let client = client.clone();
+            async move { drain::pods_on(&client, &node).await.map(|p| (i, p)) }
+        })
+        .buffered(POD_LIST_CONCURRENCY)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    let mut changed = false;
+    for (i, mut pods) in read {
+        pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        if seen.nodes[i].pods != pods {
+            changed = true;
+            seen.nodes[i].pods = pods;
+        }
+    }
+    Ok(changed)
 }
 
 /// Deletes an event past its retention, and the reports about it.
 async fn delete(ev: &ScheduledEvent, reports: &[Report], ctx: &Context) -> Result<()> {
     let name = ev.name_any();
+    ctx.blocked
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .remove(&name);
     Api::<ScheduledEvent>::all(ctx.client.clone())
         .delete(&name, &DeleteParams::default())
         .await
@@ -456,7 +543,7 @@ async fn observe(
         }))
         .map(|(name, vm, i, ended, node)| async move {
             let pods = if drains[i] && !vm.is_empty() && !ended && (!completed || !recorded) {
-                drain::pods_on(&ctx.client, &name).await?
+                ctx.pods.on_node(&name)
             } else {
                 Vec::new()
             };
@@ -699,4 +786,17 @@ async fn evict(ev: &ScheduledEvent, plan: &Plan, ctx: &Context) -> Vec<Outcome> 
         .collect::<Vec<()>>()
         .await;
     outcomes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::blocked_backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn a_blocked_drain_is_looked_at_less_often_the_longer_it_stays_blocked() {
+        let d: Vec<u64> = (1..=7).map(|n| blocked_backoff(n).as_secs()).collect();
+        assert_eq!(d, [1, 2, 4, 8, 16, 16, 16]);
+        assert_eq!(blocked_backoff(u32::MAX), Duration::from_secs(16));
+    }
 }

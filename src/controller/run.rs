@@ -151,6 +151,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     // assessment reads and the trigger of the event they are about, so a
     // reconcile a report triggers always sees that report.
     let (reports, report_stream) = cache::<ScheduledEventReport>(clients.watches.clone());
+    // The drain's pods, from one watch (see `pods`), while this replica leads.
+    let pods = super::pods::PodCache::default();
+    let pod_task = tokio::spawn(pods.clone().run(clients.watches.clone()));
     // Each report change also wakes the task that creates the objects of
     // events that have reports and no object yet (see `spec`).
     let report_changed = Arc::new(tokio::sync::Notify::new());
@@ -187,6 +190,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         per_node: usize::from(args.max_evictions_per_node),
         limiter: drain::rate_limiter(args.eviction_qps, args.eviction_burst),
         failures: Mutex::new(HashMap::new()),
+        pods: pods.clone(),
+        blocked: Mutex::new(HashMap::new()),
     });
 
     let leader_gauge = metrics.leader.clone();
@@ -212,6 +217,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         _ = controller => Ok(()),
     };
     node_task.abort();
+    pod_task.abort();
     creator.abort();
     confinement.abort();
     if let Some(sweep) = sweep {

@@ -79,7 +79,11 @@ impl Cluster {
             run_script(&["build-k8s.sh"])
                 .context("building the Kubernetes components failed (see the log above)")?,
         );
-        let kubeconfig = PathBuf::from(
+        // kwokctl picks free ports when it creates the cluster; with other
+        // clusters and test servers starting side by side, one may be taken
+        // before its component binds it (etcd: `bind: address already in
+        // use`, seen once in `make test`). A second creation picks others.
+        let up = || {
             run_script_with(
                 &[
                     "cluster.sh",
@@ -91,7 +95,15 @@ impl Cluster {
                 ],
                 env,
             )
-            .context("starting the local cluster failed (see the log above)")?,
+        };
+        let kubeconfig = PathBuf::from(
+            up().or_else(|e| {
+                eprintln!(
+                    "[harness] creating cluster {name} failed ({e:#}); creating it once more"
+                );
+                up()
+            })
+            .context("starting the local cluster failed twice (see the log above)")?,
         );
         if !kubeconfig.is_file() {
             bail!(
@@ -265,12 +277,41 @@ impl Cluster {
             .context("the kubeconfig has no parent directory")?
             .to_path_buf();
         let Component { pid, .. } = Component::read(&dir, "kube-apiserver")?;
+        let others = [
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kwok-controller",
+        ]
+        .iter()
+        .filter_map(|name| Component::read(&dir, name).ok())
+        .collect();
         let ok = Command::new("kill")
             .args(["-STOP", &pid])
             .status()?
             .success();
         anyhow::ensure!(ok, "kill -STOP {pid} (kube-apiserver) failed");
-        Ok(PausedApiServer { pid })
+        Ok(PausedApiServer { pid, dir, others })
+    }
+
+    /// Resumes a kube-apiserver paused by [`Cluster::pause_api_server`],
+    /// waits until `/readyz` answers, and starts again every other
+    /// component that exited meanwhile (see [`Cluster::start_api_server`]);
+    /// returns their names.
+    ///
+    /// # Errors
+    /// When it is not ready within 60 s or a component cannot start.
+    pub fn resume_api_server(&self, paused: PausedApiServer) -> anyhow::Result<Vec<String>> {
+        let (dir, others) = (paused.dir.clone(), paused.others.clone());
+        drop(paused);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while self.kubectl(&["get", "--raw", "/readyz"]).is_err() {
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "kube-apiserver resumed is not ready within 60 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        keep_running(&dir, others)
     }
 
     /// Starts a kube-apiserver stopped by [`Cluster::stop_api_server`] again
@@ -304,31 +345,7 @@ impl Cluster {
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        // kube-controller-manager and kube-scheduler may exit during the
-        // outage (their leader Lease lost) or as it ends, and one started
-        // again may exit at once (its port not yet free): watch them until
-        // all have run for 5 s in a row (at most 30 s), starting again any
-        // that is not running, as their kubelet would.
-        let mut restarted = Vec::new();
-        let mut others = stopped.others.clone();
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        let mut steady_since = std::time::Instant::now();
-        loop {
-            for c in &mut others {
-                if !c.running() {
-                    c.pid = c.spawn(&stopped.dir)?;
-                    restarted.push(c.name.clone());
-                    steady_since = std::time::Instant::now();
-                }
-            }
-            let now = std::time::Instant::now();
-            if now.duration_since(steady_since) >= std::time::Duration::from_secs(5) || now > until
-            {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(250));
-        }
-        Ok(restarted)
+        keep_running(&stopped.dir, stopped.others.clone())
     }
 
     /// A client for the cluster.
@@ -338,6 +355,32 @@ impl Cluster {
     pub async fn client(&self) -> anyhow::Result<Client> {
         client_for(&self.kubeconfig).await
     }
+}
+
+/// kube-controller-manager and kube-scheduler may exit during an API
+/// server outage (their leader Lease lost) or as it ends, and one started
+/// again may exit at once (its port not yet free): watches `others` until
+/// all have run for 5 s in a row (at most 30 s), starting again any that is
+/// not running, as their kubelet would. Returns the names started again.
+fn keep_running(dir: &Path, mut others: Vec<Component>) -> anyhow::Result<Vec<String>> {
+    let mut restarted = Vec::new();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut steady_since = std::time::Instant::now();
+    loop {
+        for c in &mut others {
+            if !c.running() {
+                c.pid = c.spawn(dir)?;
+                restarted.push(c.name.clone());
+                steady_since = std::time::Instant::now();
+            }
+        }
+        let now = std::time::Instant::now();
+        if now.duration_since(steady_since) >= std::time::Duration::from_secs(5) || now > until {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    Ok(restarted)
 }
 
 /// A client for the cluster of `kubeconfig`.
@@ -351,15 +394,14 @@ pub async fn client_for(kubeconfig: &Path) -> anyhow::Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
-/// A kube-apiserver paused by [`Cluster::pause_api_server`].
+/// A kube-apiserver paused by [`Cluster::pause_api_server`]; resumed by
+/// [`Cluster::resume_api_server`], or (without restarting what exited) when
+/// dropped.
 #[derive(Debug)]
 pub struct PausedApiServer {
     pid: String,
-}
-
-impl PausedApiServer {
-    /// Lets it run again.
-    pub fn resume(self) {}
+    dir: PathBuf,
+    others: Vec<Component>,
 }
 
 impl Drop for PausedApiServer {

@@ -402,6 +402,14 @@ async fn post_approval(
 ) -> Response {
     let seq = mock.lock().arrive(&vm, "POST");
     let resp = answer_approval(&mock, &vm, &query, &headers, &body);
+    let delay = mock
+        .lock()
+        .scenario
+        .vm(&vm)
+        .and_then(|v| v.approval_answer_delay);
+    if let Some(d) = delay {
+        tokio::time::sleep(d).await;
+    }
     mock.lock().answer(seq, resp.status());
     resp
 }

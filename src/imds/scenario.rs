@@ -93,6 +93,10 @@ pub struct Vm {
     /// When the VM is redeployed (its `DocumentIncarnation` starts again at 1).
     #[serde(with = "humantime_serde", default)]
     pub redeploy_at: Option<Duration>,
+    /// How late each approval (`POST`) is answered; the approval itself
+    /// takes effect (and is logged) when it arrives.
+    #[serde(with = "humantime_serde", default)]
+    pub approval_answer_delay: Option<Duration>,
 }
 
 /// A window in which an event is not listed (an IMDS flap).

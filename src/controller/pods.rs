@@ -1,0 +1,197 @@
+//! The drain's cache of pods, by node: one watch of every pod (kube's
+//! watcher, resuming from its `resourceVersion`), kept as the few fields
+//! the drain reads ([`PodInfo`], a few hundred bytes a pod) and indexed by
+//! node, so that a drain of a thousand nodes costs the API server no LIST
+//! per node per pass, and the controller no copy of whole pods.
+//!
+//! A cache lags the API server by the watch's delay. For evictions that is
+//! harmless (a pod already gone is evicted once more and answers 404; a pod
+//! not yet seen is evicted on a later pass). For the approval it is not: a
+//! pod bound to the node just before its cordon might not be in the cache
+//! yet. So the approval decision reads each node's pods afresh (one LIST a
+//! node, once) before it is recorded (see `reconcile`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tracing::warn;
+
+use super::drain::classify_pod;
+use super::plan::PodInfo;
+use crate::kubeclient::watch_backoff;
+
+/// Pods that count for a drain, by node, then by UID.
+type ByNode = HashMap<String, HashMap<String, PodInfo>>;
+
+#[derive(Default)]
+struct State {
+    by_node: ByNode,
+    /// The node of each pod cached, by UID (to move or drop it).
+    node_of: HashMap<String, String>,
+    /// Whether a first list has completed.
+    ready: bool,
+}
+
+impl State {
+    fn remove(&mut self, uid: &str) {
+        if let Some(node) = self.node_of.remove(uid)
+            && let Some(pods) = self.by_node.get_mut(&node)
+        {
+            pods.remove(uid);
+            if pods.is_empty() {
+                self.by_node.remove(&node);
+            }
+        }
+    }
+
+    /// Caches `pod` if it counts for a drain and is bound to a node;
+    /// forgets it otherwise (a pod that finished, say).
+    fn apply(&mut self, pod: &Pod) {
+        let uid = pod.uid().unwrap_or_default();
+        self.remove(&uid);
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        if let (Some(node), Some(info)) = (node, classify_pod(pod)) {
+            self.node_of.insert(uid.clone(), node.clone());
+            self.by_node.entry(node).or_default().insert(uid, info);
+        }
+    }
+}
+
+/// A cache of the pods the drain considers, by node.
+#[derive(Clone, Default)]
+pub struct PodCache(Arc<RwLock<State>>);
+
+impl PodCache {
+    /// The pods on `node` that the drain considers, as last watched, in
+    /// name order.
+    pub fn on_node(&self, node: &str) -> Vec<PodInfo> {
+        let state = self
+            .0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut pods: Vec<PodInfo> = state
+            .by_node
+            .get(node)
+            .map(|p| p.values().cloned().collect())
+            .unwrap_or_default();
+        pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        pods
+    }
+
+    /// Whether a first list has completed.
+    pub fn ready(&self) -> bool {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .ready
+    }
+
+    /// How many pods are cached.
+    pub fn len(&self) -> usize {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .node_of
+            .len()
+    }
+
+    /// Whether no pod is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Fills the cache from a watch of every pod until the task is aborted;
+    /// errors are logged and the watch resumes after [`watch_backoff`].
+    pub async fn run(self, client: Client) {
+        // A consistent, paginated list (the default): `resourceVersion=0`
+        // would have the API server send every pod of the cluster in one
+        // response.
+        let stream =
+            watcher(Api::<Pod>::all(client), watcher::Config::default()).backoff(watch_backoff());
+        futures::pin_mut!(stream);
+        // A relist builds a fresh index, swapped in whole when complete.
+        let mut fresh: Option<State> = None;
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(watcher::Event::Init) => fresh = Some(State::default()),
+                Ok(watcher::Event::InitApply(pod)) => {
+                    if let Some(f) = fresh.as_mut() {
+                        f.apply(&pod);
+                    }
+                }
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(mut f) = fresh.take() {
+                        f.ready = true;
+                        *self
+                            .0
+                            .write()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = f;
+                    }
+                }
+                Ok(watcher::Event::Apply(pod)) => self
+                    .0
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .apply(&pod),
+                Ok(watcher::Event::Delete(pod)) => self
+                    .0
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .remove(&pod.uid().unwrap_or_default()),
+                Err(e) => warn!(error = %e, "Pod watch failed; resuming after a backoff"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(uid: &str, node: Option<&str>, phase: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("p-{uid}"), "namespace": "ns", "uid": uid,
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "o", "controller": true}]},
+            "spec": {"nodeName": node, "containers": []},
+            "status": {"phase": phase},
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn pods_are_indexed_by_node_and_moved_or_dropped_as_they_change() {
+        let mut s = State::default();
+        s.apply(&pod("a", Some("n1"), "Running"));
+        s.apply(&pod("b", Some("n1"), "Running"));
+        s.apply(&pod("c", None, "Pending"));
+        let cache = PodCache(Arc::new(RwLock::new(s)));
+        assert_eq!(cache.on_node("n1").len(), 2);
+        assert_eq!(cache.len(), 2, "an unbound pod is on no node");
+        {
+            let mut s = cache.0.write().unwrap();
+            // Finished: it no longer counts.
+            s.apply(&pod("a", Some("n1"), "Succeeded"));
+            s.apply(&pod("c", Some("n2"), "Running"));
+        }
+        assert_eq!(
+            cache
+                .on_node("n1")
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>(),
+            ["p-b"]
+        );
+        assert_eq!(cache.on_node("n2").len(), 1);
+        cache.0.write().unwrap().remove("b");
+        assert!(cache.on_node("n1").is_empty());
+        assert!(
+            !cache.0.read().unwrap().by_node.contains_key("n1"),
+            "no empty entry kept"
+        );
+    }
+}

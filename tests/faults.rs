@@ -1,0 +1,866 @@
+//! Faults, with the shipped binary's real processes on a real local control
+//! plane (cluster `forewarn-faults`) whose kube-apiserver writes an audit
+//! log of every write: what each process sent is judged from what the API
+//! server saw, by the `User-Agent` each process sends
+//! (`forewarn/<version> (<role>; <identity>)`), not from the processes' own
+//! metrics.
+//!
+//! - a hung API server (paused with SIGSTOP) delays no IMDS poll and loses
+//!   no report;
+//! - a leader paused (SIGSTOP) mid-drain past its lease, and resumed after
+//!   the standby took over, sends no write;
+//! - an agent SIGKILLed after IMDS received its approval and before it
+//!   recorded it loses nothing and leaves no node cordoned.
+//!
+//! They take turns (one pauses the cluster's API server) and fail, never
+//! skip, when the cluster cannot start.
+#![cfg(feature = "harness")]
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use forewarn::crd::{
+    EventStatus, Phase, Report, ScheduledEvent, ScheduledEventReport, report_name,
+};
+use forewarn::harness::cluster::{Cluster, repo_root};
+use forewarn::harness::procs::{Proc, read_mock_address, wait_ready};
+use forewarn::imds::mock::{LogEntry, RequestEntry};
+use forewarn::imds::model::object_name;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::{Value, json};
+
+const NODES: usize = 3;
+
+/// The audit policy: every request but reads, at level `Metadata`.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: None\n    verbs: [get, list, watch]\n  - level: Metadata\n";
+
+fn cluster() -> Cluster {
+    static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+    CLUSTER
+        .get_or_init(|| {
+            let dir = repo_root().join("target/faults");
+            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+            let policy = dir.join("audit-policy.yaml");
+            std::fs::write(&policy, AUDIT_POLICY).map_err(|e| e.to_string())?;
+            Cluster::start_with(
+                "forewarn-faults",
+                NODES,
+                &[("FOREWARN_KUBE_AUDIT_POLICY", policy.as_path())],
+            )
+            .map_err(|e| format!("{e:#}"))
+        })
+        .clone()
+        .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"))
+}
+
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_forewarn"))
+}
+
+fn dir(test: &str) -> PathBuf {
+    let d = repo_root().join("target/faults").join(test);
+    std::fs::create_dir_all(&d).expect("test dir");
+    d
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("HTTP client")
+}
+
+/// One write the API server's audit log recorded.
+#[derive(Debug)]
+struct Write {
+    at: DateTime<Utc>,
+    verb: String,
+    uri: String,
+    user_agent: String,
+}
+
+/// Every write in the cluster's audit log (one per audit ID).
+fn audit_writes(cluster: &Cluster) -> Vec<Write> {
+    let path = cluster
+        .kubeconfig
+        .parent()
+        .expect("cluster dir")
+        .join("logs/audit.log");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("no audit log at {}: {e}", path.display()));
+    let mut seen = std::collections::HashSet::new();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| seen.insert(v["auditID"].as_str().unwrap_or_default().to_string()))
+        // The policy logs no read; a read is never a write, whatever it logs.
+        .filter(|v| !matches!(v["verb"].as_str(), Some("get" | "list" | "watch")))
+        .filter_map(|v| {
+            Some(Write {
+                at: v["requestReceivedTimestamp"].as_str()?.parse().ok()?,
+                verb: v["verb"].as_str()?.to_string(),
+                uri: v["requestURI"].as_str()?.to_string(),
+                user_agent: v["userAgent"].as_str().unwrap_or_default().to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The `User-Agent` a forewarn process of `role` with `identity` sends.
+fn user_agent(role: &str, identity: &str) -> String {
+    format!(
+        "forewarn/{} ({role}; {identity})",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// Polls `check` every 200 ms until it gives a value, failing after `within`.
+async fn eventually<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(start.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Starts `forewarn imds-mock` (held) for `scenario`; returns it and its
+/// base URL.
+async fn start_mock(dir: &Path, scenario: &str) -> (Proc, String) {
+    let file = dir.join("scenario.yaml");
+    std::fs::write(&file, scenario).expect("scenario");
+    let (mock, stdout) = Proc::spawn(
+        "imds-mock",
+        &bin(),
+        &[
+            "imds-mock".into(),
+            "--scenario".into(),
+            file.to_string_lossy().into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--hold".into(),
+        ],
+        &[("RUST_LOG", "info")],
+        dir,
+        "imds-mock",
+    )
+    .expect("start the mock");
+    let base = read_mock_address(stdout.expect("mock stdout"), mock.log.clone())
+        .await
+        .expect("mock address");
+    (mock, base)
+}
+
+async fn start_clock(base: &str) {
+    http()
+        .post(format!("{base}/mock/start"))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .expect("start the mock's clock");
+}
+
+async fn mock_requests(base: &str, vm: &str, method: &str) -> Vec<RequestEntry> {
+    let all: Vec<RequestEntry> = http()
+        .get(format!("{base}/mock/requests"))
+        .send()
+        .await
+        .expect("mock requests")
+        .json()
+        .await
+        .expect("mock requests JSON");
+    all.into_iter()
+        .filter(|r| r.vm == vm && r.method == method)
+        .collect()
+}
+
+async fn mock_log(base: &str) -> Vec<LogEntry> {
+    http()
+        .get(format!("{base}/mock/log"))
+        .send()
+        .await
+        .expect("mock log")
+        .json()
+        .await
+        .expect("mock log JSON")
+}
+
+/// Starts an agent for `vm` on `node`; returns it and its metrics port.
+async fn start_agent(
+    cluster: &Cluster,
+    dir: &Path,
+    base: &str,
+    node: &str,
+    vm: &str,
+) -> (Proc, u16) {
+    let args: Vec<String> = [
+        "agent",
+        "--node-name",
+        node,
+        "--imds-url",
+        &format!("{base}/vm/{vm}"),
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
+    let (mut p, _) = Proc::spawn(
+        &format!("agent {node}"),
+        &bin(),
+        &args,
+        &[("KUBECONFIG", &kubeconfig), ("RUST_LOG", "info,kube=warn")],
+        dir,
+        &format!("agent-{node}"),
+    )
+    .expect("start the agent");
+    let port = p
+        .metrics_port(Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    (p, port)
+}
+
+/// Starts a controller with Lease `lease` as `identity`; returns it and its
+/// metrics port.
+async fn start_controller(
+    cluster: &Cluster,
+    dir: &Path,
+    lease: &str,
+    identity: &str,
+) -> (Proc, u16) {
+    let args: Vec<String> = [
+        "controller",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--lease-namespace",
+        "default",
+        "--lease-name",
+        lease,
+        "--identity",
+        identity,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
+    let (mut p, _) = Proc::spawn(
+        identity,
+        &bin(),
+        &args,
+        &[("KUBECONFIG", &kubeconfig), ("RUST_LOG", "info,kube=warn")],
+        dir,
+        identity,
+    )
+    .expect("start the controller");
+    let port = p
+        .metrics_port(Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    (p, port)
+}
+
+/// `kubectl apply -f -` of `doc` on `cluster`.
+fn kubectl_apply(cluster: &Cluster, doc: &Value) {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(cluster.kubectl_path())
+        .env("KUBECONFIG", &cluster.kubeconfig)
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    child
+        .stdin
+        .take()
+        .expect("kubectl stdin")
+        .write_all(doc.to_string().as_bytes())
+        .expect("write to kubectl");
+    let out = child.wait_with_output().expect("kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl apply failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn status(port: u16, path: &str) -> Option<u16> {
+    http()
+        .get(format!("http://127.0.0.1:{port}{path}"))
+        .send()
+        .await
+        .ok()
+        .map(|r| r.status().as_u16())
+}
+
+/// Deletes the objects of the events `ids` (and every report about them)
+/// left by an earlier run.
+async fn clean(client: &kube::Client, ids: &[&str]) {
+    let events: Api<ScheduledEvent> = Api::all(client.clone());
+    let reports: Api<ScheduledEventReport> = Api::all(client.clone());
+    let names: Vec<String> = ids.iter().map(|id| object_name(id)).collect();
+    for n in &names {
+        let _ = events.delete(n, &DeleteParams::default()).await;
+    }
+    for r in reports
+        .list(&ListParams::default())
+        .await
+        .expect("list reports")
+    {
+        if names.contains(&r.spec.scheduled_event) {
+            let _ = reports
+                .delete(
+                    r.metadata.name.as_deref().unwrap_or_default(),
+                    &DeleteParams::default(),
+                )
+                .await;
+        }
+    }
+}
+
+async fn report(client: &kube::Client, id: &str, node: &str) -> Option<ScheduledEventReport> {
+    let reports: Api<ScheduledEventReport> = Api::all(client.clone());
+    reports
+        .get_opt(&report_name(&object_name(id), node).expect("report name"))
+        .await
+        .ok()
+        .flatten()
+}
+
+/// A kube-apiserver that hangs (SIGSTOP: connections open, nothing
+/// answered) for 15 s delays no IMDS poll of an agent: its poll loop goes
+/// on at its interval and `/healthz` stays 200; an agent started while it
+/// hangs is not ready until it has read its reports; an event that appears
+/// while it hangs is reported once it answers again. With the agent's
+/// former single loop, the first hung write stopped the polls: the gap
+/// check fails.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hung_api_server_delays_no_imds_poll_and_loses_no_report() {
+    let _turn = TURN.lock().await;
+    const A: &str = "FA000000-0000-4000-8000-000000000001";
+    const B: &str = "FA000000-0000-4000-8000-000000000002";
+    let cluster = cluster();
+    let client = cluster.client().await.expect("client");
+    clean(&client, &[A, B]).await;
+    let dir = dir("hung-api-server");
+    let (_mock, base) = start_mock(
+        &dir,
+        &format!(
+            "vms: [{{name: hg_0}}, {{name: hg_1}}]\nevents:\n  - {{id: {A}, type: Reboot, resources: [hg_0], at: 0s, notice: 1h}}\n  - {{id: {B}, type: Reboot, resources: [hg_0, hg_1], at: 8s, notice: 1h}}\n"
+        ),
+    )
+    .await;
+    let (mut agent, port) = start_agent(&cluster, &dir, &base, "hang-node-0", "hg_0").await;
+    wait_ready(port, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("agent not ready: {e}"));
+    start_clock(&base).await;
+    eventually("A reported", Duration::from_secs(15), || async {
+        report(&client, A, "hang-node-0")
+            .await
+            .filter(|r| r.spec.report.event_status == EventStatus::Scheduled)
+    })
+    .await;
+
+    let paused = cluster.pause_api_server().expect("pause kube-apiserver");
+    let paused_at = Utc::now();
+    let since = Instant::now();
+    // A second agent starts while the API server hangs.
+    let (mut late, late_port) = start_agent(&cluster, &dir, &base, "hang-node-1", "hg_1").await;
+    let mut health = Vec::new();
+    let mut ready_late = Vec::new();
+    while since.elapsed() < Duration::from_secs(15) {
+        health.push(status(port, "/healthz").await);
+        ready_late.push(status(late_port, "/readyz").await);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let resumed_at = Utc::now();
+    let restarted = tokio::task::block_in_place(|| cluster.resume_api_server(paused))
+        .expect("resume kube-apiserver");
+    println!("started again after the pause: {restarted:?}");
+    println!("kube-apiserver paused {paused_at} .. {resumed_at}");
+
+    assert!(
+        health.iter().all(|h| *h == Some(200)),
+        "/healthz while the API server hung: {health:?}"
+    );
+    assert!(
+        ready_late.iter().all(|r| *r == Some(503)),
+        "/readyz of the agent started while the API server hung: {ready_late:?}"
+    );
+    // Polls went on at their interval: both agents, the whole time.
+    for vm in ["hg_0", "hg_1"] {
+        let polls: Vec<DateTime<Utc>> = mock_requests(&base, vm, "GET")
+            .await
+            .into_iter()
+            .map(|r| r.arrived)
+            .filter(|t| *t >= paused_at + chrono::TimeDelta::seconds(2) && *t <= resumed_at)
+            .collect();
+        let gaps: Vec<f64> = polls
+            .windows(2)
+            .map(|w| (w[1] - w[0]).num_milliseconds() as f64 / 1000.0)
+            .collect();
+        let longest = gaps.iter().copied().fold(0.0, f64::max);
+        println!(
+            "{vm}: {} polls while the API server hung, longest gap {longest:.2} s",
+            polls.len()
+        );
+        assert!(
+            polls.len() >= 10,
+            "{vm}: only {} polls in 13 s",
+            polls.len()
+        );
+        assert!(
+            longest < 2.5,
+            "{vm}: a gap of {longest:.2} s between polls: {gaps:?}"
+        );
+    }
+
+    // B came while it hung: both agents report it once it answers again,
+    // and the late agent turns ready.
+    for node in ["hang-node-0", "hang-node-1"] {
+        let r = eventually(
+            &format!("B reported by {node}"),
+            Duration::from_secs(30),
+            || async { report(&client, B, node).await },
+        )
+        .await;
+        assert_eq!(r.spec.report.event_status, EventStatus::Scheduled, "{r:?}");
+    }
+    wait_ready(late_port, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("the late agent not ready after the API server returned: {e}"));
+    let a = report(&client, A, "hang-node-0")
+        .await
+        .expect("A's report kept");
+    assert_eq!(a.spec.report.event_status, EventStatus::Scheduled);
+    // Stopped before the clean-up: an agent writes its live reports again.
+    for p in [&mut agent, &mut late] {
+        let status = p
+            .terminate(Duration::from_secs(15))
+            .await
+            .expect("stop agent");
+        assert!(status.success(), "{} exited with {status}", p.name);
+    }
+    clean(&client, &[A, B]).await;
+}
+
+/// The reports an agent on `node` would write for a `Reboot` named
+/// `vm`, appearance 1.
+fn reboot_report(id: &str, node: &str, vm: &str, status: EventStatus) -> Value {
+    let report = Report {
+        node: node.into(),
+        vm: vm.into(),
+        named: true,
+        event_status: status,
+        appearance: 1,
+        event_id: id.into(),
+        event_type: "Reboot".into(),
+        event_source: "Platform".into(),
+        resource_type: "VirtualMachine".into(),
+        resources: vec![vm.into()],
+        not_before: Some(Utc::now() + chrono::TimeDelta::hours(1)),
+        duration_seconds: -1,
+        description: "Fault test".into(),
+        document_incarnation: 1,
+        approvals: Vec::new(),
+    };
+    let name = object_name(id);
+    json!({
+        "apiVersion": "forewarn.dev/v1alpha1",
+        "kind": "ScheduledEventReport",
+        "metadata": {"name": report_name(&name, node).expect("report name")},
+        "spec": {"scheduledEvent": name, "report": report},
+    })
+}
+
+/// A leader paused (SIGSTOP) while it drains a node whose PodDisruptionBudget
+/// blocks the drain, and resumed after the standby took the Lease over,
+/// sends no write from then on: the audit log has no write with its
+/// `User-Agent` received after it was resumed, while it had written before
+/// the pause (so the check can fail) and the standby writes after taking
+/// over. The resumed process exits, and the node is released when the event
+/// ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_paused_past_its_lease_and_resumed_writes_nothing() {
+    let _turn = TURN.lock().await;
+    const ID: &str = "FA000000-0000-4000-8000-000000000010";
+    const NODE: &str = "node-000000";
+    const VM: &str = "fault_vm_0";
+    const LEASE: &str = "forewarn-faults-paused";
+    const NS: &str = "paused";
+    let cluster = cluster();
+    let client = cluster.client().await.expect("client");
+    clean(&client, &[ID]).await;
+    let dir = dir("paused-leader");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let _ = leases.delete(LEASE, &DeleteParams::default()).await;
+
+    // Two pods of a Deployment on the node, a PDB that lets none go: the
+    // drain is blocked and the leader keeps trying.
+    let kubectl_apply = |doc: Value| kubectl_apply(&cluster, &doc);
+    kubectl_apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}));
+    kubectl_apply(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+            },
+        },
+    }));
+    kubectl_apply(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}},
+    }));
+
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    eventually("the web pods exist", Duration::from_secs(30), || async {
+        let n = pods.list(&ListParams::default()).await.ok()?.items.len();
+        (n == 2).then_some(())
+    })
+    .await;
+    let (mut first, _) = start_controller(&cluster, &dir, LEASE, "paused-a").await;
+    let leader_of = || async {
+        leases
+            .get_opt(LEASE)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.holder_identity)
+    };
+    eventually("paused-a leads", Duration::from_secs(30), || async {
+        (leader_of().await.as_deref() == Some("paused-a")).then_some(())
+    })
+    .await;
+    let (mut second, _) = start_controller(&cluster, &dir, LEASE, "paused-b").await;
+
+    // The node's own agent reports a Reboot (written here as that agent).
+    let reports: Api<ScheduledEventReport> = Api::all(client.clone());
+    let apply = |doc: Value| {
+        let reports = reports.clone();
+        async move {
+            let name = doc["metadata"]["name"].as_str().unwrap().to_string();
+            reports
+                .patch(
+                    &name,
+                    &PatchParams::apply("fault-test").force(),
+                    &Patch::Apply(doc),
+                )
+                .await
+                .expect("apply the report")
+        }
+    };
+    apply(reboot_report(ID, NODE, VM, EventStatus::Scheduled)).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let cordoned = || async {
+        nodes
+            .get(NODE)
+            .await
+            .ok()
+            .and_then(|n| n.spec?.unschedulable)
+            .unwrap_or(false)
+    };
+    eventually("the node cordoned", Duration::from_secs(30), || async {
+        cordoned().await.then_some(())
+    })
+    .await;
+    let ua_a = user_agent("controller", "paused-a");
+    let ua_b = user_agent("controller", "paused-b");
+    // The leader is draining: its evictions are refused by the PDB (429).
+    eventually("paused-a evicting", Duration::from_secs(30), || async {
+        audit_writes(&cluster)
+            .iter()
+            .any(|w| w.user_agent == ua_a && w.uri.contains("/eviction"))
+            .then_some(())
+    })
+    .await;
+
+    first.signal("STOP").expect("SIGSTOP the leader");
+    let stopped = Utc::now();
+    eventually("paused-b takes over", Duration::from_secs(40), || async {
+        (leader_of().await.as_deref() == Some("paused-b")).then_some(())
+    })
+    .await;
+    // Let the standby act (it writes: evictions, status) before resuming.
+    eventually("paused-b writes", Duration::from_secs(30), || async {
+        audit_writes(&cluster)
+            .iter()
+            .any(|w| w.user_agent == ua_b && w.at > stopped)
+            .then_some(())
+    })
+    .await;
+    // What the old leader will find on resuming: a change to the node's
+    // report (its watch delivers it at once), so that it reconciles the
+    // draining event, and would evict again, the moment it runs.
+    let mut changed = reboot_report(ID, NODE, VM, EventStatus::Scheduled);
+    changed["spec"]["report"]["description"] =
+        json!("Fault test, changed while the leader was paused");
+    apply(changed).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let resumed = Utc::now();
+    first.signal("CONT").expect("SIGCONT the old leader");
+    // It finds itself no longer leading and exits.
+    let exited = eventually("the resumed process exits", Duration::from_secs(30), || {
+        let e = first.exited();
+        async move { e }
+    })
+    .await;
+    assert!(!exited.success(), "it exited with {exited}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let writes = audit_writes(&cluster);
+    let before: Vec<&Write> = writes
+        .iter()
+        .filter(|w| w.user_agent == ua_a && w.at < stopped)
+        .collect();
+    let after: Vec<&Write> = writes
+        .iter()
+        .filter(|w| w.user_agent == ua_a && w.at >= resumed)
+        .collect();
+    let by_b = writes.iter().filter(|w| w.user_agent == ua_b).count();
+    println!(
+        "paused-a wrote {} times before the pause, {} after its resume; paused-b {} times",
+        before.len(),
+        after.len(),
+        by_b
+    );
+    assert!(
+        before.len() >= 2,
+        "the leader wrote nothing before the pause: the check proves nothing"
+    );
+    let sent: Vec<String> = after
+        .iter()
+        .map(|w| format!("{} {} {}", w.at, w.verb, w.uri))
+        .collect();
+    assert!(after.is_empty(), "the resumed old leader wrote: {sent:#?}");
+    assert!(by_b > 0);
+    let log = std::fs::read_to_string(&first.log).unwrap_or_default();
+    assert!(log.contains("stopped acting as leader"), "{log}");
+
+    // The event ends: the new leader releases the node.
+    apply(reboot_report(ID, NODE, VM, EventStatus::Completed)).await;
+    eventually("the node released", Duration::from_secs(60), || async {
+        (!cordoned().await).then_some(())
+    })
+    .await;
+    let _ = second.terminate(Duration::from_secs(10)).await;
+    clean(&client, &[ID]).await;
+    let _ = cluster.kubectl(&["delete", "namespace", NS, "--wait=false"]);
+}
+
+/// An agent SIGKILLed after IMDS received its approval and before it
+/// recorded it (IMDS answers the approval 4 s late, and the agent is killed
+/// as soon as the mock logs the approval) loses nothing: started again, it
+/// reports the event as IMDS now lists it, the event runs to its end, and
+/// the node is released. Nothing but the one approval reached IMDS from the
+/// killed process.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_killed_between_sending_an_approval_and_recording_it_loses_nothing() {
+    let _turn = TURN.lock().await;
+    const ID: &str = "FA000000-0000-4000-8000-000000000020";
+    const NODE: &str = "node-000001";
+    const VM: &str = "kill_vm_1";
+    const LEASE: &str = "forewarn-faults-kill";
+    let cluster = cluster();
+    let client = cluster.client().await.expect("client");
+    clean(&client, &[ID]).await;
+    let dir = dir("agent-killed-mid-approval");
+    let (_mock, base) = start_mock(
+        &dir,
+        &format!(
+            "vms: [{{name: {VM}, approvalAnswerDelay: 4s}}]\nevents:\n  - {{id: {ID}, type: Reboot, resources: [{VM}], at: 0s, notice: 10m, runFor: 6s}}\n"
+        ),
+    )
+    .await;
+    let (mut controller, _) = start_controller(&cluster, &dir, LEASE, "kill-controller").await;
+    let (mut agent, port) = start_agent(&cluster, &dir, &base, NODE, VM).await;
+    wait_ready(port, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("agent not ready: {e}"));
+    start_clock(&base).await;
+    // The node has no pods: it is cordoned and the Reboot approved at once;
+    // kill the agent the moment IMDS has the approval, 4 s before IMDS
+    // answers.
+    eventually(
+        "IMDS received the approval",
+        Duration::from_secs(30),
+        || async {
+            mock_log(&base)
+                .await
+                .into_iter()
+                .find(|e| e.event_id == ID && e.what == "Approved")
+        },
+    )
+    .await;
+    agent.kill().await;
+    let killed = Utc::now();
+    let posts = mock_requests(&base, VM, "POST").await;
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    assert!(
+        posts[0].answered.is_none(),
+        "IMDS answered before the kill: {posts:?}"
+    );
+    let r = report(&client, ID, NODE).await.expect("the agent's report");
+    assert!(
+        r.spec.report.approvals.is_empty(),
+        "recorded before the kill: {r:?}"
+    );
+    println!("agent killed at {killed}, its approval unanswered and unrecorded");
+
+    let (mut agent, port) = start_agent(&cluster, &dir, &base, NODE, VM).await;
+    wait_ready(port, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("the restarted agent not ready: {e}"));
+    // The event started (approved) and then left IMDS: the restarted agent
+    // reports what IMDS lists, and the controller ends the event.
+    let events: Api<ScheduledEvent> = Api::all(client.clone());
+    eventually("the event Completed", Duration::from_secs(60), || async {
+        events
+            .get_opt(&object_name(ID))
+            .await
+            .ok()
+            .flatten()
+            .and_then(|e| e.status?.phase)
+            .filter(|p| matches!(p, Phase::Completed))
+    })
+    .await;
+    // Released after the policy's release delay.
+    let nodes: Api<Node> = Api::all(client.clone());
+    eventually("the node released", Duration::from_secs(30), || async {
+        let node = nodes.get(NODE).await.ok()?;
+        (node.spec.and_then(|s| s.unschedulable) != Some(true)).then_some(())
+    })
+    .await;
+    let log = mock_log(&base).await;
+    let approvals = log
+        .iter()
+        .filter(|e| e.event_id == ID && e.what == "Approved")
+        .count();
+    assert!(approvals >= 1, "{log:?}");
+    let _ = agent.terminate(Duration::from_secs(10)).await;
+    let _ = controller.terminate(Duration::from_secs(10)).await;
+    clean(&client, &[ID]).await;
+}
+
+/// The write guard itself, against the real API server: a client built as
+/// the controller builds its own refuses a write while its process does not
+/// hold the Lease (another replica does), and the API server never sees
+/// it; once the process holds the Lease, the same write goes through.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_of_a_process_that_does_not_hold_the_lease_never_reaches_the_api_server() {
+    use forewarn::controller::lease::{self, Leadership};
+    let _turn = TURN.lock().await;
+    const LEASE: &str = "forewarn-faults-guard";
+    const IDENTITY: &str = "guard-test";
+    let cluster = cluster();
+    let client = cluster.client().await.expect("client");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "default");
+    let _ = maps.delete("guard-probe", &DeleteParams::default()).await;
+    // Another replica holds the Lease, renewing it.
+    let _ = leases.delete(LEASE, &DeleteParams::default()).await;
+    let holder = json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": LEASE, "namespace": "default"},
+        "spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 15,
+                 "renewTime": Utc::now().format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()},
+    });
+    kubectl_apply(&cluster, &holder);
+
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&cluster.kubeconfig).expect("kubeconfig"),
+        &Default::default(),
+    )
+    .await
+    .expect("config");
+    let config =
+        forewarn::kubeclient::request_config(config, "controller", IDENTITY).expect("config");
+    let election = lease::spawn(
+        config.clone(),
+        "default",
+        LEASE,
+        IDENTITY,
+        lease::Timing::default(),
+    )
+    .expect("election");
+    let guarded = kube::client::ClientBuilder::try_from(config)
+        .expect("builder")
+        .with_layer(&lease::WritesWhileLeading(election.validity.clone()))
+        .build();
+    let probe = |n: u32| -> k8s_openapi::api::core::v1::ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": "guard-probe", "namespace": "default"}, "data": {"n": n.to_string()}}))
+            .expect("configmap")
+    };
+    let guarded_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(guarded, "default");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(*election.state.borrow(), Leadership::Standby);
+    let refused = guarded_maps
+        .create(&Default::default(), &probe(1))
+        .await
+        .expect_err("a standby's write went through");
+    println!("refused: {refused}");
+    assert!(refused.to_string().contains("renew deadline"), "{refused}");
+    // Reads pass.
+    guarded_maps
+        .list(&ListParams::default())
+        .await
+        .expect("a standby may read");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let ua = user_agent("controller", IDENTITY);
+    let sent: Vec<String> = audit_writes(&cluster)
+        .into_iter()
+        .filter(|w| w.user_agent == ua && w.uri.contains("configmaps"))
+        .map(|w| format!("{} {}", w.verb, w.uri))
+        .collect();
+    assert!(
+        sent.is_empty(),
+        "the API server saw the refused write: {sent:?}"
+    );
+
+    // The holder goes away: this process takes the Lease, and may write.
+    leases
+        .delete(LEASE, &DeleteParams::default())
+        .await
+        .expect("free the Lease");
+    let mut state = election.state.clone();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        state.wait_for(|l| *l == Leadership::Leading),
+    )
+    .await
+    .expect("not leading within 20 s")
+    .expect("election thread");
+    guarded_maps
+        .create(&Default::default(), &probe(2))
+        .await
+        .expect("the leader's write");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seen = audit_writes(&cluster)
+        .into_iter()
+        .filter(|w| w.user_agent == ua && w.uri.contains("configmaps"))
+        .count();
+    assert_eq!(seen, 1, "the API server saw the leader's write once");
+    assert!(election.release().await, "the Lease was released");
+    let _ = maps.delete("guard-probe", &DeleteParams::default()).await;
+}
