@@ -242,6 +242,17 @@ async fn start_controller(
     lease: &str,
     identity: &str,
 ) -> (Proc, u16) {
+    start_controller_with(cluster, dir, lease, identity, &[]).await
+}
+
+/// [`start_controller`] with `extra` arguments.
+async fn start_controller_with(
+    cluster: &Cluster,
+    dir: &Path,
+    lease: &str,
+    identity: &str,
+    extra: &[&str],
+) -> (Proc, u16) {
     let args: Vec<String> = [
         "controller",
         "--metrics-addr",
@@ -254,6 +265,7 @@ async fn start_controller(
         identity,
     ]
     .iter()
+    .chain(extra)
     .map(|s| s.to_string())
     .collect();
     let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
@@ -502,7 +514,10 @@ async fn a_leader_paused_past_its_lease_and_resumed_writes_nothing() {
     const NODE: &str = "node-000000";
     const VM: &str = "fault_vm_0";
     const LEASE: &str = "forewarn-faults-paused";
-    const NS: &str = "paused";
+    // In `default`, whose ServiceAccount exists from the start: in a new
+    // namespace the ReplicaSet controller's pod creations fail until the
+    // ServiceAccount controller made it, and its backoff outlasted 30 s in CI.
+    const APP: &str = "paused-web";
     let cluster = cluster();
     let client = cluster.client().await.expect("client");
     clean(&client, &[ID]).await;
@@ -513,29 +528,43 @@ async fn a_leader_paused_past_its_lease_and_resumed_writes_nothing() {
     // Two pods of a Deployment on the node, a PDB that lets none go: the
     // drain is blocked and the leader keeps trying.
     let kubectl_apply = |doc: Value| kubectl_apply(&cluster, &doc);
-    kubectl_apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}));
+    let _ = cluster.kubectl(&[
+        "delete",
+        "deployment,poddisruptionbudget",
+        APP,
+        "--ignore-not-found",
+        "--wait=true",
+    ]);
     kubectl_apply(json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "web", "namespace": NS},
+        "metadata": {"name": APP, "namespace": "default"},
         "spec": {
             "replicas": 2,
-            "selector": {"matchLabels": {"app": "web"}},
+            "selector": {"matchLabels": {"app": APP}},
             "template": {
-                "metadata": {"labels": {"app": "web"}},
+                "metadata": {"labels": {"app": APP}},
                 "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
             },
         },
     }));
     kubectl_apply(json!({
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": {"name": "web", "namespace": NS},
-        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}},
+        "metadata": {"name": APP, "namespace": "default"},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": APP}}},
     }));
 
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
-    eventually("the web pods exist", Duration::from_secs(30), || async {
-        let n = pods.list(&ListParams::default()).await.ok()?.items.len();
-        (n == 2).then_some(())
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "default");
+    eventually("the web pods exist", Duration::from_secs(60), || async {
+        let listed = pods
+            .list(&ListParams::default().labels(&format!("app={APP}")))
+            .await
+            .ok()?;
+        let live = listed
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .count();
+        (live == 2).then_some(())
     })
     .await;
     let (mut first, _) = start_controller(&cluster, &dir, LEASE, "paused-a").await;
@@ -664,7 +693,13 @@ async fn a_leader_paused_past_its_lease_and_resumed_writes_nothing() {
     .await;
     let _ = second.terminate(Duration::from_secs(10)).await;
     clean(&client, &[ID]).await;
-    let _ = cluster.kubectl(&["delete", "namespace", NS, "--wait=false"]);
+    let _ = cluster.kubectl(&[
+        "delete",
+        "deployment,poddisruptionbudget",
+        APP,
+        "--ignore-not-found",
+        "--wait=false",
+    ]);
 }
 
 /// An agent SIGKILLed after IMDS received its approval and before it
@@ -863,4 +898,181 @@ async fn a_write_of_a_process_that_does_not_hold_the_lease_never_reaches_the_api
     assert_eq!(seen, 1, "the API server saw the leader's write once");
     assert!(election.release().await, "the Lease was released");
     let _ = maps.delete("guard-probe", &DeleteParams::default()).await;
+}
+
+/// A drain that the eviction rate budget makes long holds up nothing
+/// else: a node whose own agent reports the event while the first node's
+/// evictions wait for the budget (1 a second, 12 pods) is cordoned at the
+/// next pass, not after every eviction was asked for. Judged from the audit
+/// log: when the second node's cordon reached the API server, most of the
+/// first node's evictions had not (every one had, when a pass asked for all
+/// of them before it ended). The drain then finishes, and both nodes are
+/// released when the event ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_reported_during_a_long_drain_is_cordoned_without_waiting_for_it() {
+    let _turn = TURN.lock().await;
+    const ID: &str = "FA000000-0000-4000-8000-000000000030";
+    const FIRST: &str = "node-000002";
+    const FIRST_VM: &str = "fault_vm_2";
+    const LATE: &str = "node-000001";
+    const LATE_VM: &str = "fault_vm_1";
+    const LEASE: &str = "forewarn-faults-long-drain";
+    const APP: &str = "long-drain";
+    const PODS: usize = 12;
+    let cluster = cluster();
+    let client = cluster.client().await.expect("client");
+    clean(&client, &[ID]).await;
+    let dir = dir("long-drain");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let _ = leases.delete(LEASE, &DeleteParams::default()).await;
+    let _ = cluster.kubectl(&[
+        "delete",
+        "deployment",
+        APP,
+        "--ignore-not-found",
+        "--wait=true",
+    ]);
+    kubectl_apply(
+        &cluster,
+        &json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": APP, "namespace": "default"},
+            "spec": {
+                "replicas": PODS,
+                "selector": {"matchLabels": {"app": APP}},
+                "template": {
+                    "metadata": {"labels": {"app": APP}},
+                    // Placed by the scheduler, so that the replacements of
+                    // evicted pods stay Pending while the node is cordoned.
+                    "spec": {
+                        "nodeSelector": {"kubernetes.io/hostname": FIRST},
+                        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+                    },
+                },
+            },
+        }),
+    );
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "default");
+    let selector = format!("app={APP}");
+    eventually("the pods exist", Duration::from_secs(60), || async {
+        let listed = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .ok()?;
+        let live = listed
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(FIRST))
+            .count();
+        (live == PODS).then_some(())
+    })
+    .await;
+    let (mut controller, _) = start_controller_with(
+        &cluster,
+        &dir,
+        LEASE,
+        "long-drain",
+        &["--eviction-qps", "1", "--eviction-burst", "1"],
+    )
+    .await;
+    let ua = user_agent("controller", "long-drain");
+
+    // One event naming both VMs; each node's own agent reports it (written
+    // here as those agents), the second one once the first drain is going.
+    let reports: Api<ScheduledEventReport> = Api::all(client.clone());
+    let apply = |node: &str, vm: &str, status: EventStatus| {
+        let mut doc = reboot_report(ID, node, vm, status);
+        doc["spec"]["report"]["resources"] = json!([FIRST_VM, LATE_VM]);
+        let reports = reports.clone();
+        async move {
+            let name = doc["metadata"]["name"].as_str().unwrap().to_string();
+            reports
+                .patch(
+                    &name,
+                    &PatchParams::apply("fault-test").force(),
+                    &Patch::Apply(doc),
+                )
+                .await
+                .expect("apply the report")
+        }
+    };
+    let evictions = |cluster: &Cluster| {
+        audit_writes(cluster)
+            .into_iter()
+            .filter(|w| w.user_agent == ua && w.uri.contains("/eviction"))
+            .collect::<Vec<_>>()
+    };
+    apply(FIRST, FIRST_VM, EventStatus::Scheduled).await;
+    eventually(
+        "the first node's drain started",
+        Duration::from_secs(30),
+        || async { (evictions(&cluster).len() >= 2).then_some(()) },
+    )
+    .await;
+    apply(LATE, LATE_VM, EventStatus::Scheduled).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let cordoned = |name: &'static str| {
+        let nodes = nodes.clone();
+        async move {
+            nodes
+                .get(name)
+                .await
+                .ok()
+                .and_then(|n| n.spec?.unschedulable)
+                .unwrap_or(false)
+        }
+    };
+    eventually(
+        "the late node cordoned",
+        Duration::from_secs(60),
+        || async { cordoned(LATE).await.then_some(()) },
+    )
+    .await;
+    let late_cordon = audit_writes(&cluster)
+        .into_iter()
+        .find(|w| {
+            w.user_agent == ua && w.verb == "patch" && w.uri.contains(&format!("/nodes/{LATE}"))
+        })
+        .expect("the late node's cordon in the audit log");
+    let before = evictions(&cluster)
+        .iter()
+        .filter(|w| w.at < late_cordon.at)
+        .count();
+    println!("{before} of {PODS} evictions reached the API server before the late node's cordon");
+    assert!(
+        before <= PODS / 2,
+        "the late node was cordoned only after {before} of {PODS} evictions: the drain held it up"
+    );
+    // The drain goes on to the end: every pod was asked to leave.
+    eventually("every pod evicted", Duration::from_secs(60), || async {
+        let listed = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .ok()?;
+        listed
+            .items
+            .iter()
+            .all(|p| {
+                p.metadata.deletion_timestamp.is_some()
+                    || p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(FIRST)
+            })
+            .then_some(())
+    })
+    .await;
+    apply(FIRST, FIRST_VM, EventStatus::Completed).await;
+    apply(LATE, LATE_VM, EventStatus::Completed).await;
+    eventually("both nodes released", Duration::from_secs(60), || async {
+        (!cordoned(FIRST).await && !cordoned(LATE).await).then_some(())
+    })
+    .await;
+    let _ = controller.terminate(Duration::from_secs(10)).await;
+    clean(&client, &[ID]).await;
+    let _ = cluster.kubectl(&[
+        "delete",
+        "deployment",
+        APP,
+        "--ignore-not-found",
+        "--wait=false",
+    ]);
 }

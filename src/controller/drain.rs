@@ -7,6 +7,7 @@
 //! without a controller are kept unless the policy says otherwise (see
 //! [`super::plan`]). A PodDisruptionBudget is never bypassed.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -322,34 +323,54 @@ fn refused_alike(
         .map(|(_, o)| o.clone())
 }
 
+/// What one pass of evictions did.
+#[derive(Debug, Default)]
+pub struct Evicted {
+    /// `(node, pod, outcome)` of each eviction asked for.
+    pub outcomes: Vec<(String, String, EvictionOutcome)>,
+    /// Evictions not asked for because the pass's time ran out while they
+    /// waited for the rate budget: the next pass plans them again.
+    pub deferred: usize,
+}
+
 /// Requests `evictions` concurrently, at most `per_node` at once per node,
-/// each after a token of `limiter`, and returns `(node, pod, outcome)` for
-/// each. Once a PodDisruptionBudget refuses a pod, the pods with the same
-/// labels on that node are not asked for in this pass: they share its
+/// each after a token of `limiter`, until `until`: an eviction still waiting
+/// for a token then is deferred to the next pass (so a pass over a
+/// 1,000-node event ends within seconds and a node whose report came in
+/// meanwhile is cordoned at the next one, instead of after every pod was
+/// asked for). Once a PodDisruptionBudget refuses a pod, the pods with the
+/// same labels on that node are not asked for in this pass: they share its
 /// outcome (see [`refused_alike`]); the next pass asks again.
 pub async fn evict_all(
     client: &Client,
     limiter: &DefaultDirectRateLimiter,
     evictions: &[Eviction],
     per_node: usize,
-) -> Vec<(String, String, EvictionOutcome)> {
-    let mut by_node: Vec<(String, Vec<Eviction>)> = Vec::new();
+    until: tokio::time::Instant,
+) -> Evicted {
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    let mut by_node: Vec<Vec<Eviction>> = Vec::new();
     for e in evictions {
-        match by_node.iter_mut().find(|(n, _)| *n == e.node) {
-            Some((_, v)) => v.push(e.clone()),
-            None => by_node.push((e.node.clone(), vec![e.clone()])),
-        }
+        let i = *index.entry(e.node.as_str()).or_insert_with(|| {
+            by_node.push(Vec::new());
+            by_node.len() - 1
+        });
+        by_node[i].push(e.clone());
     }
     let per_node = per_node.max(1);
-    let nodes = by_node.into_iter().map(|(_, list)| async move {
+    let nodes = by_node.into_iter().map(|list| async move {
         let refused = std::sync::Mutex::new(Vec::new());
         let refused = &refused;
         futures::stream::iter(list)
             .map(|e| async move {
                 if let Some(o) = refused_alike(refused, &e.pod) {
-                    return (e.node, e.pod.name, o);
+                    return Some((e.node, e.pod.name, o));
                 }
-                limiter.until_ready().await;
+                // Waiting for a token is cancel-safe: a deferred eviction
+                // spends none.
+                tokio::time::timeout_at(until, limiter.until_ready())
+                    .await
+                    .ok()?;
                 let outcome = evict(client, &e).await;
                 if matches!(outcome, EvictionOutcome::Blocked { .. }) {
                     refused
@@ -357,17 +378,20 @@ pub async fn evict_all(
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .push((e.pod.clone(), outcome.clone()));
                 }
-                (e.node, e.pod.name, outcome)
+                Some((e.node, e.pod.name, outcome))
             })
             .buffer_unordered(per_node)
             .collect::<Vec<_>>()
             .await
     });
-    futures::future::join_all(nodes)
-        .await
-        .into_iter()
-        .flatten()
-        .collect()
+    let mut evicted = Evicted::default();
+    for o in futures::future::join_all(nodes).await.into_iter().flatten() {
+        match o {
+            Some(o) => evicted.outcomes.push(o),
+            None => evicted.deferred += 1,
+        }
+    }
+    evicted
 }
 
 /// The longest `Retry-After` among throttled evictions, if any.

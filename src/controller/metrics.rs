@@ -61,6 +61,9 @@ pub struct ControllerMetrics {
     pub drains_incomplete: IntCounterVec,
     /// Changes of the policy file by `result`: `loaded`, `refused`.
     pub policy_reloads: IntCounterVec,
+    /// Kubernetes Events by `result`: `posted`, `failed` (the API server
+    /// refused or did not answer), `dropped` (the queue was full).
+    pub kube_events: IntCounterVec,
     /// Event appearances seen for the first time, by `type` and `source`.
     pub events_observed: IntCounterVec,
     /// Notice received: `NotBefore` minus the time the controller first saw
@@ -148,6 +151,11 @@ impl ControllerMetrics {
                 "Changes of the policy file, by result: loaded, or refused (invalid; the policy in force stays)",
                 &["result"],
             )?,
+            kube_events: counter(
+                "forewarn_controller_kube_events_total",
+                "Kubernetes Events, by result: posted, failed (refused or unanswered), dropped (the queue of Events to post was full)",
+                &["result"],
+            )?,
             events_observed: counter(
                 "forewarn_controller_events_observed_total",
                 "Event appearances first seen by the controller, by event type and source",
@@ -195,6 +203,7 @@ impl ControllerMetrics {
             Box::new(self.approvals_decided.clone()),
             Box::new(self.drains_incomplete.clone()),
             Box::new(self.policy_reloads.clone()),
+            Box::new(self.kube_events.clone()),
             Box::new(self.events_observed.clone()),
             Box::new(self.notice.clone()),
             Box::new(self.detection_to_cordon.clone()),

@@ -30,7 +30,6 @@ use std::sync::{Arc, Mutex};
 use governor::DefaultDirectRateLimiter;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 
 use chrono::{DateTime, Utc};
@@ -198,7 +197,8 @@ pub struct Context {
     policy: reload::Shared,
     /// `--dry-run`: decide and record, never write a node, evict or approve.
     dry_run: bool,
-    recorder: Recorder,
+    /// Kubernetes Events to post (see [`report::publish`]).
+    kube_events: report::EventSink,
     metrics: ControllerMetrics,
     per_node: usize,
     /// The controller-wide eviction rate budget.

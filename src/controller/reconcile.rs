@@ -33,8 +33,15 @@ const MAX_BLOCKED_REQUEUE: std::time::Duration = std::time::Duration::from_secs(
 /// How soon a reconcile that came before the caches synced is tried again.
 const CACHE_SYNC_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// Kubernetes Events posted at once by one reconcile.
-const EVENT_CONCURRENCY: usize = 16;
+/// How long one pass may spend asking for evictions (waiting for the rate
+/// budget): the rest is deferred to the next pass, so that a pass over a
+/// large event ends soon and what changed meanwhile (a node's report came
+/// in) is acted on within about this long.
+const EVICTION_PASS: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// When to look again at an event whose evictions were deferred (the rate
+/// budget refills meanwhile; its burst carries the tokens over).
+const DEFERRED_REQUEUE: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// How many unconfirmed nodes the status names, each with its reason.
 const UNCONFIRMED_LISTED: usize = 10;
@@ -136,11 +143,12 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         return Ok(Requeue::await_change());
     }
     let outcomes = if ctx.dry_run {
-        Vec::new()
+        (Vec::new(), 0)
     } else {
         write_nodes(&ev, &plan, &snapshots, &ctx).await?;
         evict(&ev, &plan, &ctx).await
     };
+    let (outcomes, deferred) = outcomes;
     let mut status = status::next_status(&ev, &seen, &plan, &outcomes, now);
     // `decidedAt` says when the decision was recorded, after this pass's
     // node writes and pod lists, not when the pass began (a pass over many
@@ -190,6 +198,13 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
                 .remove(&name);
             plan.requeue
         }
+    };
+    // Evictions left for lack of time: the next pass, once the rate budget
+    // has refilled a little.
+    let requeue = if deferred > 0 {
+        requeue.min(DEFERRED_REQUEUE)
+    } else {
+        requeue
     };
     Ok(Requeue::requeue(requeue))
 }
@@ -670,7 +685,6 @@ async fn write_nodes(
             }
         }
     }
-    let mut notes = Vec::new();
     for w in &written {
         let (label, reason, note) = describe(ev, w);
         ctx.metrics.node_writes.with_label_values(&[label]).inc();
@@ -678,37 +692,74 @@ async fn write_nodes(
             ctx.metrics.cordoned(ev, Utc::now());
         }
         info!(node = w.node(), reason, "{note}");
-        notes.push(report::publish(
+        report::publish(
             ctx,
             ev,
             Subject::Node(w.node()),
             KubeEventType::Normal,
             reason,
             note,
-        ));
+        );
     }
-    // One Event per node write, posted side by side (an event may name
-    // hundreds of VMs; one after another they held the pass for seconds).
-    futures::stream::iter(notes)
-        .buffer_unordered(EVENT_CONCURRENCY)
-        .collect::<Vec<()>>()
-        .await;
     first_error.map_or(Ok(()), Err)
 }
 
-/// Requests the plan's evictions and reports each outcome.
-async fn evict(ev: &ScheduledEvent, plan: &Plan, ctx: &Context) -> Vec<Outcome> {
-    let outcomes = drain::evict_all(
+/// The note of the Event for `pods` (`namespace/name`, grace seconds)
+/// evicted from `node` in one pass: the first [`PODS_NAMED`] named (an
+/// Event's note holds at most 1 KiB).
+fn evicted_note(node: &str, pods: &[(String, i64)]) -> String {
+    let mut graces: Vec<i64> = pods.iter().map(|(_, g)| *g).collect();
+    graces.sort_unstable();
+    graces.dedup();
+    let graces = graces
+        .iter()
+        .map(|g| format!("{g}s"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let [(pod, grace)] = pods {
+        return format!("Evicted {pod} from {node} with a grace period of {grace}s");
+    }
+    let mut named: Vec<&str> = pods.iter().map(|(p, _)| p.as_str()).collect();
+    named.sort_unstable();
+    let more = named.len().saturating_sub(PODS_NAMED);
+    named.truncate(PODS_NAMED);
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!(
+        "Evicted {} pods from {node} (grace periods {graces}): {}{more}",
+        pods.len(),
+        named.join(", ")
+    )
+}
+
+/// How many pods an `Evicted` Event names.
+const PODS_NAMED: usize = 5;
+
+/// Requests the plan's evictions for at most [`EVICTION_PASS`] and reports
+/// each outcome; returns the outcomes and how many were deferred to the next
+/// pass.
+async fn evict(ev: &ScheduledEvent, plan: &Plan, ctx: &Context) -> (Vec<Outcome>, usize) {
+    let drain::Evicted { outcomes, deferred } = drain::evict_all(
         &ctx.evict_client,
         &ctx.limiter,
         &plan.evictions,
         ctx.per_node,
+        tokio::time::Instant::now() + EVICTION_PASS,
     )
     .await;
-    // Events are posted together, not one after another: a pass over a node
-    // of 100 pods must not spend seconds on them. A refusal gets one Event
-    // per node and set of budgets per pass, however many pods it holds back.
-    let mut notes: Vec<(Subject<'_>, KubeEventType, &'static str, String)> = Vec::new();
+    let planned: HashMap<(&str, &str), &super::plan::Eviction> = plan
+        .evictions
+        .iter()
+        .map(|e| ((e.node.as_str(), e.pod.name.as_str()), e))
+        .collect();
+    // One Event per node and pass for the pods evicted from it (on the
+    // `ScheduledEvent` and the node), and one per node and set of budgets
+    // for those a budget refused, however many pods: a drain of 10,000 pods
+    // posts hundreds of Events, not tens of thousands.
+    let mut evicted: Vec<(&str, Vec<(String, i64)>)> = Vec::new();
     let mut blocked: Vec<(&str, &Vec<String>, &String, Vec<String>)> = Vec::new();
     for (node, pod, outcome) in &outcomes {
         let label = match outcome {
@@ -719,26 +770,17 @@ async fn evict(ev: &ScheduledEvent, plan: &Plan, ctx: &Context) -> Vec<Outcome> 
             EvictionOutcome::Retry(_) => "error",
         };
         ctx.metrics.evictions.with_label_values(&[label]).inc();
-        let Some(e) = plan
-            .evictions
-            .iter()
-            .find(|e| e.pod.name == *pod && e.node == *node)
-        else {
+        let Some(e) = planned.get(&(node.as_str(), pod.as_str())) else {
             continue;
         };
         let key = e.pod.key();
         match outcome {
             EvictionOutcome::Evicted => {
                 info!(node, pod = %key, grace_seconds = e.grace_seconds, "Evicted pod");
-                notes.push((
-                    Subject::Pod(&e.pod.namespace, &e.pod.name),
-                    KubeEventType::Normal,
-                    "Evicted",
-                    format!(
-                        "Evicted {key} from {node} with a grace period of {}s",
-                        e.grace_seconds
-                    ),
-                ));
+                match evicted.iter_mut().find(|(n, _)| n == node) {
+                    Some((_, pods)) => pods.push((key, e.grace_seconds)),
+                    None => evicted.push((node.as_str(), vec![(key, e.grace_seconds)])),
+                }
             }
             EvictionOutcome::Blocked { budgets, message } => {
                 info!(node, pod = %key, ?budgets, %message, "Eviction blocked; will retry");
@@ -761,12 +803,24 @@ async fn evict(ev: &ScheduledEvent, plan: &Plan, ctx: &Context) -> Vec<Outcome> 
             EvictionOutcome::Gone => {}
         }
     }
+    for (node, pods) in evicted {
+        report::publish(
+            ctx,
+            ev,
+            Subject::Node(node),
+            KubeEventType::Normal,
+            "Evicted",
+            evicted_note(node, &pods),
+        );
+    }
     for (node, budgets, message, pods) in blocked {
         let more = match pods.len() {
             1 => String::new(),
             n => format!(" and {} more", n - 1),
         };
-        notes.push((
+        report::publish(
+            ctx,
+            ev,
             Subject::Node(node),
             KubeEventType::Warning,
             "EvictionBlocked",
@@ -775,23 +829,38 @@ async fn evict(ev: &ScheduledEvent, plan: &Plan, ctx: &Context) -> Vec<Outcome> 
                 pods[0],
                 budgets.join(", ")
             ),
-        ));
+        );
     }
-    let mut posts = Vec::new();
-    for (subject, type_, reason, note) in notes {
-        posts.push(report::publish(ctx, ev, subject, type_, reason, note));
+    if deferred > 0 {
+        debug!(
+            deferred,
+            asked = outcomes.len(),
+            "The pass's time for evictions ran out: the rest in the next pass"
+        );
     }
-    futures::stream::iter(posts)
-        .buffer_unordered(EVENT_CONCURRENCY)
-        .collect::<Vec<()>>()
-        .await;
-    outcomes
+    (outcomes, deferred)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::blocked_backoff;
+    use super::{blocked_backoff, evicted_note};
     use std::time::Duration;
+
+    #[test]
+    fn one_evicted_event_per_node_names_a_few_pods_and_counts_the_rest() {
+        assert_eq!(
+            evicted_note("n1", &[("ns/a".into(), 30)]),
+            "Evicted ns/a from n1 with a grace period of 30s"
+        );
+        let pods: Vec<(String, i64)> = (0..12)
+            .map(|i| (format!("ns/p{i:02}"), if i % 2 == 0 { 30 } else { 5 }))
+            .collect();
+        let note = evicted_note("n1", &pods);
+        assert_eq!(
+            note,
+            "Evicted 12 pods from n1 (grace periods 5s, 30s): ns/p00, ns/p01, ns/p02, ns/p03, ns/p04 and 7 more"
+        );
+    }
 
     #[test]
     fn a_blocked_drain_is_looked_at_less_often_the_longer_it_stays_blocked() {

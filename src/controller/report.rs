@@ -1,13 +1,14 @@
 //! Reporting: the status write (server-side apply, only when it changed)
 //! and the Kubernetes Events that mark progress.
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType};
+use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder};
 use kube::runtime::reflector;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::plan::Plan;
 use super::status::newly_true;
@@ -80,8 +81,7 @@ pub async fn report(
                 KubeEventType::Normal,
                 "Drained",
                 note,
-            )
-            .await;
+            );
         }
         for kept in n
             .pods_kept
@@ -97,12 +97,11 @@ pub async fn report(
                 KubeEventType::Warning,
                 "PodKept",
                 note,
-            )
-            .await;
+            );
         }
     }
     if ctx.dry_run {
-        report_dry_run(ev, &prev, status, ctx).await;
+        report_dry_run(ev, &prev, status, ctx);
     }
     if let Some(message) = newly_true(&prev, status, "EndedWithoutObserver") {
         warn!(%message, "Ended without an observer");
@@ -113,8 +112,7 @@ pub async fn report(
             KubeEventType::Warning,
             "EndedWithoutObserver",
             format!("{name}: {message}"),
-        )
-        .await;
+        );
     }
     if let Some(message) = newly_true(&prev, status, "ReportsDisagree") {
         warn!(%message, "The agents of the VMs the event names report different events");
@@ -125,8 +123,7 @@ pub async fn report(
             KubeEventType::Warning,
             "ReportsDisagree",
             format!("{name}: each node is handled on its own agent's report: {message}"),
-        )
-        .await;
+        );
     }
     if let Some(message) = newly_true(&prev, status, "DrainScheduled") {
         info!(%message, "Drain scheduled");
@@ -137,8 +134,7 @@ pub async fn report(
             KubeEventType::Normal,
             "DrainScheduled",
             format!("{name}: {message}"),
-        )
-        .await;
+        );
     }
     if plan.decide_approval.is_some() && !ctx.dry_run {
         ctx.metrics.approval_decided(
@@ -159,8 +155,7 @@ pub async fn report(
             KubeEventType::Normal,
             "ApprovalDecided",
             note,
-        )
-        .await;
+        );
     }
     if let Some(why) = newly_true(&prev, status, "DrainIncomplete") {
         ctx.metrics
@@ -175,8 +170,7 @@ pub async fn report(
             KubeEventType::Warning,
             "DrainIncomplete",
             format!("{name}: {why}"),
-        )
-        .await;
+        );
     }
     let prev_phase = prev.phase.map(Phase::as_str).unwrap_or_default();
     let phase = plan.phase.as_str();
@@ -187,7 +181,7 @@ pub async fn report(
             Phase::Started | Phase::Completed | Phase::Cancelled | Phase::Ignored
         ) {
             let note = format!("{} {name} is {}", ev.spec.event_type, phase.to_lowercase());
-            publish(ctx, ev, Subject::Event, KubeEventType::Normal, phase, note).await;
+            publish(ctx, ev, Subject::Event, KubeEventType::Normal, phase, note);
         }
     }
     Ok(())
@@ -195,7 +189,7 @@ pub async fn report(
 
 /// The Events of a `--dry-run` pass: what would have been done, each once
 /// when it first appears in `status.dryRun`.
-async fn report_dry_run(
+fn report_dry_run(
     ev: &ScheduledEvent,
     prev: &ScheduledEventStatus,
     status: &ScheduledEventStatus,
@@ -225,8 +219,7 @@ async fn report_dry_run(
             KubeEventType::Normal,
             "DryRunCordon",
             note,
-        )
-        .await;
+        );
     }
     let fresh: Vec<&String> = now
         .would_evict
@@ -250,8 +243,7 @@ async fn report_dry_run(
             KubeEventType::Normal,
             "DryRunEvict",
             note,
-        )
-        .await;
+        );
     }
     if let (Some(reason), None) = (&now.would_approve_reason, &before.would_approve_at) {
         info!(%reason, "Dry run: would approve");
@@ -263,8 +255,7 @@ async fn report_dry_run(
             KubeEventType::Normal,
             "DryRunApproval",
             note,
-        )
-        .await;
+        );
     }
 }
 
@@ -285,8 +276,9 @@ pub async fn clear_approval(ev: &ScheduledEvent, ctx: &Context) -> Result<()> {
 }
 
 /// Publishes a Kubernetes Event on the `ScheduledEvent`, and on the node if
-/// given. Events are best effort: a failure is logged, never fails the reconcile.
-pub async fn publish(
+/// given, through the [`EventSink`]: it returns at once, and a pass never
+/// waits for Events (best effort, as client-go's recorder).
+pub fn publish(
     ctx: &Context,
     ev: &ScheduledEvent,
     subject: Subject<'_>,
@@ -309,23 +301,116 @@ pub async fn publish(
             ..ObjectReference::default()
         }),
     };
-    let event = KubeEvent {
+    let note = within_note_limit(note);
+    let event = |secondary| KubeEvent {
         type_,
         reason: reason.into(),
-        note: Some(note),
+        note: Some(note.clone()),
         action: reason.into(),
-        secondary: related,
+        secondary,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &ev.object_ref(&())).await {
-        warn!(error = %e, reason, "Could not publish an Event");
-    }
+    ctx.kube_events.post(event(related), ev.object_ref(&()));
     if let Some(n) = node {
-        let on_node = KubeEvent {
-            secondary: Some(ev.object_ref(&())),
-            ..event
-        };
-        if let Err(e) = ctx.recorder.publish(&on_node, &n.object_ref(&())).await {
-            warn!(error = %e, reason, "Could not publish an Event on the node");
+        ctx.kube_events
+            .post(event(Some(ev.object_ref(&()))), n.object_ref(&()));
+    }
+}
+
+/// The longest note the API server takes (events.k8s.io/v1 `note`: at
+/// most 1 KiB), in bytes.
+pub const NOTE_LIMIT: usize = 1024;
+
+/// `note`, cut at a character boundary to at most [`NOTE_LIMIT`] bytes
+/// (ending in `…` when cut): the API server refuses a longer one.
+pub fn within_note_limit(mut note: String) -> String {
+    if note.len() <= NOTE_LIMIT {
+        return note;
+    }
+    let mut end = NOTE_LIMIT - '…'.len_utf8();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    note.truncate(end);
+    note.push('…');
+    note
+}
+
+/// How many Kubernetes Events may wait to be posted; beyond it new ones are
+/// dropped and counted (client-go's broadcaster also drops when its queue of
+/// 1,000 is full: Events are best effort, the status is the record).
+pub const EVENT_QUEUE: usize = 1024;
+
+/// How many Events are posted at once.
+const EVENT_CONCURRENCY: usize = 16;
+
+/// A bounded queue of Kubernetes Events and the task that posts them, so
+/// that a pass that evicts hundreds of pods is not held up by their Events.
+#[derive(Clone)]
+pub struct EventSink {
+    queue: tokio::sync::mpsc::Sender<(KubeEvent, ObjectReference)>,
+    counted: prometheus::IntCounterVec,
+}
+
+impl EventSink {
+    /// Starts the task that posts the queued Events with `recorder`
+    /// (series of the same Event are folded by it), counting each in
+    /// `counted` by result. The task ends when every sink is dropped.
+    pub fn start(
+        recorder: Recorder,
+        counted: prometheus::IntCounterVec,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
+        let (queue, mut rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
+        let results = counted.clone();
+        let task = tokio::spawn(async move {
+            let queued = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+            queued
+                .for_each_concurrent(EVENT_CONCURRENCY, |(event, reference)| {
+                    let (recorder, results) = (&recorder, &results);
+                    async move {
+                        let event: KubeEvent = event;
+                        let reference: ObjectReference = reference;
+                        match recorder.publish(&event, &reference).await {
+                            Ok(()) => results.with_label_values(&["posted"]).inc(),
+                            Err(e) => {
+                                results.with_label_values(&["failed"]).inc();
+                                warn!(error = %e, reason = %event.reason, kind = ?reference.kind, name = ?reference.name, "Could not publish an Event");
+                            }
+                        }
+                    }
+                })
+                .await;
+        });
+        (Self { queue, counted }, task)
+    }
+
+    /// Queues `event` about `reference`; drops it (counted as `dropped`,
+    /// logged at debug) when the queue is full.
+    pub fn post(&self, event: KubeEvent, reference: ObjectReference) {
+        if let Err(e) = self.queue.try_send((event, reference)) {
+            self.counted.with_label_values(&["dropped"]).inc();
+            let (event, _) = match e {
+                tokio::sync::mpsc::error::TrySendError::Full(x)
+                | tokio::sync::mpsc::error::TrySendError::Closed(x) => x,
+            };
+            debug!(reason = %event.reason, "The queue of Events to post is full: dropped one");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{NOTE_LIMIT, within_note_limit};
+
+    #[test]
+    fn notes_are_cut_to_what_the_api_server_takes() {
+        assert_eq!(within_note_limit("short".into()), "short");
+        let exact = "x".repeat(NOTE_LIMIT);
+        assert_eq!(within_note_limit(exact.clone()), exact);
+        // Multi-byte characters across the limit are never split.
+        let long = "é".repeat(NOTE_LIMIT);
+        let cut = within_note_limit(long);
+        assert!(cut.len() <= NOTE_LIMIT, "{}", cut.len());
+        assert!(cut.ends_with('…'));
+        assert!(cut.len() > NOTE_LIMIT - 8);
     }
 }

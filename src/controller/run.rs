@@ -171,14 +171,18 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     .with_config(controller::Config::default().concurrency(args.reconcile_concurrency));
     let events = controller.store();
     metrics.watch_caches(nodes.clone(), events.clone());
-    let ctx = Arc::new(Context {
-        recorder: Recorder::new(
+    let (kube_events, event_task) = super::report::EventSink::start(
+        Recorder::new(
             client.clone(),
             Reporter {
                 controller: CONTROLLER_MANAGER.into(),
                 instance: Some(identity.clone()),
             },
         ),
+        metrics.kube_events.clone(),
+    );
+    let ctx = Arc::new(Context {
+        kube_events,
         client: client.clone(),
         evict_client,
         nodes,
@@ -218,6 +222,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     };
     node_task.abort();
     pod_task.abort();
+    event_task.abort();
     creator.abort();
     confinement.abort();
     if let Some(sweep) = sweep {
