@@ -235,6 +235,22 @@ impl ControllerMetrics {
         *c = Some((nodes, events));
     }
 
+    /// Forgets the observed keys of objects whose UID is not in `live`.
+    pub fn forget_observed_except(&self, live: &HashSet<String>) {
+        self.counted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|(uid, _)| live.contains(uid));
+    }
+
+    /// How many objects' appearances are remembered as counted.
+    pub fn observed_remembered(&self) -> usize {
+        self.counted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
     /// Records an event seen for the first time (`first_seen` just set):
     /// counts it and observes its notice.
     pub fn event_observed(&self, ev: &ScheduledEvent, first_seen: DateTime<Utc>) {
@@ -581,6 +597,44 @@ mod tests {
             message: String::new(),
             last_transition_time: now,
         }
+    }
+
+    #[test]
+    fn observed_events_are_counted_once_and_forgotten_once_deleted() {
+        let m = ControllerMetrics::new().expect("metrics");
+        let with_uid = |name: &str, uid: &str| {
+            let mut ev = (*event(
+                name,
+                "Reboot",
+                "Scheduled",
+                None,
+                ScheduledEventStatus::default(),
+            ))
+            .clone();
+            ev.metadata.uid = Some(uid.into());
+            ev
+        };
+        let (a, b) = (with_uid("a", "uid-a"), with_uid("b", "uid-b"));
+        let now = Utc::now();
+        m.event_observed(&a, now);
+        m.event_observed(&a, now);
+        m.event_observed(&b, now);
+        let counted = m
+            .events_observed
+            .with_label_values(&["Reboot", "Platform"])
+            .get();
+        assert_eq!(counted, 2);
+        assert_eq!(m.observed_remembered(), 2);
+        // `b` was deleted: only `a` is remembered.
+        m.forget_observed_except(&HashSet::from(["uid-a".to_string()]));
+        assert_eq!(m.observed_remembered(), 1);
+        m.event_observed(&a, now);
+        assert_eq!(
+            m.events_observed
+                .with_label_values(&["Reboot", "Platform"])
+                .get(),
+            2
+        );
     }
 
     #[test]

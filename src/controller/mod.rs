@@ -103,6 +103,26 @@ impl Error {
 }
 
 impl Context {
+    /// Forgets the bookkeeping of `ScheduledEvent`s no longer cached (deleted
+    /// ones): failure counts, blocked-drain passes and the keys of events
+    /// already counted as observed. Run by the sweep, so these maps hold
+    /// about as many entries as there are live events.
+    pub fn forget_deleted_events(&self) {
+        let live = self.events.state();
+        let names: std::collections::HashSet<String> = live
+            .iter()
+            .map(|e| kube::ResourceExt::name_any(e.as_ref()))
+            .collect();
+        let uids: std::collections::HashSet<String> =
+            live.iter().filter_map(|e| e.metadata.uid.clone()).collect();
+        for map in [&self.failures, &self.blocked] {
+            map.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .retain(|name, _| names.contains(name));
+        }
+        self.metrics.forget_observed_except(&uids);
+    }
+
     /// The policy in force now.
     pub fn policy(&self) -> Arc<Policy> {
         reload::current(&self.policy)

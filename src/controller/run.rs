@@ -86,7 +86,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     // The node cache runs whether or not this replica leads: readiness means
     // "healthy and synced", so a standby is Ready and a rolling update with
     // maxUnavailable 0 never waits for a Lease it cannot get.
-    let (nodes, node_stream) = cache::<Node>(clients.watches.clone());
+    let (nodes, node_stream) = cache::<Node>(clients.watches.clone(), |n: &mut Node| {
+        n.managed_fields_mut().clear();
+    });
     let node_stream = node_stream.for_each(|r| async {
         if let Err(e) = r {
             warn!(error = %e, "Node watch error (retrying)");
@@ -150,7 +152,16 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     // The agents' reports: one reflector feeds both the cache the trust
     // assessment reads and the trigger of the event they are about, so a
     // reconcile a report triggers always sees that report.
-    let (reports, report_stream) = cache::<ScheduledEventReport>(clients.watches.clone());
+    let (reports, report_stream) = cache::<ScheduledEventReport>(
+        clients.watches.clone(),
+        // Who last wrote it and when is read (see `reports_about`); which
+        // fields, never.
+        |r: &mut ScheduledEventReport| {
+            for m in r.managed_fields_mut() {
+                m.fields_v1 = None;
+            }
+        },
+    );
     // The drain's pods, from one watch (see `pods`), while this replica leads.
     let pods = super::pods::PodCache::default();
     let pod_task = tokio::spawn(pods.clone().run(clients.watches.clone()));
@@ -199,8 +210,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     });
 
     let leader_gauge = metrics.leader.clone();
-    // A dry run writes no node, so it releases no hold either.
-    let sweep = (!args.dry_run).then(|| tokio::spawn(sweep::sweep_orphaned_holds(ctx.clone())));
+    // A dry run writes no node, so it releases no hold either (its sweep
+    // only forgets deleted events' bookkeeping).
+    let sweep = tokio::spawn(sweep::sweep_orphaned_holds(ctx.clone()));
     let creator = tokio::spawn(spec::create_missing(ctx.clone(), report_changed));
     let controller = controller
         .run(reconcile, error_policy, ctx)
@@ -225,9 +237,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     event_task.abort();
     creator.abort();
     confinement.abort();
-    if let Some(sweep) = sweep {
-        sweep.abort();
-    }
+    sweep.abort();
     if let Some(reload) = reload_task {
         reload.abort();
     }

@@ -17,7 +17,8 @@ use crate::crd::ScheduledEvent;
 /// How often nodes are checked for holds of deleted `ScheduledEvent`s.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
-/// Runs at start and then every [`SWEEP_INTERVAL`].
+/// Runs at start and then every [`SWEEP_INTERVAL`] (in a dry run it only
+/// forgets the bookkeeping of deleted events: it writes no node).
 ///
 /// It lists `ScheduledEvent`s from the API server rather than reading the
 /// controller's cache: an object deleted a moment ago may still be cached,
@@ -29,6 +30,10 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
     let mut tick = tokio::time::interval(SWEEP_INTERVAL);
     loop {
         tick.tick().await;
+        ctx.forget_deleted_events();
+        if ctx.dry_run {
+            continue;
+        }
         // The nodes first, then the list: every hold in this snapshot was
         // written before the list was taken, by a reconcile of an event
         // that existed then, so the list holds that event unless it was

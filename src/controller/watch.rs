@@ -11,7 +11,13 @@ use serde::de::DeserializeOwned;
 /// A cache of every `K` in the cluster, and the stream that fills it (it
 /// fills only while the stream is polled), yielding each object it touched;
 /// watch errors back off with [`watch_backoff`].
-pub fn cache<K>(client: Client) -> (Store<K>, impl Stream<Item = Result<K, watcher::Error>>)
+///
+/// `trim` runs on each object before it is stored, to drop what nothing
+/// reads (a Node's `managedFields`, often its larger part).
+pub fn cache<K>(
+    client: Client,
+    trim: impl FnMut(&mut K) + Send + 'static,
+) -> (Store<K>, impl Stream<Item = Result<K, watcher::Error>>)
 where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
@@ -22,7 +28,8 @@ where
         watcher(
             Api::<K>::all(client),
             watcher::Config::default().any_semantic(),
-        ),
+        )
+        .modify(trim),
     )
     .backoff(watch_backoff())
     .touched_objects();
