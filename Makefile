@@ -6,7 +6,7 @@ SCENARIO ?= tests/fixtures/platform-redeploy.yaml
 
 ## demo: local cluster + Azure scenario + agents + controller, with a live timeline (SCENARIO=path to pick another)
 demo:
-	$(CARGO) build --features harness --bin forewarn --example demo
+	$(CARGO) build --bin forewarn --example demo
 	./target/debug/examples/demo --scenario $(SCENARIO)
 
 ## test: formatting, lints, unit tests and the end-to-end tests on a local control plane
@@ -20,12 +20,12 @@ test: lint
 ## (about 20 minutes; BENCH_ARGS="--only detection,burst" picks parts)
 bench:
 	$(CARGO) build --release --bin forewarn
-	$(CARGO) build --features harness --example bench --example bench_drain
+	$(CARGO) build --example bench --example bench_drain
 	./target/debug/examples/bench $(BENCH_ARGS)
 
 ## bench-drain: forewarn vs `kubectl drain` on a 105-pod node with a PDB, medians and their ratio (a figure, not a test)
 bench-drain:
-	$(CARGO) build --release --features harness --bin forewarn --example bench_drain
+	$(CARGO) build --release --bin forewarn --example bench_drain
 	./target/release/examples/bench_drain
 
 ## test-real: the image in real containers on a real kubelet, in a network namespace of its own (root; see README)
@@ -47,7 +47,7 @@ image:
 ## lint: cargo fmt --check and clippy with warnings as errors
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets --features harness,real-node -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --features forewarn/real-node -- -D warnings
 
 ## unit: the unit tests only (no cluster)
 unit:

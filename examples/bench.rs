@@ -41,9 +41,9 @@ use anyhow::{Context as _, bail};
 use chrono::{DateTime, Utc};
 use clap::Parser;
 use forewarn::crd::{CORDONED_FOR_ANNOTATION, ScheduledEvent};
-use forewarn::harness::cluster::{Cluster, repo_root};
-use forewarn::harness::procs::{Credentials, Fleet};
 use forewarn::imds::mock::LogEntry;
+use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::procs::{Credentials, Fleet};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
@@ -194,14 +194,6 @@ fn start_cluster(name: &str, nodes: usize, audit: bool) -> anyhow::Result<Cluste
     )?;
     let env = [("FOREWARN_KUBE_AUDIT_POLICY", policy.as_path())];
     Cluster::start_with(name, nodes, if audit { &env } else { &[] })
-}
-
-fn audit_log(cluster: &Cluster) -> PathBuf {
-    cluster
-        .kubeconfig
-        .parent()
-        .map(|d| d.join("logs/audit.log"))
-        .unwrap_or_default()
 }
 
 /// A copy of the cluster's kubeconfig that impersonates `user` (in group
@@ -622,9 +614,11 @@ struct Request {
 
 /// The requests made by impersonated `bench:` users, from the audit log
 /// (one per audit ID, at its first stage logged).
-fn audit_requests(path: &Path) -> anyhow::Result<Vec<Request>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("failed to read {}", path.display()))?;
+fn audit_requests(cluster: &Cluster) -> anyhow::Result<Vec<Request>> {
+    // Every file of it: at 100 MB kube-apiserver rotates it, and a 1,000-VM
+    // event with 100 agents logs more than that (one run counted a fifth of
+    // the controller's requests from `audit.log` alone).
+    let text = cluster.audit_log()?;
     let mut ids = HashSet::new();
     let mut out = Vec::new();
     for line in text.lines() {
@@ -781,7 +775,7 @@ async fn burst(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result<()>
         .fold(0.0, f64::max);
     let log = fleet.mock_log(&http).await.unwrap_or_default();
     stop_fleet(fleet).await;
-    let requests = audit_requests(&audit_log(&cluster));
+    let requests = audit_requests(&cluster);
     struct Burst {
         changed: DateTime<Utc>,
         seen: Option<DateTime<Utc>>,
@@ -1301,7 +1295,7 @@ async fn scale_on(
         None,
     );
     // The controller's requests, as the API server logged them.
-    let requests: Vec<Request> = audit_requests(&audit_log(cluster))?
+    let requests: Vec<Request> = audit_requests(cluster)?
         .into_iter()
         .filter(|r| r.user == "bench:controller" && r.at >= changed && r.at <= until)
         .collect();

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
-use forewarn::harness::cluster::Cluster;
-use forewarn::harness::procs::Fleet;
-use forewarn::harness::run::sibling_forewarn_bin;
+use forewarn_harness::cluster::Cluster;
+use forewarn_harness::procs::Fleet;
+use forewarn_harness::run::sibling_forewarn_bin;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -164,7 +164,7 @@ async fn drain_with_forewarn(
     bin: &Path,
     run: usize,
 ) -> anyhow::Result<Duration> {
-    let dir = forewarn::harness::cluster::repo_root()
+    let dir = forewarn_harness::cluster::repo_root()
         .join(format!("target/forewarn-bench/forewarn-{run}"));
     std::fs::create_dir_all(&dir)?;
     let scenario = dir.join("scenario.yaml");

@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use forewarn::harness::cluster::{Cluster, repo_root};
-use forewarn::harness::run::{RunOptions, run_scenario, sibling_forewarn_bin, summary};
+use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::run::{RunOptions, run_scenario, sibling_forewarn_bin, summary};
 
 /// Plays an Azure Scheduled Events scenario against a local cluster.
 #[derive(Parser)]

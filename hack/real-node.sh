@@ -136,7 +136,7 @@ cmd_build() {
   TEST_BINS=""
   for t in $REAL_TESTS; do
     log "building tests/$t.rs"
-    bin=$(cd "$root" && cargo test --locked --features harness,real-node --test "$t" --no-run \
+    bin=$(cd "$root" && cargo test --locked --features real-node --test "$t" --no-run \
       --message-format=json 2>/dev/null | T=$t python3 -c '
 import json, os, sys
 for line in sys.stdin:
@@ -144,7 +144,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == os.environ["T"]:
         print(m["executable"])')
     if [[ -z "$bin" || ! -x "$bin" ]]; then
-      (cd "$root" && cargo test --locked --features harness,real-node --test "$t" --no-run) >&2 || true
+      (cd "$root" && cargo test --locked --features real-node --test "$t" --no-run) >&2 || true
       die "could not build tests/$t.rs"
     fi
     TEST_BINS="$TEST_BINS $bin"

@@ -50,8 +50,8 @@ teardown() {
 trap teardown EXIT
 
 echo "[test] building the tests"
-$cargo build --features harness --bin forewarn || exit 1
-$cargo test --features harness --no-run 2>&1 | tail -n 3 || exit 1
+$cargo build --bin forewarn || exit 1
+$cargo test --no-run 2>&1 | tail -n 3 || exit 1
 # The Kubernetes binaries are built (and cached) once, before the suites
 # race to start their clusters.
 bash hack/build-k8s.sh >/dev/null || exit 1
@@ -70,9 +70,9 @@ started=$SECONDS
 echo "[test] suites: ${suites[*]}"
 for s in "${suites[@]}"; do
   if [[ $s == lib ]]; then
-    $cargo test --features harness --lib >"$logs/$s.log" 2>&1 &
+    $cargo test --lib >"$logs/$s.log" 2>&1 &
   else
-    $cargo test --features harness --test "$s" >"$logs/$s.log" 2>&1 &
+    $cargo test --test "$s" >"$logs/$s.log" 2>&1 &
   fi
   pid[$s]=$!
 done

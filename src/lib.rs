@@ -13,8 +13,6 @@ pub mod agent;
 pub mod cli;
 pub mod controller;
 pub mod crd;
-#[cfg(feature = "harness")]
-pub mod harness;
 pub mod imds;
 pub mod kubeclient;
 pub mod metrics;

@@ -13,7 +13,6 @@
 //! its own (it reads them back at start and reports `Completed` what its
 //! document no longer lists): the agents of each test have node names of
 //! their own.
-#![cfg(feature = "harness")]
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -24,10 +23,10 @@ use forewarn::crd::{
     AGENT_MANAGER, CONTROLLER_MANAGER, Report, ScheduledEvent, ScheduledEventReport,
     ScheduledEventSpec, identity_digest,
 };
-use forewarn::harness::cluster::{Cluster, repo_root};
-use forewarn::harness::procs::{Proc, free_port, read_mock_address, wait_ready};
 use forewarn::imds::mock::{LogEntry, RequestEntry};
 use forewarn::imds::model::object_name;
+use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::procs::{Proc, free_port, read_mock_address, wait_ready};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};

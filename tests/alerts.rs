@@ -11,7 +11,6 @@
 //!
 //! Missing `promtool`/`prometheus` or a cluster that cannot start fails the
 //! tests; nothing is skipped.
-#![cfg(feature = "harness")]
 
 use std::collections::BTreeSet;
 use std::net::TcpListener;
@@ -23,8 +22,8 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use forewarn::agent::metrics::AgentMetrics;
 use forewarn::controller::metrics::ControllerMetrics;
-use forewarn::harness::cluster::{Cluster, repo_root};
-use forewarn::harness::run::{RunOptions, run_scenario, summary};
+use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::run::{RunOptions, run_scenario, summary};
 use serde_json::{Value, json};
 
 const RULES: &str = "charts/forewarn/files/alerts.yaml";

@@ -7,7 +7,6 @@
 //! alike, checked on what the server stored. helm is built from its Go
 //! module by `hack/build-helm.sh`. Fails, never skips, when the cluster
 //! cannot start.
-#![cfg(feature = "harness")]
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -15,8 +14,8 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use forewarn::harness::cluster::{Cluster, repo_root};
 use forewarn::policy::Policy;
+use forewarn_harness::cluster::{Cluster, repo_root};
 use serde_json::Value;
 
 const CLUSTER: &str = "forewarn-chart";
@@ -1081,7 +1080,7 @@ fn apply_status(kubeconfig: &Path, name: &str, status: Value, manager: &str) -> 
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let client = forewarn::harness::cluster::client_for(kubeconfig)
+        let client = forewarn_harness::cluster::client_for(kubeconfig)
             .await
             .map_err(|e| format!("{e:#}"))?;
         let api: Api<ScheduledEvent> = Api::all(client);
@@ -1905,9 +1904,9 @@ fn chart_run_options(
     run: &str,
     lease: &str,
     swap: bool,
-) -> forewarn::harness::run::RunOptions {
-    use forewarn::harness::procs::Credentials;
-    use forewarn::harness::run::RunOptions;
+) -> forewarn_harness::run::RunOptions {
+    use forewarn_harness::procs::Credentials;
+    use forewarn_harness::run::RunOptions;
     let nodes = ["node-000000", "node-000001", "node-000002"];
     let mut agents = std::collections::BTreeMap::new();
     for (i, node) in nodes.iter().enumerate() {
@@ -1955,7 +1954,7 @@ fn chart_run_options(
 /// is no good on another node).
 #[test]
 fn swapped_agent_tokens_are_refused_during_a_scenario() {
-    use forewarn::harness::procs::Fleet;
+    use forewarn_harness::procs::Fleet;
     let (_turn, c) = cluster();
     let k = admin(&c);
     install(&k, &c);
@@ -2045,7 +2044,7 @@ fn swapped_agent_tokens_are_refused_during_a_scenario() {
 /// drain, approve, record the approval, uncordon).
 #[test]
 fn scenario_plays_with_the_chart_credentials() {
-    use forewarn::harness::run::{run_scenario, summary};
+    use forewarn_harness::run::{run_scenario, summary};
 
     let (_turn, c) = cluster();
     let k = admin(&c);

@@ -5,7 +5,6 @@
 //! reads what the API server applied (the pod's `deletionGracePeriodSeconds`,
 //! node versions from a watch, the object's status), never forewarn's word.
 //! They fail, never skip, when the cluster cannot start.
-#![cfg(feature = "harness")]
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -15,8 +14,8 @@ use chrono::{DateTime, Utc};
 use forewarn::controller::drain;
 use forewarn::controller::plan::{Eviction, EvictionOutcome, PodInfo};
 use forewarn::crd::ScheduledEvent;
-use forewarn::harness::cluster::{Cluster, repo_root};
-use forewarn::harness::run::{PodDeletion, Report, RunOptions, run_scenario, summary};
+use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::run::{PodDeletion, Report, RunOptions, run_scenario, summary};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::events::v1::Event as KubeEvent;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};

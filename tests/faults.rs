@@ -14,7 +14,6 @@
 //!
 //! They take turns (one pauses the cluster's API server) and fail, never
 //! skip, when the cluster cannot start.
-#![cfg(feature = "harness")]
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -24,10 +23,10 @@ use chrono::{DateTime, Utc};
 use forewarn::crd::{
     EventStatus, Phase, Report, ScheduledEvent, ScheduledEventReport, report_name,
 };
-use forewarn::harness::cluster::{Cluster, repo_root};
-use forewarn::harness::procs::{Proc, read_mock_address, wait_ready};
 use forewarn::imds::mock::{LogEntry, RequestEntry};
 use forewarn::imds::model::object_name;
+use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::procs::{Proc, read_mock_address, wait_ready};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -88,13 +87,9 @@ struct Write {
 
 /// Every write in the cluster's audit log (one per audit ID).
 fn audit_writes(cluster: &Cluster) -> Vec<Write> {
-    let path = cluster
-        .kubeconfig
-        .parent()
-        .expect("cluster dir")
-        .join("logs/audit.log");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("no audit log at {}: {e}", path.display()));
+    let text = cluster
+        .audit_log()
+        .unwrap_or_else(|e| panic!("the audit log: {e:#}"));
     let mut seen = std::collections::HashSet::new();
     text.lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -500,6 +495,54 @@ fn reboot_report(id: &str, node: &str, vm: &str, status: EventStatus) -> Value {
     })
 }
 
+/// Applies `doc`, a `ScheduledEventReport`, as its node's agent would
+/// (server-side apply, written here by the test).
+async fn apply_report(client: &kube::Client, doc: Value) {
+    let name = doc["metadata"]["name"]
+        .as_str()
+        .expect("report name")
+        .to_string();
+    Api::<ScheduledEventReport>::all(client.clone())
+        .patch(
+            &name,
+            &PatchParams::apply("fault-test").force(),
+            &Patch::Apply(doc),
+        )
+        .await
+        .expect("apply the report");
+}
+
+/// Whether `node` is cordoned, as the API server has it.
+async fn is_cordoned(client: &kube::Client, node: &str) -> bool {
+    Api::<Node>::all(client.clone())
+        .get(node)
+        .await
+        .ok()
+        .and_then(|n| n.spec?.unschedulable)
+        .unwrap_or(false)
+}
+
+/// Waits until `count` pods labelled `app=<app>` in `default`, not
+/// terminating, are bound to `node`.
+async fn wait_for_pods(client: &kube::Client, app: &str, node: &str, count: usize) {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "default");
+    let selector = format!("app={app}");
+    eventually("the pods exist", Duration::from_secs(60), || async {
+        let listed = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .ok()?;
+        let live = listed
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .count();
+        (live == count).then_some(())
+    })
+    .await;
+}
+
 /// A leader paused (SIGSTOP) while it drains a node whose PodDisruptionBudget
 /// blocks the drain, and resumed after the standby took the Lease over,
 /// sends no write from then on: the audit log has no write with its
@@ -553,20 +596,7 @@ async fn a_leader_paused_past_its_lease_and_resumed_writes_nothing() {
         "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": APP}}},
     }));
 
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "default");
-    eventually("the web pods exist", Duration::from_secs(60), || async {
-        let listed = pods
-            .list(&ListParams::default().labels(&format!("app={APP}")))
-            .await
-            .ok()?;
-        let live = listed
-            .items
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .count();
-        (live == 2).then_some(())
-    })
-    .await;
+    wait_for_pods(&client, APP, NODE, 2).await;
     let (mut first, _) = start_controller(&cluster, &dir, LEASE, "paused-a").await;
     let leader_of = || async {
         leases
@@ -583,31 +613,9 @@ async fn a_leader_paused_past_its_lease_and_resumed_writes_nothing() {
     let (mut second, _) = start_controller(&cluster, &dir, LEASE, "paused-b").await;
 
     // The node's own agent reports a Reboot (written here as that agent).
-    let reports: Api<ScheduledEventReport> = Api::all(client.clone());
-    let apply = |doc: Value| {
-        let reports = reports.clone();
-        async move {
-            let name = doc["metadata"]["name"].as_str().unwrap().to_string();
-            reports
-                .patch(
-                    &name,
-                    &PatchParams::apply("fault-test").force(),
-                    &Patch::Apply(doc),
-                )
-                .await
-                .expect("apply the report")
-        }
-    };
+    let apply = |doc: Value| apply_report(&client, doc);
     apply(reboot_report(ID, NODE, VM, EventStatus::Scheduled)).await;
-    let nodes: Api<Node> = Api::all(client.clone());
-    let cordoned = || async {
-        nodes
-            .get(NODE)
-            .await
-            .ok()
-            .and_then(|n| n.spec?.unschedulable)
-            .unwrap_or(false)
-    };
+    let cordoned = || is_cordoned(&client, NODE);
     eventually("the node cordoned", Duration::from_secs(30), || async {
         cordoned().await.then_some(())
     })
@@ -952,22 +960,9 @@ async fn a_node_reported_during_a_long_drain_is_cordoned_without_waiting_for_it(
             },
         }),
     );
+    wait_for_pods(&client, APP, FIRST, PODS).await;
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "default");
     let selector = format!("app={APP}");
-    eventually("the pods exist", Duration::from_secs(60), || async {
-        let listed = pods
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .ok()?;
-        let live = listed
-            .items
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(FIRST))
-            .count();
-        (live == PODS).then_some(())
-    })
-    .await;
     let (mut controller, _) = start_controller_with(
         &cluster,
         &dir,
@@ -980,22 +975,10 @@ async fn a_node_reported_during_a_long_drain_is_cordoned_without_waiting_for_it(
 
     // One event naming both VMs; each node's own agent reports it (written
     // here as those agents), the second one once the first drain is going.
-    let reports: Api<ScheduledEventReport> = Api::all(client.clone());
     let apply = |node: &str, vm: &str, status: EventStatus| {
         let mut doc = reboot_report(ID, node, vm, status);
         doc["spec"]["report"]["resources"] = json!([FIRST_VM, LATE_VM]);
-        let reports = reports.clone();
-        async move {
-            let name = doc["metadata"]["name"].as_str().unwrap().to_string();
-            reports
-                .patch(
-                    &name,
-                    &PatchParams::apply("fault-test").force(),
-                    &Patch::Apply(doc),
-                )
-                .await
-                .expect("apply the report")
-        }
+        apply_report(&client, doc)
     };
     let evictions = |cluster: &Cluster| {
         audit_writes(cluster)
@@ -1011,18 +994,7 @@ async fn a_node_reported_during_a_long_drain_is_cordoned_without_waiting_for_it(
     )
     .await;
     apply(LATE, LATE_VM, EventStatus::Scheduled).await;
-    let nodes: Api<Node> = Api::all(client.clone());
-    let cordoned = |name: &'static str| {
-        let nodes = nodes.clone();
-        async move {
-            nodes
-                .get(name)
-                .await
-                .ok()
-                .and_then(|n| n.spec?.unschedulable)
-                .unwrap_or(false)
-        }
-    };
+    let cordoned = |node: &'static str| is_cordoned(&client, node);
     eventually(
         "the late node cordoned",
         Duration::from_secs(60),

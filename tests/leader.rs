@@ -5,14 +5,13 @@
 //! process's own `/metrics` (`forewarn_controller_leader`) and logs, and
 //! from the Lease the API server holds. They fail, never skip, when the
 //! cluster cannot start.
-#![cfg(feature = "harness")]
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use forewarn::harness::cluster::Cluster;
-use forewarn::harness::procs::Proc;
+use forewarn_harness::cluster::Cluster;
+use forewarn_harness::procs::Proc;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 
@@ -27,7 +26,7 @@ fn cluster() -> Cluster {
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn log_dir(name: &str) -> PathBuf {
-    let dir = forewarn::harness::cluster::repo_root()
+    let dir = forewarn_harness::cluster::repo_root()
         .join("target/forewarn-runs/leader")
         .join(name);
     std::fs::create_dir_all(&dir).expect("log dir");

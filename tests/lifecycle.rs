@@ -6,7 +6,6 @@
 //! a watch, pod deletions, the object, its Events) or the IMDS mock's own
 //! log, never forewarn's word. They fail, never skip, when the cluster
 //! cannot start.
-#![cfg(feature = "harness")]
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -15,11 +14,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use forewarn::controller::nodes::TAINT_KEY;
 use forewarn::crd::{EventStatus, Phase, ScheduledEvent};
-use forewarn::harness::cluster::{Cluster, repo_root};
-use forewarn::harness::run::{
+use forewarn::imds::mock::LogEntry;
+use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::run::{
     ApiServerOutage, NodeDeletion, Report, RunOptions, run_scenario, summary,
 };
-use forewarn::imds::mock::LogEntry;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event as KubeEvent;

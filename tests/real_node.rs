@@ -17,7 +17,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use forewarn::harness::cluster::repo_root;
+use forewarn_harness::cluster::repo_root;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -551,8 +551,8 @@ fn is_ready(p: &Pod) -> bool {
 #[tokio::test]
 async fn redeploy_drains_the_real_node_with_real_grace() {
     use forewarn::crd::ScheduledEvent;
-    use forewarn::harness::procs::Proc;
     use forewarn::imds::mock::LogEntry;
+    use forewarn_harness::procs::Proc;
     use kube::api::ListParams;
 
     let env = env();

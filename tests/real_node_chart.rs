@@ -38,7 +38,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use forewarn::crd::AGENT_MANAGER;
-use forewarn::harness::cluster::repo_root;
+use forewarn_harness::cluster::repo_root;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -457,8 +457,8 @@ struct RealPod {
 #[tokio::test]
 async fn chart_drives_a_redeploy_of_the_real_node() {
     use forewarn::crd::ScheduledEvent;
-    use forewarn::harness::procs::{Proc, wait_ready};
     use forewarn::imds::mock::LogEntry;
+    use forewarn_harness::procs::{Proc, wait_ready};
     use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;

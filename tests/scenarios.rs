@@ -3,15 +3,14 @@
 //! kube-scheduler, KWOK) with the real `forewarn` binary as agents,
 //! controller and IMDS mock. They fail, never skip, when the cluster cannot
 //! start.
-#![cfg(feature = "harness")]
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use forewarn::crd::{Phase, ScheduledEvent};
-use forewarn::harness::cluster::{Cluster, repo_root};
-use forewarn::harness::run::{Report, RunOptions, run_scenario, summary};
+use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::run::{Report, RunOptions, run_scenario, summary};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 

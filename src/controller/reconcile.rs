@@ -648,6 +648,30 @@ fn describe(ev: &ScheduledEvent, w: &NodeWrite) -> (&'static str, &'static str, 
     }
 }
 
+/// The note of the `ScheduledEvent`'s Event for one kind of node write
+/// (`reason`, as [`describe`] gives it) on several `nodes`: how many, and
+/// the first [`PODS_NAMED`] by name.
+fn nodes_note(ev: &ScheduledEvent, reason: &str, mut nodes: Vec<&str>) -> String {
+    let (ty, name) = (&ev.spec.event_type, ev.name_any());
+    nodes.sort_unstable();
+    let n = nodes.len();
+    let more = n.saturating_sub(PODS_NAMED);
+    nodes.truncate(PODS_NAMED);
+    let listed = if more > 0 {
+        format!("{} and {more} more", nodes.join(", "))
+    } else {
+        nodes.join(", ")
+    };
+    match reason {
+        "Cordoned" => format!("Cordoned and tainted {n} nodes for {ty} {name}: {listed}"),
+        "CordonShared" => format!("{n} nodes stay cordoned, now also for {ty} {name}: {listed}"),
+        "Uncordoned" => format!("Uncordoned {n} nodes: {ty} {name} is over: {listed}"),
+        _ => format!(
+            "Released {name}'s hold on {n} nodes; they stay cordoned for other events: {listed}"
+        ),
+    }
+}
+
 /// Carries out the plan's node writes, several nodes at once.
 async fn write_nodes(
     ev: &ScheduledEvent,
@@ -685,6 +709,10 @@ async fn write_nodes(
             }
         }
     }
+    // One Event on each node written, and one per kind of write on the
+    // `ScheduledEvent` (naming the first few nodes when there are many): a
+    // 1,000-node event posts about 1,000 Events, not 2,000.
+    let mut by_reason: Vec<(&'static str, Vec<(&str, String)>)> = Vec::new();
     for w in &written {
         let (label, reason, note) = describe(ev, w);
         ctx.metrics.node_writes.with_label_values(&[label]).inc();
@@ -695,11 +723,22 @@ async fn write_nodes(
         report::publish(
             ctx,
             ev,
-            Subject::Node(w.node()),
+            Subject::NodeOnly(w.node()),
             KubeEventType::Normal,
             reason,
-            note,
+            note.clone(),
         );
+        match by_reason.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, nodes)) => nodes.push((w.node(), note)),
+            None => by_reason.push((reason, vec![(w.node(), note)])),
+        }
+    }
+    for (reason, mut nodes) in by_reason {
+        let note = match nodes.as_mut_slice() {
+            [(_, note)] => std::mem::take(note),
+            many => nodes_note(ev, reason, many.iter().map(|(n, _)| *n).collect()),
+        };
+        report::publish(ctx, ev, Subject::Event, KubeEventType::Normal, reason, note);
     }
     first_error.map_or(Ok(()), Err)
 }
@@ -843,7 +882,8 @@ async fn evict(ev: &ScheduledEvent, plan: &Plan, ctx: &Context) -> (Vec<Outcome>
 
 #[cfg(test)]
 mod tests {
-    use super::{blocked_backoff, evicted_note};
+    use super::{blocked_backoff, evicted_note, nodes_note};
+    use crate::crd::{EventStatus, ScheduledEvent, ScheduledEventSpec};
     use std::time::Duration;
 
     #[test]
@@ -859,6 +899,35 @@ mod tests {
         assert_eq!(
             note,
             "Evicted 12 pods from n1 (grace periods 5s, 30s): ns/p00, ns/p01, ns/p02, ns/p03, ns/p04 and 7 more"
+        );
+    }
+
+    #[test]
+    fn one_event_note_for_many_nodes_counts_them_and_names_five() {
+        let ev = ScheduledEvent::new(
+            "ev1",
+            ScheduledEventSpec {
+                event_id: "ev1".into(),
+                event_type: "Reboot".into(),
+                event_status: EventStatus::Scheduled,
+                event_source: "Platform".into(),
+                resource_type: "VirtualMachine".into(),
+                resources: vec![],
+                not_before: None,
+                duration_seconds: -1,
+                description: String::new(),
+                appearance: 1,
+            },
+        );
+        let nodes: Vec<String> = (0..7).rev().map(|i| format!("n{i}")).collect();
+        let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+        assert_eq!(
+            nodes_note(&ev, "Cordoned", nodes.clone()),
+            "Cordoned and tainted 7 nodes for Reboot ev1: n0, n1, n2, n3, n4 and 2 more"
+        );
+        assert_eq!(
+            nodes_note(&ev, "Uncordoned", nodes[..2].to_vec()),
+            "Uncordoned 2 nodes: Reboot ev1 is over: n5, n6"
         );
     }
 

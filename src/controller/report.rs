@@ -22,6 +22,9 @@ pub enum Subject<'a> {
     Event,
     /// A node: the Event goes on the node too, each naming the other as related.
     Node(&'a str),
+    /// Only the node, naming the `ScheduledEvent` as related (its own Event
+    /// summarises many nodes).
+    NodeOnly(&'a str),
     /// A pod (namespace, name), named as related so that each pod's Events
     /// are kept apart instead of folded into one series.
     Pod(&'a str, &'a str),
@@ -287,11 +290,13 @@ pub fn publish(
     note: String,
 ) {
     let node = match subject {
-        Subject::Node(name) => ctx.nodes.get(&reflector::ObjectRef::new(name)),
+        Subject::Node(name) | Subject::NodeOnly(name) => {
+            ctx.nodes.get(&reflector::ObjectRef::new(name))
+        }
         _ => None,
     };
     let related = match subject {
-        Subject::Event => None,
+        Subject::Event | Subject::NodeOnly(_) => None,
         Subject::Node(_) => node.as_ref().map(|n| n.object_ref(&())),
         Subject::Pod(namespace, name) => Some(ObjectReference {
             api_version: Some("v1".into()),
@@ -309,7 +314,9 @@ pub fn publish(
         action: reason.into(),
         secondary,
     };
-    ctx.kube_events.post(event(related), ev.object_ref(&()));
+    if !matches!(subject, Subject::NodeOnly(_)) {
+        ctx.kube_events.post(event(related), ev.object_ref(&()));
+    }
     if let Some(n) = node {
         ctx.kube_events
             .post(event(Some(ev.object_ref(&()))), n.object_ref(&()));
@@ -338,7 +345,7 @@ pub fn within_note_limit(mut note: String) -> String {
 /// How many Kubernetes Events may wait to be posted; beyond it new ones are
 /// dropped and counted (client-go's broadcaster also drops when its queue of
 /// 1,000 is full: Events are best effort, the status is the record).
-pub const EVENT_QUEUE: usize = 1024;
+pub const EVENT_QUEUE: usize = 4096;
 
 /// How many Events are posted at once.
 const EVENT_CONCURRENCY: usize = 16;

@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use forewarn::harness::cluster::{Cluster, client_for};
-use forewarn::harness::procs::{Proc, read_mock_address};
+use forewarn_harness::cluster::{Cluster, client_for};
+use forewarn_harness::procs::{Proc, read_mock_address};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};

@@ -12,6 +12,9 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 /// The repository root (where `hack/` is).
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 /// A running local cluster.
@@ -143,6 +146,40 @@ impl Cluster {
     /// When `hack/cluster.sh down` fails.
     pub fn stop(&self) -> anyhow::Result<()> {
         run_script(&["cluster.sh", "down", "--name", &self.name]).map(|_| ())
+    }
+
+    /// The API server's audit log (of a cluster started with
+    /// `FOREWARN_KUBE_AUDIT_POLICY`), one JSON line per entry, oldest first:
+    /// the files kube-apiserver rotated away (`audit-<time>.log`, at 100 MB
+    /// each by default), then `audit.log`.
+    ///
+    /// # Errors
+    /// When the log directory or a file cannot be read, or there is no log.
+    pub fn audit_log(&self) -> anyhow::Result<String> {
+        let dir = self
+            .kubeconfig
+            .parent()
+            .context("the cluster's directory")?
+            .join("logs");
+        let mut rotated: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .with_context(|| format!("failed to read {}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("audit-") && n.ends_with(".log"))
+            })
+            .collect();
+        rotated.sort();
+        rotated.push(dir.join("audit.log"));
+        let mut text = String::new();
+        for file in rotated {
+            text.push_str(
+                &std::fs::read_to_string(&file)
+                    .with_context(|| format!("no audit log at {}", file.display()))?,
+            );
+        }
+        Ok(text)
     }
 
     /// Path of `kubectl`.

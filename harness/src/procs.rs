@@ -10,7 +10,7 @@ use anyhow::{Context as _, bail};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::imds::mock::LogEntry;
+use forewarn::imds::mock::LogEntry;
 
 /// A child process with its log file.
 pub struct Proc {

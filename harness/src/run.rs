@@ -21,12 +21,12 @@ use serde_json::json;
 
 use super::cluster::Cluster;
 use super::procs::{Credentials, Fleet, Proc};
-use crate::controller::nodes::{holds, is_cordoned};
-use crate::crd::{
+use forewarn::controller::nodes::{holds, is_cordoned};
+use forewarn::crd::{
     CONTROLLER_MANAGER, CORDONED_FOR_ANNOTATION, ScheduledEvent, ScheduledEventReport,
 };
-use crate::imds::mock::LogEntry;
-use crate::imds::scenario::Scenario;
+use forewarn::imds::mock::LogEntry;
+use forewarn::imds::scenario::Scenario;
 
 /// How to play a scenario.
 #[derive(Debug, Clone)]
@@ -520,7 +520,7 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
 
     for (node, event) in &opts.prior_holds {
         let current = nodes.get(node).await?;
-        let taints = crate::controller::nodes::taints_for(&current, true)
+        let taints = forewarn::controller::nodes::taints_for(&current, true)
             .or_else(|| current.spec.as_ref().and_then(|s| s.taints.clone()));
         let held = json!({
             "metadata": {"annotations": {CORDONED_FOR_ANNOTATION: event}},
@@ -712,7 +712,7 @@ async fn observe(
     let (sev_tx, mut sev_rx) = tokio::sync::mpsc::unbounded_channel();
     let sev_watch = tokio::spawn(async move {
         let stream = watcher(sevs, watcher::Config::default())
-            .backoff(crate::controller::watch::watch_backoff())
+            .backoff(forewarn::controller::watch::watch_backoff())
             .applied_objects();
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {
@@ -729,7 +729,7 @@ async fn observe(
     let pods_all: Api<Pod> = Api::all(client.clone());
     let _abort_pods = AbortOnDrop(tokio::spawn(async move {
         let stream = watcher(pods_all, watcher::Config::default())
-            .backoff(crate::controller::watch::watch_backoff())
+            .backoff(forewarn::controller::watch::watch_backoff())
             .applied_objects();
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {
@@ -745,7 +745,7 @@ async fn observe(
     let nodes_all: Api<Node> = Api::all(client.clone());
     let _abort_nodes = AbortOnDrop(tokio::spawn(async move {
         let stream = watcher(nodes_all, watcher::Config::default())
-            .backoff(crate::controller::watch::watch_backoff())
+            .backoff(forewarn::controller::watch::watch_backoff())
             .applied_objects();
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {
@@ -966,7 +966,7 @@ async fn observe(
                     .filter(|n| n.drained_at.is_none_or(|d| Some(d) > approval.decided_at))
                     .map(|n| n.name.clone())
                     .collect();
-                let needs_drain = status.action == Some(crate::policy::Action::DrainAndApprove);
+                let needs_drain = status.action == Some(forewarn::policy::Action::DrainAndApprove);
                 if needs_drain && !undrained.is_empty() {
                     report.violations.push(format!(
                         "rule 2: {id} approval decided before {} drained",
@@ -1284,7 +1284,7 @@ async fn observe(
     for ev in &scenario.events {
         let Some(x) = &ev.expect else { continue };
         let id = short(&ev.id);
-        let name = crate::imds::model::object_name(&ev.id);
+        let name = forewarn::imds::model::object_name(&ev.id);
         let phase = sev_state
             .get(&name)
             .map(|s| s.phase.clone())
