@@ -115,7 +115,7 @@ impl Context {
             .collect();
         let uids: std::collections::HashSet<String> =
             live.iter().filter_map(|e| e.metadata.uid.clone()).collect();
-        for map in [&self.failures, &self.blocked] {
+        for map in [&self.failures, &*self.blocked] {
             map.lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .retain(|name, _| names.contains(name));
@@ -230,7 +230,9 @@ pub struct Context {
     /// Consecutive passes per event whose evictions a PodDisruptionBudget
     /// refused, for the blocked drain's backoff (an entry lives while its
     /// drain is blocked).
-    blocked: Mutex<HashMap<String, u32>>,
+    /// Shared with the PodDisruptionBudget watch, which triggers a pass
+    /// over every event in it when a budget changes.
+    blocked: Arc<Mutex<HashMap<String, u32>>>,
 }
 
 #[cfg(test)]

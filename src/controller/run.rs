@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::client::ClientBuilder;
@@ -170,6 +171,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let report_changed = Arc::new(tokio::sync::Notify::new());
     let notify = report_changed.clone();
     let report_stream = report_stream.inspect(move |_| notify.notify_one());
+    let blocked: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let pdb_blocked = blocked.clone();
     let controller = Controller::new(
         Api::<ScheduledEvent>::all(clients.watches.clone()),
         watcher::Config::default().any_semantic(),
@@ -177,6 +180,21 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     .watches_stream(report_stream, |r: ScheduledEventReport| {
         std::iter::once(reflector::ObjectRef::new(&r.spec.scheduled_event))
     })
+    // A blocked drain is looked at again as soon as a PodDisruptionBudget
+    // changes (its status changes when a replacement pod becomes Ready, or
+    // someone edits it), not only at its backoff's next pass.
+    .watches(
+        Api::<PodDisruptionBudget>::all(clients.watches.clone()),
+        watcher::Config::default().any_semantic(),
+        move |_budget| {
+            pdb_blocked
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .keys()
+                .map(|name| reflector::ObjectRef::new(name))
+                .collect::<Vec<_>>()
+        },
+    )
     .trigger_backoff(watch_backoff())
     .reconcile_all_on(reload_rx)
     .with_config(controller::Config::default().concurrency(args.reconcile_concurrency));
@@ -206,7 +224,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         limiter: drain::rate_limiter(args.eviction_qps, args.eviction_burst),
         failures: Mutex::new(HashMap::new()),
         pods: pods.clone(),
-        blocked: Mutex::new(HashMap::new()),
+        blocked: blocked.clone(),
     });
 
     let leader_gauge = metrics.leader.clone();
