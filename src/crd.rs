@@ -536,6 +536,10 @@ impl From<&crate::imds::model::EventStatus> for EventStatus {
     }
 }
 
+fn is_zero(n: &i32) -> bool {
+    *n == 0
+}
+
 /// Progress on one affected node.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -547,15 +551,17 @@ pub struct NodeProgress {
     /// Whether forewarn cordoned the node for this event (false when someone
     /// else had already cordoned it, or the policy does not cordon); kept
     /// once the event is over, when the cordon has been released.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cordoned_by_us: bool,
     /// Whether the node was already cordoned by someone else; forewarn leaves it so.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub already_cordoned: bool,
     /// Pods still to leave the node (DaemonSet, mirror and finished pods
     /// excluded; pods kept on purpose and pods still terminating included).
-    /// Once the event is over, what was left when it ended.
-    #[serde(default)]
+    /// Once the event is over, what was left when it ended. Left out when 0
+    /// (as the two flags when false): the records of an event naming
+    /// thousands of VMs stay small.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub pods_remaining: i32,
     /// Why the drain is stuck, e.g. `PodDisruptionBudget shop/web: The
     /// disruption budget web needs 5 healthy pods and has 5 currently`.
