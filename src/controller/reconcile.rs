@@ -146,7 +146,29 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         (Vec::new(), 0)
     } else {
         write_nodes(&ev, &plan, &snapshots, &ctx).await?;
-        evict(&ev, &plan, &ctx).await
+        // Cordon first, evict after: the pods of a node cordoned in this
+        // pass are asked to leave from the next pass on (300 ms later), so
+        // a pass over a 1,000-node event ends once its cordons are written
+        // and the nodes reported meanwhile are cordoned at the next one.
+        let cordoned_now: std::collections::HashSet<&str> = plan
+            .node_writes
+            .iter()
+            .filter(|w| matches!(w, NodeWrite::Cordon { .. }))
+            .map(NodeWrite::node)
+            .collect();
+        if cordoned_now.is_empty() {
+            evict(&ev, &plan.evictions, &ctx).await
+        } else {
+            let now_evicted: Vec<super::plan::Eviction> = plan
+                .evictions
+                .iter()
+                .filter(|e| !cordoned_now.contains(e.node.as_str()))
+                .cloned()
+                .collect();
+            let later = plan.evictions.len() - now_evicted.len();
+            let (outcomes, deferred) = evict(&ev, &now_evicted, &ctx).await;
+            (outcomes, deferred + later)
+        }
     };
     let (outcomes, deferred) = outcomes;
     let mut status = status::next_status(&ev, &seen, &plan, &outcomes, now);
@@ -777,20 +799,23 @@ fn evicted_note(node: &str, pods: &[(String, i64)]) -> String {
 /// How many pods an `Evicted` Event names.
 const PODS_NAMED: usize = 5;
 
-/// Requests the plan's evictions for at most [`EVICTION_PASS`] and reports
+/// Requests `evictions` for at most [`EVICTION_PASS`] and reports
 /// each outcome; returns the outcomes and how many were deferred to the next
 /// pass.
-async fn evict(ev: &ScheduledEvent, plan: &Plan, ctx: &Context) -> (Vec<Outcome>, usize) {
+async fn evict(
+    ev: &ScheduledEvent,
+    evictions: &[super::plan::Eviction],
+    ctx: &Context,
+) -> (Vec<Outcome>, usize) {
     let drain::Evicted { outcomes, deferred } = drain::evict_all(
         &ctx.evict_client,
         &ctx.limiter,
-        &plan.evictions,
+        evictions,
         ctx.per_node,
         tokio::time::Instant::now() + EVICTION_PASS,
     )
     .await;
-    let planned: HashMap<(&str, &str), &super::plan::Eviction> = plan
-        .evictions
+    let planned: HashMap<(&str, &str), &super::plan::Eviction> = evictions
         .iter()
         .map(|e| ((e.node.as_str(), e.pod.name.as_str()), e))
         .collect();
