@@ -560,3 +560,86 @@ async fn eviction_reaches_the_api_server_with_its_grace_and_uid_precondition() {
         .await;
     let _ = namespaces.delete(ns, &DeleteParams::default()).await;
 }
+
+/// The approval's fresh read of a large event's pods (one paginated list
+/// of every bound pod) finds on each node exactly what a list by that
+/// node's field selector finds, across pages (2 pods a page here), and an
+/// empty list for a node without pods; nodes not asked for are left out.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_paginated_list_finds_each_nodes_pods_as_a_list_per_node_does() {
+    let _turn = TURN.lock().await;
+    let cluster = tokio::task::spawn_blocking(cluster)
+        .await
+        .expect("cluster start panicked");
+    let client = cluster.client().await.expect("client");
+    let ns = "list-all";
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if namespaces.get_opt(ns).await.expect("get ns").is_none() {
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+            )
+            .await
+            .expect("namespace");
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    for (name, node) in [
+        ("a1", "node-000001"),
+        ("a2", "node-000001"),
+        ("a3", "node-000001"),
+        ("b1", "node-000002"),
+    ] {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"nodeName": node,
+                     "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+        }))
+        .unwrap();
+        // A pod that already exists from an earlier run is the same pod.
+        let _ = pods.create(&PostParams::default(), &pod).await;
+    }
+    let asked: std::collections::HashSet<String> =
+        ["node-000001", "node-absent"].map(String::from).into();
+    let by_node = drain::pods_by_node(&client, &asked, 2)
+        .await
+        .expect("one paginated list");
+    assert_eq!(by_node.len(), 2, "{by_node:#?}");
+    let sorted = |mut v: Vec<PodInfo>| {
+        v.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        v
+    };
+    for node in ["node-000001", "node-absent"] {
+        let one = sorted(drain::pods_on(&client, node).await.expect("list by node"));
+        let all = sorted(by_node.get(node).cloned().unwrap_or_default());
+        assert_eq!(all, one, "{node}");
+    }
+    let ours = |node: &str| {
+        by_node
+            .get(node)
+            .map(|v| v.iter().filter(|p| p.namespace == ns).count())
+            .unwrap_or(0)
+    };
+    assert_eq!(ours("node-000001"), 3);
+    assert!(by_node["node-absent"].iter().all(|p| p.namespace != ns));
+    // Gone before the next test: a bare pod on a node would be kept there
+    // by its drain.
+    for name in ["a1", "a2", "a3", "b1"] {
+        let _ = pods
+            .delete(name, &DeleteParams::default().grace_period(0))
+            .await;
+    }
+    for _ in 0..100 {
+        if pods
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the test's pods were not deleted within 10 s");
+}

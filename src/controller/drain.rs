@@ -109,6 +109,48 @@ pub async fn pods_on(client: &Client, node: &str) -> Result<Vec<PodInfo>, Error>
     Ok(list.items.iter().filter_map(classify_pod).collect())
 }
 
+/// How many pods one page of [`pods_by_node`]'s list holds.
+pub const POD_LIST_PAGE: u32 = 500;
+
+/// The pods on each of `nodes` that the drain considers, from one
+/// paginated list (`page` pods a request, e.g. [`POD_LIST_PAGE`]) of every
+/// bound pod, a consistent read as [`pods_on`]'s: for an event of many
+/// nodes, a few requests instead of one per node. A node without pods maps
+/// to an empty list.
+///
+/// # Errors
+/// [`Error::ListPods`] (naming the first node) when a page cannot be read.
+pub async fn pods_by_node(
+    client: &Client,
+    nodes: &std::collections::HashSet<String>,
+    page: u32,
+) -> Result<HashMap<String, Vec<PodInfo>>, Error> {
+    let api: Api<Pod> = Api::all(client.clone());
+    let mut by_node: HashMap<String, Vec<PodInfo>> =
+        nodes.iter().map(|n| (n.clone(), Vec::new())).collect();
+    let mut params = ListParams::default()
+        .fields("spec.nodeName!=")
+        .limit(page.max(1));
+    loop {
+        let page = api.list(&params).await.map_err(|source| Error::ListPods {
+            node: nodes.iter().next().cloned().unwrap_or_default(),
+            source,
+        })?;
+        for pod in &page.items {
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+            if let Some(pods) = node.and_then(|n| by_node.get_mut(n))
+                && let Some(info) = classify_pod(pod)
+            {
+                pods.push(info);
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(by_node),
+        }
+    }
+}
+
 /// The `policy/v1` Eviction we send: the grace period and the pod-UID
 /// precondition in `deleteOptions`.
 ///
