@@ -202,6 +202,10 @@ YAML
 
   # On failure, stop the processes but keep the directory for its logs/.
   trap 'on_up_exit $?' EXIT
+  # One replica of each: no leader election for kube-controller-manager and
+  # kube-scheduler, which otherwise exit when the API server stops answering
+  # for their renew deadline (the fault tests pause it), and, restarted,
+  # could find their port taken meanwhile by another cluster's process.
   # kwokctl picks free ports when it creates a cluster and binds them when
   # it starts it: two clusters created at once can pick the same ports (then
   # one's kubectl reaches the other's API server: "certificate signed by
@@ -219,6 +223,8 @@ YAML
     --extra-args etcd=unsafe-no-fsync=true \
     --extra-args kube-apiserver=advertise-address=127.0.0.1 \
     --extra-args kube-apiserver=endpoint-reconciler-type=none \
+    --extra-args kube-controller-manager=leader-elect=false \
+    --extra-args kube-scheduler=leader-elect=false \
     --disable-qps-limits \
     ${FOREWARN_KUBE_AUDIT_POLICY:+--kube-audit-policy "$FOREWARN_KUBE_AUDIT_POLICY"} \
     --kubeconfig "" \
