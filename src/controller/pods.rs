@@ -15,15 +15,56 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
 use kube::api::Api;
+use kube::core::{ApiResource, Object};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
+use serde::Deserialize;
 use tracing::warn;
 
 use super::drain::classify_pod;
 use super::plan::PodInfo;
 use crate::kubeclient::watch_backoff;
+
+/// The fields of a pod's spec the drain reads; the rest of each watched pod
+/// (containers, volumes...) is never built (kube's `Object` with local
+/// structs: a 10,000-pod watch allocates a fraction of what whole `Pod`s
+/// cost).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpecFields {
+    #[serde(default)]
+    node_name: Option<String>,
+    #[serde(default)]
+    termination_grace_period_seconds: Option<i64>,
+}
+
+/// The field of a pod's status the drain reads.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct StatusFields {
+    #[serde(default)]
+    phase: Option<String>,
+}
+
+/// A pod as the cache watches it: metadata, and the fields above.
+pub type PartialPod = Object<SpecFields, StatusFields>;
+
+/// `partial` as a `Pod` with only those fields, for [`classify_pod`].
+fn as_pod(partial: PartialPod) -> Pod {
+    Pod {
+        metadata: partial.metadata,
+        spec: Some(PodSpec {
+            node_name: partial.spec.node_name,
+            termination_grace_period_seconds: partial.spec.termination_grace_period_seconds,
+            ..PodSpec::default()
+        }),
+        status: partial.status.map(|s| PodStatus {
+            phase: s.phase,
+            ..PodStatus::default()
+        }),
+    }
+}
 
 /// Pods that count for a drain, by node, then by UID.
 type ByNode = HashMap<String, HashMap<String, PodInfo>>;
@@ -111,8 +152,8 @@ impl PodCache {
         // A consistent, paginated list (the default): `resourceVersion=0`
         // would have the API server send every pod of the cluster in one
         // response.
-        let stream =
-            watcher(Api::<Pod>::all(client), watcher::Config::default()).backoff(watch_backoff());
+        let api: Api<PartialPod> = Api::all_with(client, &ApiResource::erase::<Pod>(&()));
+        let stream = watcher(api, watcher::Config::default()).backoff(watch_backoff());
         futures::pin_mut!(stream);
         // A relist builds a fresh index, swapped in whole when complete.
         let mut fresh: Option<State> = None;
@@ -121,7 +162,7 @@ impl PodCache {
                 Ok(watcher::Event::Init) => fresh = Some(State::default()),
                 Ok(watcher::Event::InitApply(pod)) => {
                     if let Some(f) = fresh.as_mut() {
-                        f.apply(&pod);
+                        f.apply(&as_pod(pod));
                     }
                 }
                 Ok(watcher::Event::InitDone) => {
@@ -133,11 +174,13 @@ impl PodCache {
                             .unwrap_or_else(std::sync::PoisonError::into_inner) = f;
                     }
                 }
-                Ok(watcher::Event::Apply(pod)) => self
-                    .0
-                    .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .apply(&pod),
+                Ok(watcher::Event::Apply(pod)) => {
+                    let pod = as_pod(pod);
+                    self.0
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .apply(&pod);
+                }
                 Ok(watcher::Event::Delete(pod)) => self
                     .0
                     .write()
@@ -161,6 +204,44 @@ mod tests {
             "status": {"phase": phase},
         }))
         .expect("pod")
+    }
+
+    /// A whole pod, as the API server sends it, read as the partial object
+    /// the cache watches, gives the drain the same view as the whole `Pod`:
+    /// no field it reads is lost.
+    #[test]
+    fn a_partial_pod_gives_the_drain_what_the_whole_pod_does() {
+        let full = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-1", "namespace": "shop", "uid": "u1",
+                "labels": {"app": "web", "pod-template-hash": "6f9"},
+                "annotations": {"a": "b"},
+                "deletionTimestamp": "2026-11-26T01:29:11Z",
+                "finalizers": ["example.com/hold"],
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-6f9", "uid": "o", "controller": true}],
+                "managedFields": [{"manager": "kube-controller-manager", "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}]},
+            "spec": {"nodeName": "n1", "terminationGracePeriodSeconds": 45,
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                    "env": [{"name": "X", "value": "1"}]}],
+                "volumes": [{"name": "v", "emptyDir": {}}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True"}]},
+        });
+        let whole: Pod = serde_json::from_value(full.clone()).expect("pod");
+        let partial: PartialPod = serde_json::from_value(full).expect("partial pod");
+        let from_partial = classify_pod(&as_pod(partial)).expect("counts for the drain");
+        assert_eq!(Some(from_partial.clone()), classify_pod(&whole));
+        assert_eq!(from_partial.grace_seconds, 45);
+        assert!(from_partial.managed && from_partial.terminating.is_some());
+        // A DaemonSet's pod, a finished pod: left out either way.
+        let mut ds = serde_json::to_value(&whole).expect("json");
+        ds["metadata"]["ownerReferences"][0]["kind"] = "DaemonSet".into();
+        let ds_partial: PartialPod = serde_json::from_value(ds).expect("partial");
+        assert_eq!(classify_pod(&as_pod(ds_partial)), None);
+        let mut done = serde_json::to_value(&whole).expect("json");
+        done["status"]["phase"] = "Succeeded".into();
+        let done_partial: PartialPod = serde_json::from_value(done).expect("partial");
+        assert_eq!(classify_pod(&as_pod(done_partial)), None);
     }
 
     #[test]
