@@ -444,14 +444,9 @@ async fn node_with_a_hundred_and_ten_pods_drains_completely() {
     assert!(!r.approvals.is_empty());
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn eviction_reaches_the_api_server_with_its_grace_and_uid_precondition() {
-    let _turn = TURN.lock().await;
-    let cluster = tokio::task::spawn_blocking(cluster)
-        .await
-        .expect("cluster start panicked");
-    let client = cluster.client().await.expect("client");
-    let ns = "evict-direct";
+/// Namespace `ns`, empty: deleted first if an earlier run left it (waiting
+/// until it is gone), then created.
+async fn fresh_namespace(client: &Client, ns: &str) -> Api<Namespace> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let _ = namespaces.delete(ns, &DeleteParams::default()).await;
     for _ in 0..120 {
@@ -467,6 +462,18 @@ async fn eviction_reaches_the_api_server_with_its_grace_and_uid_precondition() {
         )
         .await
         .expect("namespace");
+    namespaces
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn eviction_reaches_the_api_server_with_its_grace_and_uid_precondition() {
+    let _turn = TURN.lock().await;
+    let cluster = tokio::task::spawn_blocking(cluster)
+        .await
+        .expect("cluster start panicked");
+    let client = cluster.client().await.expect("client");
+    let ns = "evict-direct";
+    let namespaces = fresh_namespace(&client, ns).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "p", "namespace": ns},
@@ -573,16 +580,7 @@ async fn one_paginated_list_finds_each_nodes_pods_as_a_list_per_node_does() {
         .expect("cluster start panicked");
     let client = cluster.client().await.expect("client");
     let ns = "list-all";
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    if namespaces.get_opt(ns).await.expect("get ns").is_none() {
-        namespaces
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
-            )
-            .await
-            .expect("namespace");
-    }
+    fresh_namespace(&client, ns).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     for (name, node) in [
         ("a1", "node-000001"),
@@ -596,8 +594,9 @@ async fn one_paginated_list_finds_each_nodes_pods_as_a_list_per_node_does() {
                      "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
         }))
         .unwrap();
-        // A pod that already exists from an earlier run is the same pod.
-        let _ = pods.create(&PostParams::default(), &pod).await;
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .expect("create a pod");
     }
     let asked: std::collections::HashSet<String> =
         ["node-000001", "node-absent"].map(String::from).into();

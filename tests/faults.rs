@@ -495,6 +495,25 @@ fn reboot_report(id: &str, node: &str, vm: &str, status: EventStatus) -> Value {
     })
 }
 
+/// A Deployment `app` in `default` of `replicas` pause pods labelled
+/// `app=<app>`, whose pod spec also has `placement` (`nodeName` or
+/// `nodeSelector`).
+fn deployment(app: &str, replicas: usize, placement: Value) -> Value {
+    let mut spec = json!({"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]});
+    if let (Some(s), Some(p)) = (spec.as_object_mut(), placement.as_object()) {
+        s.extend(p.clone());
+    }
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": app, "namespace": "default"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": app}},
+            "template": {"metadata": {"labels": {"app": app}}, "spec": spec},
+        },
+    })
+}
+
 /// Applies `doc`, a `ScheduledEventReport`, as its node's agent would
 /// (server-side apply, written here by the test).
 async fn apply_report(client: &kube::Client, doc: Value) {
@@ -578,18 +597,7 @@ async fn a_leader_paused_past_its_lease_and_resumed_writes_nothing() {
         "--ignore-not-found",
         "--wait=true",
     ]);
-    kubectl_apply(json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": APP, "namespace": "default"},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": APP}},
-            "template": {
-                "metadata": {"labels": {"app": APP}},
-                "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
-            },
-        },
-    }));
+    kubectl_apply(deployment(APP, 2, json!({"nodeName": NODE})));
     kubectl_apply(json!({
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
         "metadata": {"name": APP, "namespace": "default"},
@@ -942,23 +950,13 @@ async fn a_node_reported_during_a_long_drain_is_cordoned_without_waiting_for_it(
     ]);
     kubectl_apply(
         &cluster,
-        &json!({
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": APP, "namespace": "default"},
-            "spec": {
-                "replicas": PODS,
-                "selector": {"matchLabels": {"app": APP}},
-                "template": {
-                    "metadata": {"labels": {"app": APP}},
-                    // Placed by the scheduler, so that the replacements of
-                    // evicted pods stay Pending while the node is cordoned.
-                    "spec": {
-                        "nodeSelector": {"kubernetes.io/hostname": FIRST},
-                        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
-                    },
-                },
-            },
-        }),
+        // Placed by the scheduler, so that the replacements of evicted pods
+        // stay Pending while the node is cordoned.
+        &deployment(
+            APP,
+            PODS,
+            json!({"nodeSelector": {"kubernetes.io/hostname": FIRST}}),
+        ),
     );
     wait_for_pods(&client, APP, FIRST, PODS).await;
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "default");

@@ -232,17 +232,7 @@ impl Cluster {
             .context("the kubeconfig has no parent directory")?
             .to_path_buf();
         let Component { pid, argv, .. } = Component::read(&dir, "kube-apiserver")?;
-        // The components that may exit while it is down (kube-controller-
-        // manager and kube-scheduler stop when they cannot renew their
-        // leader Lease), to start again when it is back.
-        let others = [
-            "kube-controller-manager",
-            "kube-scheduler",
-            "kwok-controller",
-        ]
-        .iter()
-        .filter_map(|name| Component::read(&dir, name).ok())
-        .collect();
+        let others = restartable(&dir);
         let proc_dir = PathBuf::from(format!("/proc/{pid}"));
         let flag = |name: &str| {
             argv.iter()
@@ -314,14 +304,7 @@ impl Cluster {
             .context("the kubeconfig has no parent directory")?
             .to_path_buf();
         let Component { pid, .. } = Component::read(&dir, "kube-apiserver")?;
-        let others = [
-            "kube-controller-manager",
-            "kube-scheduler",
-            "kwok-controller",
-        ]
-        .iter()
-        .filter_map(|name| Component::read(&dir, name).ok())
-        .collect();
+        let others = restartable(&dir);
         let ok = Command::new("kill")
             .args(["-STOP", &pid])
             .status()?
@@ -399,6 +382,20 @@ impl Cluster {
 /// again may exit at once (its port not yet free): watches `others` until
 /// all have run for 5 s in a row (at most 30 s), starting again any that is
 /// not running, as their kubelet would. Returns the names started again.
+/// The components that may exit while the API server is down or paused
+/// (a client that gives up, or one run with leader election, which exits
+/// when it cannot renew its Lease), to start again when it is back.
+fn restartable(dir: &Path) -> Vec<Component> {
+    [
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kwok-controller",
+    ]
+    .iter()
+    .filter_map(|name| Component::read(dir, name).ok())
+    .collect()
+}
+
 fn keep_running(dir: &Path, mut others: Vec<Component>) -> anyhow::Result<Vec<String>> {
     let mut restarted = Vec::new();
     let until = std::time::Instant::now() + std::time::Duration::from_secs(30);

@@ -244,6 +244,7 @@ impl ControllerMetrics {
     }
 
     /// How many objects' appearances are remembered as counted.
+    #[cfg(test)]
     pub fn observed_remembered(&self) -> usize {
         self.counted
             .lock()

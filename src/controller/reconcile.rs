@@ -147,7 +147,7 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         delete(&ev, &reports, &ctx).await?;
         return Ok(Requeue::await_change());
     }
-    let outcomes = if ctx.dry_run {
+    let (outcomes, deferred) = if ctx.dry_run {
         (Vec::new(), 0)
     } else {
         write_nodes(&ev, &plan, &snapshots, &ctx).await?;
@@ -175,7 +175,6 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
             (outcomes, deferred + later)
         }
     };
-    let (outcomes, deferred) = outcomes;
     let mut status = status::next_status(&ev, &seen, &plan, &outcomes, now);
     // `decidedAt` says when the decision was recorded, after this pass's
     // node writes and pod lists, not when the pass began (a pass over many
@@ -688,18 +687,11 @@ fn describe(ev: &ScheduledEvent, w: &NodeWrite) -> (&'static str, &'static str, 
 
 /// The note of the `ScheduledEvent`'s Event for one kind of node write
 /// (`reason`, as [`describe`] gives it) on several `nodes`: how many, and
-/// the first [`PODS_NAMED`] by name.
-fn nodes_note(ev: &ScheduledEvent, reason: &str, mut nodes: Vec<&str>) -> String {
+/// the first [`NAMED_IN_EVENT`] by name.
+fn nodes_note(ev: &ScheduledEvent, reason: &str, nodes: Vec<&str>) -> String {
     let (ty, name) = (&ev.spec.event_type, ev.name_any());
-    nodes.sort_unstable();
     let n = nodes.len();
-    let more = n.saturating_sub(PODS_NAMED);
-    nodes.truncate(PODS_NAMED);
-    let listed = if more > 0 {
-        format!("{} and {more} more", nodes.join(", "))
-    } else {
-        nodes.join(", ")
-    };
+    let listed = first_named(nodes);
     match reason {
         "Cordoned" => format!("Cordoned and tainted {n} nodes for {ty} {name}: {listed}"),
         "CordonShared" => format!("{n} nodes stay cordoned, now also for {ty} {name}: {listed}"),
@@ -782,7 +774,7 @@ async fn write_nodes(
 }
 
 /// The note of the Event for `pods` (`namespace/name`, grace seconds)
-/// evicted from `node` in one pass: the first [`PODS_NAMED`] named (an
+/// evicted from `node` in one pass: the first [`NAMED_IN_EVENT`] named (an
 /// Event's note holds at most 1 KiB).
 fn evicted_note(node: &str, pods: &[(String, i64)]) -> String {
     let mut graces: Vec<i64> = pods.iter().map(|(_, g)| *g).collect();
@@ -796,24 +788,28 @@ fn evicted_note(node: &str, pods: &[(String, i64)]) -> String {
     if let [(pod, grace)] = pods {
         return format!("Evicted {pod} from {node} with a grace period of {grace}s");
     }
-    let mut named: Vec<&str> = pods.iter().map(|(p, _)| p.as_str()).collect();
-    named.sort_unstable();
-    let more = named.len().saturating_sub(PODS_NAMED);
-    named.truncate(PODS_NAMED);
-    let more = if more > 0 {
-        format!(" and {more} more")
-    } else {
-        String::new()
-    };
     format!(
-        "Evicted {} pods from {node} (grace periods {graces}): {}{more}",
+        "Evicted {} pods from {node} (grace periods {graces}): {}",
         pods.len(),
-        named.join(", ")
+        first_named(pods.iter().map(|(p, _)| p.as_str()).collect())
     )
 }
 
-/// How many pods an `Evicted` Event names.
-const PODS_NAMED: usize = 5;
+/// `names` sorted, the first [`NAMED_IN_EVENT`] joined and the rest counted:
+/// `a, b, c, d, e and 7 more`.
+fn first_named(mut names: Vec<&str>) -> String {
+    names.sort_unstable();
+    let more = names.len().saturating_sub(NAMED_IN_EVENT);
+    names.truncate(NAMED_IN_EVENT);
+    if more > 0 {
+        format!("{} and {more} more", names.join(", "))
+    } else {
+        names.join(", ")
+    }
+}
+
+/// How many pods or nodes an Event names before it counts the rest.
+const NAMED_IN_EVENT: usize = 5;
 
 /// Requests `evictions` for at most [`EVICTION_PASS`] and reports
 /// each outcome; returns the outcomes and how many were deferred to the next

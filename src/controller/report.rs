@@ -25,9 +25,6 @@ pub enum Subject<'a> {
     /// Only the node, naming the `ScheduledEvent` as related (its own Event
     /// summarises many nodes).
     NodeOnly(&'a str),
-    /// A pod (namespace, name), named as related so that each pod's Events
-    /// are kept apart instead of folded into one series.
-    Pod(&'a str, &'a str),
 }
 
 /// Writes the status (only when it changed) and the Events that mark progress.
@@ -298,13 +295,6 @@ pub fn publish(
     let related = match subject {
         Subject::Event | Subject::NodeOnly(_) => None,
         Subject::Node(_) => node.as_ref().map(|n| n.object_ref(&())),
-        Subject::Pod(namespace, name) => Some(ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: Some(namespace.into()),
-            name: Some(name.into()),
-            ..ObjectReference::default()
-        }),
     };
     let note = within_note_limit(note);
     let event = |secondary| KubeEvent {
