@@ -263,16 +263,39 @@ fn report_dry_run(
 /// server-side apply cannot remove fields another manager owns): an
 /// approval of an earlier appearance must not stand for the new one.
 ///
+/// `ev` is the event as [`super::status::for_current_appearance`] started
+/// it over: the same write records its appearance and history
+/// ([`cleared_for_new_appearance`]), so that a pass that reads the object
+/// between this write and the pass's status write sees the new appearance
+/// already, not the old one without its approval (it took that for a
+/// second start-over, and the history lost the first appearance's
+/// approval).
+///
 /// # Errors
 /// [`Error::PatchStatus`] when the status cannot be written.
 pub async fn clear_approval(ev: &ScheduledEvent, ctx: &Context) -> Result<()> {
     let name = ev.name_any();
-    let body = json!({"status": {"approval": null}});
+    let body = cleared_for_new_appearance(ev);
     Api::<ScheduledEvent>::all(ctx.client.clone())
         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
         .await
         .map_err(|source| Error::PatchStatus { name, source })?;
     Ok(())
+}
+
+/// The merge patch of [`clear_approval`]: no approval, `ev`'s appearance,
+/// and its history of earlier appearances.
+fn cleared_for_new_appearance(ev: &ScheduledEvent) -> serde_json::Value {
+    let history = ev
+        .status
+        .as_ref()
+        .map(|s| s.previous_appearances.clone())
+        .unwrap_or_default();
+    json!({"status": {
+        "approval": null,
+        "appearance": ev.spec.appearance,
+        "previousAppearances": history,
+    }})
 }
 
 /// Publishes a Kubernetes Event on the `ScheduledEvent`, and on the node if
@@ -396,7 +419,64 @@ impl EventSink {
 
 #[cfg(test)]
 mod tests {
-    use super::{NOTE_LIMIT, within_note_limit};
+    use super::{NOTE_LIMIT, cleared_for_new_appearance, within_note_limit};
+    use crate::controller::status::for_current_appearance;
+    use crate::crd::{
+        Approval, EventStatus, Phase, ScheduledEvent, ScheduledEventSpec, ScheduledEventStatus,
+    };
+
+    /// The write that clears an earlier appearance's approval also says
+    /// which appearance the status is now about, with the history: read
+    /// back, the object is not started over a second time.
+    #[test]
+    fn clearing_the_approval_records_the_new_appearance_and_its_history() {
+        let mut ev = ScheduledEvent::new(
+            "ev1",
+            ScheduledEventSpec {
+                event_id: "ev1".into(),
+                event_type: "Reboot".into(),
+                event_status: EventStatus::Scheduled,
+                event_source: "Platform".into(),
+                resource_type: "VirtualMachine".into(),
+                resources: vec![],
+                not_before: None,
+                duration_seconds: -1,
+                description: String::new(),
+                appearance: 2,
+            },
+        );
+        ev.status = Some(ScheduledEventStatus {
+            appearance: Some(1),
+            phase: Some(Phase::Completed),
+            approval: Some(Approval {
+                decided_at: Some(chrono::Utc::now()),
+                result: Some("Accepted".into()),
+                ..Approval::default()
+            }),
+            ..ScheduledEventStatus::default()
+        });
+        let (fresh, anew) = for_current_appearance(&ev);
+        assert!(anew);
+        let patch = cleared_for_new_appearance(&fresh);
+        assert!(patch["status"]["approval"].is_null());
+        assert_eq!(patch["status"]["appearance"], 2);
+        let history = &patch["status"]["previousAppearances"];
+        assert_eq!(history.as_array().map(Vec::len), Some(1), "{patch}");
+        assert!(
+            history[0]["approval"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("Accepted")
+        );
+        // The object as that write leaves it: the same appearance, nothing
+        // started over again.
+        let mut after = ev.clone();
+        let st = after.status.as_mut().unwrap();
+        st.approval = None;
+        st.appearance = Some(2);
+        st.previous_appearances = serde_json::from_value(history.clone()).unwrap();
+        assert!(!for_current_appearance(&after).1);
+    }
 
     #[test]
     fn notes_are_cut_to_what_the_api_server_takes() {
