@@ -367,8 +367,16 @@ pub struct ScheduledEventStatus {
     /// (a node since deleted keeps its last record).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<Vec<NodeProgress>>,
+    /// What the records beyond the first 500 say, counted: an event
+    /// naming more nodes lists 500 in `nodes` (nodes whose release is
+    /// pending first, then nodes not yet drained, then the rest) and counts
+    /// the others here, so that the object stays far under etcd's 1.5 MiB
+    /// limit. Absent when every record is listed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes_not_listed: Option<NodesNotListed>,
     /// Entries of `Resources` that map to no node of this cluster (other VMs
-    /// of the placement group, or nodes not yet registered).
+    /// of the placement group, or nodes not yet registered): at most 100,
+    /// then `and N more VMs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unmapped_resources: Option<Vec<String>>,
     /// The approval: decided by the controller, sent by an agent.
@@ -408,6 +416,26 @@ pub struct ScheduledEventStatus {
     /// What happened in earlier appearances of this `EventId`, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub previous_appearances: Vec<PreviousAppearance>,
+}
+
+/// The per-node records of a large event that `nodes` does not list,
+/// counted. Counts are of the nodes the controller handles in the pass that
+/// wrote them; a node no longer handled (released after its own part ended,
+/// or deleted) and not listed drops out of them.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodesNotListed {
+    /// Records not listed in `nodes`.
+    pub count: i32,
+    /// Of those, nodes drained (`drainedAt` set).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub drained: i32,
+    /// Of those, nodes cordoned by forewarn for this event.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cordoned_by_us: i32,
+    /// Of those, nodes deleted from the cluster.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub deleted: i32,
 }
 
 /// The record of an earlier appearance of an `EventId`.
@@ -459,12 +487,16 @@ where
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DryRun {
-    /// Nodes it would have cordoned.
+    /// Nodes it would have cordoned (the first 1,000).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub would_cordon: Vec<String>,
-    /// Pods (`namespace/name`) it would have evicted, over all its passes.
+    /// Pods (`namespace/name`) it would have evicted, over all its passes
+    /// (the first 1,000).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub would_evict: Vec<String>,
+    /// Pods the latest pass would have evicted (all of them, listed or not).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub would_evict_now: i32,
     /// When it would have decided the approval (first time only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub would_approve_at: Option<DateTime<Utc>>,

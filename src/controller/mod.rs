@@ -10,6 +10,7 @@
 pub mod confinement;
 pub mod drain;
 pub mod lease;
+pub mod listing;
 pub mod metrics;
 pub mod nodes;
 pub mod plan;
@@ -120,7 +121,27 @@ impl Context {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .retain(|name, _| names.contains(name));
         }
+        self.drained_unlisted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|uid, _| uids.contains(uid));
         self.metrics.forget_observed_except(&uids);
+    }
+
+    /// Whether `node`'s drain in `ev` was seen while its record was not
+    /// listed; remembers it when `unlisted` (see `drained_unlisted`). After
+    /// a restart a drain not listed may be announced once more.
+    pub fn drained_unlisted(&self, ev: &ScheduledEvent, node: &str, unlisted: bool) -> bool {
+        let uid = ev.metadata.uid.clone().unwrap_or_default();
+        let mut map = self
+            .drained_unlisted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if unlisted {
+            !map.entry(uid).or_default().insert(node.to_string())
+        } else {
+            map.get(&uid).is_some_and(|s| s.contains(node))
+        }
     }
 
     /// The policy in force now.
@@ -233,6 +254,12 @@ pub struct Context {
     /// Shared with the PodDisruptionBudget watch, which triggers a pass
     /// over every event in it when a budget changes.
     blocked: Arc<Mutex<HashMap<String, u32>>>,
+    /// Per event UID, the drained nodes that its status counts without
+    /// listing them (an event of more than
+    /// [`status::NODE_RECORDS_LISTED`] nodes), so that each node's drain is
+    /// announced once (a listed node's record says it). Forgotten with the
+    /// event.
+    drained_unlisted: Mutex<HashMap<String, std::collections::HashSet<String>>>,
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use super::listing::{NAMED_IN_MESSAGE, named};
 use crate::crd::{EventStatus, Phase, ScheduledEvent};
 use crate::imds::model::EventType;
 use crate::policy::{Action, Policy};
@@ -336,7 +337,7 @@ fn unobserved_end(
             "NoNodeLeft".into(),
             format!(
                 "none of its Resources ({}) maps to a node any more, and it started or reached NotBefore at {}, {}s ago (orphanedAfterSeconds {}): no agent is left to see it leave IMDS",
-                ev.spec.resources.join(", "),
+                named(&ev.spec.resources, NAMED_IN_MESSAGE, ", "),
                 since.to_rfc3339(),
                 (now - since).num_seconds(),
                 policy.orphaned_after_seconds
@@ -644,7 +645,7 @@ fn plan_approve_only(
         if !seen.disagreement.is_empty() {
             p.approval_withheld = Some(disagreement_message(seen));
         } else if !seen.doubts.is_empty() {
-            p.approval_withheld = Some(seen.doubts.join("; "));
+            p.approval_withheld = Some(named(&seen.doubts, NAMED_IN_MESSAGE, "; "));
         } else if seen.unmapped.is_empty() || policy.approve_foreign_vms {
             p.decide_approval = Some(format!(
                 "policy approves {} events of {}s at once",
@@ -833,7 +834,7 @@ fn approval_pending(ev: &ScheduledEvent, seen: &Observed) -> (String, String) {
             "AgentMissing".into(),
             format!(
                 "only the agent of the VM a Terminate names may send its approval, and no node's providerID or agent names {}: the approval waits for that VM's agent",
-                seen.unmapped.join(", ")
+                named(&seen.unmapped, NAMED_IN_MESSAGE, ", ")
             ),
         );
     }
@@ -857,14 +858,14 @@ fn approval_pending(ev: &ScheduledEvent, seen: &Observed) -> (String, String) {
 fn disagreement_message(seen: &Observed) -> String {
     format!(
         "the agents of the VMs the event names report different events, each node is handled on its own agent's report: {}",
-        seen.disagreement.join("; ")
+        named(&seen.disagreement, NAMED_IN_MESSAGE, "; ")
     )
 }
 
 fn foreign_message(unmapped: &[String]) -> String {
     format!(
         "Resources names VMs that are no node of this cluster: {}",
-        unmapped.join(", ")
+        named(unmapped, NAMED_IN_MESSAGE, ", ")
     )
 }
 
@@ -881,7 +882,7 @@ fn decide_approval(
     if !seen.disagreement.is_empty() {
         p.approval_withheld = Some(disagreement_message(seen));
     } else if !seen.doubts.is_empty() {
-        p.approval_withheld = Some(seen.doubts.join("; "));
+        p.approval_withheld = Some(named(&seen.doubts, NAMED_IN_MESSAGE, "; "));
     } else if all_drained && foreign_ok {
         p.decide_approval = Some(format!("all {} affected nodes drained", mapped.len()));
     } else if mapped.is_empty() && !seen.unmapped.is_empty() && policy.approve_foreign_vms {
@@ -892,16 +893,16 @@ fn decide_approval(
     } else if mapped.is_empty() {
         p.approval_withheld = Some(format!(
             "no entry of Resources maps to a node of this cluster: {}",
-            seen.unmapped.join(", ")
+            named(&seen.unmapped, NAMED_IN_MESSAGE, ", ")
         ));
     } else if !p.kept.is_empty() {
         p.approval_withheld = Some(format!(
             "pods without a controller stay on their nodes, so the drain cannot finish: {}",
-            p.kept
-                .iter()
-                .map(|k| k.pod.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            named(
+                &p.kept.iter().map(|k| k.pod.as_str()).collect::<Vec<_>>(),
+                NAMED_IN_MESSAGE,
+                ", "
+            )
         ));
     }
 }

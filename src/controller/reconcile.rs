@@ -175,7 +175,10 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
             (outcomes, deferred + later)
         }
     };
-    let mut status = status::next_status(&ev, &seen, &plan, &outcomes, now);
+    let status::Next {
+        mut status,
+        not_listed,
+    } = status::next(&ev, &seen, &plan, &outcomes, now);
     // `decidedAt` says when the decision was recorded, after this pass's
     // node writes and pod lists, not when the pass began (a pass over many
     // nodes takes seconds).
@@ -188,7 +191,7 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
     if ctx.dry_run {
         status::as_dry_run(&mut status, ev.status.as_ref(), &plan, now);
     }
-    report::report(&ev, &plan, &status, &ctx).await?;
+    report::report(&ev, &plan, &status, &not_listed, &ctx).await?;
     ctx.metrics.reconciles.with_label_values(&["ok"]).inc();
     ctx.failures
         .lock()

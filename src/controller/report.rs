@@ -13,7 +13,9 @@ use tracing::{debug, info, warn};
 use super::plan::Plan;
 use super::status::newly_true;
 use super::{Context, Error, Result};
-use crate::crd::{CONTROLLER_MANAGER, Phase, ScheduledEvent, ScheduledEventStatus};
+use std::collections::HashMap;
+
+use crate::crd::{CONTROLLER_MANAGER, NodeProgress, Phase, ScheduledEvent, ScheduledEventStatus};
 use crate::metrics::type_label;
 
 /// What an Event is about besides the `ScheduledEvent` itself.
@@ -27,7 +29,10 @@ pub enum Subject<'a> {
     NodeOnly(&'a str),
 }
 
-/// Writes the status (only when it changed) and the Events that mark progress.
+/// Writes the status (only when it changed) and the Events that mark
+/// progress. `not_listed` are the records of a large event that the status
+/// counts without listing ([`super::status::next`]): their drains are
+/// announced too, each once.
 ///
 /// # Errors
 /// [`Error::PatchStatus`] when the status cannot be written.
@@ -35,6 +40,7 @@ pub async fn report(
     ev: &ScheduledEvent,
     plan: &Plan,
     status: &ScheduledEventStatus,
+    not_listed: &[NodeProgress],
     ctx: &Context,
 ) -> Result<()> {
     let name = ev.name_any();
@@ -62,12 +68,19 @@ pub async fn report(
     if let (None, Some(first_seen)) = (prev.first_seen, status.first_seen) {
         ctx.metrics.event_observed(ev, first_seen);
     }
-    let prev_nodes = prev.nodes.clone().unwrap_or_default();
-    for n in status.nodes.iter().flatten() {
-        let before = prev_nodes.iter().find(|p| p.name == n.name);
+    let before: HashMap<&str, &NodeProgress> = prev
+        .nodes
+        .iter()
+        .flatten()
+        .map(|p| (p.name.as_str(), p))
+        .collect();
+    let listed = status.nodes.iter().flatten().map(|n| (n, true));
+    for (n, is_listed) in listed.chain(not_listed.iter().map(|n| (n, false))) {
+        let before = before.get(n.name.as_str()).copied();
         if n.drained_at.is_some()
-            && before.and_then(|b| b.drained_at).is_none()
             && !plan.phase.is_final()
+            && !ctx.drained_unlisted(ev, &n.name, !is_listed)
+            && before.and_then(|b| b.drained_at).is_none()
         {
             info!(node = %n.name, "Node drained");
             if let (Some(first), Some(at)) = (status.first_seen, n.drained_at) {
@@ -86,6 +99,7 @@ pub async fn report(
         for kept in n
             .pods_kept
             .iter()
+            .filter(|_| is_listed)
             .filter(|k| before.is_none_or(|b| !b.pods_kept.contains(k)))
         {
             warn!(node = %n.name, pod = %kept, "Pod kept on a node being drained");

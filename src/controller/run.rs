@@ -225,6 +225,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         failures: Mutex::new(HashMap::new()),
         pods: pods.clone(),
         blocked: blocked.clone(),
+        drained_unlisted: Mutex::new(HashMap::new()),
     });
 
     let leader_gauge = metrics.leader.clone();

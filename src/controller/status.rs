@@ -3,13 +3,16 @@
 //! drained only when it really emptied, and once the event is over its
 //! per-node record is frozen as it was, not recomputed from nothing.
 
+use std::collections::{HashMap, HashSet};
+
 use chrono::{DateTime, Utc};
 
+use super::listing::{MESSAGE_LIMIT, NAMED_IN_MESSAGE, cut, named};
 use super::plan::NodeWrite;
 use super::plan::{EvictionOutcome, Observed, ObservedNode, Plan, must_leave, name_of};
 use crate::crd::{
-    Approval, Condition, DryRun, EventStatus, NodeProgress, Phase, PreviousAppearance,
-    ScheduledEvent, ScheduledEventStatus,
+    Approval, Condition, DryRun, EventStatus, NodeProgress, NodesNotListed, Phase,
+    PreviousAppearance, ScheduledEvent, ScheduledEventStatus,
 };
 
 /// One eviction's result: `(node, pod name, outcome)`.
@@ -52,7 +55,7 @@ impl Conditions<'_> {
             type_: type_.into(),
             status,
             reason: reason.into(),
-            message,
+            message: cut(message, MESSAGE_LIMIT),
             last_transition_time,
         });
     }
@@ -108,16 +111,17 @@ pub fn listed_at_most(mut items: Vec<String>, limit: usize, what: &str) -> Vec<S
 }
 
 /// The record of one mapped node while the event is live.
+#[allow(clippy::too_many_arguments)]
 fn live_progress(
     me: &str,
     n: &ObservedNode,
     plan: &Plan,
+    written: Option<&NodeWrite>,
     outcomes: &[Outcome],
     before: Option<&NodeProgress>,
     dry_run: bool,
     now: DateTime<Utc>,
 ) -> NodeProgress {
-    let written = plan.node_writes.iter().find(|w| w.node() == n.name);
     let held_now = match written {
         Some(w) => w.holds().iter().any(|h| h == me),
         None => n.holds.iter().any(|h| h == me),
@@ -239,9 +243,31 @@ pub fn for_current_appearance(ev: &ScheduledEvent) -> (ScheduledEvent, bool) {
     (fresh, true)
 }
 
+/// How many per-node records `status.nodes` lists; the rest are counted in
+/// `status.nodesNotListed`. A record is at most about 420 bytes (three
+/// terminating pods named), so 500 stay near 0.2 MB, and with the spec of
+/// an event naming 10,000 VMs (about 0.36 MB of names) the object stays
+/// near a third of etcd's 1.5 MiB limit on a request (the unit test
+/// measures it).
+pub const NODE_RECORDS_LISTED: usize = 500;
+
+/// How many `unmappedResources` are listed before `and N more VMs`.
+pub const UNMAPPED_LISTED: usize = 100;
+
+/// The status after a pass, and the per-node records it does not list.
+#[derive(Debug)]
+pub struct Next {
+    /// The status to write: at most [`NODE_RECORDS_LISTED`] records.
+    pub status: ScheduledEventStatus,
+    /// The records beyond the bound, counted in `status.nodesNotListed`
+    /// (the reporting announces their drains from these).
+    pub not_listed: Vec<NodeProgress>,
+}
+
 /// The status after `plan` was carried out with `outcomes`: the per-node
 /// records ([`node_records`]), the approval ([`approval_record`]), the
-/// conditions ([`conditions`]) and the times.
+/// conditions ([`conditions`]) and the times. Every record, listed or not:
+/// see [`next`] for the status as written.
 pub fn next_status(
     ev: &ScheduledEvent,
     seen: &Observed,
@@ -249,26 +275,74 @@ pub fn next_status(
     outcomes: &[Outcome],
     now: DateTime<Utc>,
 ) -> ScheduledEventStatus {
+    let Next {
+        mut status,
+        not_listed,
+    } = next(ev, seen, plan, outcomes, now);
+    status.nodes.get_or_insert_with(Vec::new).extend(not_listed);
+    status.nodes_not_listed = None;
+    status
+}
+
+/// [`next_status`] as written: the counts and conditions over every
+/// record, at most [`NODE_RECORDS_LISTED`] records listed (nodes whose
+/// release is pending first, as their `endedAt` times the release; then
+/// nodes not yet drained; then the others, in their order), the rest
+/// counted in `nodesNotListed`.
+pub fn next(
+    ev: &ScheduledEvent,
+    seen: &Observed,
+    plan: &Plan,
+    outcomes: &[Outcome],
+    now: DateTime<Utc>,
+) -> Next {
     let prev = ev.status.clone().unwrap_or_default();
     let finished = plan.phase.is_final() || plan.phase == Phase::Ignored;
     let mut nodes = node_records(ev, seen, plan, outcomes, finished, now);
     // A node deleted from the cluster keeps its record, out of the count.
-    for n in nodes.iter_mut().filter(|n| seen.deleted.contains(&n.name)) {
+    let deleted: HashSet<&str> = seen.deleted.iter().map(String::as_str).collect();
+    for n in nodes
+        .iter_mut()
+        .filter(|n| deleted.contains(n.name.as_str()))
+    {
         n.deleted_at = n.deleted_at.or(Some(now));
     }
+    // A finished event's records are frozen: those not listed before stay
+    // counted as they were.
+    let carried = if finished {
+        prev.nodes_not_listed.clone()
+    } else {
+        None
+    };
     let present = nodes.iter().filter(|n| n.deleted_at.is_none());
-    let (drained, total) = present.fold((0, 0), |(d, t), n| {
+    let (mut drained, mut total) = present.fold((0, 0), |(d, t), n| {
         (d + usize::from(n.drained_at.is_some()), t + 1)
     });
+    if let Some(c) = &carried {
+        drained += usize::try_from(c.drained).unwrap_or(0);
+        total += usize::try_from(c.count - c.deleted).unwrap_or(0);
+    }
     let approval = approval_record(ev, plan, now);
     let conditions = conditions(ev, seen, plan, &nodes, approval.as_ref(), finished, now);
     let spec_started = ev.spec.event_status == EventStatus::Started;
-    ScheduledEventStatus {
+    let releasing: HashSet<&str> = if finished {
+        HashSet::new()
+    } else {
+        seen.nodes
+            .iter()
+            .filter(|n| n.ended)
+            .map(|n| n.name.as_str())
+            .collect()
+    };
+    let not_listed = list_at_most(&mut nodes, &releasing, NODE_RECORDS_LISTED);
+    let nodes_not_listed = counted(carried, &not_listed);
+    let status = ScheduledEventStatus {
         phase: Some(plan.phase),
         action: Some(plan.action),
         nodes_drained: Some(format!("{drained}/{total}")),
         nodes: Some(nodes),
-        unmapped_resources: Some(seen.unmapped.clone()),
+        nodes_not_listed,
+        unmapped_resources: Some(unmapped_listed(&seen.unmapped)),
         approval,
         first_seen: prev.first_seen.or(Some(now)),
         started_at: prev.started_at.or_else(|| spec_started.then_some(now)),
@@ -281,7 +355,67 @@ pub fn next_status(
         dry_run: prev.dry_run,
         appearance: Some(ev.spec.appearance),
         previous_appearances: prev.previous_appearances,
+    };
+    Next { status, not_listed }
+}
+
+/// The first [`UNMAPPED_LISTED`] of `unmapped`, then `and N more VMs`.
+fn unmapped_listed(unmapped: &[String]) -> Vec<String> {
+    let mut listed: Vec<String> = unmapped.iter().take(UNMAPPED_LISTED).cloned().collect();
+    if unmapped.len() > UNMAPPED_LISTED {
+        listed.push(format!("and {} more VMs", unmapped.len() - UNMAPPED_LISTED));
     }
+    listed
+}
+
+/// Each node's eviction outcomes.
+fn by_node(outcomes: &[Outcome]) -> HashMap<&str, Vec<Outcome>> {
+    let mut map: HashMap<&str, Vec<Outcome>> = HashMap::new();
+    for o in outcomes {
+        map.entry(o.0.as_str()).or_default().push(o.clone());
+    }
+    map
+}
+
+/// Keeps at most `limit` of `records` (all of them, in their order, when
+/// they fit); returns the others. Beyond the bound the kept are, in order:
+/// the nodes in `releasing` (their own part ended, their release pending),
+/// the nodes not yet drained, then the rest; each group in its order.
+fn list_at_most(
+    records: &mut Vec<NodeProgress>,
+    releasing: &HashSet<&str>,
+    limit: usize,
+) -> Vec<NodeProgress> {
+    if records.len() <= limit {
+        return Vec::new();
+    }
+    let rank = |n: &NodeProgress| {
+        if releasing.contains(n.name.as_str()) {
+            0
+        } else if n.drained_at.is_none() && n.deleted_at.is_none() {
+            1
+        } else {
+            2
+        }
+    };
+    records.sort_by_key(rank);
+    records.split_off(limit)
+}
+
+/// The counts of `not_listed`, added to those `carried` from before.
+fn counted(carried: Option<NodesNotListed>, not_listed: &[NodeProgress]) -> Option<NodesNotListed> {
+    if not_listed.is_empty() {
+        return carried;
+    }
+    let n = |f: &dyn Fn(&NodeProgress) -> bool| {
+        i32::try_from(not_listed.iter().filter(|r| f(r)).count()).unwrap_or(i32::MAX)
+    };
+    let mut c = carried.unwrap_or_default();
+    c.count += n(&|_| true);
+    c.drained += n(&|r| r.drained_at.is_some() && r.deleted_at.is_none());
+    c.cordoned_by_us += n(&|r| r.cordoned_by_us);
+    c.deleted += n(&|r| r.deleted_at.is_some());
+    Some(c)
 }
 
 /// The per-node records: each handled node's live progress; once the
@@ -295,46 +429,55 @@ fn node_records(
     now: DateTime<Utc>,
 ) -> Vec<NodeProgress> {
     let me = name_of(ev);
-    let prev_nodes = ev
+    let prev_nodes: &[NodeProgress] = ev
         .status
         .as_ref()
-        .and_then(|s| s.nodes.clone())
+        .and_then(|s| s.nodes.as_deref())
         .unwrap_or_default();
     if finished {
-        final_progress(seen, &prev_nodes)
-    } else {
-        let mut live: Vec<NodeProgress> = seen
-            .nodes
-            .iter()
-            .filter(|n| !n.vm_name.is_empty())
-            .map(|n| {
-                let before = prev_nodes.iter().find(|p| p.name == n.name);
-                if n.ended {
-                    // Its part is over: its record stays as it was, with
-                    // when it ended (the release delay counts from it).
-                    let mut p = before.cloned().unwrap_or_else(|| NodeProgress {
-                        name: n.name.clone(),
-                        vm_name: n.vm_name.clone(),
-                        cordoned_by_us: true,
-                        ..NodeProgress::default()
-                    });
-                    p.ended_at = p.ended_at.or(Some(now));
-                    return p;
-                }
-                live_progress(&me, n, plan, outcomes, before, seen.dry_run, now)
-            })
-            .collect();
-        // A node no longer handled (gone from the cluster with its VM, or
-        // released once its own part ended) keeps its last record, frozen:
-        // the event did affect it, and that it had nodes is what lets it
-        // end once none is left.
-        for p in &prev_nodes {
-            if !p.vm_name.is_empty() && !seen.nodes.iter().any(|n| n.name == p.name) {
-                live.push(p.clone());
-            }
-        }
-        live
+        return final_progress(seen, prev_nodes);
     }
+    let before: HashMap<&str, &NodeProgress> =
+        prev_nodes.iter().map(|p| (p.name.as_str(), p)).collect();
+    let outcomes_by_node = by_node(outcomes);
+    let writes: HashMap<&str, &NodeWrite> =
+        plan.node_writes.iter().map(|w| (w.node(), w)).collect();
+    let mut live: Vec<NodeProgress> = seen
+        .nodes
+        .iter()
+        .filter(|n| !n.vm_name.is_empty())
+        .map(|n| {
+            let before = before.get(n.name.as_str()).copied();
+            if n.ended {
+                // Its part is over: its record stays as it was, with
+                // when it ended (the release delay counts from it).
+                let mut p = before.cloned().unwrap_or_else(|| NodeProgress {
+                    name: n.name.clone(),
+                    vm_name: n.vm_name.clone(),
+                    cordoned_by_us: true,
+                    ..NodeProgress::default()
+                });
+                p.ended_at = p.ended_at.or(Some(now));
+                return p;
+            }
+            let outcomes = outcomes_by_node
+                .get(n.name.as_str())
+                .map_or(&[][..], Vec::as_slice);
+            let written = writes.get(n.name.as_str()).copied();
+            live_progress(&me, n, plan, written, outcomes, before, seen.dry_run, now)
+        })
+        .collect();
+    // A node no longer handled (gone from the cluster with its VM, or
+    // released once its own part ended) keeps its last record, frozen:
+    // the event did affect it, and that it had nodes is what lets it
+    // end once none is left.
+    let handled: HashSet<&str> = seen.nodes.iter().map(|n| n.name.as_str()).collect();
+    for p in prev_nodes {
+        if !p.vm_name.is_empty() && !handled.contains(p.name.as_str()) {
+            live.push(p.clone());
+        }
+    }
+    live
 }
 
 /// The approval: as recorded (with what its sender reported, copied onto
@@ -461,7 +604,7 @@ fn conditions(
                 "NoTrustedReport",
                 format!(
                     "not acted on without its own agent's report or two other agents': {}",
-                    seen.unconfirmed.join("; ")
+                    named(&seen.unconfirmed, NAMED_IN_MESSAGE, "; ")
                 ),
             )
         }),
@@ -472,7 +615,12 @@ fn conditions(
     );
     c.set_while(
         "ReportsDisagree",
-        (!seen.disagreement.is_empty()).then(|| ("OwnReportsDiffer", seen.disagreement.join("; "))),
+        (!seen.disagreement.is_empty()).then(|| {
+            (
+                "OwnReportsDiffer",
+                named(&seen.disagreement, NAMED_IN_MESSAGE, "; "),
+            )
+        }),
         (
             "Agree",
             "the agents of the VMs the event names report the same event",
@@ -509,21 +657,17 @@ pub fn as_dry_run(
     now: DateTime<Utc>,
 ) {
     let before = prev.and_then(|p| p.dry_run.clone()).unwrap_or_default();
-    let mut would_cordon: Vec<String> = before.would_cordon.clone();
-    for w in &plan.node_writes {
-        if matches!(w, NodeWrite::Cordon { .. } | NodeWrite::AddHold { .. })
-            && !would_cordon.iter().any(|n| n == w.node())
-        {
-            would_cordon.push(w.node().to_string());
-        }
-    }
-    let mut would_evict: Vec<String> = before.would_evict.clone();
-    for e in &plan.evictions {
-        let key = e.pod.key();
-        if !would_evict.contains(&key) {
-            would_evict.push(key);
-        }
-    }
+    let would_cordon = first_listed(
+        &before.would_cordon,
+        plan.node_writes
+            .iter()
+            .filter(|w| matches!(w, NodeWrite::Cordon { .. } | NodeWrite::AddHold { .. }))
+            .map(|w| w.node().to_string()),
+    );
+    let would_evict = first_listed(
+        &before.would_evict,
+        plan.evictions.iter().map(|e| e.pod.key()),
+    );
     let (would_approve_at, would_approve_reason) =
         match (&before.would_approve_at, &plan.decide_approval) {
             (Some(at), _) => (Some(*at), before.would_approve_reason.clone()),
@@ -533,20 +677,27 @@ pub fn as_dry_run(
     let dry = DryRun {
         would_cordon,
         would_evict,
+        would_evict_now: i32::try_from(plan.evictions.len()).unwrap_or(i32::MAX),
         would_approve_at,
         would_approve_reason,
     };
     for n in status.nodes.iter_mut().flatten() {
         n.cordoned_by_us = false;
     }
+    if let Some(c) = status.nodes_not_listed.as_mut() {
+        c.cordoned_by_us = 0;
+    }
     // Only an approval decided by a real controller is ever written where agents read.
     status.approval = None;
     let mut parts = Vec::new();
     if !dry.would_cordon.is_empty() {
-        parts.push(format!("would cordon {}", dry.would_cordon.join(", ")));
+        parts.push(format!(
+            "would cordon {}",
+            named(&dry.would_cordon, NAMED_IN_MESSAGE, ", ")
+        ));
     }
-    if !dry.would_evict.is_empty() {
-        parts.push(format!("would evict {} pods", dry.would_evict.len()));
+    if dry.would_evict_now > 0 {
+        parts.push(format!("would evict {} pods", dry.would_evict_now));
     }
     if let Some(reason) = &dry.would_approve_reason {
         parts.push(format!("would approve ({reason})"));
@@ -576,6 +727,25 @@ pub fn as_dry_run(
     status.dry_run = Some(dry);
 }
 
+/// How many nodes and pods `status.dryRun` names.
+pub const DRY_RUN_LISTED: usize = 1000;
+
+/// `listed` followed by the items of `new` it lacks, each once, at most
+/// [`DRY_RUN_LISTED`] in all.
+fn first_listed(listed: &[String], new: impl Iterator<Item = String>) -> Vec<String> {
+    let mut out = listed.to_vec();
+    let mut known: HashSet<String> = listed.iter().cloned().collect();
+    for item in new {
+        if out.len() >= DRY_RUN_LISTED {
+            break;
+        }
+        if known.insert(item.clone()) {
+            out.push(item);
+        }
+    }
+    out
+}
+
 /// `Drained`, `DrainBlocked`, `PodsKept` while live; `DrainIncomplete`
 /// once the deadline passed, the event started, or it ended, with pods left.
 fn drain_conditions(
@@ -600,7 +770,7 @@ fn drain_conditions(
             } else {
                 "PodsRemaining"
             },
-            pending.join(", "),
+            named(&pending, NAMED_IN_MESSAGE, ", "),
         );
         let blocked: Vec<String> = nodes
             .iter()
@@ -614,7 +784,7 @@ fn drain_conditions(
             } else {
                 "EvictionRefused"
             },
-            blocked.join("; "),
+            named(&blocked, NAMED_IN_MESSAGE, "; "),
         );
         let kept: Vec<&String> = nodes.iter().flat_map(|n| &n.pods_kept).collect();
         c.set(
@@ -625,10 +795,7 @@ fn drain_conditions(
             } else {
                 "UnmanagedPods"
             },
-            kept.iter()
-                .map(|k| k.as_str())
-                .collect::<Vec<_>>()
-                .join("; "),
+            named(&kept, NAMED_IN_MESSAGE, "; "),
         );
     }
     // Keep the first account of an incomplete drain (the deadline passing
@@ -663,7 +830,10 @@ fn drain_conditions(
         "DrainIncomplete",
         true,
         reason,
-        format!("{why} with {} not drained", pending.join(", ")),
+        format!(
+            "{why} with {} not drained",
+            named(&pending, NAMED_IN_MESSAGE, ", ")
+        ),
     );
 }
 

@@ -30,6 +30,7 @@
 
 use std::collections::BTreeMap;
 
+use super::listing::{NAMED_IN_MESSAGE, named};
 use crate::crd::{EventStatus, Report, ScheduledEventSpec};
 
 /// How many other agents must vouch for a node whose own agent is silent.
@@ -82,10 +83,10 @@ impl Built {
                         "{n} reports {} of {}s for [{}] (the event is {} of {}s for [{}])",
                         d.spec.event_type,
                         d.spec.duration_seconds,
-                        d.spec.resources.join(", "),
+                        named(&d.spec.resources, NAMED_IN_MESSAGE, ", "),
                         self.spec.event_type,
                         self.spec.duration_seconds,
-                        self.spec.resources.join(", ")
+                        named(&self.spec.resources, NAMED_IN_MESSAGE, ", ")
                     )
                 })
             })
@@ -342,7 +343,7 @@ fn judge(node: &str, reports: &[&Judged<'_>], digest: &str) -> Verdict {
     }
     if others_ended.len() >= OTHERS_NEEDED {
         return Verdict::Ended {
-            by: format!("agents on {}", others_ended.join(", ")),
+            by: format!("agents on {}", named(&others_ended, NAMED_IN_MESSAGE, ", ")),
         };
     }
     if others.len() >= OTHERS_NEEDED {
@@ -357,11 +358,11 @@ fn judge(node: &str, reports: &[&Judged<'_>], digest: &str) -> Verdict {
         return Verdict::Live {
             by: format!(
                 "agents on {}",
-                others
-                    .iter()
-                    .map(|r| r.node.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                named(
+                    &others.iter().map(|r| r.node.as_str()).collect::<Vec<_>>(),
+                    NAMED_IN_MESSAGE,
+                    ", "
+                )
             ),
             status,
             digest: digest.to_owned(),

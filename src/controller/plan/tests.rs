@@ -1430,3 +1430,128 @@ fn a_deleted_node_keeps_its_record_and_leaves_the_drained_count() {
     assert_eq!(one.deleted_at, Some(now()));
     assert!(one.cordoned_by_us);
 }
+
+/// An event naming `n` VMs, each a node of the cluster cordoned for it with
+/// `pods` terminating pods (the largest record a node can have), except
+/// the nodes `drained` says are empty.
+fn fleet(n: usize, pods: usize, drained: impl Fn(usize) -> bool) -> (ScheduledEvent, Observed) {
+    let vm = |i: usize| format!("aks-nodepool1-12345678-vmss_{i}");
+    let resources: Vec<String> = (0..n).map(vm).collect();
+    let refs: Vec<&str> = resources.iter().map(String::as_str).collect();
+    let ev = event("Reboot", "Scheduled", &refs);
+    let nodes = (0..n)
+        .map(|i| {
+            let on_it = if drained(i) { 0 } else { pods };
+            let pods = (0..on_it)
+                .map(|p| PodInfo {
+                    terminating: Some(Terminating {
+                        deadline: now() + chrono::Duration::seconds(30),
+                        finalizers: Vec::new(),
+                    }),
+                    ..pod(&format!("web-6f999b7fc5-{i:05}{p:02}"))
+                })
+                .collect();
+            node(
+                &format!("aks-nodepool1-12345678-vmss{i:06x}"),
+                &vm(i),
+                true,
+                &["ev-1"],
+                pods,
+            )
+        })
+        .collect();
+    (ev, seen(nodes, &[]))
+}
+
+/// Item 4 of issue 14: an event naming 10,000 VMs, every node with
+/// terminating pods, gives an object (spec and status) far under etcd's
+/// 1.5 MiB (under 600 KiB): 500 records listed, the rest counted, every
+/// message bounded.
+#[test]
+fn an_event_naming_ten_thousand_vms_stays_far_under_the_object_limit() {
+    use crate::controller::listing::MESSAGE_LIMIT;
+    use crate::controller::status::{NODE_RECORDS_LISTED, next};
+
+    let (mut ev, obs) = fleet(10_000, 10, |_| false);
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    let out = next(&ev, &obs, &p, &[], now());
+    let st = &out.status;
+    assert_eq!(st.nodes.as_ref().unwrap().len(), NODE_RECORDS_LISTED);
+    assert_eq!(out.not_listed.len(), 10_000 - NODE_RECORDS_LISTED);
+    let counted = st.nodes_not_listed.clone().expect("counted");
+    let beyond = i32::try_from(10_000 - NODE_RECORDS_LISTED).unwrap();
+    assert_eq!(counted.count, beyond);
+    assert_eq!(counted.drained, 0);
+    assert_eq!(st.nodes_drained.as_deref(), Some("0/10000"));
+    for c in st.conditions.iter().flatten() {
+        assert!(
+            c.message.len() <= MESSAGE_LIMIT,
+            "{}: {}",
+            c.type_,
+            c.message.len()
+        );
+    }
+    assert!(
+        cond(st, "Drained") == Some(("False".into(), "PodsRemaining".into())),
+        "{:?}",
+        st.conditions
+    );
+    ev.status = Some(st.clone());
+    let size = serde_json::to_vec(&ev).expect("json").len();
+    eprintln!("10,000 VMs: {size} bytes");
+    assert!(size < 600 * 1024, "{size} bytes for 10,000 VMs");
+
+    // The next pass: the even nodes drained, three odd ones whose own part
+    // ended (their release pending). Those three are listed first, then
+    // the nodes still draining; the counts cover every node.
+    let (_, mut obs) = fleet(10_000, 10, |i| i % 2 == 0);
+    for i in [9_001, 9_003, 9_005] {
+        obs.nodes[i].ended = true;
+        obs.nodes[i].pods.clear();
+    }
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    let out = next(&ev, &obs, &p, &[], now());
+    let st = &out.status;
+    let listed = st.nodes.as_ref().unwrap();
+    assert_eq!(listed.len(), NODE_RECORDS_LISTED);
+    let ended: Vec<&str> = listed[..3].iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(
+        ended,
+        [
+            obs.nodes[9_001].name.as_str(),
+            obs.nodes[9_003].name.as_str(),
+            obs.nodes[9_005].name.as_str()
+        ]
+    );
+    assert!(listed[..3].iter().all(|n| n.ended_at == Some(now())));
+    assert!(listed[3..].iter().all(|n| n.drained_at.is_none()));
+    assert_eq!(st.nodes_drained.as_deref(), Some("5000/10000"));
+    let counted = st.nodes_not_listed.clone().expect("counted");
+    assert_eq!((counted.count, counted.drained), (beyond, 5_000));
+    assert_eq!(counted.cordoned_by_us, beyond);
+    ev.status = Some(st.clone());
+    let size = serde_json::to_vec(&ev).expect("json").len();
+    eprintln!("10,000 VMs: {size} bytes");
+    assert!(size < 600 * 1024, "{size} bytes for 10,000 VMs");
+
+    // A pass that keeps the released node's `endedAt` finds it listed.
+    let out = next(&ev, &obs, &p, &[], now() + chrono::Duration::seconds(5));
+    let again = out.status.nodes.unwrap();
+    assert_eq!(
+        again[0].ended_at,
+        Some(now()),
+        "endedAt kept from the record"
+    );
+}
+
+/// An event of fewer than the bound lists every record in its order.
+#[test]
+fn an_event_within_the_bound_lists_every_record_in_order() {
+    let (ev, obs) = fleet(50, 2, |i| i % 3 == 0);
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    let st = crate::controller::status::next(&ev, &obs, &p, &[], now()).status;
+    let names: Vec<&str> = st.nodes.iter().flatten().map(|n| n.name.as_str()).collect();
+    let observed: Vec<&str> = obs.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, observed);
+    assert_eq!(st.nodes_not_listed, None);
+}
