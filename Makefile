@@ -53,11 +53,13 @@ lint:
 unit:
 	$(CARGO) test --lib
 
-## generate: regenerate crds/ from the Rust types
+## generate: regenerate crds/ and the controller.policy part of the chart's values.schema.json from the Rust types
 generate:
 	$(CARGO) run --quiet -- crd > crds/scheduledevents.forewarn.dev.yaml
 	$(CARGO) run --quiet -- crd --reports > crds/scheduledeventreports.forewarn.dev.yaml
 	cp crds/scheduledevents.forewarn.dev.yaml crds/scheduledeventreports.forewarn.dev.yaml charts/forewarn/crds/
+	$(CARGO) run --quiet -- values-schema --splice charts/forewarn/values.schema.json > charts/forewarn/values.schema.json.tmp
+	mv charts/forewarn/values.schema.json.tmp charts/forewarn/values.schema.json
 
 ## manifests: regenerate manifests/forewarn.yaml from the chart's default values (helm template)
 manifests:

@@ -48,6 +48,16 @@ pub enum Command {
         #[arg(long)]
         reports: bool,
     },
+    /// Print the policy's JSON schema (the `controller.policy` part of the
+    /// chart's values.schema.json), or that whole file with the part
+    /// regenerated (`make generate`).
+    #[command(hide = true)]
+    ValuesSchema {
+        /// The chart's values.schema.json: print it with its
+        /// `controller.policy` replaced by the generated schema.
+        #[arg(long, value_name = "FILE")]
+        splice: Option<PathBuf>,
+    },
     /// Serve a scenario-driven imitation of IMDS (demos, tests, game days).
     ImdsMock(ImdsMockArgs),
 }

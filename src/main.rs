@@ -17,6 +17,10 @@ async fn main() -> anyhow::Result<()> {
         print!("{}", yaml.context("failed to render the CRD")?);
         return Ok(());
     }
+    if let Command::ValuesSchema { splice } = &cli.command {
+        print!("{}", values_schema(splice.as_deref())?);
+        return Ok(());
+    }
     forewarn::telemetry::init(cli.log_format, &cli.log_level)?;
     match cli.command {
         Command::Agent(args) => forewarn::agent::run(args).await,
@@ -33,6 +37,18 @@ async fn main() -> anyhow::Result<()> {
             .await
             .with_context(|| format!("IMDS mock on {} failed", args.listen))
         }
-        Command::Crd { .. } => Ok(()),
+        Command::Crd { .. } | Command::ValuesSchema { .. } => Ok(()),
     }
+}
+
+/// What `forewarn values-schema` prints: the policy's schema, or `splice`
+/// (the chart's values.schema.json) with it spliced in.
+fn values_schema(splice: Option<&std::path::Path>) -> anyhow::Result<String> {
+    use forewarn::policy::schema;
+    let Some(path) = splice else {
+        return Ok(serde_json::to_string_pretty(&schema::policy_schema())? + "\n");
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("failed to read {}", path.display()))?;
+    schema::splice(&text).with_context(|| format!("failed to splice into {}", path.display()))
 }

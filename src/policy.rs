@@ -33,12 +33,16 @@
 //!
 //! The file is read again when it changes (see [`crate::controller::reload`]);
 //! a new file that is not valid is refused and the policy in force stays.
+//! The chart's `values.schema.json` takes its `controller.policy` part from
+//! these types ([`schema`]), so Helm refuses what the controller would.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::imds::model::EventType;
+
+pub mod schema;
 
 /// What forewarn does about an event; also `status.action` of a
 /// `ScheduledEvent` (a string on the wire, one of these in the schema).
@@ -82,48 +86,72 @@ impl Action {
     }
 }
 
-/// One rule; every field given must match.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One rule: it matches an event when every field given matches; a field
+/// left out matches anything.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Rule {
-    /// `EventType` to match, ignoring case.
+    /// The event's `EventType` to match, ignoring case: `Freeze`, `Reboot`,
+    /// `Redeploy`, `Preempt`, `Terminate`, or a type Azure adds later.
+    /// Absent: any type.
     #[serde(default)]
     pub event_type: Option<String>,
-    /// `EventSource` to match, ignoring case.
+    /// The event's `EventSource` to match, ignoring case: `Platform` (Azure's
+    /// maintenance) or `User` (the VM's owner restarted or redeployed it).
+    /// Absent: any source.
     #[serde(default)]
     pub event_source: Option<String>,
-    /// Lowest `DurationInSeconds` matched (inclusive).
+    /// Lowest `DurationInSeconds` matched, seconds, inclusive. Azure sends
+    /// the expected length of the interruption, `0` for none and `-1` when
+    /// it is unknown or not applicable, so a minimum of 0 keeps unknown
+    /// durations out. Absent: no lower bound.
     #[serde(default)]
     pub min_duration_seconds: Option<i64>,
-    /// Highest `DurationInSeconds` matched (inclusive).
+    /// Highest `DurationInSeconds` matched, seconds, inclusive; not below
+    /// `minDurationSeconds`. An unknown duration (`-1`) is below any maximum
+    /// of 0 or more. Absent: no upper bound.
     #[serde(default)]
     pub max_duration_seconds: Option<i64>,
-    /// What to do.
+    /// What to do about an event this rule matches.
     pub action: Action,
 }
 
-/// The whole policy.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The controller's policy (`--policy-file`; the chart's
+/// `controller.policy`): what to do about each Azure Scheduled Event, by
+/// `EventType`, `EventSource` and `DurationInSeconds`, and the timings of
+/// the cordon, drain, approval and release. Every key is optional (its
+/// default applies); an unknown key is refused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Policy {
-    /// Rules, first match wins.
+    /// Rules, tried in order: the first that matches decides the action.
+    /// Absent or empty: every event gets `defaultAction`. The built-in policy
+    /// (no file) and the chart's default have one: a `Freeze` with
+    /// `DurationInSeconds` from 0 to 10 is approved at once.
     #[serde(default)]
     pub rules: Vec<Rule>,
-    /// Action when no rule matches.
+    /// What to do about an event no rule matches. Default `DrainAndApprove`
+    /// (Azure's docs say to treat an unknown event type as impactful).
     #[serde(default = "drain_and_approve")]
     pub default_action: Action,
     /// Seconds before `NotBefore` by which the drain should be done; eviction
-    /// grace periods are clipped to end by then.
+    /// grace periods are clipped to end by then. At most 604800 (a week, the
+    /// longest notice Azure gives) and at most `drainLeadTimeSeconds`.
+    /// Default 5.
     #[serde(default = "five")]
+    #[schemars(range(max = MAX_DRAIN_MARGIN_SECONDS))]
     pub drain_margin_seconds: u64,
-    /// The shortest grace period an eviction asks for, seconds (at least 1:
-    /// a grace of 0 is a force delete). A pod whose own
-    /// `terminationGracePeriodSeconds` is shorter keeps its own.
+    /// The shortest grace period an eviction asks for, seconds: at least 1
+    /// (a grace of 0 is a force delete). A pod whose own
+    /// `terminationGracePeriodSeconds` is shorter keeps its own. Default 5.
     #[serde(default = "five_i64")]
+    #[schemars(range(min = MIN_GRACE_SECONDS))]
     pub min_grace_seconds: i64,
-    /// Event types (ignoring case) for which pods without a controller are
-    /// evicted too. By default they are kept and reported, as `kubectl
-    /// drain` keeps them without `--force`: nothing would recreate them.
+    /// Event types (ignoring case) for which pods without a controller (no
+    /// owner reference with `controller: true`) are evicted too, e.g.
+    /// `[Terminate, Preempt]`: the VM is deleted, its pods are lost anyway.
+    /// By default they are kept and reported, as `kubectl drain` keeps them
+    /// without `--force`: nothing would recreate them. Default `[]`.
     #[serde(default)]
     pub evict_unmanaged_pods: Vec<String>,
     /// Seconds between an event's end and the release of its nodes. When
@@ -135,10 +163,14 @@ pub struct Policy {
     /// `EventId` gone for 3 s and back; a poll late on each side): with 3 s,
     /// the node of a 3 s flap was released or not by tens of milliseconds
     /// (tests/lifecycle.rs, `flapping_event_keeps_its_node_cordoned_and_workload_off`).
+    /// At most 3600 (nodes would stay cordoned long after their event).
+    /// Default 5.
     #[serde(default = "five")]
+    #[schemars(range(max = MAX_RELEASE_DELAY_SECONDS))]
     pub release_delay_seconds: u64,
     /// Approve even when `Resources` names VMs that are no node of this
-    /// cluster (an approval starts the impact for all of them). Off by default.
+    /// cluster: an approval starts the impact for every VM the event names.
+    /// Default false.
     #[serde(default)]
     pub approve_foreign_vms: bool,
     /// Act on a node (cordon, drain, and release at the event's end) on the
@@ -148,36 +180,55 @@ pub struct Policy {
     /// other agents do; so a compromised node cannot have another drained
     /// or released (DESIGN.md, Trust). Turn it on only where every node is
     /// trusted, or where `ScheduledEvent`s are written by something other
-    /// than forewarn's agents.
+    /// than forewarn's agents. Default false.
     #[serde(default)]
     pub trust_any_agent: bool,
-    /// How long finished `ScheduledEvent`s are kept as history.
+    /// How long a finished `ScheduledEvent` (every final phase) is kept as
+    /// history before it is deleted: a duration such as `24h`, `7d` or
+    /// `1h 30m` (humantime units: ns, us, ms, s, m, h, d, w, M for months,
+    /// y, and their long names). At most 10 years. Default `24h`.
     #[serde(default = "one_day", with = "humantime_serde")]
+    #[schemars(with = "String", pattern(schema::DURATION_PATTERN), extend("default" = "24h"))]
     pub retention: Duration,
     /// Seconds before `NotBefore` at which the cordon and drain start, at
     /// the earliest. Azure gives most events 5 to 15 minutes' notice, but a
     /// predicted-failure `Redeploy` may come days ahead: its nodes are not
     /// taken out of service a week early. Until then the event is `Pending`
-    /// with the condition `DrainScheduled`. Default 3600.
+    /// with the condition `DrainScheduled`. At least `drainMarginSeconds`,
+    /// at most 2419200 (four weeks). Default 3600.
     #[serde(default = "one_hour")]
+    #[schemars(range(max = MAX_WAIT_SECONDS))]
     pub drain_lead_time_seconds: u64,
     /// Seconds after which an event ends (`Completed`, condition
     /// `EndedWithoutObserver`, reason `NoNodeLeft`) when none of its
     /// `Resources` maps to a node any more though one did, counted from
     /// when it started or `NotBefore` passed: the VMs were deleted (a scale
     /// set's `Terminate`/`Preempt`), and with them the only agents that
-    /// could see it leave IMDS. Default 300.
+    /// could see it leave IMDS. At most 2419200 (four weeks). Default 300.
     #[serde(default = "five_minutes")]
+    #[schemars(range(max = MAX_WAIT_SECONDS))]
     pub orphaned_after_seconds: u64,
     /// Seconds after which any unfinished event ends (condition
     /// `EndedWithoutObserver`, reason `NoAgentUpdate`) when no agent has
     /// written it for that long and that long has passed since it started
     /// (or since `NotBefore`, or since it was created): every agent that
     /// reported it is gone. Azure events last minutes, so a day is far
-    /// beyond any live one. Default 86400.
+    /// beyond any live one. At most 2419200 (four weeks). Default 86400.
     #[serde(default = "one_day_secs")]
+    #[schemars(range(max = MAX_WAIT_SECONDS))]
     pub stale_after_seconds: u64,
 }
+
+/// The lowest `minGraceSeconds` accepted: a grace of 0 is a force delete.
+const MIN_GRACE_SECONDS: i64 = 1;
+/// The longest `releaseDelaySeconds` accepted: an hour.
+const MAX_RELEASE_DELAY_SECONDS: u64 = 3600;
+const WEEK: u64 = 7 * 24 * 3600;
+/// The longest `drainMarginSeconds` accepted: a week, Azure's longest notice.
+const MAX_DRAIN_MARGIN_SECONDS: u64 = WEEK;
+/// The longest `drainLeadTimeSeconds`, `orphanedAfterSeconds` and
+/// `staleAfterSeconds` accepted: four weeks.
+const MAX_WAIT_SECONDS: u64 = 4 * WEEK;
 
 fn drain_and_approve() -> Action {
     Action::DrainAndApprove
@@ -304,7 +355,7 @@ impl Policy {
                 });
             }
         }
-        if p.min_grace_seconds < 1 {
+        if p.min_grace_seconds < MIN_GRACE_SECONDS {
             return Err(Error::Setting {
                 path: path.into(),
                 reason: format!(
@@ -322,7 +373,7 @@ impl Policy {
                 ),
             });
         }
-        if p.release_delay_seconds > 3600 {
+        if p.release_delay_seconds > MAX_RELEASE_DELAY_SECONDS {
             return Err(Error::Setting {
                 path: path.into(),
                 reason: format!(
@@ -331,7 +382,7 @@ impl Policy {
                 ),
             });
         }
-        if p.drain_margin_seconds > 7 * 24 * 3600 {
+        if p.drain_margin_seconds > MAX_DRAIN_MARGIN_SECONDS {
             return Err(Error::Setting {
                 path: path.into(),
                 reason: format!(
@@ -340,13 +391,12 @@ impl Policy {
                 ),
             });
         }
-        const WEEK: u64 = 7 * 24 * 3600;
         for (name, value) in [
             ("drainLeadTimeSeconds", p.drain_lead_time_seconds),
             ("orphanedAfterSeconds", p.orphaned_after_seconds),
             ("staleAfterSeconds", p.stale_after_seconds),
         ] {
-            if value > 4 * WEEK {
+            if value > MAX_WAIT_SECONDS {
                 return Err(Error::Setting {
                     path: path.into(),
                     reason: format!("{name} {value} is longer than four weeks"),

@@ -101,7 +101,7 @@ fn helm_bin() -> PathBuf {
 
 /// Runs helm with its caches and config inside target/, never in ~.
 fn helm(args: &[&str]) -> Out {
-    let home = repo_root().join("target/chart-test/helm-home");
+    let home = out_dir().join("helm-home");
     std::fs::create_dir_all(&home).expect("helm home");
     let env: Vec<(&str, PathBuf)> = vec![
         ("HELM_CACHE_HOME", home.join("cache")),
@@ -245,9 +245,11 @@ fn admin(c: &Cluster) -> Kubectl {
     }
 }
 
+/// Files of these tests, in the target directory of the build that runs
+/// them (`CARGO_TARGET_DIR` included).
 fn out_dir() -> PathBuf {
-    let dir = repo_root().join("target/chart-test");
-    std::fs::create_dir_all(&dir).expect("target/chart-test");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("chart-test");
+    std::fs::create_dir_all(&dir).expect("the chart tests' directory");
     dir
 }
 
@@ -374,6 +376,22 @@ fn values_schema_rejects_wrong_values() {
             "/admissionPolicy/acknowledgeUnconfinedAgents",
         ),
         ("nosuchvalue=1", "nosuchvalue"),
+        (
+            "controller.policy.minGraceSeconds=0",
+            "/controller/policy/minGraceSeconds",
+        ),
+        (
+            "controller.policy.releaseDelaySeconds=3601",
+            "/controller/policy/releaseDelaySeconds",
+        ),
+        (
+            "controller.policy.staleAfterSeconds=2419201",
+            "/controller/policy/staleAfterSeconds",
+        ),
+        (
+            "controller.policy.trustAnyAgent=maybe",
+            "/controller/policy/trustAnyAgent",
+        ),
     ] {
         let out = helm(&["template", RELEASE, &chart, "--set", set]);
         assert!(!out.ok, "--set {set} was accepted");
@@ -448,6 +466,309 @@ fn schema_has_no_remote_ref_and_every_value_is_documented() {
         undocumented.is_empty(),
         "values without a comment: {undocumented:#?}"
     );
+}
+
+/// `helm template` with `values` (YAML) as a values file and `extra`
+/// arguments; the policy the ConfigMap then holds, as the controller loads it.
+fn render_policy(name: &str, values: &str, extra: &[&str]) -> Policy {
+    let file = out_dir().join(format!("{name}.values.yaml"));
+    std::fs::write(&file, values).expect("values file");
+    let file = file.to_string_lossy().into_owned();
+    let mut args = vec!["-f", file.as_str()];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["-s", "templates/policy-configmap.yaml"]);
+    let docs = documents(&render(&args));
+    let text = docs[0]["data"]["policy.yaml"]
+        .as_str()
+        .expect("policy.yaml in the ConfigMap");
+    Policy::parse(text, "ConfigMap policy.yaml")
+        .unwrap_or_else(|e| panic!("{name}: the rendered policy does not load: {e}\n{text}"))
+}
+
+/// `text` indented by `n` spaces, line by line.
+fn indent(text: &str, n: usize) -> String {
+    text.lines().map(|l| format!("{:n$}{l}\n", "")).collect()
+}
+
+/// The policy example at the top of src/policy.rs (the format the README
+/// points to), every key of the policy file given: as `controller.policy`
+/// the chart takes it, and the controller loads what it renders as it
+/// loads the example itself.
+#[test]
+fn policy_example_with_every_key_renders_and_loads() {
+    let src = std::fs::read_to_string(repo_root().join("src/policy.rs")).expect("src/policy.rs");
+    let example: String = src
+        .lines()
+        .map_while(|l| l.strip_prefix("//!"))
+        .skip_while(|l| l.trim() != "```yaml")
+        .skip(1)
+        .take_while(|l| l.trim() != "```")
+        .map(|l| format!("{}\n", l.strip_prefix(' ').unwrap_or(l)))
+        .collect();
+    let expected = Policy::parse(&example, "src/policy.rs example")
+        .unwrap_or_else(|e| panic!("the example does not load: {e}\n{example}"));
+    for key in [
+        "rules:",
+        "minGraceSeconds:",
+        "evictUnmanagedPods:",
+        "releaseDelaySeconds:",
+        "trustAnyAgent:",
+        "drainLeadTimeSeconds:",
+        "orphanedAfterSeconds:",
+        "staleAfterSeconds:",
+    ] {
+        assert!(example.contains(key), "the example lacks {key}:\n{example}");
+    }
+    let values = format!("controller:\n  policy:\n{}", indent(&example, 4));
+    let rendered = render_policy("policy-example", &values, &[]);
+    assert_eq!(rendered, expected);
+    // The same with some keys set on the command line, as an upgrade would.
+    let rendered = render_policy(
+        "policy-example-set",
+        &values,
+        &[
+            "--set",
+            "controller.policy.trustAnyAgent=true",
+            "--set",
+            "controller.policy.evictUnmanagedPods={Terminate,Preempt}",
+            "--set",
+            "controller.policy.retention=7d",
+        ],
+    );
+    assert!(rendered.trust_any_agent);
+    assert_eq!(rendered.evict_unmanaged_pods, ["Terminate", "Preempt"]);
+    assert_eq!(rendered.retention, Duration::from_secs(7 * 86400));
+}
+
+/// The README's policy settings (`key` (default) in "Default policy")
+/// and the values of its install and upgrade commands are all accepted,
+/// and the settings are the controller's defaults.
+#[test]
+fn readme_policy_settings_and_install_values_are_accepted() {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    let start = readme
+        .find("Default policy:")
+        .expect("README: Default policy");
+    let para = &readme[start..];
+    let para = &para[..para.find("\n\n").unwrap_or(para.len())];
+    // "`drainMarginSeconds` (5)", "`retention` (24h, every final phase)".
+    let mut settings = Vec::new();
+    for piece in para.split('`').collect::<Vec<_>>().windows(2) {
+        let (key, after) = (piece[0], piece[1].trim_start());
+        let Some(rest) = after.strip_prefix('(') else {
+            continue;
+        };
+        if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric()) {
+            continue;
+        }
+        let value = rest
+            .split([')', ',', ':'])
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        settings.push((key.to_string(), value));
+    }
+    assert!(
+        settings.len() >= 10,
+        "README: fewer policy settings than expected: {settings:?}"
+    );
+    let values: String = settings
+        .iter()
+        .map(|(k, v)| format!("    {k}: {v}\n"))
+        .collect();
+    let rendered = render_policy(
+        "readme-policy",
+        &format!("controller:\n  policy:\n{values}"),
+        &[],
+    );
+    let defaults = Policy {
+        rules: rendered.rules.clone(),
+        ..Policy::default()
+    };
+    assert_eq!(
+        rendered, defaults,
+        "README's policy settings are not the defaults: {settings:?}"
+    );
+
+    // Every `--set` of the README's helm commands (and the registry its
+    // comment suggests).
+    let mut sets: Vec<String> = vec!["image.repository=registry.example.com/forewarn".into()];
+    for line in readme.lines().map(str::trim) {
+        if !(line.starts_with("helm install") || line.starts_with("helm upgrade")) {
+            continue;
+        }
+        let command = line.split(" #").next().unwrap_or_default();
+        let words: Vec<&str> = command.split_whitespace().collect();
+        for pair in words.windows(2) {
+            if pair[0] == "--set" {
+                sets.push(pair[1].to_string());
+            }
+        }
+    }
+    assert!(
+        sets.iter().any(|s| s.starts_with("image.tag=")),
+        "README's helm commands set no image.tag: {sets:?}"
+    );
+    for set in &sets {
+        render(&["--set", set]);
+    }
+}
+
+/// A misspelt policy key fails `helm template` (so `helm install`) with
+/// the key and where it is, at the top level and in a rule, from `--set`
+/// and from a values file alike.
+#[test]
+fn misspelt_policy_key_is_refused_naming_it() {
+    let chart = chart_dir();
+    let file = out_dir().join("misspelt-policy.values.yaml");
+    std::fs::write(
+        &file,
+        "controller:\n  policy:\n    releaseDelaySecond: 10\n",
+    )
+    .expect("values file");
+    let file = file.to_string_lossy().into_owned();
+    let cases: [(&[&str], &str, &str); 3] = [
+        (
+            &["--set", "controller.policy.trustAnyAgnet=true"],
+            "trustAnyAgnet",
+            "/controller/policy",
+        ),
+        (
+            &[
+                "--set",
+                "controller.policy.rules[0].action=Drain",
+                "--set",
+                "controller.policy.rules[0].evenType=Reboot",
+            ],
+            "evenType",
+            "/controller/policy/rules/0",
+        ),
+        (&["-f", &file], "releaseDelaySecond", "/controller/policy"),
+    ];
+    for (extra, key, at) in cases {
+        let mut args = vec![
+            "template",
+            RELEASE,
+            chart.as_str(),
+            "--api-versions",
+            VAP_API,
+        ];
+        args.extend_from_slice(extra);
+        let out = helm(&args);
+        assert!(!out.ok, "{extra:?}: the misspelt key {key} was accepted");
+        for needle in [key, at, "not allowed"] {
+            assert!(
+                out.stderr.contains(needle),
+                "{extra:?}: the refusal does not say {needle:?}: {}",
+                out.stderr
+            );
+        }
+        // The controller refuses it as well.
+        let yaml = format!("{key}: 1\n");
+        assert!(Policy::parse(&yaml, "p").is_err(), "{key} loads");
+    }
+}
+
+/// `retention` takes what the controller's humantime parser takes, and
+/// refuses what it refuses.
+#[test]
+fn policy_retention_takes_what_the_controller_takes() {
+    let chart = chart_dir();
+    for (retention, ok) in [
+        ("24h", true),
+        ("1h 30m", true),
+        ("1h30m", true),
+        ("1.5h", true),
+        ("7days", true),
+        ("2 weeks", true),
+        ("1M", true),
+        ("9years", true),
+        ("500ms", true),
+        ("soon", false),
+        ("24", false),
+        ("-1h", false),
+        ("1fortnight", false),
+        ("1H", false),
+        ("", false),
+    ] {
+        let yaml = format!("retention: \"{retention}\"\n");
+        assert_eq!(
+            Policy::parse(&yaml, "p").is_ok(),
+            ok,
+            "the controller on retention {retention:?}"
+        );
+        let set = format!("controller.policy.retention={retention}");
+        let out = helm(&[
+            "template",
+            RELEASE,
+            &chart,
+            "--api-versions",
+            VAP_API,
+            "--set-string",
+            &set,
+        ]);
+        assert_eq!(
+            out.ok, ok,
+            "helm on retention {retention:?}: {}",
+            out.stderr
+        );
+        if !ok {
+            assert!(
+                out.stderr.contains("/controller/policy/retention"),
+                "{retention:?}: {}",
+                out.stderr
+            );
+        }
+    }
+}
+
+/// A ServiceMonitor and a PodMonitor would scrape every pod twice: the
+/// schema refuses both, naming them; either alone renders.
+#[test]
+fn service_monitor_and_pod_monitor_are_mutually_exclusive() {
+    let chart = chart_dir();
+    let both = [
+        "template",
+        RELEASE,
+        chart.as_str(),
+        "--api-versions",
+        VAP_API,
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.podMonitor.enabled=true",
+    ];
+    let out = helm(&both);
+    assert!(!out.ok, "both monitors rendered");
+    assert!(
+        out.stderr.contains("/metrics/podMonitor/enabled"),
+        "the refusal does not name the value: {}",
+        out.stderr
+    );
+    // Without the schema (--skip-schema-validation), the template says why.
+    let mut skip = both.to_vec();
+    skip.push("--skip-schema-validation");
+    let out = helm(&skip);
+    assert!(!out.ok, "both monitors rendered without the schema");
+    assert!(
+        out.stderr.contains(
+            "metrics.serviceMonitor.enabled and metrics.podMonitor.enabled are both true"
+        ),
+        "{}",
+        out.stderr
+    );
+    for (set, kind) in [
+        ("metrics.serviceMonitor.enabled=true", "ServiceMonitor"),
+        ("metrics.podMonitor.enabled=true", "PodMonitor"),
+    ] {
+        let kinds: Vec<String> = documents(&render(&["--set", set]))
+            .iter()
+            .filter_map(|d| d["kind"].as_str().map(str::to_string))
+            .filter(|k| k.ends_with("Monitor"))
+            .collect();
+        assert_eq!(kinds, [kind, kind], "--set {set}");
+    }
 }
 
 /// Fails closed: without the admission policy in force (off, an API
@@ -802,11 +1123,23 @@ fn rendered_manifests_are_accepted_by_the_api_server() {
     let all = render(&["--include-crds", "-f", &all_features_values()]);
     let lines = dry_run_apply(&k, &all);
     println!("all features:\n{}", lines.join("\n"));
-    for kind in [
-        "servicemonitor",
-        "podmonitor",
-        "networkpolicy",
-        "validatingadmissionpolicy",
+    // The PodMonitor excludes the ServiceMonitor (values.schema.json).
+    let pod_monitor = render(&[
+        "--include-crds",
+        "-f",
+        &all_features_values(),
+        "--set",
+        "metrics.serviceMonitor.enabled=false",
+        "--set",
+        "metrics.podMonitor.enabled=true",
+    ]);
+    let pod_monitor_lines = dry_run_apply(&k, &pod_monitor);
+    println!("with the PodMonitor:\n{}", pod_monitor_lines.join("\n"));
+    for (kind, lines) in [
+        ("servicemonitor", &lines),
+        ("podmonitor", &pod_monitor_lines),
+        ("networkpolicy", &lines),
+        ("validatingadmissionpolicy", &lines),
     ] {
         assert!(
             lines.iter().any(|l| l.starts_with(&format!("{kind}."))),
