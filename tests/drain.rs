@@ -532,14 +532,14 @@ async fn eviction_reaches_the_api_server_with_its_grace_and_uid_precondition() {
     };
     let planned = |uid: String| Eviction {
         node: "node-000000".into(),
-        pod: PodInfo {
+        pod: std::sync::Arc::new(PodInfo {
             namespace: ns.into(),
             name: "p".into(),
             uid,
             managed: true,
             grace_seconds: 600,
             ..PodInfo::default()
-        },
+        }),
         grace_seconds: 7,
     };
     let outcome = drain::evict(&evict_client, &planned(old_uid)).await;

@@ -801,6 +801,7 @@ async fn the_status_of_an_event_naming_ten_thousand_vms_is_stored_small() {
                     }),
                     ..PodInfo::default()
                 })
+                .map(Arc::new)
                 .collect(),
             ended: false,
         })

@@ -18,10 +18,11 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::{Eviction as EvictionBody, PodDisruptionBudget};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, LabelSelector, Preconditions};
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
-use kube::core::Status;
+use kube::core::{ApiResource, Status};
 use kube::{Client, ResourceExt};
 
 use super::plan::{Eviction, EvictionOutcome, PodInfo, Terminating};
+use super::pods::{PartialPod, as_pod};
 
 /// Annotation the kubelet puts on mirror pods of static pods.
 const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
@@ -98,15 +99,25 @@ fn chrono_time(t: &k8s_openapi::jiff::Timestamp) -> DateTime<Utc> {
 /// # Errors
 /// [`Error::ListPods`] when the API server cannot be read.
 pub async fn pods_on(client: &Client, node: &str) -> Result<Vec<PodInfo>, Error> {
-    let pods: Api<Pod> = Api::all(client.clone());
-    let list = pods
+    let list = partial_pods(client)
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await
         .map_err(|source| Error::ListPods {
             node: node.into(),
             source,
         })?;
-    Ok(list.items.iter().filter_map(classify_pod).collect())
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|p| classify_pod(&as_pod(p)))
+        .collect())
+}
+
+/// Pods read as the pod cache reads them ([`PartialPod`]: metadata, node,
+/// grace, phase), so that a list of thousands builds no containers,
+/// volumes or conditions.
+fn partial_pods(client: &Client) -> Api<PartialPod> {
+    Api::all_with(client.clone(), &ApiResource::erase::<Pod>(&()))
 }
 
 /// How many pods one page of [`pods_by_node`]'s list holds.
@@ -125,7 +136,7 @@ pub async fn pods_by_node(
     nodes: &std::collections::HashSet<String>,
     page: u32,
 ) -> Result<HashMap<String, Vec<PodInfo>>, Error> {
-    let api: Api<Pod> = Api::all(client.clone());
+    let api = partial_pods(client);
     let mut by_node: HashMap<String, Vec<PodInfo>> =
         nodes.iter().map(|n| (n.clone(), Vec::new())).collect();
     let mut params = ListParams::default()
@@ -136,15 +147,17 @@ pub async fn pods_by_node(
             node: nodes.iter().next().cloned().unwrap_or_default(),
             source,
         })?;
-        for pod in &page.items {
+        let next = page.metadata.continue_.filter(|c| !c.is_empty());
+        for pod in page.items {
+            let pod = as_pod(pod);
             let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
             if let Some(pods) = node.and_then(|n| by_node.get_mut(n))
-                && let Some(info) = classify_pod(pod)
+                && let Some(info) = classify_pod(&pod)
             {
                 pods.push(info);
             }
         }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+        match next {
             Some(token) => params = params.continue_token(&token),
             None => return Ok(by_node),
         }
@@ -351,7 +364,7 @@ pub fn rate_limiter(qps: u32, burst: u32) -> Arc<DefaultDirectRateLimiter> {
 /// earlier in this pass: asking again at once would get the same 429 and
 /// spend the rate budget for nothing.
 fn refused_alike(
-    refused: &std::sync::Mutex<Vec<(PodInfo, EvictionOutcome)>>,
+    refused: &std::sync::Mutex<Vec<(Arc<PodInfo>, EvictionOutcome)>>,
     pod: &PodInfo,
 ) -> Option<EvictionOutcome> {
     let refused = refused
@@ -415,7 +428,7 @@ pub async fn evict_all(
                 let e = evictions[i].clone();
                 async move {
                     if let Some(o) = refused_alike(refused, &e.pod) {
-                        return Some((e.node, e.pod.name, o));
+                        return Some((e.node, e.pod.name.clone(), o));
                     }
                     // Past the pass's time, nothing more is asked for (a
                     // token already there would otherwise be spent).
@@ -434,7 +447,7 @@ pub async fn evict_all(
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
                             .push((e.pod.clone(), outcome.clone()));
                     }
-                    Some((e.node, e.pod.name, outcome))
+                    Some((e.node, e.pod.name.clone(), outcome))
                 }
             })
             .buffer_unordered(per_node)
@@ -534,12 +547,12 @@ mod tests {
     fn eviction_body_carries_grace_and_uid_under_delete_options() {
         let e = Eviction {
             node: "n".into(),
-            pod: PodInfo {
+            pod: Arc::new(PodInfo {
                 namespace: "ns".into(),
                 name: "p".into(),
                 uid: "uid-1".into(),
                 ..PodInfo::default()
-            },
+            }),
             grace_seconds: 7,
         };
         let v = serde_json::to_value(eviction_body(&e)).unwrap();
@@ -646,7 +659,7 @@ mod tests {
             budgets: vec!["shop/web".into()],
             message: "needs 5".into(),
         };
-        let refused = std::sync::Mutex::new(vec![(web("web-1"), blocked.clone())]);
+        let refused = std::sync::Mutex::new(vec![(Arc::new(web("web-1")), blocked.clone())]);
         assert_eq!(refused_alike(&refused, &web("web-2")), Some(blocked));
         let other = PodInfo {
             labels: [("app".to_string(), "db".to_string())].into(),

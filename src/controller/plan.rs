@@ -4,6 +4,7 @@
 //! should record.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -75,8 +76,9 @@ pub struct ObservedNode {
     /// policy cordons it: a release hands the cordon over to them instead of
     /// uncordoning, whether or not they have written their hold yet.
     pub claimed_by: Vec<String>,
-    /// Pods on the node that are not DaemonSet, mirror or finished pods.
-    pub pods: Vec<PodInfo>,
+    /// Pods on the node that are not DaemonSet, mirror or finished pods,
+    /// shared with the pod cache (a pass over 10,000 pods copies no pod).
+    pub pods: Vec<Arc<PodInfo>>,
     /// The node's own part of the event ended (see [`super::trust`]) while
     /// it still holds the event's cordon: released after the release delay,
     /// not drained, not counted for the approval.
@@ -174,8 +176,8 @@ impl NodeWrite {
 pub struct Eviction {
     /// Node the pod runs on.
     pub node: String,
-    /// The pod.
-    pub pod: PodInfo,
+    /// The pod (shared with the observation it was planned from).
+    pub pod: Arc<PodInfo>,
     /// Grace period to ask for, seconds: see [`eviction_grace`]. Never 0.
     pub grace_seconds: i64,
 }
@@ -474,7 +476,7 @@ fn plan_evictions(
             evictions.push(Eviction {
                 node: n.name.clone(),
                 grace_seconds: eviction_grace(pod.grace_seconds, budget, floor),
-                pod: pod.clone(),
+                pod: Arc::clone(pod),
             });
         }
     }

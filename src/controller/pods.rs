@@ -51,7 +51,7 @@ pub struct StatusFields {
 pub type PartialPod = Object<SpecFields, StatusFields>;
 
 /// `partial` as a `Pod` with only those fields, for [`classify_pod`].
-fn as_pod(partial: PartialPod) -> Pod {
+pub fn as_pod(partial: PartialPod) -> Pod {
     Pod {
         metadata: partial.metadata,
         spec: Some(PodSpec {
@@ -67,7 +67,7 @@ fn as_pod(partial: PartialPod) -> Pod {
 }
 
 /// Pods that count for a drain, by node, then by UID.
-type ByNode = HashMap<String, HashMap<String, PodInfo>>;
+type ByNode = HashMap<String, HashMap<String, Arc<PodInfo>>>;
 
 #[derive(Default)]
 struct State {
@@ -98,7 +98,10 @@ impl State {
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
         if let (Some(node), Some(info)) = (node, classify_pod(pod)) {
             self.node_of.insert(uid.clone(), node.clone());
-            self.by_node.entry(node).or_default().insert(uid, info);
+            self.by_node
+                .entry(node)
+                .or_default()
+                .insert(uid, Arc::new(info));
         }
     }
 }
@@ -110,12 +113,12 @@ pub struct PodCache(Arc<RwLock<State>>);
 impl PodCache {
     /// The pods on `node` that the drain considers, as last watched, in
     /// name order.
-    pub fn on_node(&self, node: &str) -> Vec<PodInfo> {
+    pub fn on_node(&self, node: &str) -> Vec<Arc<PodInfo>> {
         let state = self
             .0
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut pods: Vec<PodInfo> = state
+        let mut pods: Vec<Arc<PodInfo>> = state
             .by_node
             .get(node)
             .map(|p| p.values().cloned().collect())

@@ -293,7 +293,8 @@ async fn fresh_pods(ev: &ScheduledEvent, seen: &mut Observed, ctx: &Context) -> 
             .collect::<Result<_, _>>()?
     };
     let mut changed = false;
-    for (i, mut pods) in read {
+    for (i, pods) in read {
+        let mut pods: Vec<Arc<PodInfo>> = pods.into_iter().map(Arc::new).collect();
         pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         if seen.nodes[i].pods != pods {
             changed = true;

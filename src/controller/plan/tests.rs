@@ -48,7 +48,7 @@ fn node(name: &str, vm: &str, cordoned: bool, holds: &[&str], pods: Vec<PodInfo>
         cordoned,
         holds: holds.iter().map(|s| s.to_string()).collect(),
         claimed_by: Vec::new(),
-        pods,
+        pods: pods.into_iter().map(Arc::new).collect(),
         ended: false,
     }
 }
