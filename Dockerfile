@@ -16,7 +16,7 @@
 # static-pie binary, 9.5 min on 2 cores), and that binary ran as 65532:65532
 # in an otherwise empty root (only /etc/hosts and /dev/{null,random,urandom},
 # which every container runtime provides): the agent resolved `localhost`,
-# reached the API server over TLS and IMDS, and annotated its Node. Without
+# reached the API server over TLS and IMDS, and wrote its report. Without
 # /dev/urandom it panics (getrandom falls back to the file in a static
 # binary).
 

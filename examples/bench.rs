@@ -1212,6 +1212,10 @@ async fn scale_on(
         ],
     )
     .await?;
+    // The reference runs before this program's watches start: its cordons
+    // are not the event's.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let reference = node_patch_reference(client, n).await?;
     let watches = Watches::start(client).await?;
     let http = reqwest::Client::builder().no_proxy().build()?;
     tokio::time::sleep(Duration::from_secs(20)).await;
@@ -1359,6 +1363,21 @@ async fn scale_on(
                 "≤ 2 s",
                 Some(secs(last - changed) <= 2.0),
             );
+            let own = reference.as_secs_f64();
+            table.add(
+                "6 scale",
+                &format!(
+                    "reference: {n} cordons (merge patches of unschedulable, a taint and an annotation, as forewarn's) by this program, {REFERENCE_IN_FLIGHT} in flight, with the fleet running, before the event"
+                ),
+                format!(
+                    "{own:.2} s ({:.0} patches/s); forewarn's first to last cordon took {:.2} s: {:.2} times the reference",
+                    n as f64 / own.max(1e-3),
+                    secs(last - first),
+                    secs(last - first) / own.max(1e-3)
+                ),
+                "",
+                None,
+            );
         }
         (r, _, _) => {
             table.add(
@@ -1374,6 +1393,60 @@ async fn scale_on(
         }
     }
     Ok(())
+}
+
+/// How many node patches the reference of the scale part keeps in flight:
+/// as many as the controller's node writes (`NODE_WRITE_CONCURRENCY`).
+const REFERENCE_IN_FLIGHT: usize = 32;
+
+/// The reference for "all cordoned": how long this API server takes, now,
+/// to cordon each of the `n` scale nodes as forewarn does (one merge patch
+/// of `spec.unschedulable`, a NoSchedule taint and an annotation; the
+/// bench's own keys, so that forewarn takes them for someone else's),
+/// [`REFERENCE_IN_FLIGHT`] at a time, as the controller writes its
+/// cordons. The cordons are then undone (not timed). A cordon can go no
+/// faster than the API server takes them; the ratio says how close the
+/// controller comes.
+async fn node_patch_reference(client: &Client, n: usize) -> anyhow::Result<Duration> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let patch_all = |patch: serde_json::Value| {
+        let nodes = nodes.clone();
+        async move {
+            futures::stream::iter(0..n)
+                .map(|i| {
+                    let (nodes, patch) = (nodes.clone(), patch.clone());
+                    async move {
+                        nodes
+                            .patch(
+                                &node_name(i),
+                                &PatchParams::default(),
+                                &Patch::Merge(&patch),
+                            )
+                            .await
+                    }
+                })
+                .buffer_unordered(REFERENCE_IN_FLIGHT)
+                .collect::<Vec<_>>()
+                .await
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()
+        }
+    };
+    let t = Instant::now();
+    patch_all(json!({
+        "metadata": {"annotations": {"bench.forewarn.dev/reference": "cordoned"}},
+        "spec": {"unschedulable": true, "taints": [
+            {"key": "bench.forewarn.dev/reference", "effect": "NoSchedule"}
+        ]}
+    }))
+    .await?;
+    let took = t.elapsed();
+    patch_all(json!({
+        "metadata": {"annotations": {"bench.forewarn.dev/reference": null}},
+        "spec": {"unschedulable": null, "taints": null}
+    }))
+    .await?;
+    Ok(took)
 }
 
 /// The controller's eviction rate budget in the scale part (evictions per

@@ -38,7 +38,7 @@ pub enum LogFormat {
 /// The roles.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Per-node agent: mirror this VM's IMDS Scheduled Events into ScheduledEvent objects.
+    /// Per-node agent: report this VM's IMDS Scheduled Events (ScheduledEventReport objects) and send the approvals the controller decides.
     Agent(AgentArgs),
     /// Controller: cordon, drain, decide approvals, uncordon.
     Controller(ControllerArgs),

@@ -1220,8 +1220,8 @@ fn same_numbers(v: &Value) -> Value {
     }
 }
 
-/// The CRD upgrade step of the README (`kubectl apply --server-side
-/// --force-conflicts -f charts/forewarn/crds/`) replaces an older CRD that
+/// The CRD upgrade step of the README and NOTES.txt (`helm show crds CHART |
+/// kubectl apply --server-side --force-conflicts -f -`) replaces an older CRD that
 /// `helm install` created, and the API server then serves the new schema.
 #[test]
 fn crd_upgrade_step_serves_the_new_schema() {
@@ -1267,14 +1267,21 @@ fn crd_upgrade_step_serves_the_new_schema() {
     });
     println!("old CRD refuses the new field: {}", before.trim());
 
-    // The upgrade step.
-    let step = k.ok(&[
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "-f",
-        &repo_root().join("charts/forewarn/crds/").to_string_lossy(),
-    ]);
+    // The upgrade step, as NOTES.txt and the README give it: the chart's
+    // own CRDs (`helm show crds CHART`), applied server-side.
+    let crds = helm(&["show", "crds", &chart_dir()]);
+    assert!(crds.ok, "helm show crds: {}", crds.stderr);
+    assert!(
+        crds.stdout.contains("name: scheduledevents.forewarn.dev")
+            && crds
+                .stdout
+                .contains("name: scheduledeventreports.forewarn.dev"),
+        "helm show crds prints both CRDs"
+    );
+    let step = k.ok_stdin(
+        &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+        &crds.stdout,
+    );
     println!("upgrade step: {}", step.trim());
     k.wait_established(&["crd/scheduledevents.forewarn.dev"]);
     // The stored CRD is the chart's, the extra column is gone...

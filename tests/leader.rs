@@ -432,3 +432,119 @@ async fn a_leader_with_a_skewed_clock_keeps_the_lease_while_it_renews_and_loses_
         .await
         .expect("standby stops");
 }
+
+/// A kubeconfig for `cluster` that impersonates `user` (in no group but
+/// `system:authenticated`): what it may do is what RBAC grants `user`.
+fn impersonating(cluster: &Cluster, dir: &Path, user: &str) -> PathBuf {
+    let text = std::fs::read_to_string(&cluster.kubeconfig).expect("kubeconfig");
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("kubeconfig yaml");
+    for u in doc["users"].as_sequence_mut().expect("users") {
+        let entry = u["user"].as_mapping_mut().expect("user map");
+        entry.insert("as".into(), user.into());
+    }
+    let path = dir.join(format!("kubeconfig-{}.yaml", user.replace(':', "-")));
+    std::fs::write(&path, serde_yaml::to_string(&doc).expect("yaml")).expect("write");
+    path
+}
+
+/// What `/readyz` and `/healthz` of the process on `port` answer.
+async fn probes(http: &reqwest::Client, port: u16) -> (Option<u16>, Option<u16>) {
+    let status = |path: &'static str| async move {
+        http.get(format!("http://127.0.0.1:{port}/{path}"))
+            .send()
+            .await
+            .ok()
+            .map(|r| r.status().as_u16())
+    };
+    (status("readyz").await, status("healthz").await)
+}
+
+/// Issue 15 item 6: readiness says whether the controller could act. A
+/// leader with the controller's permissions turns Ready; one whose RBAC
+/// lacks pods leads (its metric) but, unable to sync its pod cache, stays
+/// not Ready for three times as long as the first took, while `/healthz`
+/// stays 200 (its loop runs; a restart would not mend RBAC).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_that_cannot_watch_pods_leads_but_is_never_ready() {
+    let _turn = TURN.lock().await;
+    let cluster = tokio::task::spawn_blocking(cluster)
+        .await
+        .expect("cluster start panicked");
+    let dir = log_dir("readiness");
+    let user = "leader-test:no-pods";
+    // The controller's ClusterRole of the chart, without pods.
+    let rbac = format!(
+        r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: leader-test-no-pods}}
+rules:
+  - {{apiGroups: [forewarn.dev], resources: [scheduledevents], verbs: [get, list, watch, create, patch, delete]}}
+  - {{apiGroups: [forewarn.dev], resources: [scheduledevents/status], verbs: [patch]}}
+  - {{apiGroups: [forewarn.dev], resources: [scheduledeventreports], verbs: [list, watch, delete]}}
+  - {{apiGroups: [""], resources: [nodes], verbs: [get, list, watch, patch]}}
+  - {{apiGroups: [policy], resources: [poddisruptionbudgets], verbs: [get, list, watch]}}
+  - {{apiGroups: [events.k8s.io], resources: [events], verbs: [create, patch]}}
+  - {{apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, list, watch, create, update]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: leader-test-no-pods}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: leader-test-no-pods}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{user}"}}]
+"#
+    );
+    let file = dir.join("rbac.yaml");
+    std::fs::write(&file, rbac).expect("write rbac");
+    cluster
+        .kubectl(&["apply", "-f", &file.to_string_lossy()])
+        .expect("apply rbac");
+    let http = metrics_client();
+
+    // The control: the controller's permissions (the admin's), Ready.
+    let mut full = start_controller(&cluster.kubeconfig, "ready-full", "full-0", &dir).await;
+    let t = Instant::now();
+    loop {
+        if leads(&http, full.port).await == Some(true)
+            && probes(&http, full.port).await == (Some(200), Some(200))
+        {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "a leader with every permission was not Ready within 60 s:\n{}",
+            full.proc.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let took = t.elapsed();
+    full.proc.terminate(Duration::from_secs(10)).await.ok();
+
+    let kubeconfig = impersonating(&cluster, &dir, user);
+    let mut lame = start_controller(&kubeconfig, "ready-no-pods", "no-pods-0", &dir).await;
+    let t = Instant::now();
+    while leads(&http, lame.port).await != Some(true) {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the controller without pods never led:\n{}",
+            lame.proc.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let watch = (took * 3).max(Duration::from_secs(10));
+    let t = Instant::now();
+    while t.elapsed() < watch {
+        assert_eq!(
+            probes(&http, lame.port).await,
+            (Some(503), Some(200)),
+            "a leader that cannot watch pods must lead unready and alive, {:?} after it led:\n{}",
+            t.elapsed(),
+            lame.proc.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(leads(&http, lame.port).await, Some(true), "still leading");
+    lame.proc.terminate(Duration::from_secs(10)).await.ok();
+    cluster
+        .kubectl(&["delete", "-f", &file.to_string_lossy()])
+        .expect("delete rbac");
+}

@@ -4,8 +4,8 @@
 //! containerd + runc) to the local control plane and checks what only a real
 //! node shows: the image built by `hack/build-image.sh` starts, the agent's
 //! pod (hostNetwork, read-only root filesystem, non-root, a pod-bound
-//! ServiceAccount token) passes its `/readyz` probe and writes its Node's
-//! VM name read from IMDS at its production address 169.254.169.254, and an
+//! ServiceAccount token) passes its `/readyz` probe and reports the event
+//! it read from IMDS at its production address 169.254.169.254, and an
 //! evicted container gets its `preStop` hook and SIGTERM within its grace.
 //!
 //! Everything runs in a network namespace of its own, which
@@ -496,7 +496,7 @@ async fn evicted_container_gets_prestop_and_sigterm() {
 }
 
 /// The agent as a DaemonSet on the real node (a drain leaves DaemonSet pods
-/// alone), same container as in `agent_pod_reads_imds_and_annotates_its_node`.
+/// alone), same container as in `agent_pod_reads_imds_and_reports_its_event`.
 async fn agent_daemonset(env: &Env, client: &Client) {
     let ds: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(client.clone(), NS);
     apply(&ds, json!({

@@ -68,7 +68,7 @@ pub fn classify_pod(pod: &Pod) -> Option<PodInfo> {
         namespace: pod.namespace().unwrap_or_default(),
         name: pod.name_any(),
         uid: pod.uid().unwrap_or_default(),
-        labels: pod.labels().clone(),
+        labels: Arc::new(pod.labels().clone()),
         managed: controller.is_some(),
         terminating: pod
             .metadata
@@ -652,7 +652,7 @@ mod tests {
         let web = |name: &str| PodInfo {
             namespace: "shop".into(),
             name: name.into(),
-            labels: [("app".to_string(), "web".to_string())].into(),
+            labels: Arc::new([("app".to_string(), "web".to_string())].into()),
             ..PodInfo::default()
         };
         let blocked = EvictionOutcome::Blocked {
@@ -662,7 +662,7 @@ mod tests {
         let refused = std::sync::Mutex::new(vec![(Arc::new(web("web-1")), blocked.clone())]);
         assert_eq!(refused_alike(&refused, &web("web-2")), Some(blocked));
         let other = PodInfo {
-            labels: [("app".to_string(), "db".to_string())].into(),
+            labels: Arc::new([("app".to_string(), "db".to_string())].into()),
             ..web("db-1")
         };
         assert_eq!(refused_alike(&refused, &other), None);

@@ -11,7 +11,7 @@
 //! yet. So the approval decision reads each node's pods afresh (one LIST a
 //! node, once) before it is recorded (see `reconcile`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
@@ -76,9 +76,27 @@ struct State {
     node_of: HashMap<String, String>,
     /// Whether a first list has completed.
     ready: bool,
+    /// One copy of each label set cached pods carry (see [`PodInfo::labels`]).
+    labels: HashSet<Arc<BTreeMap<String, String>>>,
+    /// How many label sets were kept at the last purge of unused ones.
+    labels_kept: usize,
 }
 
 impl State {
+    /// The cache's copy of `labels`, added if new. Copies no pod uses any
+    /// more are dropped once the set doubled since the last purge.
+    fn shared(&mut self, labels: Arc<BTreeMap<String, String>>) -> Arc<BTreeMap<String, String>> {
+        if let Some(known) = self.labels.get(&labels) {
+            return Arc::clone(known);
+        }
+        if self.labels.len() >= 2 * self.labels_kept.max(64) {
+            self.labels.retain(|l| Arc::strong_count(l) > 1);
+            self.labels_kept = self.labels.len();
+        }
+        self.labels.insert(Arc::clone(&labels));
+        labels
+    }
+
     fn remove(&mut self, uid: &str) {
         if let Some(node) = self.node_of.remove(uid)
             && let Some(pods) = self.by_node.get_mut(&node)
@@ -96,7 +114,8 @@ impl State {
         let uid = pod.uid().unwrap_or_default();
         self.remove(&uid);
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        if let (Some(node), Some(info)) = (node, classify_pod(pod)) {
+        if let (Some(node), Some(mut info)) = (node, classify_pod(pod)) {
+            info.labels = self.shared(info.labels);
             self.node_of.insert(uid.clone(), node.clone());
             self.by_node
                 .entry(node)
@@ -276,6 +295,36 @@ mod tests {
         assert!(
             !cache.0.read().unwrap().by_node.contains_key("n1"),
             "no empty entry kept"
+        );
+    }
+
+    /// The pods of one workload share one copy of their labels, and a
+    /// label set no pod uses any more is dropped at the next purge.
+    #[test]
+    fn pods_with_the_same_labels_share_one_copy() {
+        let labelled = |uid: &str, app: &str| {
+            let mut p = pod(uid, Some("n1"), "Running");
+            p.metadata.labels = Some([("app".to_string(), app.to_string())].into());
+            p
+        };
+        let mut s = State::default();
+        s.apply(&labelled("a", "web"));
+        s.apply(&labelled("b", "web"));
+        s.apply(&labelled("c", "db"));
+        let pods = &s.by_node["n1"];
+        assert!(Arc::ptr_eq(&pods["a"].labels, &pods["b"].labels));
+        assert!(!Arc::ptr_eq(&pods["a"].labels, &pods["c"].labels));
+        assert_eq!(s.labels.len(), 2);
+        // 200 workloads come and go: unused label sets do not pile up.
+        for i in 0..200 {
+            s.apply(&labelled(&format!("x{i}"), &format!("app{i}")));
+            s.remove(&format!("x{i}"));
+        }
+        assert!(s.labels.len() <= 130, "{} label sets kept", s.labels.len());
+        assert!(
+            s.labels
+                .iter()
+                .any(|l| l.get("app").is_some_and(|a| a == "web"))
         );
     }
 }

@@ -25,10 +25,18 @@ use crate::cli::ControllerArgs;
 use crate::crd::{CONTROLLER_MANAGER, ScheduledEvent, ScheduledEventReport};
 use crate::kubeclient::{self, Clients};
 use crate::policy::Policy;
-use crate::server::{self, Readiness};
+use crate::server::{self, Liveness, Readiness};
 
 /// The longest a failing reconcile waits before it is tried again.
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(60);
+
+/// How often the controller's runtime beats its liveness.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+
+/// How long the runtime may go without a beat before `/healthz` fails: far
+/// beyond any pause a busy 2-core machine gives a task (the chart's
+/// liveness probe then fails three times, 10 s apart, before a restart).
+pub const HEARTBEAT_ALLOWED: Duration = Duration::from_secs(15);
 
 /// Runs the controller until SIGTERM: keeps a node cache (ready once it is
 /// synced, leader or not), waits for the Lease, then reconciles; exits (to
@@ -79,7 +87,22 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let registry = Registry::new();
     let metrics = ControllerMetrics::register(&registry)?;
     let ready = Readiness::default();
-    server::spawn(args.metrics_addr, registry, ready.clone(), None).await?;
+    // `/healthz` fails when the runtime that runs the reconciles has not
+    // run this heartbeat for [`HEARTBEAT_ALLOWED`] (every worker blocked or
+    // starved): the kubelet restarts the process. An API server that is
+    // down does not count (restarting would not mend it); a leader that
+    // cannot renew its Lease exits on its own (see `lease`).
+    let live = Liveness::new(HEARTBEAT_ALLOWED);
+    let heartbeat = tokio::spawn({
+        let live = live.clone();
+        async move {
+            loop {
+                live.beat(HEARTBEAT_ALLOWED);
+                tokio::time::sleep(HEARTBEAT_EVERY).await;
+            }
+        }
+    });
+    server::spawn(args.metrics_addr, registry, ready.clone(), Some(live)).await?;
 
     let shutdown = crate::cli::shutdown_signal();
     tokio::pin!(shutdown);
@@ -129,6 +152,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         }
     }
     metrics.leader.set(1);
+    // Ready while leading only once the caches the reconciles read are
+    // synced (a leader whose RBAC lacks pods, say, never is).
+    ready.set(false);
     info!(%identity, ?policy, dry_run = args.dry_run, "Leading: reconciling ScheduledEvents");
     if args.dry_run {
         warn!(
@@ -201,13 +227,18 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let events = controller.store();
     metrics.watch_caches(nodes.clone(), events.clone());
     let (kube_events, event_task) = super::report::EventSink::start(
-        Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: CONTROLLER_MANAGER.into(),
-                instance: Some(identity.clone()),
-            },
-        ),
+        {
+            let (client, identity) = (client.clone(), identity.clone());
+            move || {
+                Recorder::new(
+                    client.clone(),
+                    Reporter {
+                        controller: CONTROLLER_MANAGER.into(),
+                        instance: Some(identity.clone()),
+                    },
+                )
+            }
+        },
         metrics.kube_events.clone(),
     );
     let ctx = Arc::new(Context {
@@ -228,6 +259,15 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         drained_unlisted: Mutex::new(HashMap::new()),
     });
 
+    let synced = tokio::spawn({
+        let (ctx, ready) = (ctx.clone(), ready.clone());
+        async move {
+            loop {
+                ready.set(ctx.caches_synced());
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    });
     let leader_gauge = metrics.leader.clone();
     // A dry run writes no node, so it releases no hold either (its sweep
     // only forgets deleted events' bookkeeping).
@@ -254,6 +294,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     node_task.abort();
     pod_task.abort();
     event_task.abort();
+    synced.abort();
+    heartbeat.abort();
     creator.abort();
     confinement.abort();
     sweep.abort();
