@@ -94,6 +94,23 @@ pub struct AgentArgs {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "FOREWARN_METRICS_ADDR", default_value = "127.0.0.1:9101")]
     pub metrics_addr: SocketAddr,
+    /// Listen on this IP (v4 or v6, no brackets) with the port of
+    /// `--metrics-addr`: the chart passes the node's own IP (the downward
+    /// API's `status.hostIP`), so that a hostNetwork agent does not serve
+    /// its metrics on every address of the node.
+    #[arg(long, env = "FOREWARN_METRICS_HOST")]
+    pub metrics_host: Option<std::net::IpAddr>,
+}
+
+impl AgentArgs {
+    /// Where the agent serves /metrics, /healthz and /readyz:
+    /// `--metrics-addr`, its IP replaced by `--metrics-host` when given.
+    pub fn metrics_listen(&self) -> SocketAddr {
+        match self.metrics_host {
+            Some(ip) => SocketAddr::new(ip, self.metrics_addr.port()),
+            None => self.metrics_addr,
+        }
+    }
 }
 
 /// Flags of `forewarn controller`.
@@ -186,4 +203,47 @@ pub async fn shutdown_signal() {
         let _ = tokio::signal::ctrl_c().await;
     }
     tracing::info!("Shutdown signal received");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Cli, Command};
+    use clap::Parser;
+
+    fn agent(extra: &[&str]) -> Result<super::AgentArgs, clap::Error> {
+        let mut argv = vec!["forewarn", "agent", "--node-name", "n1"];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Agent(a) => Ok(a),
+            other => panic!("not the agent: {other:?}"),
+        }
+    }
+
+    /// The chart passes the node's own IP as `--metrics-host` and the port
+    /// in `--metrics-addr`: the agent listens on that IP alone, v4 or v6.
+    #[test]
+    fn the_agent_listens_on_the_metrics_host_with_the_port_of_metrics_addr() {
+        let a = agent(&[
+            "--metrics-addr",
+            "0.0.0.0:9101",
+            "--metrics-host",
+            "10.224.0.4",
+        ])
+        .unwrap();
+        assert_eq!(a.metrics_listen().to_string(), "10.224.0.4:9101");
+        let a = agent(&[
+            "--metrics-addr",
+            "0.0.0.0:9101",
+            "--metrics-host",
+            "fd00::4",
+        ])
+        .unwrap();
+        assert_eq!(a.metrics_listen().to_string(), "[fd00::4]:9101");
+        let a = agent(&["--metrics-addr", "127.0.0.1:9555"]).unwrap();
+        assert_eq!(a.metrics_listen().to_string(), "127.0.0.1:9555");
+        let err = agent(&["--metrics-host", "node-1"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--metrics-host"), "{err}");
+    }
 }

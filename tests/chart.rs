@@ -995,13 +995,22 @@ fn workloads_run_the_documented_flags_and_security_context() {
         .iter()
         .filter_map(Value::as_str)
         .collect();
+    // The agent serves its metrics on the node's own IP only (issue 15
+    // item 5): the port from --metrics-addr, the IP from the downward API.
     assert!(
-        args.contains(&"agent") && args.contains(&"--metrics-addr=0.0.0.0:9101"),
+        args.contains(&"agent")
+            && args.contains(&"--metrics-addr=0.0.0.0:9101")
+            && args.contains(&"--metrics-host=$(HOST_IP)"),
         "{args:?}"
     );
     assert_eq!(
         c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"],
         "spec.nodeName"
+    );
+    assert_eq!(c["env"][1]["name"], "HOST_IP");
+    assert_eq!(
+        c["env"][1]["valueFrom"]["fieldRef"]["fieldPath"],
+        "status.hostIP"
     );
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");

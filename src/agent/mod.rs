@@ -89,7 +89,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         args.poll_interval,
     ));
     server::spawn(
-        args.metrics_addr,
+        args.metrics_listen(),
         registry,
         ready.clone(),
         Some(live.clone()),
