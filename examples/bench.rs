@@ -1209,6 +1209,11 @@ async fn scale_on(
         &[
             ("FOREWARN_EVICTION_QPS", &qps),
             ("FOREWARN_EVICTION_BURST", &burst),
+            // The chart's `controller.mallocEnv` defaults: the controller as
+            // the chart runs it (the agents of this part are not measured).
+            ("MALLOC_ARENA_MAX", "2"),
+            ("MALLOC_MMAP_THRESHOLD_", "131072"),
+            ("MALLOC_TRIM_THRESHOLD_", "262144"),
         ],
     )
     .await?;
