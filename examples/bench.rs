@@ -1152,28 +1152,12 @@ async fn scale_on(
     ));
     // Nodes without an agent: their VM from the providerID, as on AKS (the
     // controller maps the others by the VM their agents state).
-    let nodes: Api<Node> = Api::all(client.clone());
-    futures::stream::iter(agents..n)
-        .map(|i| {
-            let nodes = nodes.clone();
-            async move {
-                let patch = json!({"spec": {"providerID": format!(
-                    "azure:///subscriptions/bench/resourceGroups/bench/providers/Microsoft.Compute/virtualMachineScaleSets/bench-vmss/virtualMachines/{i}"
-                )}});
-                nodes
-                    .patch(
-                        &node_name(i),
-                        &PatchParams::default(),
-                        &Patch::Merge(&patch),
-                    )
-                    .await
-            }
-        })
-        .buffer_unordered(32)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
+    merge_patch_nodes(client, agents..n, |i| {
+        json!({"spec": {"providerID": format!(
+            "azure:///subscriptions/bench/resourceGroups/bench/providers/Microsoft.Compute/virtualMachineScaleSets/bench-vmss/virtualMachines/{i}"
+        )}})
+    })
+    .await?;
     let id = event_id(901);
     let resources: Vec<String> = (0..n).map(vm_name).collect();
     let mut scenario = vms_yaml(0..n, |i| i < agents);
@@ -1413,45 +1397,50 @@ const REFERENCE_IN_FLIGHT: usize = 32;
 /// faster than the API server takes them; the ratio says how close the
 /// controller comes.
 async fn node_patch_reference(client: &Client, n: usize) -> anyhow::Result<Duration> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let patch_all = |patch: serde_json::Value| {
-        let nodes = nodes.clone();
-        async move {
-            futures::stream::iter(0..n)
-                .map(|i| {
-                    let (nodes, patch) = (nodes.clone(), patch.clone());
-                    async move {
-                        nodes
-                            .patch(
-                                &node_name(i),
-                                &PatchParams::default(),
-                                &Patch::Merge(&patch),
-                            )
-                            .await
-                    }
-                })
-                .buffer_unordered(REFERENCE_IN_FLIGHT)
-                .collect::<Vec<_>>()
-                .await
-                .into_iter()
-                .collect::<Result<Vec<_>, _>>()
-        }
-    };
     let t = Instant::now();
-    patch_all(json!({
-        "metadata": {"annotations": {"bench.forewarn.dev/reference": "cordoned"}},
-        "spec": {"unschedulable": true, "taints": [
-            {"key": "bench.forewarn.dev/reference", "effect": "NoSchedule"}
-        ]}
-    }))
+    merge_patch_nodes(client, 0..n, |_| {
+        json!({
+            "metadata": {"annotations": {"bench.forewarn.dev/reference": "cordoned"}},
+            "spec": {"unschedulable": true, "taints": [
+                {"key": "bench.forewarn.dev/reference", "effect": "NoSchedule"}
+            ]}
+        })
+    })
     .await?;
     let took = t.elapsed();
-    patch_all(json!({
-        "metadata": {"annotations": {"bench.forewarn.dev/reference": null}},
-        "spec": {"unschedulable": null, "taints": null}
-    }))
+    merge_patch_nodes(client, 0..n, |_| {
+        json!({
+            "metadata": {"annotations": {"bench.forewarn.dev/reference": null}},
+            "spec": {"unschedulable": null, "taints": null}
+        })
+    })
     .await?;
     Ok(took)
+}
+
+/// Merge-patches each scale node `node_name(i)` for `i` in `which` with
+/// `patch(i)`, [`REFERENCE_IN_FLIGHT`] at a time.
+async fn merge_patch_nodes(
+    client: &Client,
+    which: std::ops::Range<usize>,
+    patch: impl Fn(usize) -> serde_json::Value,
+) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    futures::stream::iter(which)
+        .map(|i| {
+            let (nodes, body) = (nodes.clone(), patch(i));
+            async move {
+                nodes
+                    .patch(&node_name(i), &PatchParams::default(), &Patch::Merge(&body))
+                    .await
+            }
+        })
+        .buffer_unordered(REFERENCE_IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(())
 }
 
 /// The controller's eviction rate budget in the scale part (evictions per

@@ -27,6 +27,17 @@ pub fn named<S: AsRef<str>>(items: &[S], limit: usize, sep: &str) -> String {
     out
 }
 
+/// The first `limit` of `items`, and, when some were left out, an entry
+/// `and N more <what>` at the end. Only the kept items are copied.
+pub fn listed_at_most(items: &[String], limit: usize, what: &str) -> Vec<String> {
+    let mut listed: Vec<String> = items.iter().take(limit).cloned().collect();
+    let more = items.len().saturating_sub(limit);
+    if more > 0 {
+        listed.push(format!("and {more} more {what}"));
+    }
+    listed
+}
+
 /// `text` cut at a character boundary to at most `max` bytes, ending in `…`
 /// when cut.
 pub fn cut(mut text: String, max: usize) -> String {
@@ -44,7 +55,17 @@ pub fn cut(mut text: String, max: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{cut, named};
+    use super::{cut, listed_at_most, named};
+
+    #[test]
+    fn long_lists_name_a_few_and_count_the_rest() {
+        let items: Vec<String> = (0..5).map(|i| format!("ns/p{i}")).collect();
+        assert_eq!(
+            listed_at_most(&items, 3, "pods terminating"),
+            ["ns/p0", "ns/p1", "ns/p2", "and 2 more pods terminating"]
+        );
+        assert_eq!(listed_at_most(&items, 5, "x"), items);
+    }
 
     #[test]
     fn names_a_few_and_counts_the_rest() {

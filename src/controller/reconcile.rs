@@ -14,6 +14,7 @@ use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::EventType as KubeEventType;
 use tracing::{debug, info, instrument, warn};
 
+use super::listing::{listed_at_most, named};
 use super::plan::{self, EvictionOutcome, NodeWrite, Observed, ObservedNode, Plan, PodInfo};
 use super::report::{self, Subject};
 use super::status::{self, Outcome};
@@ -520,12 +521,7 @@ async fn observe(
     } = mappings[0].clone();
     // Named in full for a few nodes; an event naming a thousand VMs must
     // not write a thousand reasons into its status.
-    let mut unconfirmed = assessment.unconfirmed();
-    if unconfirmed.len() > UNCONFIRMED_LISTED {
-        let more = unconfirmed.len() - UNCONFIRMED_LISTED;
-        unconfirmed.truncate(UNCONFIRMED_LISTED);
-        unconfirmed.push(format!("and {more} more node(s)"));
-    }
+    let unconfirmed = listed_at_most(&assessment.unconfirmed(), UNCONFIRMED_LISTED, "node(s)");
     if !unconfirmed.is_empty() {
         doubts.push(format!(
             "no trusted report for node {}",
@@ -803,13 +799,7 @@ fn evicted_note(node: &str, pods: &[(String, i64)]) -> String {
 /// `a, b, c, d, e and 7 more`.
 fn first_named(mut names: Vec<&str>) -> String {
     names.sort_unstable();
-    let more = names.len().saturating_sub(NAMED_IN_EVENT);
-    names.truncate(NAMED_IN_EVENT);
-    if more > 0 {
-        format!("{} and {more} more", names.join(", "))
-    } else {
-        names.join(", ")
-    }
+    named(&names, NAMED_IN_EVENT, ", ")
 }
 
 /// How many pods or nodes an Event names before it counts the rest.

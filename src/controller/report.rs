@@ -356,17 +356,8 @@ pub const NOTE_LIMIT: usize = 1024;
 
 /// `note`, cut at a character boundary to at most [`NOTE_LIMIT`] bytes
 /// (ending in `…` when cut): the API server refuses a longer one.
-pub fn within_note_limit(mut note: String) -> String {
-    if note.len() <= NOTE_LIMIT {
-        return note;
-    }
-    let mut end = NOTE_LIMIT - '…'.len_utf8();
-    while !note.is_char_boundary(end) {
-        end -= 1;
-    }
-    note.truncate(end);
-    note.push('…');
-    note
+pub fn within_note_limit(note: String) -> String {
+    super::listing::cut(note, NOTE_LIMIT)
 }
 
 /// How many Kubernetes Events may wait to be posted; beyond it new ones are

@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
-use super::listing::{MESSAGE_LIMIT, NAMED_IN_MESSAGE, cut, named};
+use super::listing::{MESSAGE_LIMIT, NAMED_IN_MESSAGE, cut, listed_at_most, named};
 use super::plan::NodeWrite;
 use super::plan::{EvictionOutcome, Observed, ObservedNode, Plan, must_leave, name_of};
 use crate::crd::{
@@ -99,17 +99,6 @@ fn blockers(node: &str, outcomes: &[Outcome]) -> (Option<String>, Vec<String>) {
 /// measured status was 977 KB, near etcd's 1.5 MiB limit on an object.
 pub const WAITING_LISTED: usize = 3;
 
-/// `items` with at most `limit` kept, and, when some were left out, an
-/// entry `and N more <what>` at the end.
-pub fn listed_at_most(mut items: Vec<String>, limit: usize, what: &str) -> Vec<String> {
-    let more = items.len().saturating_sub(limit);
-    if more > 0 {
-        items.truncate(limit);
-        items.push(format!("and {more} more {what}"));
-    }
-    items
-}
-
 /// The record of one mapped node while the event is live.
 #[allow(clippy::too_many_arguments)]
 fn live_progress(
@@ -128,7 +117,7 @@ fn live_progress(
     };
     let remaining = n.pods.iter().filter(|p| must_leave(p, now)).count();
     let (blocked_by, blocking_budgets) = blockers(&n.name, outcomes);
-    let waiting_for = n
+    let waiting_for: Vec<String> = n
         .pods
         .iter()
         .filter_map(|p| {
@@ -157,7 +146,7 @@ fn live_progress(
             })
         })
         .collect();
-    let waiting_for = listed_at_most(waiting_for, WAITING_LISTED, "pods terminating");
+    let waiting_for = listed_at_most(&waiting_for, WAITING_LISTED, "pods terminating");
     let drained_now = plan.action.drains() && super::plan::node_drained(n, dry_run, now);
     NodeProgress {
         name: n.name.clone(),
@@ -342,7 +331,7 @@ pub fn next(
         nodes_drained: Some(format!("{drained}/{total}")),
         nodes: Some(nodes),
         nodes_not_listed,
-        unmapped_resources: Some(unmapped_listed(&seen.unmapped)),
+        unmapped_resources: Some(listed_at_most(&seen.unmapped, UNMAPPED_LISTED, "VMs")),
         approval,
         first_seen: prev.first_seen.or(Some(now)),
         started_at: prev.started_at.or_else(|| spec_started.then_some(now)),
@@ -357,15 +346,6 @@ pub fn next(
         previous_appearances: prev.previous_appearances,
     };
     Next { status, not_listed }
-}
-
-/// The first [`UNMAPPED_LISTED`] of `unmapped`, then `and N more VMs`.
-fn unmapped_listed(unmapped: &[String]) -> Vec<String> {
-    let mut listed: Vec<String> = unmapped.iter().take(UNMAPPED_LISTED).cloned().collect();
-    if unmapped.len() > UNMAPPED_LISTED {
-        listed.push(format!("and {} more VMs", unmapped.len() - UNMAPPED_LISTED));
-    }
-    listed
 }
 
 /// Each node's eviction outcomes.
@@ -859,16 +839,6 @@ mod size_tests {
     use super::{WAITING_LISTED, listed_at_most};
     use crate::crd::NodeProgress;
 
-    #[test]
-    fn long_lists_name_a_few_and_count_the_rest() {
-        let items: Vec<String> = (0..5).map(|i| format!("ns/p{i}")).collect();
-        assert_eq!(
-            listed_at_most(items.clone(), 3, "pods terminating"),
-            ["ns/p0", "ns/p1", "ns/p2", "and 2 more pods terminating"]
-        );
-        assert_eq!(listed_at_most(items.clone(), 5, "x"), items);
-    }
-
     /// The records of a 1,000-node event mid-drain (every node with its
     /// terminating pods named) stay far under etcd's 1.5 MiB object limit;
     /// a drained node's record is about 150 bytes.
@@ -881,9 +851,9 @@ mod size_tests {
             cordoned_by_us: true,
             pods_remaining: 10,
             waiting_for: listed_at_most(
-                (0..10)
+                &(0..10)
                     .map(|p| format!("shop/web-6f999b7fc5-{p:05}: terminating until 2026-11-26T01:29:11.440375067+00:00"))
-                    .collect(),
+                    .collect::<Vec<_>>(),
                 WAITING_LISTED,
                 "pods terminating",
             ),
