@@ -2,10 +2,13 @@
 //! - `promtool test rules` runs the unit tests of every alert
 //!   (tests/alerts/*.yaml) against charts/forewarn/files/alerts.yaml;
 //! - a real Prometheus server (the Debian `prometheus` binary, on loopback
-//!   with its own storage) scrapes the agents and the controller of a
-//!   scenario on a local cluster, loads the same rules (only their `for:`
-//!   shortened), and its HTTP API must show the blocked-drain and
-//!   not-approved alerts firing, then resolved while the fleet still runs;
+//!   with its own storage) loads the PrometheusRule the chart renders, as
+//!   is (real `for:` durations), scrapes the agents and the controller of a
+//!   scenario on a local cluster with the relabelings of the chart's
+//!   PodMonitors (which set the `job` the rules select on), and its HTTP API
+//!   must show the alerts the scenario provokes go pending, fire after
+//!   their `for:` and resolve while the fleet still runs, and no other
+//!   alert fire;
 //! - every PromQL query of the Grafana dashboard names only metrics that
 //!   the agent's and the controller's registries register.
 //!
@@ -97,7 +100,7 @@ fn alert_names() -> Vec<String> {
         .flat_map(|g| g["rules"].as_sequence().cloned().unwrap_or_default())
         .filter_map(|r| r["alert"].as_str().map(String::from))
         .collect();
-    assert_eq!(names.len(), 7, "{names:?}");
+    assert_eq!(names.len(), 15, "{names:?}");
     names
 }
 
@@ -301,15 +304,30 @@ fn free_port() -> u16 {
 }
 
 /// Starts Prometheus in `dir` (config, rules, storage, log), scraping the
-/// targets of `targets` every second and evaluating the rules every second.
-async fn start_prometheus(dir: &Path, targets: &Path, rules: &Path) -> Prometheus {
+/// targets of `targets` every second and evaluating the rules every second:
+/// one scrape job per role, as prometheus-operator makes of a PodMonitor
+/// (it keeps the role's pods, then applies the monitor's relabelings).
+async fn start_prometheus(dir: &Path, targets: &Path, rules: &Path, chart: &[Value]) -> Prometheus {
+    let scrape_configs: Vec<Value> = ["agent", "controller"]
+        .iter()
+        .map(|role| {
+            let mut relabel = vec![json!({
+                "source_labels": ["__meta_forewarn_role"],
+                "regex": role,
+                "action": "keep",
+            })];
+            relabel.extend(monitor_relabelings(chart, role));
+            json!({
+                "job_name": format!("podMonitor/forewarn/forewarn-{role}/0"),
+                "file_sd_configs": [{"files": [targets], "refresh_interval": "1s"}],
+                "relabel_configs": relabel,
+            })
+        })
+        .collect();
     let config = json!({
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "rule_files": [rules],
-        "scrape_configs": [{
-            "job_name": "forewarn",
-            "file_sd_configs": [{"files": [targets], "refresh_interval": "1s"}],
-        }],
+        "scrape_configs": scrape_configs,
     });
     let config_file = dir.join("prometheus.yml");
     std::fs::write(&config_file, serde_yaml::to_string(&config).expect("yaml"))
@@ -413,16 +431,103 @@ async fn alerts(http: &reqwest::Client, url: &str) -> Option<Vec<(String, String
     )
 }
 
-/// The same rules with every `for:` shortened to 0 s (a minute is too long
-/// for a test), expressions untouched.
-fn rules_for_the_test(path: &Path) {
-    let mut r = rules();
-    for g in r["groups"].as_sequence_mut().expect("groups") {
-        for rule in g["rules"].as_sequence_mut().expect("rules") {
-            rule["for"] = serde_yaml::Value::from("0s");
-        }
-    }
-    std::fs::write(path, serde_yaml::to_string(&r).expect("yaml")).expect("write rules");
+/// The chart rendered as a user with prometheus-operator installs it
+/// (release `forewarn` in namespace `forewarn`, PodMonitors on, the
+/// PrometheusRule forced since `helm template` sees no cluster), as JSON
+/// documents.
+fn rendered_chart() -> Vec<Value> {
+    let out = Command::new("bash")
+        .arg(repo_root().join("hack/build-helm.sh"))
+        .output()
+        .expect("run hack/build-helm.sh");
+    assert!(
+        out.status.success(),
+        "no helm: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let out = Command::new(PathBuf::from(dir).join("helm"))
+        .current_dir(repo_root())
+        .args([
+            "template",
+            "forewarn",
+            "charts/forewarn",
+            "--namespace",
+            "forewarn",
+            "--api-versions",
+            "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+            "--set",
+            "metrics.podMonitor.enabled=true",
+            "--set",
+            "metrics.prometheusRule.force=true",
+        ])
+        .output()
+        .expect("run helm template");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "helm template failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.split("\n---")
+        .filter_map(|d| serde_yaml::from_str::<Option<Value>>(d).expect("rendered YAML"))
+        .collect()
+}
+
+/// The spec of the chart's rendered PrometheusRule, written as is as a
+/// Prometheus rule file.
+fn write_rendered_rule(chart: &[Value], path: &Path) {
+    let rule = chart
+        .iter()
+        .find(|d| d["kind"] == "PrometheusRule")
+        .expect("the chart renders a PrometheusRule with a PodMonitor on");
+    std::fs::write(
+        path,
+        serde_yaml::to_string(&rule["spec"]).expect("rule YAML"),
+    )
+    .expect("write rules");
+}
+
+/// The chart's PodMonitor relabelings of `role` as Prometheus
+/// `relabel_configs` (the same fields in snake case).
+fn monitor_relabelings(chart: &[Value], role: &str) -> Vec<Value> {
+    let monitor = chart
+        .iter()
+        .find(|d| d["kind"] == "PodMonitor" && d["metadata"]["name"] == format!("forewarn-{role}"))
+        .unwrap_or_else(|| panic!("no PodMonitor forewarn-{role}"));
+    let relabelings = monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !relabelings.is_empty(),
+        "the {role} PodMonitor relabels nothing"
+    );
+    relabelings
+        .iter()
+        .map(|r| {
+            let mut out = serde_json::Map::new();
+            for (k, v) in r.as_object().expect("a relabeling") {
+                let key = match k.as_str() {
+                    "sourceLabels" => "source_labels",
+                    "targetLabel" => "target_label",
+                    other => other,
+                };
+                let v = if key == "action" {
+                    Value::from(v.as_str().unwrap_or_default().to_lowercase())
+                } else {
+                    v.clone()
+                };
+                out.insert(key.to_string(), v);
+            }
+            Value::Object(out)
+        })
+        .collect()
 }
 
 fn pinned(name: &str, replicas: i32) -> Value {
@@ -442,7 +547,7 @@ fn pinned(name: &str, replicas: i32) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn blocked_drain_alerts_fire_in_a_real_prometheus_and_resolve_after_the_event() {
+async fn the_charts_alerts_go_pending_fire_and_resolve_in_a_real_prometheus() {
     let prometheus_bin = binary("prometheus");
     println!("using {}", prometheus_bin.display());
     let cluster = tokio::task::spawn_blocking(cluster)
@@ -453,9 +558,10 @@ async fn blocked_drain_alerts_fire_in_a_real_prometheus_and_resolve_after_the_ev
     std::fs::create_dir_all(&dir).expect("prometheus dir");
     let targets = dir.join("targets.json");
     std::fs::write(&targets, "[]").expect("empty targets");
+    let chart = rendered_chart();
     let rules_file = dir.join("alerts.yaml");
-    rules_for_the_test(&rules_file);
-    let prom = start_prometheus(&dir, &targets, &rules_file).await;
+    write_rendered_rule(&chart, &rules_file);
+    let prom = start_prometheus(&dir, &targets, &rules_file, &chart).await;
 
     // Sample the alerts every 250 ms until told to stop.
     let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
@@ -480,7 +586,7 @@ async fn blocked_drain_alerts_fire_in_a_real_prometheus_and_resolve_after_the_ev
         repo_root().join("tests/fixtures/alerts-blocked.yaml"),
         PathBuf::from(env!("CARGO_BIN_EXE_forewarn")),
     );
-    opts.timeout = Duration::from_secs(150);
+    opts.timeout = Duration::from_secs(330);
     opts.prometheus_targets = Some(targets.clone());
     // A PodDisruptionBudget that never allows an eviction of these pods.
     opts.extra_objects = vec![
@@ -505,37 +611,38 @@ async fn blocked_drain_alerts_fire_in_a_real_prometheus_and_resolve_after_the_ev
         summary(&report)
     );
 
-    // Scraped for real: Prometheus holds the controller's and agents'
-    // series, and forewarn's own figures of the run.
+    // Scraped for real, with the job labels the chart's PodMonitors set:
+    // Prometheus holds the controller's and agents' series, and forewarn's
+    // own figures of the run.
     let q = |promql: &'static str| {
         let url = prom.url.clone();
         async move { query(&url, promql).await }
     };
-    let up = q("count_over_time(up{job=~\"forewarn-.*\"}[5m])").await;
+    let up = q("count_over_time(up{job=~\"forewarn-agent|forewarn-controller\", namespace=\"forewarn\"}[10m])").await;
     assert_eq!(up.len(), 4, "controller and 3 agents scraped: {up:?}");
-    let agents = q("max_over_time(forewarn_agent_imds_last_success_timestamp_seconds[5m])").await;
+    let agents = q("max_over_time(forewarn_agent_imds_last_success_timestamp_seconds{job=\"forewarn-agent\"}[10m])").await;
     assert_eq!(agents.len(), 3, "{agents:?}");
     let since_start = (report.started.timestamp() - 5) as f64;
     assert!(agents.iter().all(|(_, v)| *v > since_start), "{agents:?}");
     for (promql, want) in [
         (
-            "sum(max_over_time(forewarn_controller_events_observed_total[5m]))",
+            "sum(max_over_time(forewarn_controller_events_observed_total[10m]))",
             2.0,
         ),
         (
-            "sum(max_over_time(forewarn_controller_detection_to_cordon_seconds_count[5m]))",
+            "sum(max_over_time(forewarn_controller_detection_to_cordon_seconds_count[10m]))",
             1.0,
         ),
         (
-            "sum(max_over_time(forewarn_controller_approval_time_to_not_before_seconds_count{type=\"Freeze\"}[5m]))",
+            "sum(max_over_time(forewarn_controller_approval_time_to_not_before_seconds_count{type=\"Freeze\"}[10m]))",
             1.0,
         ),
         (
-            "sum(max_over_time(forewarn_controller_event_notice_seconds_count[5m]))",
+            "sum(max_over_time(forewarn_controller_event_notice_seconds_count[10m]))",
             2.0,
         ),
         (
-            "sum(max_over_time(forewarn_agent_approvals_total{result=\"ok\"}[5m]))",
+            "sum(max_over_time(forewarn_agent_approvals_total{result=\"ok\"}[10m]))",
             1.0,
         ),
     ] {
@@ -545,38 +652,46 @@ async fn blocked_drain_alerts_fire_in_a_real_prometheus_and_resolve_after_the_ev
     // The scrape-time gauges of the leader's caches, as the run went.
     for (promql, want) in [
         (
-            "max(max_over_time(forewarn_controller_cordoned_nodes{event_state=\"active\"}[5m]))",
+            "max(max_over_time(forewarn_controller_cordoned_nodes{event_state=\"active\"}[10m]))",
             1.0,
         ),
         // The node is held by an ended event only between the event's
         // Completed and the uncordon (a few seconds), and not at the end.
         (
-            "last_over_time(forewarn_controller_cordoned_nodes{event_state=\"ended\"}[5m])",
+            "last_over_time(forewarn_controller_cordoned_nodes{event_state=\"ended\"}[10m])",
             0.0,
         ),
         (
-            "max(max_over_time(forewarn_controller_active_events{type=\"Redeploy\",phase=\"Draining\"}[5m]))",
+            "max(max_over_time(forewarn_controller_active_events{type=\"Redeploy\",phase=\"Draining\"}[10m]))",
             1.0,
         ),
         (
-            "max(max_over_time(forewarn_controller_active_events{type=\"Freeze\",phase=\"Draining\"}[5m]))",
+            "max(max_over_time(forewarn_controller_active_events{type=\"Freeze\",phase=\"Draining\"}[10m]))",
             0.0,
         ),
         (
-            "max(max_over_time(forewarn_controller_events_unapproved_past_not_before{type=\"Redeploy\"}[5m]))",
+            "max(max_over_time(forewarn_controller_events_unapproved_past_not_before{type=\"Redeploy\"}[10m]))",
             1.0,
         ),
         (
-            "max(max_over_time(forewarn_controller_events_unapproved_past_not_before{type=\"Freeze\"}[5m]))",
+            "max(max_over_time(forewarn_controller_events_unapproved_past_not_before{type=\"Freeze\"}[10m]))",
             0.0,
         ),
-        ("min(min_over_time(forewarn_controller_leader[5m]))", 1.0),
+        (
+            "max(max_over_time(forewarn_controller_events_approval_withheld[10m]))",
+            0.0,
+        ),
+        (
+            "max(max_over_time(forewarn_controller_events_unconfirmed[10m]))",
+            0.0,
+        ),
+        ("min(min_over_time(forewarn_controller_leader[10m]))", 1.0),
     ] {
         let got: Vec<f64> = q(promql).await.iter().map(|(_, v)| *v).collect();
         assert_eq!(got, [want], "{promql}");
     }
     let ended_scrapes: f64 =
-        q("sum_over_time(forewarn_controller_cordoned_nodes{event_state=\"ended\"}[5m])")
+        q("sum_over_time(forewarn_controller_cordoned_nodes{event_state=\"ended\"}[10m])")
             .await
             .iter()
             .map(|(_, v)| v)
@@ -586,19 +701,19 @@ async fn blocked_drain_alerts_fire_in_a_real_prometheus_and_resolve_after_the_ev
         "a node held by an ended event in {ended_scrapes} scrapes (1 s apart)"
     );
     let blocked: f64 =
-        q("sum(max_over_time(forewarn_controller_evictions_total{result=\"blocked\"}[5m]))")
+        q("sum(max_over_time(forewarn_controller_evictions_total{result=\"blocked\"}[10m]))")
             .await
             .iter()
             .map(|(_, v)| v)
             .sum();
     assert!(blocked >= 2.0, "blocked evictions counted: {blocked}");
-    // Notice of the Redeploy as the controller saw it: 30 s less the time
-    // to mirror and see it (under 2 s here).
+    // Notice of the Redeploy as the controller saw it: 100 s less the time
+    // to mirror and see it (under 3 s here).
     let notice =
-        q("max_over_time(forewarn_controller_event_notice_seconds_sum{type=\"Redeploy\"}[5m])")
+        q("max_over_time(forewarn_controller_event_notice_seconds_sum{type=\"Redeploy\"}[10m])")
             .await;
     assert!(
-        notice.iter().any(|(_, v)| *v > 27.0 && *v <= 30.0),
+        notice.iter().any(|(_, v)| *v > 97.0 && *v <= 100.0),
         "{notice:?}"
     );
 
@@ -607,33 +722,52 @@ async fn blocked_drain_alerts_fire_in_a_real_prometheus_and_resolve_after_the_ev
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
     let samples: Vec<&Sample> = samples.iter().filter(|(t, _)| *t < fleet_stopped).collect();
-    let not_before = report.started + chrono::Duration::seconds(2 + 30);
-    let firing = |name: &str, ty: &str, s: &Sample| {
+    let not_before = report.started + chrono::Duration::seconds(2 + 100);
+    let in_state = |name: &str, ty: &str, state: &str, s: &Sample| {
         s.1.iter()
-            .any(|(n, t, st)| n == name && t == ty && st == "firing")
+            .any(|(n, t, st)| n == name && t == ty && st == state)
     };
     let active = |name: &str, s: &Sample| s.1.iter().any(|(n, _, _)| n == name);
+    let at = |t: DateTime<Utc>| format!("{:+.1}s", (t - report.started).as_seconds_f64());
     let history = |name: &str| {
         samples
             .iter()
             .map(|(t, a)| {
                 format!(
-                    "{:+.1}s {:?}",
-                    (*t - report.started).as_seconds_f64(),
+                    "{} {:?}",
+                    at(*t),
                     a.iter().filter(|x| x.0 == name).collect::<Vec<_>>()
                 )
             })
             .collect::<Vec<_>>()
             .join("\n")
     };
+    let rules = rules();
+    let for_of = |name: &str| -> chrono::Duration {
+        let rule = rules["groups"][0]["rules"]
+            .as_sequence()
+            .expect("rules")
+            .iter()
+            .find(|r| r["alert"].as_str() == Some(name))
+            .unwrap_or_else(|| panic!("no rule {name}"));
+        let text = rule["for"].as_str().unwrap_or("0s");
+        chrono::Duration::from_std(humantime::parse_duration(text).expect("a for: duration"))
+            .expect("duration")
+    };
 
+    // The two alerts the blocked Redeploy provokes: pending, firing after
+    // their real `for:`, resolved while the fleet still runs.
     for (name, ty) in [
         ("ForewarnDrainBlockedNearNotBefore", "Redeploy"),
         ("ForewarnEventUnapprovedAtNotBefore", "Redeploy"),
     ] {
+        let pending = samples
+            .iter()
+            .position(|s| in_state(name, ty, "pending", s))
+            .unwrap_or_else(|| panic!("{name} never pending:\n{}", history(name)));
         let first = samples
             .iter()
-            .position(|s| firing(name, ty, s))
+            .position(|s| in_state(name, ty, "firing", s))
             .unwrap_or_else(|| panic!("{name} never fired:\n{}", history(name)));
         let resolved = samples[first..]
             .iter()
@@ -645,11 +779,22 @@ async fn blocked_drain_alerts_fire_in_a_real_prometheus_and_resolve_after_the_ev
                     history(name)
                 )
             });
-        let (fired_at, resolved_at) = (samples[first].0, samples[resolved].0);
+        let (pending_at, fired_at, resolved_at) =
+            (samples[pending].0, samples[first].0, samples[resolved].0);
         println!(
-            "{name}: firing at {:+.1}s, resolved at {:+.1}s (NotBefore at +32 s)",
-            (fired_at - report.started).as_seconds_f64(),
-            (resolved_at - report.started).as_seconds_f64()
+            "{name}: pending at {}, firing at {}, resolved at {} (NotBefore at +102 s)",
+            at(pending_at),
+            at(fired_at),
+            at(resolved_at)
+        );
+        // Pending for the rule's whole `for:` (less a rule evaluation and a
+        // sample of slack), then firing.
+        assert!(
+            pending < first && fired_at - pending_at >= for_of(name) - chrono::Duration::seconds(2),
+            "{name} fired {:.1} s after it went pending, its for: is {} s:\n{}",
+            (fired_at - pending_at).as_seconds_f64(),
+            for_of(name).num_seconds(),
+            history(name)
         );
         if name == "ForewarnDrainBlockedNearNotBefore" {
             assert!(
@@ -661,8 +806,8 @@ async fn blocked_drain_alerts_fire_in_a_real_prometheus_and_resolve_after_the_ev
             assert!(
                 // IMDS writes NotBefore in whole seconds (RFC 1123): the
                 // mock's is up to 1 s before the scenario's `at + notice`.
-                fired_at >= not_before - chrono::Duration::milliseconds(1100),
-                "not approved by NotBefore fired before NotBefore:\n{}",
+                pending_at >= not_before - chrono::Duration::milliseconds(1100),
+                "not approved by NotBefore went pending before NotBefore:\n{}",
                 history(name)
             );
         }
@@ -681,13 +826,60 @@ async fn blocked_drain_alerts_fire_in_a_real_prometheus_and_resolve_after_the_ev
         "{}",
         history("ForewarnEventUnapprovedAtNotBefore")
     );
-    // A leader was there all along once the fleet ran (allowing a few
-    // Prometheus scrape and rule-evaluation rounds after its start: on a
-    // loaded 2-core machine the alert resolved at +5.3 s).
-    let leading = samples
+    // Before the fleet's targets exist, no controller and no agent is
+    // scraped: both alerts go pending (absent()), never fire (2 and 10
+    // minutes), and end once the fleet runs (allowing a few scrape and
+    // rule-evaluation rounds after its start: on a loaded 2-core machine
+    // they ended at +5.3 s).
+    let settled = report.started + chrono::Duration::seconds(8);
+    for name in ["ForewarnNoControllerLeader", "ForewarnAgentMissing"] {
+        assert!(
+            samples.iter().any(|s| in_state(name, "", "pending", s)),
+            "{name} was not pending before the fleet ran:\n{}",
+            history(name)
+        );
+        assert!(
+            samples
+                .iter()
+                .filter(|(t, _)| *t > settled)
+                .all(|s| !active(name, s)),
+            "{}",
+            history(name)
+        );
+    }
+    // This cluster has no admission policy confining the agents (the
+    // controller is given none to check): the leader reports it at once, so
+    // ForewarnAgentsUnconfined is pending for the whole run (its for: is 5
+    // minutes, longer than the run).
+    assert!(
+        samples
+            .iter()
+            .filter(|(t, _)| *t > settled)
+            .any(|s| in_state("ForewarnAgentsUnconfined", "", "pending", s)),
+        "{}",
+        history("ForewarnAgentsUnconfined")
+    );
+    // And nothing else: no other alert was ever active, and only the two
+    // provoked ones fired. (A node is held by its ended event for the few
+    // seconds between Completed and the uncordon, so
+    // ForewarnNodeCordonedAfterEventEnded may be pending that long.)
+    let expected = [
+        "ForewarnDrainBlockedNearNotBefore",
+        "ForewarnEventUnapprovedAtNotBefore",
+        "ForewarnNodeCordonedAfterEventEnded",
+        "ForewarnNoControllerLeader",
+        "ForewarnAgentMissing",
+        "ForewarnAgentsUnconfined",
+    ];
+    let unexpected: BTreeSet<String> = samples
         .iter()
-        .filter(|(t, _)| *t > report.started + chrono::Duration::seconds(8))
-        .all(|s| !active("ForewarnNoControllerLeader", s));
-    assert!(leading, "{}", history("ForewarnNoControllerLeader"));
+        .flat_map(|s| s.1.iter())
+        .filter(|(n, _, st)| {
+            !expected.contains(&n.as_str())
+                || (st == "firing" && !expected[..2].contains(&n.as_str()))
+        })
+        .map(|(n, t, st)| format!("{n} {t} {st}"))
+        .collect();
+    assert!(unexpected.is_empty(), "unexpected alerts: {unexpected:?}");
     drop(prom);
 }

@@ -771,6 +771,117 @@ fn service_monitor_and_pod_monitor_are_mutually_exclusive() {
     }
 }
 
+/// The alerts render only where their metrics are scraped (a monitor on, or
+/// the user says their own scrape configuration does it): otherwise
+/// `absent()` and friends would fire for lack of data right after install.
+/// Rendered, the rule is files/alerts.yaml with the release's agent
+/// DaemonSet name, and both monitors set the `job` the rules select on;
+/// every alert links its README runbook, which exists.
+#[test]
+fn alerts_render_only_where_scraped_and_follow_the_release_name() {
+    let rule_of = |extra: &[&str]| -> Option<Value> {
+        let mut args = vec!["--set", "metrics.prometheusRule.force=true"];
+        args.extend_from_slice(extra);
+        documents(&render(&args))
+            .into_iter()
+            .find(|d| d["kind"] == "PrometheusRule")
+    };
+    assert!(
+        rule_of(&[]).is_none(),
+        "a rule rendered with nothing scraped"
+    );
+    assert!(
+        rule_of(&[
+            "--set",
+            "metrics.prometheusRule.enabled=false,metrics.podMonitor.enabled=true"
+        ])
+        .is_none(),
+        "a rule rendered while disabled"
+    );
+    let file: Value = serde_yaml::from_str::<Value>(
+        &std::fs::read_to_string(repo_root().join("charts/forewarn/files/alerts.yaml"))
+            .expect("read alerts.yaml"),
+    )
+    .expect("alerts.yaml");
+    for set in [
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.podMonitor.enabled=true",
+        "metrics.prometheusRule.scrapedWithoutMonitors=true",
+    ] {
+        let rule = rule_of(&["--set", set]).unwrap_or_else(|| panic!("no rule with {set}"));
+        assert_eq!(
+            rule["spec"], file,
+            "with {set}, the rule is not alerts.yaml"
+        );
+    }
+    // Another release name: only the DaemonSet matcher follows it.
+    let rule = rule_of(&[
+        "--set",
+        "metrics.podMonitor.enabled=true,fullnameOverride=edge",
+    ])
+    .expect("a rule");
+    let text = serde_json::to_string(&rule["spec"]).expect("json");
+    assert!(text.contains(r#"daemonset=\"edge-agent\""#), "{text}");
+    assert!(!text.contains(r#"daemonset=\"forewarn-agent\""#), "{text}");
+    assert_eq!(
+        text.replace("edge-agent", "forewarn-agent"),
+        serde_json::to_string(&file).expect("json")
+    );
+    // The monitors give every target the job the rules select on.
+    for (set, kind, endpoints) in [
+        (
+            "metrics.serviceMonitor.enabled=true",
+            "ServiceMonitor",
+            "endpoints",
+        ),
+        (
+            "metrics.podMonitor.enabled=true",
+            "PodMonitor",
+            "podMetricsEndpoints",
+        ),
+    ] {
+        let monitors: Vec<Value> =
+            documents(&render(&["--set", set, "--set", "fullnameOverride=edge"]))
+                .into_iter()
+                .filter(|d| d["kind"] == kind)
+                .collect();
+        assert_eq!(monitors.len(), 2, "{kind}");
+        for m in monitors {
+            let role = if m["metadata"]["name"] == "edge-agent" {
+                "agent"
+            } else {
+                "controller"
+            };
+            assert_eq!(
+                m["spec"][endpoints][0]["relabelings"],
+                serde_json::json!([{"action": "replace", "targetLabel": "job", "replacement": format!("forewarn-{role}")}]),
+                "{kind} {}",
+                m["metadata"]["name"]
+            );
+        }
+    }
+    // Every alert's runbook is a README heading.
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README");
+    let rules = file["groups"][0]["rules"].as_array().expect("rules");
+    assert!(rules.len() >= 15, "{} alerts", rules.len());
+    for r in rules {
+        let name = r["alert"].as_str().expect("alert name");
+        let url = r["annotations"]["runbook_url"].as_str().unwrap_or_default();
+        assert_eq!(
+            url,
+            format!(
+                "https://github.com/forewarn/forewarn/blob/main/README.md#{}",
+                name.to_lowercase()
+            ),
+            "{name}"
+        );
+        assert!(
+            readme.lines().any(|l| l == format!("### {name}")),
+            "no README runbook heading for {name}"
+        );
+    }
+}
+
 /// Fails closed: without the admission policy in force (off, an API
 /// server that does not serve it, or no Deny) the chart refuses to render,
 /// saying why and what to set, unless the user acknowledges unconfined
@@ -1086,6 +1197,7 @@ fn install_monitoring_crds(k: &Kubectl) {
     k.wait_established(&[
         "crd/servicemonitors.monitoring.coreos.com",
         "crd/podmonitors.monitoring.coreos.com",
+        "crd/prometheusrules.monitoring.coreos.com",
     ]);
 }
 
@@ -1158,6 +1270,8 @@ fn rendered_manifests_are_accepted_by_the_api_server() {
     for (kind, lines) in [
         ("servicemonitor", &lines),
         ("podmonitor", &pod_monitor_lines),
+        ("prometheusrule", &lines),
+        ("prometheusrule", &pod_monitor_lines),
         ("networkpolicy", &lines),
         ("validatingadmissionpolicy", &lines),
     ] {

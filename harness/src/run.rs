@@ -86,9 +86,10 @@ pub struct RunOptions {
     /// cluster's admin kubeconfig); see [`Credentials`].
     pub credentials: Option<Credentials>,
     /// Once the fleet is ready, write its `/metrics` targets here as a
-    /// Prometheus `file_sd_configs` file (JSON: the controller with `job`
-    /// `forewarn-controller`, each agent with `job` `forewarn-agent` and its
-    /// `node`), so that a Prometheus server started before the run scrapes it.
+    /// Prometheus `file_sd_configs` file (JSON: each target with
+    /// `__meta_forewarn_role` `agent` or `controller`, `namespace`, and an
+    /// agent's `node`; no `job`), so that a Prometheus server started before
+    /// the run scrapes it.
     pub prometheus_targets: Option<PathBuf>,
     /// More environment for every forewarn process, e.g.
     /// `FOREWARN_DRY_RUN=true` (read by the controller only).
@@ -655,7 +656,12 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
 }
 
 /// Writes `ports` (process name, port) as a Prometheus file service
-/// discovery file, atomically (a temporary file renamed over it).
+/// discovery file, atomically (a temporary file renamed over it). Each
+/// target carries what Kubernetes service discovery would tell
+/// prometheus-operator about the pod: its role in `__meta_forewarn_role`
+/// (`agent`, `controller`; dropped after relabeling), its `namespace`
+/// (`forewarn`) and, for agents, its `node`. The `job` label is left to the
+/// scrape configuration, as the chart's monitors set it.
 ///
 /// # Errors
 /// When the file cannot be written.
@@ -664,8 +670,12 @@ fn write_prometheus_targets(path: &Path, ports: &[(String, u16)]) -> anyhow::Res
         .iter()
         .map(|(name, port)| {
             let labels = match name.strip_prefix("agent ") {
-                Some(node) => json!({"job": "forewarn-agent", "node": node}),
-                None => json!({"job": "forewarn-controller"}),
+                Some(node) => json!({
+                    "__meta_forewarn_role": "agent",
+                    "namespace": "forewarn",
+                    "node": node,
+                }),
+                None => json!({"__meta_forewarn_role": "controller", "namespace": "forewarn"}),
             };
             json!({"targets": [format!("127.0.0.1:{port}")], "labels": labels})
         })

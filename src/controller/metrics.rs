@@ -61,6 +61,9 @@ pub struct ControllerMetrics {
     pub drains_incomplete: IntCounterVec,
     /// Changes of the policy file by `result`: `loaded`, `refused`.
     pub policy_reloads: IntCounterVec,
+    /// 1 while the policy file holds a policy that was refused (the policy
+    /// in force is an older one), 0 once a valid file is loaded.
+    pub policy_refused: IntGauge,
     /// Kubernetes Events by `result`: `posted`, `failed` (the API server
     /// refused or did not answer), `dropped` (the queue was full).
     pub kube_events: IntCounterVec,
@@ -181,6 +184,10 @@ impl ControllerMetrics {
                 "Time left before NotBefore when the approval was decided, seconds",
                 MARGIN_SECONDS,
             )?,
+            policy_refused: IntGauge::new(
+                "forewarn_controller_policy_file_refused",
+                "1 while the policy file holds an invalid policy that was refused (an older policy is in force), else 0",
+            )?,
             leader: IntGauge::new(
                 "forewarn_controller_leader",
                 "1 while this replica holds the leader-election Lease",
@@ -203,6 +210,7 @@ impl ControllerMetrics {
             Box::new(self.approvals_decided.clone()),
             Box::new(self.drains_incomplete.clone()),
             Box::new(self.policy_reloads.clone()),
+            Box::new(self.policy_refused.clone()),
             Box::new(self.kube_events.clone()),
             Box::new(self.events_observed.clone()),
             Box::new(self.notice.clone()),
@@ -340,6 +348,8 @@ struct CacheCollector {
     cordoned: IntGaugeVec,
     blocked: GaugeVec,
     unapproved: IntGaugeVec,
+    unconfirmed: IntGaugeVec,
+    withheld: IntGaugeVec,
     /// One scrape at a time resets and refills the gauges.
     lock: Mutex<()>,
 }
@@ -376,6 +386,20 @@ impl CacheCollector {
                 ),
                 &["type"],
             )?,
+            unconfirmed: IntGaugeVec::new(
+                Opts::new(
+                    "forewarn_controller_events_unconfirmed",
+                    "Events not over that name nodes left alone for want of a trusted report (condition NodesUnconfirmed), by event type",
+                ),
+                &["type"],
+            )?,
+            withheld: IntGaugeVec::new(
+                Opts::new(
+                    "forewarn_controller_events_approval_withheld",
+                    "Scheduled events not over whose approval is withheld although their policy approves them (condition ApprovalWithheld), by event type",
+                ),
+                &["type"],
+            )?,
             lock: Mutex::new(()),
         })
     }
@@ -388,6 +412,8 @@ impl Collector for CacheCollector {
             self.cordoned.desc(),
             self.blocked.desc(),
             self.unapproved.desc(),
+            self.unconfirmed.desc(),
+            self.withheld.desc(),
         ]
         .concat()
     }
@@ -413,6 +439,8 @@ impl Collector for CacheCollector {
         self.cordoned.reset();
         self.blocked.reset();
         self.unapproved.reset();
+        self.unconfirmed.reset();
+        self.withheld.reset();
         for ((ty, phase), n) in &g.active {
             self.active.with_label_values(&[*ty, *phase]).set(*n);
         }
@@ -428,11 +456,19 @@ impl Collector for CacheCollector {
         for (ty, n) in &g.unapproved {
             self.unapproved.with_label_values(&[*ty]).set(*n);
         }
+        for (ty, n) in &g.unconfirmed {
+            self.unconfirmed.with_label_values(&[*ty]).set(*n);
+        }
+        for (ty, n) in &g.withheld {
+            self.withheld.with_label_values(&[*ty]).set(*n);
+        }
         [
             self.active.collect(),
             self.cordoned.collect(),
             self.blocked.collect(),
             self.unapproved.collect(),
+            self.unconfirmed.collect(),
+            self.withheld.collect(),
         ]
         .concat()
     }
@@ -451,6 +487,11 @@ pub struct CacheGauges {
     pub blocked: BTreeMap<&'static str, f64>,
     /// Events past `NotBefore` without an accepted approval, per type (every type, 0 when none).
     pub unapproved: BTreeMap<&'static str, i64>,
+    /// Events not over with `NodesUnconfirmed` true, per type (every type, 0 when none).
+    pub unconfirmed: BTreeMap<&'static str, i64>,
+    /// `Scheduled` events not over with `ApprovalWithheld` true, per type
+    /// (every type, 0 when none).
+    pub withheld: BTreeMap<&'static str, i64>,
 }
 
 /// Phases of events that are not over ([`crate::crd::Phase::is_final`]).
@@ -477,6 +518,8 @@ impl CacheGauges {
         let mut g = CacheGauges::default();
         for ty in TYPES {
             g.unapproved.insert(ty, 0);
+            g.unconfirmed.insert(ty, 0);
+            g.withheld.insert(ty, 0);
             for phase in LIVE_PHASES {
                 g.active.insert((ty, phase), 0);
             }
@@ -493,11 +536,20 @@ impl CacheGauges {
             let ty = type_label(&ev.spec.event_type);
             *g.active.entry((ty, phase)).or_default() += 1;
             let scheduled = ev.spec.event_status == "Scheduled";
-            let blocked = status
-                .conditions
-                .iter()
-                .flatten()
-                .any(|c| c.type_ == "DrainBlocked" && c.status == "True");
+            let holds = |type_: &str| {
+                status
+                    .conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == type_ && c.status == "True")
+            };
+            let blocked = holds("DrainBlocked");
+            if holds("NodesUnconfirmed") {
+                *g.unconfirmed.entry(ty).or_default() += 1;
+            }
+            if scheduled && holds("ApprovalWithheld") {
+                *g.withheld.entry(ty).or_default() += 1;
+            }
             if let (true, true, Some(nb)) = (scheduled, blocked, ev.spec.not_before) {
                 let left = seconds_between(now, nb);
                 g.blocked
@@ -590,10 +642,14 @@ mod tests {
     }
 
     fn blocked_condition(now: DateTime<Utc>) -> Condition {
+        condition("DrainBlocked", "True", now)
+    }
+
+    fn condition(type_: &str, status: &str, now: DateTime<Utc>) -> Condition {
         Condition {
             observed_generation: None,
-            type_: "DrainBlocked".into(),
-            status: "True".into(),
+            type_: type_.into(),
+            status: status.into(),
             reason: "EvictionRefused".into(),
             message: String::new(),
             last_transition_time: now,
@@ -742,8 +798,86 @@ mod tests {
             names,
             [
                 "forewarn_agent_confinement_installed",
-                "forewarn_controller_leader"
+                "forewarn_controller_leader",
+                "forewarn_controller_policy_file_refused"
             ]
         );
+    }
+
+    #[test]
+    fn cache_gauges_count_unconfirmed_and_withheld_events_not_over() {
+        let now = Utc::now();
+        let with = |phase: &str, conditions: Vec<Condition>| ScheduledEventStatus {
+            phase: Some(serde_json::from_value(serde_json::json!(phase)).expect("a phase")),
+            conditions: Some(conditions),
+            ..Default::default()
+        };
+        let nb = Some(now + Duration::seconds(600));
+        let events = vec![
+            event(
+                "a",
+                "Reboot",
+                "Scheduled",
+                nb,
+                with("Drained", vec![condition("ApprovalWithheld", "True", now)]),
+            ),
+            // Withheld once, no longer.
+            event(
+                "b",
+                "Reboot",
+                "Scheduled",
+                nb,
+                with("Drained", vec![condition("ApprovalWithheld", "False", now)]),
+            ),
+            // Started: the approval no longer matters.
+            event(
+                "c",
+                "Reboot",
+                "Started",
+                nb,
+                with("Started", vec![condition("ApprovalWithheld", "True", now)]),
+            ),
+            event(
+                "d",
+                "Freeze",
+                "Scheduled",
+                nb,
+                with("Pending", vec![condition("NodesUnconfirmed", "True", now)]),
+            ),
+            event(
+                "e",
+                "Freeze",
+                "Scheduled",
+                nb,
+                with(
+                    "Draining",
+                    vec![condition("NodesUnconfirmed", "False", now)],
+                ),
+            ),
+            // Over: neither.
+            event(
+                "f",
+                "Freeze",
+                "Completed",
+                nb,
+                with(
+                    "Completed",
+                    vec![
+                        condition("NodesUnconfirmed", "True", now),
+                        condition("ApprovalWithheld", "True", now),
+                    ],
+                ),
+            ),
+        ];
+        let g = CacheGauges::compute(&[], &events, now);
+        let nonzero = |m: &BTreeMap<&'static str, i64>| -> Vec<(&'static str, i64)> {
+            m.iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(t, n)| (*t, *n))
+                .collect()
+        };
+        assert_eq!(nonzero(&g.withheld), [("Reboot", 1)]);
+        assert_eq!(nonzero(&g.unconfirmed), [("Freeze", 1)]);
+        assert_eq!(g.withheld.len(), TYPES.len(), "every type, 0 when none");
     }
 }

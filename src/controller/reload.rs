@@ -2,7 +2,9 @@
 //! (polled every [`POLL_INTERVAL`]; a ConfigMap volume swaps a symlink, so
 //! the content, not the modification time, is compared). A new file that
 //! is not a valid policy is refused with an error log and the metric
-//! `forewarn_controller_policy_reloads_total{result="refused"}`; the policy
+//! `forewarn_controller_policy_reloads_total{result="refused"}` (and
+//! `forewarn_controller_policy_file_refused` is 1 until a valid file is
+//! loaded: the alert `ForewarnPolicyReloadRefused`); the policy
 //! in force stays until a valid file replaces it.
 
 use std::path::PathBuf;
@@ -102,11 +104,13 @@ pub async fn watch(
                     .write()
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(*p);
                 metrics.policy_reloads.with_label_values(&["loaded"]).inc();
+                metrics.policy_refused.set(0);
                 changed();
             }
             Reload::Refused(e) => {
                 error!(error = %e, "Refused the changed policy file; the policy in force stays until the file is fixed");
                 metrics.policy_reloads.with_label_values(&["refused"]).inc();
+                metrics.policy_refused.set(1);
             }
         }
     }
