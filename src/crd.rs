@@ -604,6 +604,11 @@ pub struct NodeProgress {
     /// on this node in the last pass.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub blocking_budgets: Vec<String>,
+    /// The pods (`namespace/name`) whose eviction a PodDisruptionBudget
+    /// refused on this node in the last pass; at most 3 named, then how
+    /// many more.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked_pods: Vec<String>,
     /// Pods the drain leaves on the node on purpose, `namespace/name: reason`
     /// (pods without a controller, as `kubectl drain` without `--force`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

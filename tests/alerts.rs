@@ -256,6 +256,9 @@ fn every_dashboard_query_and_forewarn_alert_names_only_registered_metrics() {
         "forewarn_controller_evictions_total",
         "forewarn_controller_approval_time_to_not_before_seconds_bucket",
         "forewarn_agent_imds_polls_total",
+        "forewarn_controller_event_info",
+        "forewarn_controller_held_node_info",
+        "forewarn_controller_drain_blocker_info",
     ] {
         assert!(used.contains(m), "no panel shows {m}");
     }
@@ -275,6 +278,124 @@ fn every_dashboard_query_and_forewarn_alert_names_only_registered_metrics() {
             }
         }
     }
+}
+
+fn dashboard() -> Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join(DASHBOARD)).expect("read the dashboard"),
+    )
+    .expect("the dashboard is JSON")
+}
+
+/// hack/check-dashboard.sh on `file`: (passed, its output).
+fn check_dashboard(file: &Path) -> (bool, String) {
+    let out = Command::new("bash")
+        .arg(repo_root().join("hack/check-dashboard.sh"))
+        .arg(file)
+        .output()
+        .expect("run hack/check-dashboard.sh");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// The dashboard is a Grafana dashboard by Grafana's own published schema
+/// (@grafana/schema, checked by the TypeScript compiler; a broken copy is
+/// refused, so the check can fail), has the data source, cluster and
+/// namespace variables and scopes every forewarn series by them, takes no
+/// rate over `$__range`, and has the three tables.
+#[test]
+fn dashboard_matches_grafanas_published_schema_and_is_scoped_by_its_variables() {
+    let (ok, log) = check_dashboard(&repo_root().join(DASHBOARD));
+    println!("{log}");
+    assert!(ok, "{log}");
+    let mut broken = dashboard();
+    broken["panels"][0]["gridPoz"] = broken["panels"][0]["gridPos"].clone();
+    broken["schemaVersion"] = json!("39");
+    let dir = repo_root().join("target/forewarn-runs");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("dashboard-broken.json");
+    std::fs::write(&file, serde_json::to_string_pretty(&broken).expect("json")).expect("write");
+    let (ok, log) = check_dashboard(&file);
+    assert!(!ok, "a broken dashboard passed the schema check:\n{log}");
+    assert!(log.contains("'\"gridPoz\"' does not exist"), "{log}");
+    assert!(log.contains("not assignable to type 'number'"), "{log}");
+
+    let d = dashboard();
+    let variables: Vec<&str> = d["templating"]["list"]
+        .as_array()
+        .expect("variables")
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert_eq!(variables, ["datasource", "cluster", "namespace"]);
+    let text = std::fs::read_to_string(repo_root().join(DASHBOARD)).expect("read");
+    assert!(!text.contains("$__range"), "a rate over $__range");
+    let scope = r#"{cluster=~"$cluster", namespace=~"$namespace""#;
+    let panels = d["panels"].as_array().expect("panels");
+    for p in panels {
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "{}", p["title"]);
+        for t in p["targets"].as_array().expect("targets") {
+            let expr = t["expr"].as_str().expect("expr");
+            for (i, _) in expr.match_indices("forewarn_") {
+                let name_end = expr[i..]
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .map_or(expr.len(), |n| i + n);
+                assert!(
+                    expr[name_end..].starts_with(scope),
+                    "{} is not scoped by the cluster and namespace variables in `{expr}`",
+                    &expr[i..name_end]
+                );
+            }
+        }
+    }
+    for metric in [
+        "forewarn_controller_event_info",
+        "forewarn_controller_held_node_info",
+        "forewarn_controller_drain_blocker_info",
+    ] {
+        assert!(
+            panels.iter().any(|p| p["type"] == "table"
+                && p["targets"][0]["expr"]
+                    .as_str()
+                    .is_some_and(|e| e.contains(metric))
+                && p["targets"][0]["instant"] == true),
+            "no instant table of {metric}"
+        );
+    }
+}
+
+/// Every panel's queries, the dashboard variables given values as Grafana
+/// would (all clusters, the namespace the targets are in, a 1-minute rate
+/// interval): (panel title, [(query, series returned as label sets)]).
+type PanelResults = Vec<(String, Vec<(String, Vec<Value>)>)>;
+
+async fn query_every_panel(url: &str) -> PanelResults {
+    let mut out = Vec::new();
+    for p in dashboard()["panels"].as_array().expect("panels") {
+        let mut results = Vec::new();
+        for t in p["targets"].as_array().expect("targets") {
+            let expr = t["expr"]
+                .as_str()
+                .expect("expr")
+                .replace("$cluster", ".*")
+                .replace("$namespace", "forewarn")
+                .replace("$__rate_interval", "1m");
+            let series = query(url, &expr)
+                .await
+                .into_iter()
+                .map(|(labels, _)| serde_json::from_str(&labels).expect("labels"))
+                .collect();
+            results.push((expr, series));
+        }
+        out.push((p["title"].as_str().unwrap_or_default().to_string(), results));
+    }
+    out
 }
 
 /// One cluster for this test binary.
@@ -582,6 +703,40 @@ async fn the_charts_alerts_go_pending_fire_and_resolve_in_a_real_prometheus() {
         })
     };
 
+    // Once the blocked drain's alert fires (about +65 s: the Redeploy
+    // blocked, the Reboot drained and approved), run every dashboard panel's
+    // queries as Grafana would.
+    let panels: Arc<Mutex<Option<PanelResults>>> = Arc::default();
+    let panel_task = {
+        let (samples, stop, panels, url) = (
+            samples.clone(),
+            stop.clone(),
+            panels.clone(),
+            prom.url.clone(),
+        );
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let firing = samples
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .iter()
+                    .any(|(_, a)| {
+                        a.iter().any(|(n, _, st)| {
+                            n == "ForewarnDrainBlockedNearNotBefore" && st == "firing"
+                        })
+                    });
+                if firing {
+                    let results = query_every_panel(&url).await;
+                    *panels
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(results);
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+
     let mut opts = RunOptions::new(
         repo_root().join("tests/fixtures/alerts-blocked.yaml"),
         PathBuf::from(env!("CARGO_BIN_EXE_forewarn")),
@@ -603,6 +758,7 @@ async fn the_charts_alerts_go_pending_fire_and_resolve_in_a_real_prometheus() {
     let fleet_stopped = Utc::now();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     poller.await.expect("poller");
+    panel_task.await.expect("dashboard queries");
     println!("{}\n{}", report.timeline.join("\n"), summary(&report));
     assert!(
         report.ok(),
@@ -627,11 +783,11 @@ async fn the_charts_alerts_go_pending_fire_and_resolve_in_a_real_prometheus() {
     for (promql, want) in [
         (
             "sum(max_over_time(forewarn_controller_events_observed_total[10m]))",
-            2.0,
+            3.0,
         ),
         (
             "sum(max_over_time(forewarn_controller_detection_to_cordon_seconds_count[10m]))",
-            1.0,
+            2.0,
         ),
         (
             "sum(max_over_time(forewarn_controller_approval_time_to_not_before_seconds_count{type=\"Freeze\"}[10m]))",
@@ -639,11 +795,11 @@ async fn the_charts_alerts_go_pending_fire_and_resolve_in_a_real_prometheus() {
         ),
         (
             "sum(max_over_time(forewarn_controller_event_notice_seconds_count[10m]))",
-            2.0,
+            3.0,
         ),
         (
             "sum(max_over_time(forewarn_agent_approvals_total{result=\"ok\"}[10m]))",
-            1.0,
+            2.0,
         ),
     ] {
         let got: f64 = q(promql).await.iter().map(|(_, v)| v).sum();
@@ -652,8 +808,9 @@ async fn the_charts_alerts_go_pending_fire_and_resolve_in_a_real_prometheus() {
     // The scrape-time gauges of the leader's caches, as the run went.
     for (promql, want) in [
         (
+            // The Redeploy's node and, for a while, the Reboot's.
             "max(max_over_time(forewarn_controller_cordoned_nodes{event_state=\"active\"}[10m]))",
-            1.0,
+            2.0,
         ),
         // The node is held by an ended event only between the event's
         // Completed and the uncordon (a few seconds), and not at the end.
@@ -881,5 +1038,57 @@ async fn the_charts_alerts_go_pending_fire_and_resolve_in_a_real_prometheus() {
         .map(|(n, t, st)| format!("{n} {t} {st}"))
         .collect();
     assert!(unexpected.is_empty(), "unexpected alerts: {unexpected:?}");
+
+    // Every dashboard panel had data while the drain was blocked.
+    let panels = panels
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+        .expect("the dashboard's queries never ran (the blocked-drain alert never fired)");
+    for (title, results) in &panels {
+        println!("panel {title}:");
+        for (expr, series) in results {
+            println!("  {} series: {expr}", series.len());
+        }
+        assert!(
+            results.iter().any(|(_, s)| !s.is_empty()),
+            "the panel {title:?} shows nothing: {results:?}"
+        );
+    }
+    let table = |title: &str| -> Vec<Value> {
+        panels
+            .iter()
+            .find(|(t, _)| t == title)
+            .unwrap_or_else(|| panic!("no panel {title}"))
+            .1[0]
+            .1
+            .clone()
+    };
+    let redeploy = table("Active events")
+        .into_iter()
+        .find(|e| e["type"] == "Redeploy")
+        .unwrap_or_else(|| panic!("no Redeploy in {:?}", table("Active events")));
+    assert_eq!(redeploy["phase"], "Draining", "{redeploy}");
+    assert_eq!(
+        redeploy["event_id"], "5E1A1E27-0B1D-4C2A-9D3E-1F2A3B4C5D01",
+        "{redeploy}"
+    );
+    let event = redeploy["event"].as_str().expect("event").to_string();
+    let held = table("Nodes held cordoned");
+    assert!(
+        held.iter()
+            .any(|h| h["node"] == NODE && h["event"] == event.as_str() && h["drained"] == "false"),
+        "{held:?}"
+    );
+    let blockers = table("Drain blockers");
+    assert!(
+        blockers.iter().any(|b| b["node"] == NODE
+            && b["event"] == event.as_str()
+            && b["pdb"].as_str().is_some_and(|p| p.ends_with("/stuck"))
+            && b["blocked_pod"]
+                .as_str()
+                .is_some_and(|p| p.contains("/stuck-"))),
+        "{blockers:?}"
+    );
     drop(prom);
 }

@@ -6,7 +6,7 @@
 //! `ScheduledEvent`s ([`ControllerMetrics::watch_caches`]), and only by the
 //! leader, so that standbys do not report the same events twice.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 
 use chrono::{DateTime, Utc};
@@ -350,6 +350,10 @@ struct CacheCollector {
     unapproved: IntGaugeVec,
     unconfirmed: IntGaugeVec,
     withheld: IntGaugeVec,
+    event_info: IntGaugeVec,
+    held_node_info: IntGaugeVec,
+    blocker_info: IntGaugeVec,
+    info_omitted: IntGaugeVec,
     /// One scrape at a time resets and refills the gauges.
     lock: Mutex<()>,
 }
@@ -400,6 +404,34 @@ impl CacheCollector {
                 ),
                 &["type"],
             )?,
+            event_info: IntGaugeVec::new(
+                Opts::new(
+                    "forewarn_controller_event_info",
+                    "1 per ScheduledEvent not Completed or Cancelled (at most 200, by name), with its object name, EventId, type, source and phase",
+                ),
+                &["event", "event_id", "type", "source", "phase"],
+            )?,
+            held_node_info: IntGaugeVec::new(
+                Opts::new(
+                    "forewarn_controller_held_node_info",
+                    "1 per node forewarn holds cordoned for a ScheduledEvent not over (at most 1000, by node), with the event's name and type and whether the node is drained (true, false, unknown when its record is not listed)",
+                ),
+                &["node", "event", "type", "drained"],
+            )?,
+            blocker_info: IntGaugeVec::new(
+                Opts::new(
+                    "forewarn_controller_drain_blocker_info",
+                    "1 per PodDisruptionBudget refusing an eviction on a node not yet drained of a Scheduled event (at most 200), with the event, the node, the budget (namespace/name) and a pod it refused (blocked_pod: a scrape target's own pod label would rename a label called pod)",
+                ),
+                &["event", "node", "pdb", "blocked_pod"],
+            )?,
+            info_omitted: IntGaugeVec::new(
+                Opts::new(
+                    "forewarn_controller_info_series_omitted",
+                    "Series of a per-object info metric left out by its limit, by metric",
+                ),
+                &["metric"],
+            )?,
             lock: Mutex::new(()),
         })
     }
@@ -414,6 +446,10 @@ impl Collector for CacheCollector {
             self.unapproved.desc(),
             self.unconfirmed.desc(),
             self.withheld.desc(),
+            self.event_info.desc(),
+            self.held_node_info.desc(),
+            self.blocker_info.desc(),
+            self.info_omitted.desc(),
         ]
         .concat()
     }
@@ -441,6 +477,10 @@ impl Collector for CacheCollector {
         self.unapproved.reset();
         self.unconfirmed.reset();
         self.withheld.reset();
+        self.event_info.reset();
+        self.held_node_info.reset();
+        self.blocker_info.reset();
+        self.info_omitted.reset();
         for ((ty, phase), n) in &g.active {
             self.active.with_label_values(&[*ty, *phase]).set(*n);
         }
@@ -462,6 +502,18 @@ impl Collector for CacheCollector {
         for (ty, n) in &g.withheld {
             self.withheld.with_label_values(&[*ty]).set(*n);
         }
+        for labels in &g.event_info {
+            self.event_info.with_label_values(labels).set(1);
+        }
+        for labels in &g.held_nodes {
+            self.held_node_info.with_label_values(labels).set(1);
+        }
+        for labels in &g.blockers {
+            self.blocker_info.with_label_values(labels).set(1);
+        }
+        for (metric, n) in &g.info_omitted {
+            self.info_omitted.with_label_values(&[*metric]).set(*n);
+        }
         [
             self.active.collect(),
             self.cordoned.collect(),
@@ -469,6 +521,10 @@ impl Collector for CacheCollector {
             self.unapproved.collect(),
             self.unconfirmed.collect(),
             self.withheld.collect(),
+            self.event_info.collect(),
+            self.held_node_info.collect(),
+            self.blocker_info.collect(),
+            self.info_omitted.collect(),
         ]
         .concat()
     }
@@ -492,6 +548,46 @@ pub struct CacheGauges {
     /// `Scheduled` events not over with `ApprovalWithheld` true, per type
     /// (every type, 0 when none).
     pub withheld: BTreeMap<&'static str, i64>,
+    /// Events not over, `[event, event_id, type, source, phase]`, sorted,
+    /// at most [`EVENT_INFO_LIMIT`].
+    pub event_info: Vec<[String; 5]>,
+    /// Nodes forewarn holds for an event not over, `[node, event, type,
+    /// drained]`, sorted, at most [`HELD_NODE_INFO_LIMIT`].
+    pub held_nodes: Vec<[String; 4]>,
+    /// Budgets refusing evictions on nodes not yet drained of `Scheduled`
+    /// events not over, `[event, node, pdb, pod]`, sorted, at most
+    /// [`BLOCKER_INFO_LIMIT`].
+    pub blockers: Vec<[String; 4]>,
+    /// Series left out by those limits, by metric name (absent when none).
+    pub info_omitted: BTreeMap<&'static str, i64>,
+}
+
+/// Most series of `forewarn_controller_event_info`: the per-object series
+/// stay bounded however many events there are (a dashboard table of 200
+/// events is already more than a person reads).
+pub const EVENT_INFO_LIMIT: usize = 200;
+/// Most series of `forewarn_controller_held_node_info`.
+pub const HELD_NODE_INFO_LIMIT: usize = 1000;
+/// Most series of `forewarn_controller_drain_blocker_info`.
+pub const BLOCKER_INFO_LIMIT: usize = 200;
+
+/// Sorts `rows`, keeps the first `limit` and records how many were left
+/// out under `metric`.
+fn bounded<const N: usize>(
+    mut rows: Vec<[String; N]>,
+    limit: usize,
+    metric: &'static str,
+    omitted: &mut BTreeMap<&'static str, i64>,
+) -> Vec<[String; N]> {
+    rows.sort();
+    if rows.len() > limit {
+        omitted.insert(
+            metric,
+            i64::try_from(rows.len() - limit).unwrap_or(i64::MAX),
+        );
+        rows.truncate(limit);
+    }
+    rows
 }
 
 /// Phases of events that are not over ([`crate::crd::Phase::is_final`]).
@@ -524,7 +620,8 @@ impl CacheGauges {
                 g.active.insert((ty, phase), 0);
             }
         }
-        let mut live = HashSet::new();
+        let mut live: HashMap<String, &ScheduledEvent> = HashMap::new();
+        let (mut event_info, mut held_nodes, mut blockers) = (Vec::new(), Vec::new(), Vec::new());
         let none = ScheduledEventStatus::default();
         for ev in events {
             let status = ev.status.as_ref().unwrap_or(&none);
@@ -532,8 +629,15 @@ impl CacheGauges {
             if matches!(phase, "Completed" | "Cancelled") {
                 continue;
             }
-            live.insert(ev.name_any());
+            live.insert(ev.name_any(), ev);
             let ty = type_label(&ev.spec.event_type);
+            event_info.push([
+                ev.name_any(),
+                ev.spec.event_id.clone(),
+                ty.to_string(),
+                source_label(&ev.spec.event_source).to_string(),
+                phase.to_string(),
+            ]);
             *g.active.entry((ty, phase)).or_default() += 1;
             let scheduled = ev.spec.event_status == "Scheduled";
             let holds = |type_: &str| {
@@ -549,6 +653,23 @@ impl CacheGauges {
             }
             if scheduled && holds("ApprovalWithheld") {
                 *g.withheld.entry(ty).or_default() += 1;
+            }
+            if scheduled {
+                for n in status.nodes.iter().flatten() {
+                    if n.drained_at.is_some() || n.deleted_at.is_some() {
+                        continue;
+                    }
+                    for pdb in &n.blocking_budgets {
+                        let ns = pdb.split_once('/').map_or("", |(ns, _)| ns);
+                        let pod = n
+                            .blocked_pods
+                            .iter()
+                            .find(|p| p.split_once('/').is_some_and(|(pns, _)| pns == ns))
+                            .cloned()
+                            .unwrap_or_default();
+                        blockers.push([ev.name_any(), n.name.clone(), pdb.clone(), pod]);
+                    }
+                }
             }
             if let (true, true, Some(nb)) = (scheduled, blocked, ev.spec.not_before) {
                 let left = seconds_between(now, nb);
@@ -578,12 +699,56 @@ impl CacheGauges {
             if holds.is_empty() {
                 continue;
             }
-            if holds.iter().any(|h| live.contains(h)) {
+            let node = n.name_any();
+            let mut held = false;
+            for h in &holds {
+                let Some(ev) = live.get(h) else { continue };
+                held = true;
+                let drained = ev
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.nodes.as_ref())
+                    .and_then(|r| r.iter().find(|r| r.name == node))
+                    .map_or("unknown", |r| {
+                        if r.drained_at.is_some() {
+                            "true"
+                        } else {
+                            "false"
+                        }
+                    });
+                held_nodes.push([
+                    node.clone(),
+                    h.clone(),
+                    type_label(&ev.spec.event_type).to_string(),
+                    drained.to_string(),
+                ]);
+            }
+            if held {
                 g.cordoned_active += 1;
             } else {
                 g.cordoned_ended += 1;
             }
         }
+        let mut omitted = BTreeMap::new();
+        g.event_info = bounded(
+            event_info,
+            EVENT_INFO_LIMIT,
+            "forewarn_controller_event_info",
+            &mut omitted,
+        );
+        g.held_nodes = bounded(
+            held_nodes,
+            HELD_NODE_INFO_LIMIT,
+            "forewarn_controller_held_node_info",
+            &mut omitted,
+        );
+        g.blockers = bounded(
+            blockers,
+            BLOCKER_INFO_LIMIT,
+            "forewarn_controller_drain_blocker_info",
+            &mut omitted,
+        );
+        g.info_omitted = omitted;
         g
     }
 }
@@ -802,6 +967,99 @@ mod tests {
                 "forewarn_controller_policy_file_refused"
             ]
         );
+    }
+
+    #[test]
+    fn info_series_name_live_events_held_nodes_and_blockers_within_their_limits() {
+        use crate::crd::NodeProgress;
+        let now = Utc::now();
+        let nb = Some(now + Duration::seconds(600));
+        let record = |name: &str, drained: bool, budgets: &[&str], pods: &[&str]| NodeProgress {
+            name: name.into(),
+            blocking_budgets: budgets.iter().map(|b| b.to_string()).collect(),
+            blocked_pods: pods.iter().map(|p| p.to_string()).collect(),
+            drained_at: drained.then_some(now),
+            ..Default::default()
+        };
+        let status = |phase: &str, nodes: Vec<NodeProgress>| ScheduledEventStatus {
+            phase: Some(serde_json::from_value(serde_json::json!(phase)).expect("a phase")),
+            nodes: Some(nodes),
+            ..Default::default()
+        };
+        let events = vec![
+            event(
+                "a",
+                "Reboot",
+                "Scheduled",
+                nb,
+                status(
+                    "Draining",
+                    vec![
+                        record(
+                            "n1",
+                            false,
+                            &["shop/web", "db/pg"],
+                            &["shop/web-0", "db/pg-1"],
+                        ),
+                        // Drained: what blocked it no longer does.
+                        record("n2", true, &["shop/web"], &["shop/web-1"]),
+                    ],
+                ),
+            ),
+            event(
+                "b",
+                "Freeze",
+                "Completed",
+                nb,
+                status(
+                    "Completed",
+                    vec![record("n3", false, &["shop/web"], &["shop/web-2"])],
+                ),
+            ),
+        ];
+        let nodes = vec![
+            node("n1", Some("a")),
+            node("n2", Some("a,b")),
+            node("n3", Some("b")),
+            node("n4", Some("a")),
+        ];
+        let g = CacheGauges::compute(&nodes, &events, now);
+        let rows = |r: &[[String; 4]]| r.iter().map(|r| r.join(" ")).collect::<Vec<_>>();
+        assert_eq!(
+            g.event_info,
+            [["a", "a", "Reboot", "Platform", "Draining"].map(String::from)],
+            "b is over"
+        );
+        assert_eq!(
+            rows(&g.held_nodes),
+            [
+                "n1 a Reboot false",
+                "n2 a Reboot true",
+                "n4 a Reboot unknown"
+            ],
+            "n3 is held by an event that is over"
+        );
+        assert_eq!(
+            rows(&g.blockers),
+            ["a n1 db/pg db/pg-1", "a n1 shop/web shop/web-0"]
+        );
+        assert!(g.info_omitted.is_empty());
+        // 250 live events: 200 series, 50 counted as left out.
+        let many: Vec<Arc<ScheduledEvent>> = (0..250)
+            .map(|i| {
+                event(
+                    &format!("ev-{i:03}"),
+                    "Freeze",
+                    "Scheduled",
+                    nb,
+                    ScheduledEventStatus::default(),
+                )
+            })
+            .collect();
+        let g = CacheGauges::compute(&[], &many, now);
+        assert_eq!(g.event_info.len(), EVENT_INFO_LIMIT);
+        assert_eq!(g.event_info[0][0], "ev-000");
+        assert_eq!(g.info_omitted["forewarn_controller_event_info"], 50);
     }
 
     #[test]

@@ -62,16 +62,27 @@ impl Conditions<'_> {
 }
 
 /// What blocks the evictions on `node` this pass, if anything:
-/// `(blocked_by text, budgets)`.
-fn blockers(node: &str, outcomes: &[Outcome]) -> (Option<String>, Vec<String>) {
+/// `(blocked_by text, budgets, pods a budget refused)`, the pods listed at
+/// most [`BLOCKED_PODS_LISTED`].
+fn blockers(node: &str, outcomes: &[Outcome]) -> (Option<String>, Vec<String>, Vec<String>) {
     let mut text = None;
     let mut budgets: Vec<String> = Vec::new();
+    let mut pods: Vec<String> = Vec::new();
     for (n, pod, o) in outcomes.iter().filter(|(n, _, _)| n == node) {
         match o {
             EvictionOutcome::Blocked {
                 budgets: b,
                 message,
             } => {
+                // The outcome names the pod; a budget only refuses pods of
+                // its own namespace.
+                let key = match b.first().and_then(|x| x.split_once('/')) {
+                    Some((ns, _)) => format!("{ns}/{pod}"),
+                    None => pod.clone(),
+                };
+                if !pods.contains(&key) {
+                    pods.push(key);
+                }
                 for x in b {
                     if !budgets.contains(x) {
                         budgets.push(x.clone());
@@ -91,8 +102,16 @@ fn blockers(node: &str, outcomes: &[Outcome]) -> (Option<String>, Vec<String>) {
             _ => {}
         }
     }
-    (text, budgets)
+    (
+        text,
+        budgets,
+        listed_at_most(&pods, BLOCKED_PODS_LISTED, "pods refused"),
+    )
 }
+
+/// How many pods refused by a PodDisruptionBudget a node's record names
+/// (`blockedPods`); the rest are counted.
+pub const BLOCKED_PODS_LISTED: usize = 3;
 
 /// How many terminating pods a node's record names (`waitingFor`); the
 /// rest are counted. With every pod of a 1,000-node drain named, one
@@ -116,7 +135,7 @@ fn live_progress(
         None => n.holds.iter().any(|h| h == me),
     };
     let remaining = n.pods.iter().filter(|p| must_leave(p, now)).count();
-    let (blocked_by, blocking_budgets) = blockers(&n.name, outcomes);
+    let (blocked_by, blocking_budgets, blocked_pods) = blockers(&n.name, outcomes);
     let waiting_for: Vec<String> = n
         .pods
         .iter()
@@ -156,6 +175,7 @@ fn live_progress(
         pods_remaining: i32::try_from(remaining).unwrap_or(i32::MAX),
         blocked_by,
         blocking_budgets,
+        blocked_pods,
         pods_kept: plan
             .kept
             .iter()

@@ -376,6 +376,7 @@ fn blocked_eviction_is_reported_as_a_condition_not_a_phase() {
         )
     );
     assert_eq!(n.blocking_budgets, vec!["default/web".to_string()]);
+    assert_eq!(n.blocked_pods, ["default/a"], "the pod a budget refused");
     assert!(
         st.conditions
             .unwrap()
