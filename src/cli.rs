@@ -35,6 +35,16 @@ pub enum LogFormat {
     Json,
 }
 
+/// Who may read `/metrics` (`--metrics-auth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MetricsAuth {
+    /// Anyone who reaches the port.
+    None,
+    /// A bearer token reviewed by the API server (`TokenReview`, then
+    /// `SubjectAccessReview` of `get` on `/metrics`).
+    Kubernetes,
+}
+
 /// The roles.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -100,6 +110,13 @@ pub struct AgentArgs {
     /// its metrics on every address of the node.
     #[arg(long, env = "FOREWARN_METRICS_HOST")]
     pub metrics_host: Option<std::net::IpAddr>,
+    /// Who may read `/metrics`: `none` (anyone who reaches the port), or
+    /// `kubernetes` (a bearer token the API server authenticates, of a
+    /// user allowed `get` on the non-resource URL `/metrics`, as
+    /// kube-rbac-proxy checks; see [`crate::metrics_auth`]). `/healthz` and
+    /// `/readyz` stay open.
+    #[arg(long, env = "FOREWARN_METRICS_AUTH", value_enum, default_value_t = MetricsAuth::None)]
+    pub metrics_auth: MetricsAuth,
 }
 
 impl AgentArgs {
@@ -122,6 +139,13 @@ pub struct ControllerArgs {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "FOREWARN_METRICS_ADDR", default_value = "127.0.0.1:9102")]
     pub metrics_addr: SocketAddr,
+    /// Who may read `/metrics`: `none` (anyone who reaches the port), or
+    /// `kubernetes` (a bearer token the API server authenticates, of a
+    /// user allowed `get` on the non-resource URL `/metrics`, as
+    /// kube-rbac-proxy checks; see [`crate::metrics_auth`]). `/healthz` and
+    /// `/readyz` stay open.
+    #[arg(long, env = "FOREWARN_METRICS_AUTH", value_enum, default_value_t = MetricsAuth::None)]
+    pub metrics_auth: MetricsAuth,
     /// Namespace of the leader-election Lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     pub lease_namespace: String,
@@ -207,7 +231,7 @@ pub async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
-    use super::{Cli, Command};
+    use super::{Cli, Command, MetricsAuth};
     use clap::Parser;
 
     fn agent(extra: &[&str]) -> Result<super::AgentArgs, clap::Error> {
@@ -245,5 +269,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("--metrics-host"), "{err}");
+    }
+
+    /// `--metrics-auth` (or `FOREWARN_METRICS_AUTH`) is off by default and
+    /// taken by both roles.
+    #[test]
+    fn both_roles_take_metrics_auth_off_by_default() {
+        assert_eq!(agent(&[]).unwrap().metrics_auth, MetricsAuth::None);
+        assert_eq!(
+            agent(&["--metrics-auth", "kubernetes"])
+                .unwrap()
+                .metrics_auth,
+            MetricsAuth::Kubernetes
+        );
+        let err = agent(&["--metrics-auth", "basic"]).unwrap_err().to_string();
+        assert!(err.contains("--metrics-auth"), "{err}");
+        let controller = |extra: &[&str]| {
+            let mut argv = vec!["forewarn", "controller"];
+            argv.extend_from_slice(extra);
+            match Cli::try_parse_from(argv).unwrap().command {
+                Command::Controller(c) => c.metrics_auth,
+                other => panic!("not the controller: {other:?}"),
+            }
+        };
+        assert_eq!(controller(&[]), MetricsAuth::None);
+        assert_eq!(
+            controller(&["--metrics-auth=kubernetes"]),
+            MetricsAuth::Kubernetes
+        );
     }
 }

@@ -16,6 +16,7 @@ pub mod crd;
 pub mod imds;
 pub mod kubeclient;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod policy;
 pub mod server;
 pub mod telemetry;

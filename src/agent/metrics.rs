@@ -37,6 +37,9 @@ pub struct AgentMetrics {
     /// Times the agent paused its polls because IMDS answered 429, 410 or
     /// 5xx or did not answer.
     pub backoffs: IntCounter,
+    /// Requests to `/metrics` under `--metrics-auth kubernetes`, by
+    /// `result` and `cached` ([`crate::metrics_auth::outcome_counter`]).
+    pub metrics_auth: IntCounterVec,
 }
 
 impl AgentMetrics {
@@ -98,6 +101,7 @@ impl AgentMetrics {
                 "forewarn_agent_imds_backoffs_total",
                 "Pauses of the IMDS polls after a 429, 410, 5xx or no answer",
             )?,
+            metrics_auth: crate::metrics_auth::outcome_counter("agent")?,
         })
     }
 
@@ -111,6 +115,7 @@ impl AgentMetrics {
             Box::new(self.events.clone()),
             Box::new(self.events_rejected.clone()),
             Box::new(self.backoffs.clone()),
+            Box::new(self.metrics_auth.clone()),
         ]
     }
 

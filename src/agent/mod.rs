@@ -93,6 +93,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         registry,
         ready.clone(),
         Some(live.clone()),
+        server::Access::new(args.metrics_auth, &clients.requests, &metrics.metrics_auth),
     )
     .await?;
 

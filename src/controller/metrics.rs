@@ -87,6 +87,10 @@ pub struct ControllerMetrics {
     /// 1 when the admission policy that confines each agent to its own
     /// node's reports, and its binding, are installed and deny; else 0.
     pub agent_confinement: IntGauge,
+    /// Requests to `/metrics` under `--metrics-auth kubernetes`, by
+    /// `result` and `cached` ([`crate::metrics_auth::outcome_counter`]);
+    /// every replica counts its own, leader or not.
+    pub metrics_auth: IntCounterVec,
     caches: Caches,
     /// Objects (UID and appearance) already counted as observed: a
     /// reconcile that runs on a cached copy older than its own status
@@ -196,6 +200,7 @@ impl ControllerMetrics {
                 "forewarn_agent_confinement_installed",
                 "1 when the admission policy confining each agent to its own node's reports is installed and denies",
             )?,
+            metrics_auth: crate::metrics_auth::outcome_counter("controller")?,
             caches: Caches::default(),
             counted: std::sync::Arc::default(),
         })
@@ -219,6 +224,7 @@ impl ControllerMetrics {
             Box::new(self.approval_margin.clone()),
             Box::new(self.leader.clone()),
             Box::new(self.agent_confinement.clone()),
+            Box::new(self.metrics_auth.clone()),
             Box::new(CacheCollector::new(self.caches.clone())?),
         ])
     }

@@ -102,7 +102,17 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             }
         }
     });
-    server::spawn(args.metrics_addr, registry, ready.clone(), Some(live)).await?;
+    // Tokens are reviewed through the unguarded request client: a standby
+    // answers its scrapes too.
+    let access = server::Access::new(args.metrics_auth, &clients.requests, &metrics.metrics_auth);
+    server::spawn(
+        args.metrics_addr,
+        registry,
+        ready.clone(),
+        Some(live),
+        access,
+    )
+    .await?;
 
     let shutdown = crate::cli::shutdown_signal();
     tokio::pin!(shutdown);

@@ -88,3 +88,36 @@ the cluster does not serve the admissionregistration.k8s.io/v1 ValidatingAdmissi
 admissionPolicy.validationActions has no Deny
 {{- end -}}
 {{- end }}
+
+{{/*
+The rules both roles need to check scrapers' tokens (--metrics-auth
+kubernetes), when metrics.auth.enabled: indented as items of a rules list.
+*/}}
+{{- define "forewarn.metricsAuthRules" -}}
+{{- if .Values.metrics.auth.enabled }}
+  - apiGroups: ["authentication.k8s.io"]
+    resources: ["tokenreviews"]
+    verbs: ["create"]
+  - apiGroups: ["authorization.k8s.io"]
+    resources: ["subjectaccessreviews"]
+    verbs: ["create"]
+{{- end }}
+{{- end }}
+
+{{/*
+The Secret and key of the token the PodMonitor sends with
+metrics.auth.enabled: metrics.auth.podMonitorToken's, or the chart's
+<fullname>-metrics-scraper-token (templates/metrics-auth.yaml). Rendered
+as the `credentials` of an `authorization`.
+*/}}
+{{- define "forewarn.podMonitorCredentials" -}}
+{{- with .Values.metrics.auth.podMonitorToken }}
+{{- if .secretName -}}
+name: {{ .secretName }}
+key: {{ .key }}
+{{- else -}}
+name: {{ include "forewarn.fullname" $ }}-metrics-scraper-token
+key: token
+{{- end }}
+{{- end }}
+{{- end }}
