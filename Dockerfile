@@ -6,9 +6,11 @@
 #
 # Stage 1 builds a statically linked release binary for
 # x86_64-unknown-linux-gnu (glibc >= 2.34 has the files and dns NSS modules
-# built in, so name resolution works without shared libraries). Stage 2 is
-# distroless "static" (no shell, no package manager), running as the
-# unprivileged user 65532:65532 the chart's securityContext expects.
+# built in, so name resolution works without shared libraries), with the
+# build paths remapped so the binary does not depend on them. Stage 2 is the
+# binary alone (FROM scratch: no shell, no package manager, no base image to
+# float), running as the unprivileged user 65532:65532 the chart's
+# securityContext expects.
 #
 # Docker was not available where this was written, so the file itself has
 # not been run. Its build command was (`cargo build --release --locked
@@ -20,10 +22,10 @@
 # /dev/urandom it panics (getrandom falls back to the file in a static
 # binary).
 
-FROM docker.io/library/rust:1.95-bookworm AS build
+FROM docker.io/library/rust:1.95.0-bookworm AS build
 WORKDIR /src
 ENV CARGO_TERM_COLOR=never \
-    RUSTFLAGS="-C target-feature=+crt-static"
+    RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=/src=/forewarn --remap-path-prefix=/usr/local/cargo=/cargo"
 # Dependencies first, so that a source change does not rebuild them.
 COPY Cargo.toml Cargo.lock ./
 RUN mkdir -p src examples && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
@@ -39,7 +41,9 @@ RUN touch src/main.rs src/lib.rs \
     && ! ldd /forewarn 2>/dev/null | grep -q '=>' \
     && /forewarn --version
 
-FROM gcr.io/distroless/static-debian12:nonroot
+# Nothing but the binary, as `make image` packs it (hack/oci-image.py): no
+# base image to float.
+FROM scratch
 COPY --from=build /forewarn /usr/local/bin/forewarn
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/forewarn"]

@@ -40,7 +40,7 @@ test-real-chart:
 real-node-down:
 	bash hack/real-node.sh down
 
-## image: the static binary as an OCI image archive (no docker, no registry); prints its path
+## image: the static binary as a reproducible OCI image archive (no docker, no registry); prints its path and digest
 image:
 	bash hack/build-image.sh
 

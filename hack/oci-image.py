@@ -11,8 +11,10 @@ with one gzip layer, an image config (Entrypoint, User, Env) and a manifest.
 index.json names the image with the annotation `io.containerd.image.name`, so
 `ctr -n k8s.io images import image.tar` tags it as --name. The layer holds
 only the given files (owned by root, mode 0755) and their parent
-directories. Every timestamp is 0 and entries are sorted, so the same
-binaries give the same image digest.
+directories. Entries are sorted and every timestamp is SOURCE_DATE_EPOCH
+(https://reproducible-builds.org/specs/source-date-epoch/; 0 when unset),
+which is also the config's `created`, so the same binaries and epoch give
+the same image digest, which it prints. `--label K=V` adds OCI labels.
 
 Standard library only (Python 3.8+). Formats: the OCI image spec v1.1
 (image-layout.md, manifest.md, config.md).
@@ -26,6 +28,7 @@ import json
 import os
 import sys
 import tarfile
+import time
 
 LAYER_MEDIA = "application/vnd.oci.image.layer.v1.tar+gzip"
 CONFIG_MEDIA = "application/vnd.oci.image.config.v1+json"
@@ -33,12 +36,25 @@ MANIFEST_MEDIA = "application/vnd.oci.image.manifest.v1+json"
 INDEX_MEDIA = "application/vnd.oci.image.index.v1+json"
 
 
+def source_date_epoch():
+    """SOURCE_DATE_EPOCH as an int (seconds since 1970), 0 when unset."""
+    value = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if not value:
+        return 0
+    if not value.isdigit():
+        sys.exit(f"oci-image: SOURCE_DATE_EPOCH must be whole seconds since 1970, got {value!r}")
+    return int(value)
+
+
+EPOCH = source_date_epoch()
+
+
 def tar_info(name, kind, size=0, mode=0o755):
     info = tarfile.TarInfo(name)
     info.type = kind
     info.size = size
     info.mode = mode
-    info.mtime = 0
+    info.mtime = EPOCH
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     return info
@@ -76,6 +92,7 @@ def main():
     p.add_argument("--cmd", action="append", default=[], help="default arguments, repeatable")
     p.add_argument("--user", default="65532:65532")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
     a = p.parse_args()
 
     files = []
@@ -86,7 +103,7 @@ def main():
         files.append((src, dest))
 
     layer_tar = build_layer(files)
-    layer = gzip.compress(layer_tar, compresslevel=6, mtime=0)
+    layer = gzip.compress(layer_tar, compresslevel=6, mtime=EPOCH)
     env = ["PATH=/usr/local/bin:/usr/bin:/bin"] + a.env
     config = {
         "architecture": "amd64",
@@ -97,11 +114,20 @@ def main():
             "Env": env,
             "WorkingDir": "/",
         },
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(EPOCH)),
         "rootfs": {"type": "layers", "diff_ids": [digest(layer_tar)]},
         "history": [{"created_by": "hack/oci-image.py " + " ".join(d for _, d in files)}],
     }
     if a.cmd:
         config["config"]["Cmd"] = a.cmd
+    if a.label:
+        labels = {}
+        for kv in a.label:
+            k, sep, v = kv.partition("=")
+            if not sep:
+                sys.exit(f"oci-image: --label wants KEY=VALUE, got {kv!r}")
+            labels[k] = v
+        config["config"]["Labels"] = labels
     config_b = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
     manifest = {
         "schemaVersion": 2,

@@ -2,6 +2,7 @@
 # Prints manifests/forewarn.yaml: the chart rendered with its default values
 # (release "forewarn" in namespace "forewarn", CRDs included), preceded by
 # the namespace with the Pod Security label the agent needs (hostNetwork).
+# Without Helm hooks: the `helm test` Pod is for `helm test` only.
 # Rendered for a cluster that serves the ValidatingAdmissionPolicy API
 # (Kubernetes >= 1.30): without it the chart refuses to render, since the
 # agents would not be confined to their own node.
@@ -24,5 +25,5 @@ metadata:
     pod-security.kubernetes.io/enforce: privileged
 YAML
 echo "---"
-"$helm" template forewarn "$here/../charts/forewarn" --namespace forewarn --include-crds \
+"$helm" template forewarn "$here/../charts/forewarn" --namespace forewarn --include-crds --no-hooks \
   --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy

@@ -70,6 +70,23 @@ pub enum Command {
     },
     /// Serve a scenario-driven imitation of IMDS (demos, tests, game days).
     ImdsMock(ImdsMockArgs),
+    /// Check an installed release (the chart's `helm test`): CRDs
+    /// Established, a controller leading, every agent Ready.
+    CheckInstall(CheckInstallArgs),
+}
+
+/// Flags of `forewarn check-install`.
+#[derive(Debug, Clone, Args)]
+pub struct CheckInstallArgs {
+    /// Namespace of the release (its Lease and agent DaemonSet).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: String,
+    /// Name of the controller's leader-election Lease.
+    #[arg(long, default_value = "forewarn-controller")]
+    pub lease_name: String,
+    /// Name of the agents' DaemonSet.
+    #[arg(long, default_value = "forewarn-agent")]
+    pub agent_daemonset: String,
 }
 
 /// Flags of `forewarn agent`.

@@ -14,6 +14,7 @@ pub mod cli;
 pub mod controller;
 pub mod crd;
 pub mod imds;
+pub mod install_check;
 pub mod kubeclient;
 pub mod metrics;
 pub mod metrics_auth;

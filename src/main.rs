@@ -37,6 +37,7 @@ async fn main() -> anyhow::Result<()> {
             .await
             .with_context(|| format!("IMDS mock on {} failed", args.listen))
         }
+        Command::CheckInstall(args) => forewarn::install_check::run(args).await,
         Command::Crd { .. } | Command::ValuesSchema { .. } => Ok(()),
     }
 }

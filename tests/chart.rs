@@ -3494,3 +3494,266 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
     drop(ctl);
     clean();
 }
+
+/// The `helm test` Pod (issue 15 item 8): rendered only with
+/// `helmTest.enabled`, as a `test` hook, with the controller's image
+/// (pinned by `image.digest` like every workload), security context and
+/// placement, and RBAC that can only `get` the objects it checks.
+#[test]
+fn helm_test_pod_runs_like_the_controller_and_reads_only_what_it_checks() {
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let docs = documents(&render(&["--set", &format!("image.digest={digest}")]));
+    let pod = find_doc(&docs, "Pod", "forewarn-test").expect("the helm test Pod");
+    let controller = find_doc(&docs, "Deployment", "forewarn-controller").expect("controller");
+    assert_eq!(pod["metadata"]["annotations"]["helm.sh/hook"], "test");
+    let container = &pod["spec"]["containers"][0];
+    let controller_container = &controller["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], controller_container["image"]);
+    assert_eq!(
+        container["image"],
+        format!("ghcr.io/forewarn/forewarn:0.1.0@{digest}").as_str(),
+        "image.digest pins the image"
+    );
+    for d in &docs {
+        for c in d["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            assert!(
+                c["image"].as_str().is_some_and(|i| i.ends_with(&digest)),
+                "{} {} is not pinned: {}",
+                d["kind"],
+                d["metadata"]["name"],
+                c["image"]
+            );
+        }
+    }
+    assert_eq!(
+        container["securityContext"],
+        controller_container["securityContext"]
+    );
+    assert_eq!(
+        pod["spec"]["securityContext"],
+        controller["spec"]["template"]["spec"]["securityContext"]
+    );
+    assert_eq!(pod["spec"]["restartPolicy"], "Never");
+    assert_eq!(
+        container["args"],
+        serde_json::json!([
+            "check-install",
+            "--lease-name=forewarn-controller",
+            "--agent-daemonset=forewarn-agent"
+        ])
+    );
+    // Its RBAC: get, on named objects only, and every one a test hook.
+    for (kind, name) in [
+        ("ServiceAccount", "forewarn-test"),
+        ("ClusterRole", "forewarn-test"),
+        ("ClusterRoleBinding", "forewarn-test"),
+        ("Role", "forewarn-test"),
+        ("RoleBinding", "forewarn-test"),
+    ] {
+        let d = find_doc(&docs, kind, name).unwrap_or_else(|| panic!("no {kind} {name}"));
+        assert_eq!(
+            d["metadata"]["annotations"]["helm.sh/hook"], "test",
+            "{kind}"
+        );
+    }
+    for kind in ["ClusterRole", "Role"] {
+        for rule in find_doc(&docs, kind, "forewarn-test").expect("role")["rules"]
+            .as_array()
+            .expect("rules")
+        {
+            assert_eq!(rule["verbs"], serde_json::json!(["get"]), "{kind}: {rule}");
+            assert!(
+                rule["resourceNames"]
+                    .as_array()
+                    .is_some_and(|n| !n.is_empty()),
+                "{kind}: {rule}"
+            );
+        }
+    }
+    let off = documents(&render(&["--set", "helmTest.enabled=false"]));
+    assert!(
+        !off.iter()
+            .any(|d| d["metadata"]["name"].as_str() == Some("forewarn-test")),
+        "helmTest.enabled=false still renders the test"
+    );
+}
+
+/// `forewarn check-install`, as the `helm test` Pod runs it, with the test
+/// ServiceAccount's own token (so its RBAC is proven enough): it fails while
+/// no controller leads, naming the Lease, and passes once one does, with
+/// the CRDs Established and every agent of the DaemonSet Ready.
+#[test]
+fn check_install_passes_only_with_a_leader_and_every_agent_ready() {
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    install(&k, &c);
+    // The test hook's RBAC, applied as `helm test` would create it (the Pod
+    // itself cannot run on KWOK's nodes: the process runs here instead).
+    let rbac: String = documents(&render(&[
+        "--show-only",
+        "templates/tests/check-install.yaml",
+    ]))
+    .into_iter()
+    .filter(|d| d["kind"] != "Pod")
+    .map(|d| serde_json::to_string(&d).expect("json") + "\n")
+    .collect();
+    k.ok_stdin(&["apply", "--server-side", "-f", "-"], &rbac);
+    let tester = token_kubeconfig(&k, "check-install", &token(&k, "forewarn-test", None));
+    let check = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_forewarn"))
+            .args(["check-install", "--namespace", NS])
+            .env("KUBECONFIG", &tester.kubeconfig)
+            .output()
+            .expect("run forewarn check-install");
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    // No controller has led in this namespace's Lease for a while (other
+    // tests' controllers stopped): it fails, and says which check.
+    k.run(
+        &[
+            "delete",
+            "lease",
+            "-n",
+            NS,
+            "forewarn-controller",
+            "--ignore-not-found",
+        ],
+        None,
+    );
+    let (ok, out) = check();
+    println!("{out}");
+    assert!(!ok, "passed with no leader:\n{out}");
+    assert!(
+        out.contains("FAIL leader Lease forewarn-controller"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ok   CRD scheduledevents.forewarn.dev"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ok   CRD scheduledeventreports.forewarn.dev"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("forbidden"),
+        "the test's RBAC is not enough:\n{out}"
+    );
+    // A controller with the chart's credentials leads: every check passes.
+    let controller = token_kubeconfig(
+        &k,
+        "check-install-controller",
+        &token(&k, CONTROLLER_SA, None),
+    );
+    let proc = ControllerProc::start(&controller.kubeconfig, "check-install-leader");
+    let out = eventually("check-install passes", Duration::from_secs(60), || {
+        let (ok, out) = check();
+        ok.then_some(out)
+    });
+    println!("{out}");
+    drop(proc);
+    assert!(
+        out.contains("ok   leader Lease forewarn-controller: held by check-install-leader"),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("ok   agents (DaemonSet forewarn-agent): 3 of 3 Ready")),
+        "{out}"
+    );
+}
+
+/// `make image`'s packer (hack/oci-image.py) is reproducible (issue 15
+/// item 8): the same binary and SOURCE_DATE_EPOCH give the same archive
+/// byte for byte whenever it is packed; every file of the archive and of
+/// the layer, and the config's `created`, carry the epoch; another epoch
+/// gives another digest.
+#[test]
+fn image_archives_are_reproducible_from_the_binary_and_source_date_epoch() {
+    let dir = out_dir().join("image-repro");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let pack = |name: &str, epoch: &str| -> Vec<u8> {
+        let out = dir.join(name);
+        let run = Command::new("python3")
+            .arg(repo_root().join("hack/oci-image.py"))
+            .args(["--name", "ghcr.io/forewarn/forewarn:test", "--out"])
+            .arg(&out)
+            .arg("--file")
+            .arg(format!(
+                "{}:/usr/local/bin/forewarn",
+                env!("CARGO_BIN_EXE_forewarn")
+            ))
+            .args([
+                "--entrypoint",
+                "/usr/local/bin/forewarn",
+                "--label",
+                "org.opencontainers.image.revision=abc",
+            ])
+            .env("SOURCE_DATE_EPOCH", epoch)
+            .output()
+            .expect("run hack/oci-image.py");
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        std::fs::read(&out).expect("the archive")
+    };
+    let first = pack("a.tar", "1700000000");
+    std::thread::sleep(Duration::from_millis(1100));
+    let second = pack("b.tar", "1700000000");
+    assert!(first == second, "the same inputs gave different archives");
+    let other = pack("c.tar", "1700000001");
+    assert!(first != other, "the epoch changed nothing");
+    // What is inside, read by Python's tarfile (the archive and its layer).
+    let inspect = Command::new("python3")
+        .arg("-c")
+        .arg(
+            r#"
+import gzip, io, json, sys, tarfile
+t = tarfile.open(sys.argv[1])
+index = json.load(t.extractfile("index.json"))
+manifest = json.load(t.extractfile("blobs/sha256/" + index["manifests"][0]["digest"][7:]))
+config = json.load(t.extractfile("blobs/sha256/" + manifest["config"]["digest"][7:]))
+layer = tarfile.open(fileobj=io.BytesIO(gzip.decompress(t.extractfile("blobs/sha256/" + manifest["layers"][0]["digest"][7:]).read())))
+print(json.dumps({
+    "outer": sorted({m.mtime for m in t.getmembers()}),
+    "layer": sorted({m.mtime for m in layer.getmembers()}),
+    "created": config["created"],
+    "labels": config["config"].get("Labels"),
+    "user": config["config"]["User"],
+}))
+"#,
+        )
+        .arg(dir.join("a.tar"))
+        .output()
+        .expect("inspect the archive");
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&inspect.stdout).expect("json");
+    assert_eq!(
+        seen,
+        serde_json::json!({
+            "outer": [1700000000],
+            "layer": [1700000000],
+            "created": "2023-11-14T22:13:20Z",
+            "labels": {"org.opencontainers.image.revision": "abc"},
+            "user": "65532:65532",
+        })
+    );
+}

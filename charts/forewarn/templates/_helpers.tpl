@@ -51,9 +51,15 @@ app.kubernetes.io/component: {{ .role }}
 {{- default (printf "%s-controller" (include "forewarn.fullname" .)) .Values.controller.serviceAccount.name }}
 {{- end }}
 
-{{/* The image reference. */}}
+{{/* The image reference: repository:tag, or pinned by digest
+(repository:tag@sha256:..., the tag kept for the reader) when image.digest
+is set. */}}
 {{- define "forewarn.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- $ref := printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- if .Values.image.digest }}
+{{- $ref = printf "%s@%s" $ref .Values.image.digest }}
+{{- end }}
+{{- $ref }}
 {{- end }}
 
 {{/*
