@@ -593,25 +593,68 @@ fn readme_policy_settings_and_install_values_are_accepted() {
 
     // Every `--set` of the README's helm commands (and the registry its
     // comment suggests).
+    // Commands continued over lines (a trailing `\`) are read whole; the
+    // placeholders `<your registry>` and `<digest>` take example values.
     let mut sets: Vec<String> = vec!["image.repository=registry.example.com/forewarn".into()];
+    let mut commands: Vec<String> = Vec::new();
+    let mut current = String::new();
     for line in readme.lines().map(str::trim) {
-        if !(line.starts_with("helm install") || line.starts_with("helm upgrade")) {
+        let part = line.split(" #").next().unwrap_or_default();
+        if current.is_empty()
+            && !(part.starts_with("helm install") || part.starts_with("helm upgrade"))
+        {
             continue;
         }
-        let command = line.split(" #").next().unwrap_or_default();
-        let words: Vec<&str> = command.split_whitespace().collect();
-        for pair in words.windows(2) {
-            if pair[0] == "--set" {
-                sets.push(pair[1].to_string());
+        match part.strip_suffix('\\') {
+            Some(more) => current.push_str(more),
+            None => {
+                current.push_str(part);
+                commands.push(std::mem::take(&mut current));
             }
         }
     }
-    assert!(
-        sets.iter().any(|s| s.starts_with("image.tag=")),
-        "README's helm commands set no image.tag: {sets:?}"
-    );
+    let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
+    for command in &commands {
+        let words: Vec<&str> = command.split_whitespace().collect();
+        for pair in words.windows(2) {
+            if pair[0] == "--set" {
+                sets.push(
+                    pair[1]
+                        .replace("<your registry>", "registry.example.com")
+                        .replace("sha256:<digest>", &digest),
+                );
+            }
+        }
+    }
+    for key in [
+        "image.tag=",
+        "image.digest=",
+        "metrics.serviceMonitor.enabled=",
+    ] {
+        assert!(
+            sets.iter().any(|s| s.starts_with(key)),
+            "README's helm commands set no {key}: {sets:?}"
+        );
+    }
     for set in &sets {
         render(&["--set", set]);
+    }
+    // And each command's settings together.
+    for command in &commands {
+        let words: Vec<&str> = command.split_whitespace().collect();
+        let mut args: Vec<String> = Vec::new();
+        for pair in words.windows(2) {
+            if pair[0] == "--set" {
+                args.push("--set".into());
+                args.push(
+                    pair[1]
+                        .replace("<your registry>", "registry.example.com")
+                        .replace("sha256:<digest>", &digest),
+                );
+            }
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        render(&args);
     }
 }
 
