@@ -22,7 +22,16 @@
 #                         kube-apiserver writes an audit log by this policy to
 #                         $FOREWARN_CACHE/kwok/clusters/NAME/logs/audit.log
 #                         (kwokctl --kube-audit-policy; `make bench` counts
-#                         requests per process with it)
+#                         requests per process with it; hack/test-all.sh sets
+#                         hack/audit-policy.yaml for every suite)
+#   FOREWARN_AUDIT_KEEP=DIR
+#                         `down` first appends the cluster's audit log (the
+#                         files kube-apiserver rotated away, oldest first,
+#                         then audit.log; complete lines only) to
+#                         DIR/NAME.audit.log. When DIR/.since exists, only
+#                         clusters created after it are kept (not one left
+#                         over from an earlier run). hack/test-all.sh sets it
+#                         for tests/audit.rs.
 #   FOREWARN_KWOK_FAKE_NODES_ONLY=1
 #                         kwok-controller manages only the nodes kwokctl creates
 #                         (annotation kwok.x-k8s.io/node=fake) instead of every
@@ -141,10 +150,39 @@ kill_from_pid_files() {
   done
 }
 
+# With FOREWARN_AUDIT_KEEP set: appends the cluster's audit log to
+# $FOREWARN_AUDIT_KEEP/NAME.audit.log (see the header). The API server may
+# be writing as it is read: a last line without its newline is left out,
+# so that the next append starts on a line of its own.
+keep_audit_log() {
+  local dir=$1 keep=${FOREWARN_AUDIT_KEEP:-} f out part
+  [[ -n "$keep" ]] || return 0
+  [[ -f "$dir/logs/audit.log" ]] || return 0
+  if [[ -e "$keep/.since" ]] && ! [[ "$dir/kubeconfig.yaml" -nt "$keep/.since" ]]; then
+    log "not keeping the audit log of '$name': created before $keep/.since"
+    return 0
+  fi
+  mkdir -p "$keep" || return 1
+  out="$keep/$name.audit.log"
+  part=$(mktemp "$keep/.$name.XXXXXX") || return 1
+  # audit-<time>.log sort in time order; audit.log is the newest.
+  for f in $(ls "$dir/logs" | grep -E '^audit-.*\.log$' | sort) audit.log; do
+    cat "$dir/logs/$f" >"$part" || { rm -f "$part"; return 1; }
+    # (The substitution drops a final newline: non-empty = a partial line.)
+    if [[ -n "$(tail -c 1 "$part")" ]]; then
+      sed -i '$d' "$part" || { rm -f "$part"; return 1; }
+    fi
+    cat "$part" >>"$out" || { rm -f "$part"; return 1; }
+  done
+  rm -f "$part"
+  log "kept the audit log of '$name' in $out"
+}
+
 cmd_down() {
   local dir
   dir=$(cluster_dir)
   [[ -e "$dir" ]] || { log "cluster '$name' is absent"; return 0; }
+  keep_audit_log "$dir" || log "could not keep the audit log of '$name'"
   [[ -n "${bin:-}" ]] || use_binaries
   log "deleting cluster '$name'"
   # kwokctl delete removes the cluster's context from a kubeconfig file; by

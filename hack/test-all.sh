@@ -8,6 +8,14 @@
 # failed, seconds) and fails if any suite failed, or ran no test at all (a
 # suite that runs 0 tests proves nothing), naming them.
 #
+# Every cluster's API server writes an audit log by hack/audit-policy.yaml
+# (a suite may set its own policy, as tests/faults.rs does). When the other
+# suites have ended, the clusters this run created are torn down, each
+# keeping its log in target/test-logs/audit/ (hack/cluster.sh down with
+# FOREWARN_AUDIT_KEEP; the real-node cluster keeps its own as
+# hack/real-node.sh tears it down), and then the audit suite
+# (tests/audit.rs) replays those logs against the chart's RBAC, alone.
+#
 # Usage: hack/test-all.sh
 # Environment:
 #   FOREWARN_SKIP_REAL_NODE=1  skip the real-node binaries (machines without
@@ -29,22 +37,36 @@ with open("Cargo.toml", "rb") as f:
 print(" ".join(t["name"] for t in c.get("test", []) if "real-node" in t.get("required-features", [])))
 EOF
 ) || { echo "[test] cannot read Cargo.toml's [[test]] entries"; exit 1; }
+# tests/audit.rs reads the audit logs of all the others: it runs last.
 suites=(lib)
 for f in tests/*.rs; do
   s=$(basename "$f" .rs)
-  [[ " $real_tests " == *" $s "* ]] || suites+=("$s")
+  [[ " $real_tests " == *" $s "* || $s == audit ]] || suites+=("$s")
 done
+
+# The audit logs (absolute paths: hack/real-node.sh runs elsewhere). Only
+# clusters created after audit/.since keep theirs (hack/cluster.sh).
+audit_dir="$PWD/$logs/audit"
+rm -rf "$audit_dir"
+mkdir -p "$audit_dir"
+touch "$audit_dir/.since"
+export FOREWARN_KUBE_AUDIT_POLICY="$PWD/hack/audit-policy.yaml"
+export FOREWARN_AUDIT_KEEP="$audit_dir" FOREWARN_AUDIT_DIR="$audit_dir"
 
 # Each end-to-end binary starts local clusters of its own names; the ones
 # this run creates are torn down at the end (clusters that existed before it,
 # e.g. a demo's, are left alone).
 kwok_clusters="${FOREWARN_KWOK_WORKDIR:-${FOREWARN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/forewarn}/kwok}/clusters"
 existing=" $(ls "$kwok_clusters" 2>/dev/null | tr '\n' ' ') "
+# (A cluster of a name that existed before but was created again since
+# the run started is this run's.)
 teardown() {
   local c
   for c in $(ls "$kwok_clusters" 2>/dev/null); do
-    [[ $existing == *" $c "* ]] && continue
-    bash hack/cluster.sh down --name "$c" >/dev/null 2>&1 || true
+    if [[ $existing == *" $c "* ]] && ! [[ "$kwok_clusters/$c/kubeconfig.yaml" -nt "$audit_dir/.since" ]]; then
+      continue
+    fi
+    bash hack/cluster.sh down --name "$c" >>"$logs/teardown.log" 2>&1 || true
   done
 }
 trap teardown EXIT
@@ -114,6 +136,19 @@ while ((${#remaining[@]})); do
   remaining=("${next[@]}")
   ((${#remaining[@]})) && sleep 1
 done
+
+# The audit suite, alone, once every other suite has ended and every
+# cluster of this run is down (its log kept).
+teardown
+echo "[test] audit logs kept: $(cd "$audit_dir" && ls -- *.audit.log 2>/dev/null | tr '\n' ' ')"
+$cargo test --test audit >"$logs/audit.log" 2>&1
+rc=$?
+took[audit]=$((SECONDS - started))
+echo
+echo "================ audit (exit $rc, ${took[audit]} s) ================"
+cat "$logs/audit.log"
+((rc == 0)) || failed+=(audit)
+suites+=(audit)
 
 # The table: one row per test binary. The real-node log holds several
 # binaries, each after a line "running <name>-<hash>"; split it by them.

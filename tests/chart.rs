@@ -1309,7 +1309,7 @@ fn chart_refuses_unconfined_agents_unless_acknowledged() {
         rules("forewarn-agent"),
         serde_json::json!([
             {"apiGroups": ["forewarn.dev"], "resources": ["scheduledeventreports"], "verbs": ["create", "patch", "list", "watch"]},
-            {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents"], "verbs": ["get", "list", "watch"]}
+            {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents"], "verbs": ["list", "watch"]}
         ])
     );
     let controller = rules("forewarn-controller");
@@ -1865,6 +1865,48 @@ fn apply_status(kubeconfig: &Path, name: &str, status: Value, manager: &str) -> 
     })
 }
 
+/// A JSON merge patch of the cluster-scoped object `name` of `resource`
+/// (group, version, kind, plural) with the credentials of `kubeconfig`,
+/// sent as the product sends its patches: with no read of the object
+/// first (`kubectl patch` reads it, which neither role may).
+fn merge_patch_as(
+    kubeconfig: &Path,
+    resource: (&str, &str, &str, &str),
+    name: &str,
+    body: Value,
+) -> Result<(), String> {
+    use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+    let (group, version, kind, plural) = resource;
+    let ar = ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: if group.is_empty() {
+            version.into()
+        } else {
+            format!("{group}/{version}")
+        },
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let client = forewarn_harness::cluster::client_for(kubeconfig)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        let api: Api<DynamicObject> = Api::all_with(client, &ar);
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map(|_| ())
+            .map_err(|e| match e {
+                kube::Error::Api(s) => format!("{} ({}): {}", s.reason, s.code, s.message),
+                e => e.to_string(),
+            })
+    })
+}
+
 /// The resource rows of `kubectl auth can-i --list`: (resource with its
 /// group, resource names joined by spaces) to verbs. A row reads `resource
 /// [non-resource URLs] [resource names] [verbs]`; rows of the same resource
@@ -2237,10 +2279,23 @@ fn installed_chart_confines_each_service_account() {
         "-p",
         r#"{"status":{"phase":"Draining","approval":{"reason":"waiting for the drain"}}}"#,
     ]);
-    // Reading events stays allowed: the agent sends the approvals the
-    // controller decides.
-    agent.ok(&["get", "scheduledevent", sev]);
+    // Listing and watching events stays allowed: the agent sends the
+    // approvals the controller decides, read from a watch of each event
+    // (a field selector on its name). It never reads one by name.
     agent.ok(&["get", "scheduledevents"]);
+    agent.ok(&[
+        "get",
+        "scheduledevents",
+        "--field-selector",
+        &format!("metadata.name={sev}"),
+    ]);
+    forbid(
+        &agent,
+        "agent reads a ScheduledEvent by name (get)",
+        &["get", "scheduledevent", sev],
+        "get",
+        "scheduledevents",
+    );
 
     // ScheduledEvents: no create, update, patch (server-side apply is a
     // patch) or delete, and nothing on their status.
@@ -2268,7 +2323,7 @@ fn installed_chart_confines_each_service_account() {
         "patch",
         "scheduledevents",
     );
-    let mut changed = agent.json(&["get", "scheduledevent", sev]);
+    let mut changed = k.json(&["get", "scheduledevent", sev]);
     changed["spec"]["eventStatus"] = "Completed".into();
     let changed = file("agent-sev-replace.json", &changed.to_string());
     forbid(
@@ -2314,7 +2369,7 @@ fn installed_chart_confines_each_service_account() {
         "patch",
         "scheduledevents/status",
     );
-    let mut status = agent.json(&["get", "scheduledevent", sev]);
+    let mut status = k.json(&["get", "scheduledevent", sev]);
     status["status"]["phase"] = "Approved".into();
     let status = file("agent-sev-status.json", &status.to_string());
     forbid(
@@ -2496,8 +2551,29 @@ fn installed_chart_confines_each_service_account() {
         &["run", "x", "--image=example.invalid/x", "-n", NS],
         "forbidden",
     );
-    controller.ok(&["cordon", nodes[2]]);
-    controller.ok(&["uncordon", nodes[2]]);
+    // A Node's cordon as the controller writes it: a merge patch, never a
+    // read by name first (kubectl cordon and patch read it first, which
+    // the controller may not: it knows Nodes from its watch).
+    for unschedulable in [true, false] {
+        merge_patch_as(
+            &controller.kubeconfig,
+            ("", "v1", "Node", "nodes"),
+            nodes[2],
+            serde_json::json!({"spec": {"unschedulable": unschedulable}}),
+        )
+        .unwrap_or_else(|e| panic!("the controller cannot cordon a node: {e}"));
+        assert_eq!(
+            k.json(&["get", "node", nodes[2]])["spec"]["unschedulable"] == true,
+            unschedulable
+        );
+    }
+    forbid(
+        &controller,
+        "controller reads a Node by name (get)",
+        &["get", "node", nodes[2]],
+        "get",
+        "nodes",
+    );
     controller.ok(&[
         "get",
         "pods",
@@ -2525,14 +2601,25 @@ fn installed_chart_confines_each_service_account() {
         &["create", "-f", "-"],
         &sev_yaml(&format!("{sev}-2"), "Scheduled", "vm-chart-0"),
     );
-    controller.ok(&[
-        "patch",
-        "scheduledevent",
+    merge_patch_as(
+        &controller.kubeconfig,
+        (
+            "forewarn.dev",
+            "v1alpha1",
+            "ScheduledEvent",
+            "scheduledevents",
+        ),
         &format!("{sev}-2"),
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"eventStatus":"Started"}}"#,
-    ]);
+        serde_json::json!({"spec": {"eventStatus": "Started"}}),
+    )
+    .unwrap_or_else(|e| panic!("the controller cannot patch a ScheduledEvent's spec: {e}"));
+    forbid(
+        &controller,
+        "controller reads a ScheduledEvent by name (get)",
+        &["get", "scheduledevent", sev],
+        "get",
+        "scheduledevents",
+    );
     controller.ok(&["get", "scheduledeventreports"]);
     controller.ok(&["delete", "scheduledeventreport", &own]);
     controller.ok(&["delete", "scheduledevent", sev, &format!("{sev}-2")]);
@@ -2564,6 +2651,15 @@ fn installed_chart_confines_each_service_account() {
             "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: forewarn-controller\n  namespace: {NS}\nspec:\n  holderIdentity: {holder}\n"
         )
     };
+    // (Another test's controller may have left it, released.)
+    k.ok(&[
+        "delete",
+        "lease",
+        "-n",
+        NS,
+        "forewarn-controller",
+        "--ignore-not-found",
+    ]);
     controller.ok_stdin(&["create", "-f", "-"], &lease("chart-test"));
     controller.ok_stdin(&["replace", "-f", "-"], &lease("chart-test-2"));
     k.ok(&["delete", "lease", "-n", NS, "forewarn-controller"]);
@@ -2590,18 +2686,14 @@ fn installed_chart_confines_each_service_account() {
                     "",
                     &["create", "list", "patch", "watch"],
                 ),
-                (
-                    "scheduledevents.forewarn.dev",
-                    "",
-                    &["get", "list", "watch"],
-                ),
+                ("scheduledevents.forewarn.dev", "", &["list", "watch"]),
             ]
         } else {
             &[
                 (
                     "scheduledevents.forewarn.dev",
                     "",
-                    &["create", "delete", "get", "list", "patch", "watch"],
+                    &["create", "delete", "list", "patch", "watch"],
                 ),
                 ("scheduledevents.forewarn.dev/status", "", &["patch"]),
                 (
@@ -2609,8 +2701,8 @@ fn installed_chart_confines_each_service_account() {
                     "",
                     &["delete", "list", "watch"],
                 ),
-                ("nodes", "", &["get", "list", "patch", "watch"]),
-                ("pods", "", &["get", "list", "watch"]),
+                ("nodes", "", &["list", "patch", "watch"]),
+                ("pods", "", &["list", "watch"]),
                 ("pods/eviction", "", &["create"]),
                 ("poddisruptionbudgets.policy", "", &["get", "list", "watch"]),
                 ("events.events.k8s.io", "", &["create", "patch"]),
@@ -2699,6 +2791,9 @@ fn chart_run_options(
     );
     opts.log_dir = repo_root().join("target/forewarn-runs").join(run);
     opts.timeout = Duration::from_secs(150);
+    // As the chart runs the controller (--agent-policy).
+    opts.extra_env
+        .push(("FOREWARN_AGENT_POLICY".into(), AGENT_POLICY.into()));
     opts.credentials = Some(Credentials {
         controller: controller.kubeconfig,
         agents,
@@ -2840,6 +2935,17 @@ fn scenario_plays_with_the_chart_credentials() {
         "{}",
         held["spec"]
     );
+    // The controller checked the chart's admission policy (--agent-policy,
+    // as the chart runs it) with its token.
+    let found = std::fs::read_dir(&opts.log_dir)
+        .expect("log dir")
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .any(|text| text.contains("The agents' admission policy is installed"));
+    assert!(
+        found,
+        "no controller log in {} says the admission policy is installed",
+        opts.log_dir.display()
+    );
     // No process fell back to anything but its token: the logs show no
     // authorization failure.
     for entry in std::fs::read_dir(&opts.log_dir).expect("log dir") {
@@ -2900,22 +3006,29 @@ struct ControllerProc {
 }
 
 impl ControllerProc {
+    /// A controller as the chart runs it (its Lease, `--agent-policy`),
+    /// with the credentials of `kubeconfig`, named `name`.
     fn start(kubeconfig: &Path, name: &str) -> ControllerProc {
-        Self::spawn(
-            kubeconfig,
+        Self::start_with(kubeconfig, name, &[])
+    }
+
+    /// [`ControllerProc::start`] with `extra` arguments.
+    fn start_with(kubeconfig: &Path, name: &str, extra: &[&str]) -> ControllerProc {
+        let agent_policy = format!("--agent-policy={AGENT_POLICY}");
+        let mut args = vec![
+            "controller",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--lease-namespace",
+            NS,
+            "--lease-name",
+            "forewarn-controller",
+            "--identity",
             name,
-            &[
-                "controller",
-                "--metrics-addr",
-                "127.0.0.1:0",
-                "--lease-namespace",
-                NS,
-                "--lease-name",
-                "forewarn-controller",
-                "--identity",
-                name,
-            ],
-        )
+            &agent_policy,
+        ];
+        args.extend_from_slice(extra);
+        Self::spawn(kubeconfig, name, &args)
     }
 
     /// `forewarn args` (any role) with `kubeconfig`'s credentials.
@@ -3799,4 +3912,247 @@ print(json.dumps({
             "user": "65532:65532",
         })
     );
+}
+
+/// Leader election with the chart's Role: a standby holding the chart's
+/// controller token waits on the Lease (reads it, and watches that one
+/// Lease by a `metadata.name` field selector, which the Role's
+/// `resourceNames` allow) and takes it over as soon as the leader releases
+/// it on SIGTERM, well before the 15 s the Lease would take to expire.
+#[test]
+fn a_standby_with_the_chart_token_takes_over_the_released_lease() {
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    install(&k, &c);
+    k.run(
+        &[
+            "delete",
+            "lease",
+            "-n",
+            NS,
+            "forewarn-controller",
+            "--ignore-not-found",
+        ],
+        None,
+    );
+    let controller = token_kubeconfig(&k, "lease-controller", &token(&k, CONTROLLER_SA, None));
+    let leader = ControllerProc::start(&controller.kubeconfig, "lease-leader");
+    eventually(
+        "the first controller leads",
+        Duration::from_secs(60),
+        || leader.log().contains("Leading: reconciling").then_some(()),
+    );
+    let standby = ControllerProc::start(&controller.kubeconfig, "lease-standby");
+    // Long enough for its first attempts to find the Lease held.
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(
+        !standby.log().contains("Leading: reconciling"),
+        "the standby leads while the leader holds the Lease:\n{}",
+        standby.log()
+    );
+    let holder = k.json(&["get", "lease", "-n", NS, "forewarn-controller"]);
+    assert_eq!(holder["spec"]["holderIdentity"], "lease-leader");
+    let leader_log = leader.log.clone();
+    let stopped = Instant::now();
+    drop(leader);
+    let took = stopped.elapsed();
+    eventually("the standby leads", Duration::from_secs(10), || {
+        standby.log().contains("Leading: reconciling").then_some(())
+    });
+    println!(
+        "standby leads {:?} after the leader's SIGTERM ({took:?} to stop it); woken by the watch: {}",
+        stopped.elapsed(),
+        standby.log().contains("The Lease was released")
+    );
+    let holder = k.json(&["get", "lease", "-n", NS, "forewarn-controller"]);
+    assert_eq!(holder["spec"]["holderIdentity"], "lease-standby");
+    let leader_log = std::fs::read_to_string(&leader_log).unwrap_or_default();
+    assert!(
+        leader_log.contains("Released the leader-election Lease"),
+        "the leader did not release the Lease on SIGTERM:\n{leader_log}"
+    );
+    for (name, log) in [("leader", leader_log), ("standby", standby.log())] {
+        assert!(
+            !log.contains("forbidden") && !log.contains("Forbidden"),
+            "{name}: refused:\n{log}"
+        );
+    }
+    drop(standby);
+    k.ok(&[
+        "delete",
+        "lease",
+        "-n",
+        NS,
+        "forewarn-controller",
+        "--ignore-not-found",
+    ]);
+}
+
+/// The controller with the chart's token (and `--agent-policy`, as the
+/// chart runs it) through a drain that a PodDisruptionBudget blocks, then
+/// past the event's retention: each refused eviction (429) makes it read
+/// the budget (is it wedged?) and post `EvictionBlocked` again, which kube's
+/// Recorder folds into one Event by patching its series; once the node's
+/// own agent reports the event gone the node is released, and 3 s later
+/// (policy `retention: 3s`) the ScheduledEvent and its report are deleted.
+#[test]
+fn chart_controller_waits_on_a_budget_and_deletes_the_event_past_retention() {
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    install(&k, &c);
+    let (b, vm_b) = ("node-000001", "vm-budget-1");
+    let (ns, sev) = ("budget-blocked", "budget-event");
+    for n in ["node-000000", b, "node-000002"] {
+        k.run(&["uncordon", n], None);
+    }
+    k.run(
+        &["delete", "scheduledevent", sev, "--ignore-not-found"],
+        None,
+    );
+    k.run(
+        &["delete", "scheduledeventreports", "--all", "--wait=false"],
+        None,
+    );
+    k.run(
+        &[
+            "delete",
+            "lease",
+            "-n",
+            NS,
+            "forewarn-controller",
+            "--ignore-not-found",
+        ],
+        None,
+    );
+    k.run(
+        &[
+            "delete",
+            "namespace",
+            ns,
+            "--ignore-not-found",
+            "--wait=true",
+        ],
+        None,
+    );
+    ensure_namespace(&k, ns, "baseline");
+    // One pod on B that its budget lets no eviction take.
+    k.ok_stdin(
+        &["apply", "-f", "-"],
+        &format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: blocker\n  namespace: {ns}\nspec:\n  replicas: 1\n  selector:\n    matchLabels: {{app: blocker}}\n  template:\n    metadata:\n      labels: {{app: blocker}}\n    spec:\n      nodeSelector: {{kubernetes.io/hostname: {b}}}\n      terminationGracePeriodSeconds: 0\n      containers:\n        - name: app\n          image: registry.invalid/blocker:1\n---\n\
+             apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: blocker\n  namespace: {ns}\nspec:\n  minAvailable: 1\n  selector:\n    matchLabels: {{app: blocker}}\n"
+        ),
+    );
+    eventually(
+        "the blocker runs on B and its budget allows no disruption",
+        Duration::from_secs(60),
+        || {
+            let pdb = k.json(&["get", "pdb", "-n", ns, "blocker"]);
+            (pdb["status"]["currentHealthy"] == 1 && pdb["status"]["disruptionsAllowed"] == 0)
+                .then_some(())
+        },
+    );
+    let policy = out_dir().join("budget-retention-policy.yaml");
+    std::fs::write(&policy, "retention: 3s\n").expect("policy file");
+    let policy_arg = format!("--policy-file={}", policy.display());
+    let controller = token_kubeconfig(&k, "budget-controller", &token(&k, CONTROLLER_SA, None));
+    let ctl =
+        ControllerProc::start_with(&controller.kubeconfig, "budget-controller", &[&policy_arg]);
+    eventually("the controller leads", Duration::from_secs(60), || {
+        ctl.log().contains("Leading: reconciling").then_some(())
+    });
+    let (pod, uid) = agent_pod_on(&k, b);
+    let agent_b = token_kubeconfig(
+        &k,
+        "budget-agent-b",
+        &token(&k, AGENT_SA, Some((&pod, &uid))),
+    );
+
+    // 1. B's agent reports a Reboot of its VM: B is cordoned and its pod's
+    //    eviction refused, pass after pass.
+    let out = apply_report(
+        &agent_b,
+        &report_yaml(sev, b, vm_b, "Reboot", "Scheduled", &[vm_b]),
+    );
+    assert!(out.ok, "agent B may write its own report: {}", out.stderr);
+    let blocked = eventually(
+        "an EvictionBlocked Event of the event seen twice (its series patched)",
+        Duration::from_secs(60),
+        || {
+            let events = k.json(&[
+                "get",
+                "events.events.k8s.io",
+                "-A",
+                "--field-selector",
+                "reason=EvictionBlocked",
+            ]);
+            events["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["regarding"]["name"] == sev && e["series"]["count"].as_i64() >= Some(2))
+                .cloned()
+        },
+    );
+    println!("{}: {}", blocked["series"], blocked["note"]);
+    assert!(
+        blocked["note"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(&format!("blocked by PodDisruptionBudget {ns}/blocker")),
+        "{}",
+        blocked["note"]
+    );
+    assert!(unschedulable(&k, b), "node B is not cordoned");
+    let pods = k.json(&["get", "pods", "-n", ns, "-l", "app=blocker"]);
+    assert_eq!(
+        pods["items"].as_array().map(Vec::len),
+        Some(1),
+        "the blocked pod was evicted: {pods}"
+    );
+
+    // 2. B's agent reports the event gone: B is released, and the event
+    //    and its report are deleted once its 3 s of retention are over.
+    let out = apply_report(
+        &agent_b,
+        &report_yaml(sev, b, vm_b, "Reboot", "Completed", &[vm_b]),
+    );
+    assert!(out.ok, "agent B may write its own report: {}", out.stderr);
+    eventually(
+        "the ScheduledEvent deleted past its retention",
+        Duration::from_secs(60),
+        || {
+            let out = k.run(&["get", "scheduledevent", sev], None);
+            (!out.ok && out.stderr.contains("NotFound")).then_some(())
+        },
+    );
+    eventually("its report deleted", Duration::from_secs(15), || {
+        let out = k.run(
+            &["get", "scheduledeventreport", &format!("{sev}.{b}")],
+            None,
+        );
+        (!out.ok && out.stderr.contains("NotFound")).then_some(())
+    });
+    assert!(!unschedulable(&k, b), "node B is still cordoned");
+    let log = ctl.log();
+    drop(ctl);
+    assert!(
+        log.contains("The agents' admission policy is installed"),
+        "the controller did not find the chart's admission policy:\n{log}"
+    );
+    for bad in ["forbidden", "Forbidden"] {
+        assert!(!log.contains(bad), "the controller was refused:\n{log}");
+    }
+    // Gone before the next test: a later drain of B must not meet the
+    // blocker in a terminating namespace (its eviction then answers 403
+    // NamespaceTerminating, which tests/audit.rs would count).
+    k.ok(&["delete", "namespace", ns, "--wait=true", "--timeout=120s"]);
+    k.ok(&[
+        "delete",
+        "lease",
+        "-n",
+        NS,
+        "forewarn-controller",
+        "--ignore-not-found",
+    ]);
 }

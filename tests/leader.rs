@@ -478,10 +478,10 @@ async fn a_leader_that_cannot_watch_pods_leads_but_is_never_ready() {
 kind: ClusterRole
 metadata: {{name: leader-test-no-pods}}
 rules:
-  - {{apiGroups: [forewarn.dev], resources: [scheduledevents], verbs: [get, list, watch, create, patch, delete]}}
+  - {{apiGroups: [forewarn.dev], resources: [scheduledevents], verbs: [list, watch, create, patch, delete]}}
   - {{apiGroups: [forewarn.dev], resources: [scheduledevents/status], verbs: [patch]}}
   - {{apiGroups: [forewarn.dev], resources: [scheduledeventreports], verbs: [list, watch, delete]}}
-  - {{apiGroups: [""], resources: [nodes], verbs: [get, list, watch, patch]}}
+  - {{apiGroups: [""], resources: [nodes], verbs: [list, watch, patch]}}
   - {{apiGroups: [policy], resources: [poddisruptionbudgets], verbs: [get, list, watch]}}
   - {{apiGroups: [events.k8s.io], resources: [events], verbs: [create, patch]}}
   - {{apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, list, watch, create, update]}}

@@ -85,7 +85,7 @@ async fn setup(env: &Env, client: &Client) {
             "rules": [
                 // The chart's agent rules (charts/forewarn/templates/rbac-agent.yaml).
                 {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents"],
-                 "verbs": ["get", "list", "watch"]},
+                 "verbs": ["list", "watch"]},
                 {"apiGroups": ["forewarn.dev"], "resources": ["scheduledeventreports"],
                  "verbs": ["create", "patch", "list", "watch"]},
             ],

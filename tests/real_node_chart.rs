@@ -72,6 +72,53 @@ fn helm(args: &[&str], kubeconfig: &std::path::Path, home: &std::path::Path) -> 
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Uninstalls the release of `ns`, the processes of its pods first: the
+/// DaemonSet and the Deployment are deleted, and once their pods on the
+/// real node (the only ones that run a process; KWOK's take their whole
+/// grace period to go, running nothing) are gone, `helm uninstall` takes
+/// the RBAC away. So no process of the chart runs without its RBAC (a
+/// request it sent then would be refused, which tests/audit.rs counts
+/// against the chart's RBAC).
+fn uninstall(env: &support::Env, ns: &str, home: &std::path::Path) {
+    let release = "app.kubernetes.io/instance=forewarn";
+    env.cluster
+        .kubectl(&["delete", "daemonset,deployment", "-n", ns, "-l", release])
+        .expect("delete the chart's workloads");
+    let on_node = format!("spec.nodeName={}", env.node);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let left = env
+            .cluster
+            .kubectl(&[
+                "get",
+                "pods",
+                "-n",
+                ns,
+                "-l",
+                release,
+                "--field-selector",
+                &on_node,
+                "-o",
+                "name",
+            ])
+            .expect("list the chart's pods");
+        if left.trim().is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the chart's pods on {} still there 120 s after their workloads were deleted: {left}",
+            env.node
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    helm(
+        &["uninstall", "forewarn", "--namespace", ns, "--wait"],
+        &env.cluster.kubeconfig,
+        home,
+    );
+}
+
 /// `kubectl` with a bearer token instead of the admin credentials; returns
 /// (success, stdout + stderr).
 fn kubectl_as(env: &support::Env, token: &str, args: &[&str]) -> (bool, String) {
@@ -338,11 +385,7 @@ async fn chart_agent_runs_on_the_real_node() {
         ])
         .expect("delete the check's report");
 
-    helm(
-        &["uninstall", "forewarn", "--namespace", NS, "--wait"],
-        &env.cluster.kubeconfig,
-        &home,
-    );
+    uninstall(&env, NS, &home);
     mock.terminate(Duration::from_secs(5)).await.ok();
 }
 
@@ -1097,9 +1140,5 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
     for d in ["web", "worker"] {
         deployments.delete(d, &DeleteParams::default()).await.ok();
     }
-    helm(
-        &["uninstall", "forewarn", "--namespace", E2E_NS, "--wait"],
-        &env.cluster.kubeconfig,
-        &home,
-    );
+    uninstall(&env, E2E_NS, &home);
 }
