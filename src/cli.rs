@@ -48,6 +48,13 @@ pub enum Command {
         #[arg(long)]
         reports: bool,
     },
+    /// Install or upgrade the CustomResourceDefinitions this binary was
+    /// built with (the chart's pre-install and pre-upgrade hook).
+    Crds {
+        /// What to do.
+        #[command(subcommand)]
+        action: CrdsAction,
+    },
     /// Print the policy's JSON schema (the `controller.policy` part of the
     /// chart's values.schema.json), or that whole file with the part
     /// regenerated (`make generate`).
@@ -60,6 +67,23 @@ pub enum Command {
     },
     /// Serve a scenario-driven imitation of IMDS (demos, tests, game days).
     ImdsMock(ImdsMockArgs),
+}
+
+/// Subcommands of `forewarn crds`.
+#[derive(Debug, Subcommand)]
+pub enum CrdsAction {
+    /// Server-side apply both CRDs (field manager `forewarn-crds`, taking
+    /// over the fields `helm install` created) and wait until the API
+    /// server has established them with every field of this version.
+    /// Credentials: in-cluster, or `KUBECONFIG`; needs `create` on
+    /// customresourcedefinitions and `get`, `patch` on
+    /// scheduledevents.forewarn.dev and scheduledeventreports.forewarn.dev.
+    Apply {
+        /// Give up (exit non-zero) when the API server has not taken both
+        /// within this time; transient errors are retried until then.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "120s")]
+        timeout: Duration,
+    },
 }
 
 /// Flags of `forewarn agent`.

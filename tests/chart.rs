@@ -919,7 +919,8 @@ fn chart_refuses_unconfined_agents_unless_acknowledged() {
         rules("forewarn-agent"),
         serde_json::json!([
             {"apiGroups": ["forewarn.dev"], "resources": ["scheduledeventreports"], "verbs": ["create", "patch", "list", "watch"]},
-            {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents"], "verbs": ["get", "list", "watch"]}
+            {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "resourceNames": ["scheduledeventreports.forewarn.dev"], "verbs": ["get"]}
         ])
     );
     let controller = rules("forewarn-controller");
@@ -1327,6 +1328,238 @@ fn crd_upgrade_step_serves_the_new_schema() {
         );
         (openapi.ok && openapi.stdout.contains("resourceType") && out.ok).then_some(())
     });
+}
+
+/// A CRD of `crds/` (`file`) as JSON, changed by `edit`.
+fn crd_edited(file: &str, edit: impl FnOnce(&mut Value)) -> Value {
+    let text = std::fs::read_to_string(repo_root().join("crds").join(file)).expect("CRD");
+    let mut v: Value = serde_yaml::from_str(&text).expect("CRD YAML");
+    edit(&mut v);
+    v
+}
+
+/// The `properties` of the schema of `crd` (JSON) at `path` (property
+/// names; `[]` steps into array items).
+fn props<'a>(crd: &'a mut Value, path: &[&str]) -> &'a mut serde_json::Map<String, Value> {
+    let mut v = &mut crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+    for step in path {
+        v = if *step == "[]" {
+            &mut v["items"]
+        } else {
+            &mut v["properties"][*step]
+        };
+    }
+    v["properties"].as_object_mut().expect("properties")
+}
+
+/// Installs `crd` (JSON) over the installed one: server-side, forced.
+fn put_crd(k: &Kubectl, crd: &Value) {
+    k.ok_stdin(
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager",
+            "chart-test-older-crd",
+            "-f",
+            "-",
+        ],
+        &crd.to_string(),
+    );
+}
+
+/// The CRDs of `crds/`, put back as the harness installed them (on drop,
+/// so that a failed test leaves the shared cluster's CRDs whole).
+struct RestoreCrds(Kubectl);
+
+impl RestoreCrds {
+    fn now(&self) {
+        let dir = repo_root().join("crds");
+        self.0.ok(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &dir.to_string_lossy(),
+        ]);
+        self.0.wait_established(&[
+            "crd/scheduledevents.forewarn.dev",
+            "crd/scheduledeventreports.forewarn.dev",
+        ]);
+    }
+}
+
+impl Drop for RestoreCrds {
+    fn drop(&mut self) {
+        self.now();
+    }
+}
+
+/// The start-up check (src/crds.rs), with the chart's credentials: facing
+/// CRDs older than the binary (a status field and a report field missing),
+/// the controller and the agent exit non-zero with one error naming the
+/// CRD, the field and the command that applies the new CRDs, before the
+/// controller touches its Lease; with the current CRDs both go on. A token
+/// without the chart's `get` on the CRDs is let through with a warning.
+#[test]
+fn processes_facing_older_crds_exit_naming_the_missing_field_and_the_command() {
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    install(&k, &c);
+    let restore = RestoreCrds(k.clone());
+    let controller = token_kubeconfig(&k, "crd-check-controller", &token(&k, CONTROLLER_SA, None));
+    let (pod, uid) = agent_pod_on(&k, "node-000000");
+    let agent = token_kubeconfig(
+        &k,
+        "crd-check-agent",
+        &token(&k, AGENT_SA, Some((&pod, &uid))),
+    );
+    // A Lease held by someone else: a controller that passes the check
+    // stands by and reconciles nothing of the other tests' objects.
+    let lease = serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "forewarn-controller", "namespace": NS},
+        "spec": {"holderIdentity": "crd-check-holder", "leaseDurationSeconds": 3600,
+                 "renewTime": chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()},
+    });
+    k.run(
+        &[
+            "delete",
+            "lease",
+            "-n",
+            NS,
+            "forewarn-controller",
+            "--ignore-not-found",
+        ],
+        None,
+    );
+    k.ok_stdin(&["create", "-f", "-"], &lease.to_string());
+    let agent_args = [
+        "agent",
+        "--node-name",
+        "node-000000",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--imds-url",
+        "http://127.0.0.1:9/",
+    ];
+
+    put_crd(
+        &k,
+        &crd_edited("scheduledevents.forewarn.dev.yaml", |v| {
+            props(v, &["status"])
+                .remove("nodesNotListed")
+                .expect("nodesNotListed");
+        }),
+    );
+    put_crd(
+        &k,
+        &crd_edited("scheduledeventreports.forewarn.dev.yaml", |v| {
+            props(v, &["spec", "report"])
+                .remove("approvals")
+                .expect("approvals");
+        }),
+    );
+    let mut ctl = ControllerProc::start(&controller.kubeconfig, "crd-check-controller-older");
+    let status = ctl
+        .exit_within(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("the controller runs on older CRDs:\n{}", ctl.log()));
+    let log = ctl.log();
+    println!("controller on older CRDs ({status}):\n{log}");
+    assert!(!status.success(), "{log}");
+    for want in [
+        "CustomResourceDefinition scheduledevents.forewarn.dev is older than forewarn",
+        "it lacks 1 field: status.nodesNotListed",
+        "CustomResourceDefinition scheduledeventreports.forewarn.dev is older than forewarn",
+        "it lacks 1 field: spec.report.approvals",
+        "helm show crds forewarn-0.1.0.tgz | kubectl apply --server-side --force-conflicts -f -",
+    ] {
+        assert!(log.contains(want), "no {want:?} in:\n{log}");
+    }
+    assert!(!log.contains("forbidden"), "{log}");
+    assert!(!log.contains("Lease"), "it went on to the Lease:\n{log}");
+    let mut ag = ControllerProc::spawn(&agent.kubeconfig, "crd-check-agent-older", &agent_args);
+    let status = ag
+        .exit_within(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("the agent runs on an older CRD:\n{}", ag.log()));
+    let log = ag.log();
+    println!("agent on older CRDs ({status}):\n{log}");
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("it lacks 1 field: spec.report.approvals"),
+        "{log}"
+    );
+    assert!(
+        log.contains("kubectl apply --server-side --force-conflicts"),
+        "{log}"
+    );
+    // The agent checks the CRD it writes, not the controller's.
+    assert!(
+        !log.contains("scheduledevents.forewarn.dev is older"),
+        "{log}"
+    );
+
+    // The current CRDs: both pass the check and run on.
+    restore.now();
+    let mut ctl = ControllerProc::start(&controller.kubeconfig, "crd-check-controller-current");
+    let mut ag = ControllerProc::spawn(&agent.kubeconfig, "crd-check-agent-current", &agent_args);
+    let passed = "The installed CRD has every field this version needs";
+    eventually(
+        "the controller passes the check",
+        Duration::from_secs(60),
+        || {
+            (ctl.log().matches(passed).count() == 2 && ctl.log().contains("Waiting for leadership"))
+                .then_some(())
+        },
+    );
+    eventually(
+        "the agent passes the check",
+        Duration::from_secs(60),
+        || ag.log().contains(passed).then_some(()),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(ctl.exit_within(Duration::ZERO).is_none(), "{}", ctl.log());
+    assert!(ag.exit_within(Duration::ZERO).is_none(), "{}", ag.log());
+    drop((ctl, ag));
+
+    // A token whose RBAC lacks the chart's rule: a warning, and it runs on.
+    k.run(
+        &["create", "serviceaccount", "-n", NS, "crd-check-no-rbac"],
+        None,
+    );
+    let bare = token_kubeconfig(
+        &k,
+        "crd-check-no-rbac",
+        &token(&k, "crd-check-no-rbac", None),
+    );
+    let mut ag = ControllerProc::spawn(&bare.kubeconfig, "crd-check-agent-no-rbac", &agent_args);
+    eventually(
+        "the agent warns that it cannot check",
+        Duration::from_secs(60),
+        || {
+            ag.log()
+                .contains("Cannot check the installed CRD")
+                .then_some(())
+        },
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(ag.exit_within(Duration::ZERO).is_none(), "{}", ag.log());
+    drop(ag);
+    k.run(
+        &["delete", "serviceaccount", "-n", NS, "crd-check-no-rbac"],
+        None,
+    );
+    k.run(
+        &[
+            "delete",
+            "lease",
+            "-n",
+            NS,
+            "forewarn-controller",
+            "--ignore-not-found",
+        ],
+        None,
+    );
 }
 
 /// The API server's address and CA, from the admin kubeconfig.
@@ -2194,6 +2427,11 @@ fn installed_chart_confines_each_service_account() {
                     "",
                     &["get", "list", "watch"],
                 ),
+                (
+                    "customresourcedefinitions.apiextensions.k8s.io",
+                    "scheduledeventreports.forewarn.dev",
+                    &["get"],
+                ),
             ]
         } else {
             &[
@@ -2221,6 +2459,11 @@ fn installed_chart_confines_each_service_account() {
                 (
                     "validatingadmissionpolicybindings.admissionregistration.k8s.io",
                     AGENT_POLICY,
+                    &["get"],
+                ),
+                (
+                    "customresourcedefinitions.apiextensions.k8s.io",
+                    "scheduledevents.forewarn.dev scheduledeventreports.forewarn.dev",
                     &["get"],
                 ),
                 ("leases.coordination.k8s.io", "", &["create"]),
@@ -2500,10 +2743,10 @@ struct ControllerProc {
 
 impl ControllerProc {
     fn start(kubeconfig: &Path, name: &str) -> ControllerProc {
-        let log = out_dir().join(format!("{name}.log"));
-        let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_forewarn"))
-            .args([
+        Self::spawn(
+            kubeconfig,
+            name,
+            &[
                 "controller",
                 "--metrics-addr",
                 "127.0.0.1:0",
@@ -2513,23 +2756,52 @@ impl ControllerProc {
                 "forewarn-controller",
                 "--identity",
                 name,
-            ])
+            ],
+        )
+    }
+
+    /// `forewarn ARGS` with `kubeconfig`'s credentials, its output in
+    /// `<name>.log`.
+    fn spawn(kubeconfig: &Path, name: &str, args: &[&str]) -> ControllerProc {
+        let log = out_dir().join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_forewarn"))
+            .args(args)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,kube=warn")
+            .env("RUST_LIB_BACKTRACE", "0")
             .stdout(file.try_clone().expect("log file"))
             .stderr(file)
             .spawn()
-            .expect("start the controller");
+            .expect("start forewarn");
         ControllerProc { child, log }
     }
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// The exit status once it has exited, within `within`; `None` while
+    /// it runs.
+    fn exit_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            if start.elapsed() > within {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 impl Drop for ControllerProc {
     fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_some() {
+            return;
+        }
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();

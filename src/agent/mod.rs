@@ -99,6 +99,15 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let shutdown = crate::cli::shutdown_signal();
     tokio::pin!(shutdown);
 
+    // The installed reports CRD must carry every field this version
+    // writes, or the API server would silently drop them from its reports:
+    // exit with the command that mends it (see `crds`).
+    let needs = crate::crds::agent_needs();
+    tokio::select! {
+        _ = &mut shutdown => return Ok(()),
+        r = crate::crds::require(&clients.requests, &needs, "agent") => r?,
+    }
+
     // The first request may take up to two minutes while IMDS enables
     // Scheduled Events for the VM; keep asking, with backoff, until SIGTERM.
     let compute = tokio::select! {
