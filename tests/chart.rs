@@ -1206,6 +1206,15 @@ fn controller_meets_pod_security_restricted_and_agent_needs_privileged() {
         "the controller pod violates Pod Security restricted: {}",
         out.stderr
     );
+    // The CRD hook Job's pod too: it runs in the release namespace, like
+    // the controller's.
+    let job = pod_from_template(&k, &rendered, "Job", "crds-psa", ns);
+    let out = k.run(&["create", "--dry-run=server", "-f", "-"], Some(&job));
+    assert!(
+        out.ok,
+        "the CRD hook Job's pod violates Pod Security restricted: {}",
+        out.stderr
+    );
     let agent = pod_from_template(&k, &rendered, "DaemonSet", "agent-psa", ns);
     let out = k.run(&["create", "--dry-run=server", "-f", "-"], Some(&agent));
     assert!(!out.ok, "the agent pod was admitted under restricted");
@@ -1562,6 +1571,236 @@ fn processes_facing_older_crds_exit_naming_the_missing_field_and_the_command() {
     );
 }
 
+/// The CRD hook's ServiceAccount and RBAC (helm creates them before its
+/// Job), applied from `helm template`, and a kubeconfig with a
+/// TokenRequest token of that ServiceAccount: what the Job's pod holds.
+fn hook_credentials(k: &Kubectl) -> Kubectl {
+    ensure_namespace(k, NS, "privileged");
+    let docs = documents(&render(&["--show-only", "templates/crds-upgrade-job.yaml"]));
+    for d in docs.iter().filter(|d| d["kind"] != "Job") {
+        k.ok_stdin(&["apply", "--server-side", "-f", "-"], &d.to_string());
+    }
+    token_kubeconfig(k, "crds-hook", &token(k, "forewarn-crds", None))
+}
+
+/// `forewarn crds apply` (what the hook Job runs) with `who`'s credentials.
+fn crds_apply(who: &Kubectl) -> Out {
+    run(
+        Path::new(env!("CARGO_BIN_EXE_forewarn")),
+        &["crds", "apply", "--timeout", "60s"],
+        &[
+            ("KUBECONFIG", who.kubeconfig.as_path()),
+            ("RUST_LIB_BACKTRACE", Path::new("0")),
+        ],
+        None,
+    )
+}
+
+/// (manager, operation) of each managedFields entry of `obj`.
+fn managers(obj: &Value) -> Vec<(String, String)> {
+    obj["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            (
+                m["manager"].as_str().unwrap_or_default().to_string(),
+                m["operation"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The CRD hook's `forewarn crds apply`, with nothing but the hook's RBAC
+/// (a TokenRequest token of its ServiceAccount), over older CRDs as Helm
+/// leaves them (the reports CRD absent; the events CRD created by a plain
+/// create, without `status.nodesNotListed` and with a field since
+/// removed): it creates the one, replaces the other's schema whole (the
+/// removed field gone), under its field manager, waits until both are
+/// established, and the new fields work; run again, it changes nothing.
+/// The hook's token may do nothing else to CRDs.
+#[test]
+fn crds_apply_with_the_hook_credentials_installs_the_new_crds() {
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    let restore = RestoreCrds(k.clone());
+    let hook = hook_credentials(&k);
+    for (verb, what, allowed) in [
+        ("create", "customresourcedefinitions", "yes"),
+        (
+            "get",
+            "customresourcedefinitions/scheduledevents.forewarn.dev",
+            "yes",
+        ),
+        (
+            "patch",
+            "customresourcedefinitions/scheduledeventreports.forewarn.dev",
+            "yes",
+        ),
+        (
+            "delete",
+            "customresourcedefinitions/scheduledevents.forewarn.dev",
+            "no",
+        ),
+        (
+            "update",
+            "customresourcedefinitions/scheduledevents.forewarn.dev",
+            "no",
+        ),
+        (
+            "patch",
+            "customresourcedefinitions/servicemonitors.monitoring.coreos.com",
+            "no",
+        ),
+        ("list", "customresourcedefinitions", "no"),
+        ("get", "scheduledevents", "no"),
+    ] {
+        let out = hook.run(&["auth", "can-i", verb, what], None);
+        assert_eq!(out.stdout.trim(), allowed, "the hook may {verb} {what}?");
+    }
+
+    // The older CRDs, as `helm install` of an earlier chart leaves them.
+    k.ok(&[
+        "delete",
+        "crd",
+        "scheduledeventreports.forewarn.dev",
+        "scheduledevents.forewarn.dev",
+        "--wait=true",
+    ]);
+    let older = crd_edited("scheduledevents.forewarn.dev.yaml", |v| {
+        props(v, &["status"])
+            .remove("nodesNotListed")
+            .expect("nodesNotListed");
+        props(v, &["spec"]).insert(
+            "removedSince".into(),
+            serde_json::json!({"type": "string", "description": "gone in the new CRD"}),
+        );
+    });
+    k.ok_stdin(&["create", "-f", "-"], &older.to_string());
+    k.wait_established(&["crd/scheduledevents.forewarn.dev"]);
+
+    let out = crds_apply(&hook);
+    println!("forewarn crds apply:\n{}{}", out.stdout, out.stderr);
+    assert!(
+        out.ok,
+        "forewarn crds apply failed:\n{}{}",
+        out.stdout, out.stderr
+    );
+    let log = format!("{}{}", out.stdout, out.stderr);
+    assert!(
+        log.contains("crd=scheduledevents.forewarn.dev applied=Updated")
+            && log.contains("crd=scheduledeventreports.forewarn.dev applied=Created"),
+        "{log}"
+    );
+    assert_eq!(log.matches("The CRD is established").count(), 2, "{log}");
+    let versions = || -> Vec<String> {
+        [
+            "scheduledevents.forewarn.dev",
+            "scheduledeventreports.forewarn.dev",
+        ]
+        .iter()
+        .map(|name| {
+            let crd = k.json(&["get", "crd", name, "--show-managed-fields"]);
+            assert!(
+                managers(&crd).contains(&("forewarn-crds".into(), "Apply".into())),
+                "{name}: no forewarn-crds apply in {:?}",
+                managers(&crd)
+            );
+            crd["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+    };
+    let first = versions();
+    // The stored schemas are this version's, whole: the removed field gone.
+    for file in [
+        "scheduledevents.forewarn.dev.yaml",
+        "scheduledeventreports.forewarn.dev.yaml",
+    ] {
+        let want = crd_edited(file, |_| {});
+        let name = want["metadata"]["name"].as_str().unwrap();
+        let stored = k.json(&["get", "crd", name]);
+        assert_eq!(
+            same_numbers(&stored["spec"]["versions"][0]["schema"]),
+            same_numbers(&want["spec"]["versions"][0]["schema"]),
+            "{name}: the stored schema is not this version's"
+        );
+    }
+    // The new fields work: a report is accepted, a status with
+    // nodesNotListed is stored as written.
+    eventually("the new schema served", Duration::from_secs(30), || {
+        let report = report_yaml(
+            "crd-apply-probe",
+            "node-000000",
+            "vm-0",
+            "Reboot",
+            "Scheduled",
+            &["vm-0"],
+        );
+        let out = k.run(
+            &["create", "--dry-run=server", "--validate=strict", "-f", "-"],
+            Some(&report),
+        );
+        out.ok.then_some(())
+    });
+    k.run(
+        &[
+            "delete",
+            "scheduledevent",
+            "crd-apply-probe",
+            "--ignore-not-found",
+        ],
+        None,
+    );
+    k.ok_stdin(
+        &["create", "-f", "-"],
+        &sev_yaml("crd-apply-probe", "Scheduled", "vm-0"),
+    );
+    apply_status(
+        &c.kubeconfig,
+        "crd-apply-probe",
+        serde_json::json!({"phase": "Draining", "nodesNotListed": {"count": 7, "drained": 2}}),
+        "chart-test",
+    )
+    .expect("status with nodesNotListed");
+    let ev = k.json(&["get", "scheduledevent", "crd-apply-probe"]);
+    assert_eq!(
+        ev["status"]["nodesNotListed"],
+        serde_json::json!({"count": 7, "drained": 2}),
+        "{}",
+        ev["status"]
+    );
+    k.ok(&["delete", "scheduledevent", "crd-apply-probe"]);
+
+    // Again: nothing to do.
+    let out = crds_apply(&hook);
+    let log = format!("{}{}", out.stdout, out.stderr);
+    assert!(out.ok, "{log}");
+    assert_eq!(log.matches("applied=Unchanged").count(), 2, "{log}");
+    assert_eq!(versions(), first, "a second apply changed the CRDs");
+
+    for kind in ["clusterrolebinding", "clusterrole"] {
+        k.run(
+            &["delete", kind, "forewarn-crds", "--ignore-not-found"],
+            None,
+        );
+    }
+    k.run(
+        &[
+            "delete",
+            "serviceaccount",
+            "-n",
+            NS,
+            "forewarn-crds",
+            "--ignore-not-found",
+        ],
+        None,
+    );
+    drop(restore);
+}
+
 /// The API server's address and CA, from the admin kubeconfig.
 fn server_and_ca(k: &Kubectl) -> (String, String) {
     let cfg = k.json(&["config", "view", "--raw", "--minify", "--flatten"]);
@@ -1608,6 +1847,13 @@ fn token(k: &Kubectl, sa: &str, pod: Option<(&str, &str)>) -> String {
 }
 
 /// Installs (or upgrades) the release with default values and waits for it.
+///
+/// Without the CRD hook Job (`crds.upgradeJob.enabled=false`): KWOK fakes
+/// pods, and kwok's pod-complete stage would mark the Job's pod Succeeded
+/// without running anything, so the hook would claim an apply that never
+/// happened. The tests run what the Job runs, `forewarn crds apply`, with
+/// the hook's own ServiceAccount token instead (`crds_apply_*`), and the
+/// real-node chart test runs the Job in a real pod.
 fn install(k: &Kubectl, c: &Cluster) {
     ensure_namespace(k, NS, "privileged");
     let chart = chart_dir();
@@ -1621,6 +1867,8 @@ fn install(k: &Kubectl, c: &Cluster) {
         NS,
         "--kubeconfig",
         &kubeconfig,
+        "--set",
+        "crds.upgradeJob.enabled=false",
         "--wait",
         "--timeout",
         "180s",
@@ -2463,7 +2711,12 @@ fn installed_chart_confines_each_service_account() {
                 ),
                 (
                     "customresourcedefinitions.apiextensions.k8s.io",
-                    "scheduledevents.forewarn.dev scheduledeventreports.forewarn.dev",
+                    "scheduledevents.forewarn.dev",
+                    &["get"],
+                ),
+                (
+                    "customresourcedefinitions.apiextensions.k8s.io",
+                    "scheduledeventreports.forewarn.dev",
                     &["get"],
                 ),
                 ("leases.coordination.k8s.io", "", &["create"]),
@@ -2699,6 +2952,162 @@ fn scenario_plays_with_the_chart_credentials() {
                     .join("\n")
             );
         }
+    }
+}
+
+/// The CRD hook (templates/crds-upgrade-job.yaml): a pre-install and
+/// pre-upgrade Job running `forewarn crds apply` whose pod runs like the
+/// controller's (image, pull secrets, security contexts, placement,
+/// hostNetwork, extraEnv, resources), after its own ServiceAccount and RBAC
+/// (lower hook weight), all deleted once it succeeded; off with
+/// `crds.upgradeJob.enabled=false`.
+#[test]
+fn crd_hook_job_runs_like_the_controller() {
+    let hook = |d: &Value| d["metadata"]["annotations"]["helm.sh/hook"].clone();
+    for extra in [
+        vec![],
+        vec![
+            "-f".to_string(),
+            all_features_values(),
+            "--set".into(),
+            "controller.hostNetwork=true".into(),
+            "--set-json".into(),
+            r#"controller.nodeSelector={"pool":"system"}"#.into(),
+            "--set-json".into(),
+            r#"controller.tolerations=[{"key":"CriticalAddonsOnly","operator":"Exists"}]"#.into(),
+            "--set".into(),
+            "image.repository=registry.example.com/forewarn".into(),
+            "--set".into(),
+            "image.tag=9.9.9".into(),
+        ],
+    ] {
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let docs = documents(&render(&extra));
+        let find = |kind: &str| {
+            docs.iter()
+                .find(|d| d["kind"] == kind)
+                .unwrap_or_else(|| panic!("no {kind}"))
+                .clone()
+        };
+        let (dep, job) = (find("Deployment"), find("Job"));
+        let (ctl, pod) = (
+            &dep["spec"]["template"]["spec"],
+            &job["spec"]["template"]["spec"],
+        );
+        for key in [
+            "imagePullSecrets",
+            "securityContext",
+            "nodeSelector",
+            "tolerations",
+            "affinity",
+            "hostNetwork",
+            "dnsPolicy",
+        ] {
+            assert_eq!(pod[key], ctl[key], "{extra:?}: the Job's {key}");
+        }
+        let (cc, jc) = (&ctl["containers"][0], &pod["containers"][0]);
+        for key in [
+            "image",
+            "imagePullPolicy",
+            "command",
+            "securityContext",
+            "resources",
+        ] {
+            assert_eq!(jc[key], cc[key], "{extra:?}: the Job container's {key}");
+        }
+        let ctl_env: Vec<&Value> = cc["env"].as_array().unwrap().iter().collect();
+        for e in jc["env"].as_array().into_iter().flatten() {
+            assert!(
+                ctl_env.contains(&e),
+                "{extra:?}: the Job's env {e} is not the controller's"
+            );
+        }
+        let args: Vec<&str> = jc["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(&args[2..], ["crds", "apply", "--timeout=120s"], "{args:?}");
+        assert_eq!(
+            args[..2],
+            cc["args"].as_array().unwrap()[..2]
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()[..]
+        );
+        assert_eq!(pod["restartPolicy"], "Never");
+        assert_eq!(pod["serviceAccountName"], "forewarn-crds");
+        assert_eq!(job["spec"]["backoffLimit"], 1);
+        assert_eq!(job["spec"]["activeDeadlineSeconds"], 270);
+        // The hook's objects: its own ServiceAccount and RBAC first.
+        let hooks: Vec<(String, String, String)> = docs
+            .iter()
+            .filter(|d| !hook(d).is_null())
+            .map(|d| {
+                assert_eq!(hook(d), "pre-install,pre-upgrade", "{}", d["metadata"]);
+                assert_eq!(
+                    d["metadata"]["annotations"]["helm.sh/hook-delete-policy"],
+                    "before-hook-creation,hook-succeeded"
+                );
+                (
+                    d["kind"].as_str().unwrap().to_string(),
+                    d["metadata"]["name"].as_str().unwrap().to_string(),
+                    d["metadata"]["annotations"]["helm.sh/hook-weight"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                )
+            })
+            .collect();
+        let want: Vec<(String, String, String)> = [
+            ("ServiceAccount", "-10"),
+            ("ClusterRole", "-10"),
+            ("ClusterRoleBinding", "-10"),
+            ("Job", "-5"),
+        ]
+        .iter()
+        .map(|(k, w)| (k.to_string(), "forewarn-crds".to_string(), w.to_string()))
+        .collect();
+        assert_eq!(hooks, want, "the chart's hooks");
+        let role = docs
+            .iter()
+            .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "forewarn-crds")
+            .unwrap();
+        assert_eq!(
+            role["rules"],
+            serde_json::json!([
+                {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["create"]},
+                {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                 "resourceNames": ["scheduledevents.forewarn.dev", "scheduledeventreports.forewarn.dev"],
+                 "verbs": ["get", "patch"]}
+            ])
+        );
+    }
+    // Off: no hook at all.
+    let docs = documents(&render(&["--set", "crds.upgradeJob.enabled=false"]));
+    assert!(
+        docs.iter()
+            .all(|d| d["metadata"]["annotations"]["helm.sh/hook"].is_null()),
+        "a hook is rendered with crds.upgradeJob.enabled=false"
+    );
+    // The schema types its values.
+    let chart = chart_dir();
+    for bad in [
+        "crds.upgradeJob.enabled=yes",
+        "crds.upgradeJob.timeoutSeconds=2",
+        "crds.upgradeJob.bogus=1",
+    ] {
+        let out = helm(&[
+            "template",
+            RELEASE,
+            &chart,
+            "--api-versions",
+            VAP_API,
+            "--set",
+            bad,
+        ]);
+        assert!(!out.ok, "{bad} was accepted");
     }
 }
 
