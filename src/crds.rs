@@ -236,6 +236,8 @@ fn backoff() -> ExponentialBuilder {
 /// check with a warning: refusing to run for want of a read permission
 /// would stop node maintenance while the CRDs may well be right.
 ///
+/// `waiting` is called before each retry (the agent beats its liveness).
+///
 /// # Errors
 /// A CRD that is not installed or lacks fields: [`refusal`], which names
 /// them and the command to run.
@@ -243,6 +245,7 @@ pub async fn require(
     client: &Client,
     needs: &[CustomResourceDefinition],
     role: &str,
+    waiting: impl Fn(),
 ) -> anyhow::Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut unfit = Vec::new();
@@ -252,6 +255,7 @@ pub async fn require(
             .retry(backoff())
             .when(transient)
             .notify(|e, d| {
+                waiting();
                 warn!(crd = %name, error = %e, retry_in = ?d, "Could not read the installed CRD; will retry");
             })
             .await;
@@ -307,9 +311,8 @@ pub async fn apply(client: &Client, timeout: Duration) -> anyhow::Result<Vec<(St
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let deadline = Instant::now() + timeout;
     let within = |what: String| {
-        let left = deadline.saturating_duration_since(Instant::now());
         move |e: &kube::Error| {
-            transient(e) && !left.is_zero() && {
+            transient(e) && Instant::now() < deadline && {
                 warn!(error = %e, "{what} failed; will retry");
                 true
             }

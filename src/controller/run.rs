@@ -96,7 +96,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let needs = crate::crds::controller_needs();
     tokio::select! {
         _ = &mut shutdown => return Ok(()),
-        r = crate::crds::require(&clients.requests, &needs, "controller") => r?,
+        r = crate::crds::require(&clients.requests, &needs, "controller", || {}) => r?,
     }
 
     // Leader election on a thread of its own (see `lease`); every write of
