@@ -228,9 +228,10 @@ fn backoff() -> ExponentialBuilder {
 /// The start-up check of a role (`role` names it in the logs): every CRD of
 /// `needs` must be installed and fit ([`lacks`]).
 ///
-/// An API error other than 403 and 404 (the API server unreachable,
-/// overloaded, timing out) is retried with backoff until it answers: the
-/// caller stops waiting on SIGTERM. A 403 (RBAC without `get` on
+/// A transient API error (the API server unreachable, overloaded, timing
+/// out; any answer but 400, 401, 403, 404 and 422) is retried with backoff
+/// until it answers: the caller stops waiting on SIGTERM. A 403 (RBAC
+/// without `get` on
 /// `customresourcedefinitions` of these names, which the chart grants: a
 /// ClusterRole of an earlier chart version, or RBAC made by hand) skips the
 /// check with a warning: refusing to run for want of a read permission
