@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Prints manifests/forewarn.yaml: the chart rendered with its default values
-# (release "forewarn" in namespace "forewarn", CRDs included), preceded by
-# the namespace with the Pod Security label the agent needs (hostNetwork).
-# Without Helm hooks: the `helm test` Pod is for `helm test` only.
+# (release "forewarn" in namespace "forewarn", CRDs included, hooks not:
+# neither the CRD upgrade Job nor the `helm test` Pod), preceded by the
+# namespace with the Pod Security label the agent needs (hostNetwork).
 # Rendered for a cluster that serves the ValidatingAdmissionPolicy API
 # (Kubernetes >= 1.30): without it the chart refuses to render, since the
 # agents would not be confined to their own node.
+# Without the chart's hooks (--no-hooks): the CRD hook Job exists for
+# `helm upgrade`, which never upgrades crds/; `kubectl apply --server-side`
+# of this file applies the CRDs in it, new ones included.
 # `make manifests` writes it; tests/chart.rs fails when the file drifts.
 #
 # Environment:

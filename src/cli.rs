@@ -58,6 +58,13 @@ pub enum Command {
         #[arg(long)]
         reports: bool,
     },
+    /// Install or upgrade the CustomResourceDefinitions this binary was
+    /// built with (the chart's pre-install and pre-upgrade hook).
+    Crds {
+        /// What to do.
+        #[command(subcommand)]
+        action: CrdsAction,
+    },
     /// Print the policy's JSON schema (the `controller.policy` part of the
     /// chart's values.schema.json), or that whole file with the part
     /// regenerated (`make generate`).
@@ -87,6 +94,23 @@ pub struct CheckInstallArgs {
     /// Name of the agents' DaemonSet.
     #[arg(long, default_value = "forewarn-agent")]
     pub agent_daemonset: String,
+}
+
+/// Subcommands of `forewarn crds`.
+#[derive(Debug, Subcommand)]
+pub enum CrdsAction {
+    /// Server-side apply both CRDs (field manager `forewarn-crds`, taking
+    /// over the fields `helm install` created) and wait until the API
+    /// server has established them with every field of this version.
+    /// Credentials: in-cluster, or `KUBECONFIG`; needs `create` on
+    /// customresourcedefinitions and `get`, `patch` on
+    /// scheduledevents.forewarn.dev and scheduledeventreports.forewarn.dev.
+    Apply {
+        /// Give up (exit non-zero) when the API server has not taken both
+        /// within this time; transient errors are retried until then.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "120s")]
+        timeout: Duration,
+    },
 }
 
 /// Flags of `forewarn agent`.

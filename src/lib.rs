@@ -13,6 +13,7 @@ pub mod agent;
 pub mod cli;
 pub mod controller;
 pub mod crd;
+pub mod crds;
 pub mod imds;
 pub mod install_check;
 pub mod kubeclient;

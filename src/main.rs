@@ -3,7 +3,7 @@
 
 use anyhow::Context as _;
 use clap::Parser;
-use forewarn::cli::{Cli, Command};
+use forewarn::cli::{Cli, Command, CrdsAction};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -38,6 +38,14 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("IMDS mock on {} failed", args.listen))
         }
         Command::CheckInstall(args) => forewarn::install_check::run(args).await,
+        Command::Crds {
+            action: CrdsAction::Apply { timeout },
+        } => {
+            let identity = std::env::var("HOSTNAME").unwrap_or_else(|_| "forewarn-crds".into());
+            let clients = forewarn::kubeclient::Clients::infer("crds", &identity).await?;
+            forewarn::crds::apply(&clients.requests, timeout).await?;
+            Ok(())
+        }
         Command::Crd { .. } | Command::ValuesSchema { .. } => Ok(()),
     }
 }

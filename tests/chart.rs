@@ -1,7 +1,10 @@
 //! The Helm chart (`charts/forewarn`) against a real local control plane:
 //! `helm lint --strict`, every rendered object accepted by the API server
 //! (default values and every optional feature on), `manifests/` in step with
-//! the chart, the CRD upgrade step, and, once installed, the chart's own
+//! the chart, the CRDs on upgrade (the manual step, the hook's `forewarn
+//! crds apply` with the hook's token, the start-up check, and an upgrade
+//! from the previous release's chart with an event in progress, on a
+//! cluster of its own), and, once installed, the chart's own
 //! ServiceAccounts with TokenRequest tokens (the agent's bound to its pod on
 //! a KWOK node): what each may and may not do, RBAC and the admission policy
 //! alike, checked on what the server stored. helm is built from its Go
@@ -19,6 +22,8 @@ use forewarn_harness::cluster::{Cluster, repo_root};
 use serde_json::Value;
 
 const CLUSTER: &str = "forewarn-chart";
+/// The cluster of `upgrade_from_the_previous_release_with_an_event_in_progress`.
+const UPGRADE_CLUSTER: &str = "forewarn-chart-upgrade";
 const NS: &str = "forewarn";
 const RELEASE: &str = "forewarn";
 const AGENT_SA: &str = "forewarn-agent";
@@ -226,11 +231,16 @@ impl Kubectl {
     }
 }
 
+/// The turn of a test that runs a cluster: one at a time.
+fn turn() -> MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    TURN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// One cluster for the whole test binary; the tests that use it take turns.
 fn cluster() -> (MutexGuard<'static, ()>, Cluster) {
-    static TURN: Mutex<()> = Mutex::new(());
     static STARTED: OnceLock<Result<Cluster, String>> = OnceLock::new();
-    let turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let turn = turn();
     let cluster = STARTED
         .get_or_init(|| Cluster::start(CLUSTER, 3).map_err(|e| format!("{e:#}")))
         .clone()
@@ -1309,7 +1319,8 @@ fn chart_refuses_unconfined_agents_unless_acknowledged() {
         rules("forewarn-agent"),
         serde_json::json!([
             {"apiGroups": ["forewarn.dev"], "resources": ["scheduledeventreports"], "verbs": ["create", "patch", "list", "watch"]},
-            {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents"], "verbs": ["list", "watch"]}
+            {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents"], "verbs": ["list", "watch"]},
+            {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "resourceNames": ["scheduledeventreports.forewarn.dev"], "verbs": ["get"]}
         ])
     );
     let controller = rules("forewarn-controller");
@@ -1598,6 +1609,15 @@ fn controller_meets_pod_security_restricted_and_agent_needs_privileged() {
         "the controller pod violates Pod Security restricted: {}",
         out.stderr
     );
+    // The CRD hook Job's pod too: it runs in the release namespace, like
+    // the controller's.
+    let job = pod_from_template(&k, &rendered, "Job", "crds-psa", ns);
+    let out = k.run(&["create", "--dry-run=server", "-f", "-"], Some(&job));
+    assert!(
+        out.ok,
+        "the CRD hook Job's pod violates Pod Security restricted: {}",
+        out.stderr
+    );
     let agent = pod_from_template(&k, &rendered, "DaemonSet", "agent-psa", ns);
     let out = k.run(&["create", "--dry-run=server", "-f", "-"], Some(&agent));
     assert!(!out.ok, "the agent pod was admitted under restricted");
@@ -1722,6 +1742,866 @@ fn crd_upgrade_step_serves_the_new_schema() {
     });
 }
 
+/// A CRD of `crds/` (`file`) as JSON, changed by `edit`.
+fn crd_edited(file: &str, edit: impl FnOnce(&mut Value)) -> Value {
+    let text = std::fs::read_to_string(repo_root().join("crds").join(file)).expect("CRD");
+    let mut v: Value = serde_yaml::from_str(&text).expect("CRD YAML");
+    edit(&mut v);
+    v
+}
+
+/// The `properties` of the schema of `crd` (JSON) at `path` (property
+/// names; `[]` steps into array items).
+fn props<'a>(crd: &'a mut Value, path: &[&str]) -> &'a mut serde_json::Map<String, Value> {
+    let mut v = &mut crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+    for step in path {
+        v = if *step == "[]" {
+            &mut v["items"]
+        } else {
+            &mut v["properties"][*step]
+        };
+    }
+    v["properties"].as_object_mut().expect("properties")
+}
+
+/// Installs `crd` (JSON) over the installed one: server-side, forced.
+fn put_crd(k: &Kubectl, crd: &Value) {
+    k.ok_stdin(
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager",
+            "chart-test-older-crd",
+            "-f",
+            "-",
+        ],
+        &crd.to_string(),
+    );
+}
+
+/// The CRDs of `crds/`, put back as the harness installed them (on drop,
+/// so that a failed test leaves the shared cluster's CRDs whole).
+struct RestoreCrds(Kubectl);
+
+impl RestoreCrds {
+    fn now(&self) {
+        let dir = repo_root().join("crds");
+        self.0.ok(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &dir.to_string_lossy(),
+        ]);
+        self.0.wait_established(&[
+            "crd/scheduledevents.forewarn.dev",
+            "crd/scheduledeventreports.forewarn.dev",
+        ]);
+    }
+}
+
+impl Drop for RestoreCrds {
+    fn drop(&mut self) {
+        self.now();
+    }
+}
+
+/// The start-up check (src/crds.rs), with the chart's credentials: facing
+/// CRDs older than the binary (a status field and a report field missing),
+/// the controller and the agent exit non-zero with one error naming the
+/// CRD, the field and the command that applies the new CRDs, before the
+/// controller touches its Lease; with the current CRDs both go on. A token
+/// without the chart's `get` on the CRDs is let through with a warning.
+#[test]
+fn processes_facing_older_crds_exit_naming_the_missing_field_and_the_command() {
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    install(&k, &c);
+    let restore = RestoreCrds(k.clone());
+    let controller = token_kubeconfig(&k, "crd-check-controller", &token(&k, CONTROLLER_SA, None));
+    let (pod, uid) = agent_pod_on(&k, "node-000000");
+    let agent = token_kubeconfig(
+        &k,
+        "crd-check-agent",
+        &token(&k, AGENT_SA, Some((&pod, &uid))),
+    );
+    // A Lease held by someone else: a controller that passes the check
+    // stands by and reconciles nothing of the other tests' objects.
+    let lease = serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "forewarn-controller", "namespace": NS},
+        "spec": {"holderIdentity": "crd-check-holder", "leaseDurationSeconds": 3600,
+                 "renewTime": chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()},
+    });
+    k.run(
+        &[
+            "delete",
+            "lease",
+            "-n",
+            NS,
+            "forewarn-controller",
+            "--ignore-not-found",
+        ],
+        None,
+    );
+    k.ok_stdin(&["create", "-f", "-"], &lease.to_string());
+    let agent_args = [
+        "agent",
+        "--node-name",
+        "node-000000",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--imds-url",
+        "http://127.0.0.1:9/",
+    ];
+
+    put_crd(
+        &k,
+        &crd_edited("scheduledevents.forewarn.dev.yaml", |v| {
+            props(v, &["status"])
+                .remove("nodesNotListed")
+                .expect("nodesNotListed");
+        }),
+    );
+    put_crd(
+        &k,
+        &crd_edited("scheduledeventreports.forewarn.dev.yaml", |v| {
+            props(v, &["spec", "report"])
+                .remove("approvals")
+                .expect("approvals");
+        }),
+    );
+    let mut ctl = ControllerProc::start(&controller.kubeconfig, "crd-check-controller-older");
+    let status = ctl
+        .exit_within(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("the controller runs on older CRDs:\n{}", ctl.log()));
+    let log = ctl.log();
+    println!("controller on older CRDs ({status}):\n{log}");
+    assert!(!status.success(), "{log}");
+    for want in [
+        "CustomResourceDefinition scheduledevents.forewarn.dev is older than forewarn",
+        "it lacks 1 field: status.nodesNotListed",
+        "CustomResourceDefinition scheduledeventreports.forewarn.dev is older than forewarn",
+        "it lacks 1 field: spec.report.approvals",
+        "helm show crds forewarn-0.1.0.tgz | kubectl apply --server-side --force-conflicts -f -",
+    ] {
+        assert!(log.contains(want), "no {want:?} in:\n{log}");
+    }
+    assert!(!log.contains("forbidden"), "{log}");
+    assert!(!log.contains("Lease"), "it went on to the Lease:\n{log}");
+    let mut ag = ControllerProc::spawn(&agent.kubeconfig, "crd-check-agent-older", &agent_args);
+    let status = ag
+        .exit_within(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("the agent runs on an older CRD:\n{}", ag.log()));
+    let log = ag.log();
+    println!("agent on older CRDs ({status}):\n{log}");
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("it lacks 1 field: spec.report.approvals"),
+        "{log}"
+    );
+    assert!(
+        log.contains("kubectl apply --server-side --force-conflicts"),
+        "{log}"
+    );
+    // The agent checks the CRD it writes, not the controller's.
+    assert!(
+        !log.contains("scheduledevents.forewarn.dev is older"),
+        "{log}"
+    );
+
+    // The current CRDs: both pass the check and run on.
+    restore.now();
+    let mut ctl = ControllerProc::start(&controller.kubeconfig, "crd-check-controller-current");
+    let mut ag = ControllerProc::spawn(&agent.kubeconfig, "crd-check-agent-current", &agent_args);
+    let passed = "The installed CRD has every field this version needs";
+    eventually(
+        "the controller passes the check",
+        Duration::from_secs(60),
+        || {
+            (ctl.log().matches(passed).count() == 2 && ctl.log().contains("Waiting for leadership"))
+                .then_some(())
+        },
+    );
+    eventually(
+        "the agent passes the check",
+        Duration::from_secs(60),
+        || ag.log().contains(passed).then_some(()),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(ctl.exit_within(Duration::ZERO).is_none(), "{}", ctl.log());
+    assert!(ag.exit_within(Duration::ZERO).is_none(), "{}", ag.log());
+    drop((ctl, ag));
+
+    // A token whose RBAC lacks the chart's rule: a warning, and it runs on.
+    k.run(
+        &["create", "serviceaccount", "-n", NS, "crd-check-no-rbac"],
+        None,
+    );
+    let bare = token_kubeconfig(
+        &k,
+        "crd-check-no-rbac",
+        &token(&k, "crd-check-no-rbac", None),
+    );
+    let mut ag = ControllerProc::spawn(&bare.kubeconfig, "crd-check-agent-no-rbac", &agent_args);
+    eventually(
+        "the agent warns that it cannot check",
+        Duration::from_secs(60),
+        || {
+            ag.log()
+                .contains("Cannot check the installed CRD")
+                .then_some(())
+        },
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(ag.exit_within(Duration::ZERO).is_none(), "{}", ag.log());
+    drop(ag);
+    k.run(
+        &["delete", "serviceaccount", "-n", NS, "crd-check-no-rbac"],
+        None,
+    );
+    k.run(
+        &[
+            "delete",
+            "lease",
+            "-n",
+            NS,
+            "forewarn-controller",
+            "--ignore-not-found",
+        ],
+        None,
+    );
+}
+
+/// The CRD hook's ServiceAccount and RBAC (helm creates them before its
+/// Job), applied from `helm template`, and a kubeconfig with a
+/// TokenRequest token of that ServiceAccount: what the Job's pod holds.
+fn hook_credentials(k: &Kubectl, name: &str) -> Kubectl {
+    ensure_namespace(k, NS, "privileged");
+    let docs = documents(&render(&["--show-only", "templates/crds-upgrade-job.yaml"]));
+    for d in docs.iter().filter(|d| d["kind"] != "Job") {
+        k.ok_stdin(&["apply", "--server-side", "-f", "-"], &d.to_string());
+    }
+    token_kubeconfig(k, name, &token(k, "forewarn-crds", None))
+}
+
+/// `forewarn crds apply` (what the hook Job runs) with `who`'s credentials.
+fn crds_apply(who: &Kubectl) -> Out {
+    run(
+        Path::new(env!("CARGO_BIN_EXE_forewarn")),
+        &["crds", "apply", "--timeout", "60s"],
+        &[
+            ("KUBECONFIG", who.kubeconfig.as_path()),
+            ("RUST_LIB_BACKTRACE", Path::new("0")),
+        ],
+        None,
+    )
+}
+
+/// (manager, operation) of each managedFields entry of `obj`.
+fn managers(obj: &Value) -> Vec<(String, String)> {
+    obj["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            (
+                m["manager"].as_str().unwrap_or_default().to_string(),
+                m["operation"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The CRD hook's `forewarn crds apply`, with nothing but the hook's RBAC
+/// (a TokenRequest token of its ServiceAccount), over older CRDs as Helm
+/// leaves them (the reports CRD absent; the events CRD created by a plain
+/// create, without `status.nodesNotListed` and with a field since
+/// removed): it creates the one, replaces the other's schema whole (the
+/// removed field gone), under its field manager, waits until both are
+/// established, and the new fields work; run again, it changes nothing.
+/// The hook's token may do nothing else to CRDs.
+#[test]
+fn crds_apply_with_the_hook_credentials_installs_the_new_crds() {
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    let restore = RestoreCrds(k.clone());
+    let hook = hook_credentials(&k, "crds-hook");
+    for (verb, what, allowed) in [
+        ("create", "customresourcedefinitions", "yes"),
+        (
+            "get",
+            "customresourcedefinitions/scheduledevents.forewarn.dev",
+            "yes",
+        ),
+        (
+            "patch",
+            "customresourcedefinitions/scheduledeventreports.forewarn.dev",
+            "yes",
+        ),
+        (
+            "delete",
+            "customresourcedefinitions/scheduledevents.forewarn.dev",
+            "no",
+        ),
+        (
+            "update",
+            "customresourcedefinitions/scheduledevents.forewarn.dev",
+            "no",
+        ),
+        (
+            "patch",
+            "customresourcedefinitions/servicemonitors.monitoring.coreos.com",
+            "no",
+        ),
+        ("list", "customresourcedefinitions", "no"),
+        ("get", "scheduledevents", "no"),
+    ] {
+        let out = hook.run(&["auth", "can-i", verb, what], None);
+        assert_eq!(out.stdout.trim(), allowed, "the hook may {verb} {what}?");
+    }
+
+    // The older CRDs, as `helm install` of an earlier chart leaves them.
+    k.ok(&[
+        "delete",
+        "crd",
+        "scheduledeventreports.forewarn.dev",
+        "scheduledevents.forewarn.dev",
+        "--wait=true",
+    ]);
+    let older = crd_edited("scheduledevents.forewarn.dev.yaml", |v| {
+        props(v, &["status"])
+            .remove("nodesNotListed")
+            .expect("nodesNotListed");
+        props(v, &["spec"]).insert(
+            "removedSince".into(),
+            serde_json::json!({"type": "string", "description": "gone in the new CRD"}),
+        );
+    });
+    k.ok_stdin(&["create", "-f", "-"], &older.to_string());
+    k.wait_established(&["crd/scheduledevents.forewarn.dev"]);
+
+    let out = crds_apply(&hook);
+    println!("forewarn crds apply:\n{}{}", out.stdout, out.stderr);
+    assert!(
+        out.ok,
+        "forewarn crds apply failed:\n{}{}",
+        out.stdout, out.stderr
+    );
+    let log = format!("{}{}", out.stdout, out.stderr);
+    assert!(
+        log.contains("crd=scheduledevents.forewarn.dev applied=Updated")
+            && log.contains("crd=scheduledeventreports.forewarn.dev applied=Created"),
+        "{log}"
+    );
+    assert_eq!(log.matches("The CRD is established").count(), 2, "{log}");
+    let versions = || -> Vec<String> {
+        [
+            "scheduledevents.forewarn.dev",
+            "scheduledeventreports.forewarn.dev",
+        ]
+        .iter()
+        .map(|name| {
+            let crd = k.json(&["get", "crd", name, "--show-managed-fields"]);
+            assert!(
+                managers(&crd).contains(&("forewarn-crds".into(), "Apply".into())),
+                "{name}: no forewarn-crds apply in {:?}",
+                managers(&crd)
+            );
+            crd["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+    };
+    let first = versions();
+    // The stored schemas are this version's, whole: the removed field gone.
+    for file in [
+        "scheduledevents.forewarn.dev.yaml",
+        "scheduledeventreports.forewarn.dev.yaml",
+    ] {
+        let want = crd_edited(file, |_| {});
+        let name = want["metadata"]["name"].as_str().unwrap();
+        let stored = k.json(&["get", "crd", name]);
+        assert_eq!(
+            same_numbers(&stored["spec"]["versions"][0]["schema"]),
+            same_numbers(&want["spec"]["versions"][0]["schema"]),
+            "{name}: the stored schema is not this version's"
+        );
+    }
+    // The new fields work: a report is accepted, a status with
+    // nodesNotListed is stored as written.
+    eventually("the new schema served", Duration::from_secs(30), || {
+        let report = report_yaml(
+            "crd-apply-probe",
+            "node-000000",
+            "vm-0",
+            "Reboot",
+            "Scheduled",
+            &["vm-0"],
+        );
+        let out = k.run(
+            &["create", "--dry-run=server", "--validate=strict", "-f", "-"],
+            Some(&report),
+        );
+        out.ok.then_some(())
+    });
+    k.run(
+        &[
+            "delete",
+            "scheduledevent",
+            "crd-apply-probe",
+            "--ignore-not-found",
+        ],
+        None,
+    );
+    k.ok_stdin(
+        &["create", "-f", "-"],
+        &sev_yaml("crd-apply-probe", "Scheduled", "vm-0"),
+    );
+    apply_status(
+        &c.kubeconfig,
+        "crd-apply-probe",
+        serde_json::json!({"phase": "Draining", "nodesNotListed": {"count": 7, "drained": 2}}),
+        "chart-test",
+    )
+    .expect("status with nodesNotListed");
+    let ev = k.json(&["get", "scheduledevent", "crd-apply-probe"]);
+    assert_eq!(
+        ev["status"]["nodesNotListed"],
+        serde_json::json!({"count": 7, "drained": 2}),
+        "{}",
+        ev["status"]
+    );
+    k.ok(&["delete", "scheduledevent", "crd-apply-probe"]);
+
+    // Again: nothing to do.
+    let out = crds_apply(&hook);
+    let log = format!("{}{}", out.stdout, out.stderr);
+    assert!(out.ok, "{log}");
+    assert_eq!(log.matches("applied=Unchanged").count(), 2, "{log}");
+    assert_eq!(versions(), first, "a second apply changed the CRDs");
+
+    for kind in ["clusterrolebinding", "clusterrole"] {
+        k.run(
+            &["delete", kind, "forewarn-crds", "--ignore-not-found"],
+            None,
+        );
+    }
+    k.run(
+        &[
+            "delete",
+            "serviceaccount",
+            "-n",
+            NS,
+            "forewarn-crds",
+            "--ignore-not-found",
+        ],
+        None,
+    );
+    drop(restore);
+}
+
+/// The chart of the previous release, `tests/chart-fixtures/previous-release`
+/// (`hack/snapshot-previous-chart.sh`: `charts/forewarn` of 55729a8, the
+/// commit before the reports CRD was added; no release tags exist).
+fn previous_chart_dir() -> String {
+    repo_root()
+        .join("tests/chart-fixtures/previous-release")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Issue 15 item 2: an upgrade from the previous release with an event in
+/// progress. The previous chart is installed (its `crds/`: the events CRD
+/// of that version, no reports CRD); a platform Redeploy of node-000001's
+/// VM is in progress as that version left it (the object its agent
+/// created, with its `spec.reports` entry, the status its controller
+/// wrote while draining, the node cordoned, tainted and recorded in
+/// `forewarn.dev/cordoned-for`, the agents' `forewarn.dev/vm-name`
+/// annotations; the nodes carry Azure providerIDs, as AKS nodes do). Then
+/// the upgrade as the chart does it: the CRD hook's `forewarn crds apply`
+/// with the hook's own ServiceAccount token (the hook Job's command; KWOK
+/// runs no container), `helm upgrade` to `charts/forewarn` with the hook
+/// on (Helm creates and deletes the hook's objects; kwok marks the Job's
+/// pod Succeeded without running it), and HEAD's agents and controller
+/// with TokenRequest tokens of the chart's ServiceAccounts. Nothing is lost (the same
+/// object, adopted and taken to Completed), no node is left cordoned (the
+/// node stays held until the event is over, then released: without a
+/// providerID it would be released until its agent reports, since the
+/// earlier `forewarn.dev/vm-name` annotation is no longer read), and the new
+/// fields work: the reports CRD exists and the agents' reports are in it,
+/// the approval's `appearance` and `digest` (not in the previous schema,
+/// and which an agent needs to send the approval) are stored, and so is
+/// `nodesNotListed`.
+#[test]
+fn upgrade_from_the_previous_release_with_an_event_in_progress() {
+    use forewarn_harness::run::{run_scenario, summary};
+    const ID: &str = "9E1F2A3B-4C5D-4E6F-8A7B-9C0D1E2F3A08";
+    const NODE: &str = "node-000001";
+    const VM: &str = "aks-nodepool1-27351046-vmss_1";
+    let name = ID.to_ascii_lowercase();
+    // A cluster of its own: the test removes our CRDs and installs another
+    // release, and gives the nodes Azure providerIDs (as AKS nodes have;
+    // immutable once set), which the shared cluster's nodes must not have
+    // (other tests state other VMs on them).
+    let _turn = turn();
+    let c = Cluster::start(UPGRADE_CLUSTER, 3)
+        .unwrap_or_else(|e| panic!("the upgrade test's cluster could not start: {e:#}"));
+    let k = admin(&c);
+    let kubeconfig = c.kubeconfig.to_string_lossy().into_owned();
+    let t0 = Instant::now();
+    let step = |what: &str| println!("[upgrade test +{:.1}s] {what}", t0.elapsed().as_secs_f64());
+
+    // As the previous release leaves a cluster: none of our CRDs before its
+    // `helm install` (which creates its own, as it did then).
+    k.ok(&[
+        "delete",
+        "crd",
+        "scheduledevents.forewarn.dev",
+        "scheduledeventreports.forewarn.dev",
+        "--wait=true",
+    ]);
+    for i in 0..3 {
+        let provider = format!(
+            "azure:///subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/mc_rg/providers/Microsoft.Compute/virtualMachineScaleSets/aks-nodepool1-27351046-vmss/virtualMachines/{i}"
+        );
+        k.ok(&[
+            "patch",
+            "node",
+            &format!("node-00000{i}"),
+            "--type=merge",
+            "-p",
+            &serde_json::json!({"spec": {"providerID": provider}}).to_string(),
+        ]);
+    }
+    step("helm install of the previous chart");
+    ensure_namespace(&k, NS, "privileged");
+    let previous = previous_chart_dir();
+    // Pods of 1 s grace, so that the upgrade's rollout does not wait 30 s
+    // per old agent pod (KWOK keeps a deleted pod until its grace ends);
+    // the new pods get the chart's defaults.
+    let out = helm(&[
+        "install",
+        RELEASE,
+        &previous,
+        "--namespace",
+        NS,
+        "--kubeconfig",
+        &kubeconfig,
+        "--set",
+        "agent.terminationGracePeriodSeconds=1",
+        "--set",
+        "controller.terminationGracePeriodSeconds=1",
+        "--wait",
+        "--timeout",
+        "180s",
+    ]);
+    assert!(
+        out.ok,
+        "helm install of the previous chart:\n{}{}",
+        out.stdout, out.stderr
+    );
+    let chart = k.json(&["get", "crd", "scheduledevents.forewarn.dev"]);
+    assert!(
+        chart["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+            .get("nodesNotListed")
+            .is_none(),
+        "the previous chart's CRD has nodesNotListed"
+    );
+    assert!(
+        !k.run(&["get", "crd", "scheduledeventreports.forewarn.dev"], None)
+            .ok,
+        "the previous chart installed a reports CRD"
+    );
+
+    // The event in progress, as the previous version wrote it: the object
+    // created by the first agent (field manager forewarn-agent), each
+    // agent's own entry of spec.reports (server-side apply as
+    // forewarn-agent-<node>), the controller's status (server-side apply as
+    // forewarn-controller), the hold on the node (below, once the workload
+    // runs) and the agents' VM annotations.
+    step("the event in progress, as the previous version wrote it");
+    let now = chrono::Utc::now();
+    let at = |secs: i64| {
+        (now + chrono::Duration::seconds(secs))
+            .format("%Y-%m-%dT%H:%M:%SZ")
+            .to_string()
+    };
+    let spec = serde_json::json!({
+        "eventId": ID, "eventType": "Redeploy", "eventStatus": "Scheduled",
+        "eventSource": "Platform", "resourceType": "VirtualMachine", "resources": [VM],
+        "notBefore": at(40), "durationSeconds": -1,
+        "description": "Virtual machine is being redeployed to a different host.",
+        "appearance": 1,
+    });
+    let object = serde_json::json!({
+        "apiVersion": "forewarn.dev/v1alpha1", "kind": "ScheduledEvent",
+        "metadata": {"name": name}, "spec": spec,
+    });
+    k.ok_stdin(
+        &["create", "--field-manager", "forewarn-agent", "-f", "-"],
+        &object.to_string(),
+    );
+    // The previous `resources_digest`: SHA-256 of the lower-cased names, one
+    // a line, its first 8 bytes in hex.
+    let entry = serde_json::json!({
+        "apiVersion": "forewarn.dev/v1alpha1", "kind": "ScheduledEvent",
+        "metadata": {"name": name},
+        "spec": {"reports": [{"node": NODE, "vm": VM, "named": true, "eventStatus": "Scheduled",
+                              "appearance": 1, "resourcesDigest": "a254b2e791357a7f"}]},
+    });
+    k.ok_stdin(
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager",
+            &format!("forewarn-agent-{NODE}"),
+            "-f",
+            "-",
+        ],
+        &entry.to_string(),
+    );
+    let old_status = serde_json::json!({
+        "phase": "Draining", "action": "DrainAndApprove", "nodesDrained": "0/1",
+        "nodes": [{"name": NODE, "vmName": VM, "cordonedByUs": true, "alreadyCordoned": false,
+                   "podsRemaining": 2}],
+        "firstSeen": at(-10), "appearance": 1,
+        "conditions": [{"type": "Drained", "status": "False", "reason": "Draining",
+                        "message": "0/1 affected nodes drained", "lastTransitionTime": at(-10),
+                        "observedGeneration": 1}],
+    });
+    apply_status(&c.kubeconfig, &name, old_status, "forewarn-controller")
+        .expect("the previous status");
+    for i in 0..3 {
+        k.ok(&[
+            "annotate",
+            "node",
+            &format!("node-00000{i}"),
+            &format!("forewarn.dev/vm-name=aks-nodepool1-27351046-vmss_{i}"),
+            "--overwrite",
+        ]);
+    }
+    let before = k.json(&["get", "scheduledevent", &name]);
+    assert_eq!(
+        before["spec"]["reports"][0]["node"], NODE,
+        "{}",
+        before["spec"]
+    );
+    assert_eq!(
+        before["status"]["phase"], "Draining",
+        "{}",
+        before["status"]
+    );
+    let uid = before["metadata"]["uid"].as_str().expect("uid").to_string();
+
+    // The upgrade. First what the pre-upgrade hook Job runs, with the
+    // hook's RBAC and ServiceAccount token; then `helm upgrade` with the
+    // hook on: on KWOK, Helm creates the hook's ServiceAccount, RBAC and Job,
+    // waits for the Job (whose pod kwok's pod-complete stage marks
+    // Succeeded without running it) and deletes them, which shows the
+    // hook's objects, weights and delete policy work with Helm, not the
+    // container (the real-node chart test runs that).
+    step("the hook's forewarn crds apply");
+    let hook = hook_credentials(&k, "upgrade-crds-hook");
+    let out = crds_apply(&hook);
+    println!(
+        "forewarn crds apply (the hook's command):\n{}{}",
+        out.stdout, out.stderr
+    );
+    assert!(out.ok, "forewarn crds apply:\n{}{}", out.stdout, out.stderr);
+    step("helm upgrade to HEAD's chart");
+    let chart = chart_dir();
+    let out = helm(&[
+        "upgrade",
+        RELEASE,
+        &chart,
+        "--namespace",
+        NS,
+        "--kubeconfig",
+        &kubeconfig,
+        "--wait",
+        "--timeout",
+        "240s",
+    ]);
+    assert!(
+        out.ok,
+        "helm upgrade to HEAD:\n{}{}",
+        out.stdout, out.stderr
+    );
+    println!("{}", out.stdout);
+    for (kind, ns) in [
+        ("job", Some(NS)),
+        ("serviceaccount", Some(NS)),
+        ("clusterrole", None),
+        ("clusterrolebinding", None),
+    ] {
+        let mut args = vec!["get", kind, "forewarn-crds"];
+        if let Some(ns) = ns {
+            args.extend(["-n", ns]);
+        }
+        let out = k.run(&args, None);
+        assert!(
+            !out.ok && out.stderr.contains("NotFound"),
+            "the hook's {kind} is left: {}",
+            out.stdout
+        );
+    }
+    // Nothing lost: the same object, its status as the previous version
+    // left it.
+    let after = k.json(&["get", "scheduledevent", &name]);
+    assert_eq!(after["metadata"]["uid"], uid.as_str());
+    assert_eq!(after["status"]["phase"], "Draining", "{}", after["status"]);
+    println!("the event after the upgrade: {}", after);
+    // The new agents' pods (their tokens are bound to them) are the only ones.
+    eventually(
+        "one agent pod per node, none terminating",
+        Duration::from_secs(90),
+        || {
+            let pods = k.json(&[
+                "get",
+                "pods",
+                "-n",
+                NS,
+                "-l",
+                "app.kubernetes.io/component=agent",
+            ]);
+            let items = pods["items"].as_array().cloned().unwrap_or_default();
+            (items.len() == 3
+                && items
+                    .iter()
+                    .all(|p| p["metadata"]["deletionTimestamp"].is_null()))
+            .then_some(())
+        },
+    );
+
+    // HEAD's agents and controller, with the chart's credentials, on the
+    // event in progress.
+    step("HEAD's agents and controller");
+    let mut opts = chart_run_options(&k, "chart-upgrade", "forewarn-controller", false);
+    opts.scenario = repo_root().join("tests/fixtures/lifecycle-upgrade.yaml");
+    opts.keep_objects = true;
+    opts.prior_holds = vec![(NODE.into(), name.clone())];
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let report = rt
+        .block_on(run_scenario(&c, &opts))
+        .unwrap_or_else(|e| panic!("the event after the upgrade: {e:#}"));
+    println!("{}\n{}", report.timeline.join("\n"), summary(&report));
+    assert!(
+        report.ok(),
+        "the event after the upgrade:\n{}\n{}",
+        report.timeline.join("\n"),
+        summary(&report)
+    );
+    // The node was held from the start (the previous version's hold) to
+    // the event's end, and no node is cordoned now.
+    let finished = report
+        .imds_log
+        .iter()
+        .find(|e| e.event_id.eq_ignore_ascii_case(ID) && e.what == "Finished")
+        .map(|e| e.time)
+        .expect("the event ran and ended");
+    let changes: Vec<&(chrono::DateTime<chrono::Utc>, String, bool)> = report
+        .node_changes
+        .iter()
+        .filter(|(_, n, _)| n == NODE)
+        .collect();
+    println!("{NODE} (time, unschedulable): {changes:?}; IMDS finished at {finished}");
+    assert_eq!(
+        changes.first().map(|c| c.2),
+        Some(true),
+        "{NODE} not held when the harness began to watch: {changes:?}"
+    );
+    assert!(
+        changes
+            .iter()
+            .all(|(t, _, cordoned)| *cordoned || *t >= finished),
+        "{NODE} was released before the event was over: {changes:?}"
+    );
+    // And before the harness watched: the controller released it once,
+    // after the event was over (its log, RFC 3339 times first).
+    let log =
+        std::fs::read_to_string(report.log_dir.join("controller.log")).expect("controller log");
+    let releases: Vec<chrono::DateTime<chrono::Utc>> = log
+        .lines()
+        .filter(|l| l.contains(&format!("Uncordoned {NODE}:")))
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert!(
+        releases.len() == 1 && releases[0] >= finished,
+        "{NODE} released at {releases:?}, the event over at {finished}"
+    );
+    for i in 0..3 {
+        let node = k.json(&["get", "node", &format!("node-00000{i}")]);
+        assert!(
+            node["spec"]["unschedulable"].is_null() || node["spec"]["unschedulable"] == false,
+            "{}",
+            node["spec"]
+        );
+        assert!(
+            node["metadata"]["annotations"]["forewarn.dev/cordoned-for"].is_null(),
+            "{}",
+            node["metadata"]
+        );
+        assert!(
+            !node["spec"]["taints"]
+                .to_string()
+                .contains("forewarn.dev/scheduled-event"),
+            "{}",
+            node["spec"]
+        );
+    }
+    // The same object, adopted and finished, with the new fields stored.
+    let ev = k.json(&["get", "scheduledevent", &name]);
+    println!("the event at the end: {ev}");
+    assert_eq!(
+        ev["metadata"]["uid"],
+        uid.as_str(),
+        "the object was created anew"
+    );
+    let st = &ev["status"];
+    assert_eq!(st["phase"], "Completed", "{st}");
+    assert_eq!(st["approval"]["sentBy"], NODE, "{st}");
+    assert_eq!(st["approval"]["appearance"], 1, "{st}");
+    assert!(
+        st["approval"]["digest"].is_string(),
+        "no approval digest: {st}"
+    );
+    assert!(
+        ev["spec"].get("reports").is_none(),
+        "spec.reports kept: {}",
+        ev["spec"]
+    );
+    let report_obj = k.json(&["get", "scheduledeventreport", &format!("{name}.{NODE}")]);
+    assert_eq!(
+        report_obj["spec"]["report"]["eventId"], ID,
+        "{}",
+        report_obj["spec"]
+    );
+    apply_status(
+        &c.kubeconfig,
+        &name,
+        serde_json::json!({"nodesNotListed": {"count": 3, "drained": 3}}),
+        "chart-test",
+    )
+    .expect("nodesNotListed");
+    let ev = k.json(&["get", "scheduledevent", &name]);
+    assert_eq!(
+        ev["status"]["nodesNotListed"]["count"], 3,
+        "{}",
+        ev["status"]
+    );
+    if let Err(e) = c.stop() {
+        println!("stopping {UPGRADE_CLUSTER}: {e:#}");
+    }
+}
+
 /// The API server's address and CA, from the admin kubeconfig.
 fn server_and_ca(k: &Kubectl) -> (String, String) {
     let cfg = k.json(&["config", "view", "--raw", "--minify", "--flatten"]);
@@ -1768,6 +2648,13 @@ fn token(k: &Kubectl, sa: &str, pod: Option<(&str, &str)>) -> String {
 }
 
 /// Installs (or upgrades) the release with default values and waits for it.
+///
+/// Without the CRD hook Job (`crds.upgradeJob.enabled=false`): KWOK fakes
+/// pods, and kwok's pod-complete stage would mark the Job's pod Succeeded
+/// without running anything, so the hook would claim an apply that never
+/// happened. The tests run what the Job runs, `forewarn crds apply`, with
+/// the hook's own ServiceAccount token instead (`crds_apply_*`), and the
+/// real-node chart test runs the Job in a real pod.
 fn install(k: &Kubectl, c: &Cluster) {
     install_with(k, c, &[]);
 }
@@ -1787,6 +2674,8 @@ fn install_with(k: &Kubectl, c: &Cluster, extra: &[&str]) {
         NS,
         "--kubeconfig",
         &kubeconfig,
+        "--set",
+        "crds.upgradeJob.enabled=false",
         "--wait",
         "--timeout",
         "180s",
@@ -2687,6 +3576,11 @@ fn installed_chart_confines_each_service_account() {
                     &["create", "list", "patch", "watch"],
                 ),
                 ("scheduledevents.forewarn.dev", "", &["list", "watch"]),
+                (
+                    "customresourcedefinitions.apiextensions.k8s.io",
+                    "scheduledeventreports.forewarn.dev",
+                    &["get"],
+                ),
             ]
         } else {
             &[
@@ -2714,6 +3608,16 @@ fn installed_chart_confines_each_service_account() {
                 (
                     "validatingadmissionpolicybindings.admissionregistration.k8s.io",
                     AGENT_POLICY,
+                    &["get"],
+                ),
+                (
+                    "customresourcedefinitions.apiextensions.k8s.io",
+                    "scheduledevents.forewarn.dev",
+                    &["get"],
+                ),
+                (
+                    "customresourcedefinitions.apiextensions.k8s.io",
+                    "scheduledeventreports.forewarn.dev",
                     &["get"],
                 ),
                 ("leases.coordination.k8s.io", "", &["create"]),
@@ -2966,6 +3870,162 @@ fn scenario_plays_with_the_chart_credentials() {
     }
 }
 
+/// The CRD hook (templates/crds-upgrade-job.yaml): a pre-install and
+/// pre-upgrade Job running `forewarn crds apply` whose pod runs like the
+/// controller's (image, pull secrets, security contexts, placement,
+/// hostNetwork, extraEnv, resources), after its own ServiceAccount and RBAC
+/// (lower hook weight), all deleted once it succeeded; off with
+/// `crds.upgradeJob.enabled=false`.
+#[test]
+fn crd_hook_job_runs_like_the_controller() {
+    let hook = |d: &Value| d["metadata"]["annotations"]["helm.sh/hook"].clone();
+    for extra in [
+        vec![],
+        vec![
+            "-f".to_string(),
+            all_features_values(),
+            "--set".into(),
+            "controller.hostNetwork=true".into(),
+            "--set-json".into(),
+            r#"controller.nodeSelector={"pool":"system"}"#.into(),
+            "--set-json".into(),
+            r#"controller.tolerations=[{"key":"CriticalAddonsOnly","operator":"Exists"}]"#.into(),
+            "--set".into(),
+            "image.repository=registry.example.com/forewarn".into(),
+            "--set".into(),
+            "image.tag=9.9.9".into(),
+        ],
+    ] {
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let docs = documents(&render(&extra));
+        let find = |kind: &str| {
+            docs.iter()
+                .find(|d| d["kind"] == kind)
+                .unwrap_or_else(|| panic!("no {kind}"))
+                .clone()
+        };
+        let (dep, job) = (find("Deployment"), find("Job"));
+        let (ctl, pod) = (
+            &dep["spec"]["template"]["spec"],
+            &job["spec"]["template"]["spec"],
+        );
+        for key in [
+            "imagePullSecrets",
+            "securityContext",
+            "nodeSelector",
+            "tolerations",
+            "affinity",
+            "hostNetwork",
+            "dnsPolicy",
+        ] {
+            assert_eq!(pod[key], ctl[key], "{extra:?}: the Job's {key}");
+        }
+        let (cc, jc) = (&ctl["containers"][0], &pod["containers"][0]);
+        for key in [
+            "image",
+            "imagePullPolicy",
+            "command",
+            "securityContext",
+            "resources",
+        ] {
+            assert_eq!(jc[key], cc[key], "{extra:?}: the Job container's {key}");
+        }
+        let ctl_env: Vec<&Value> = cc["env"].as_array().unwrap().iter().collect();
+        for e in jc["env"].as_array().into_iter().flatten() {
+            assert!(
+                ctl_env.contains(&e),
+                "{extra:?}: the Job's env {e} is not the controller's"
+            );
+        }
+        let args: Vec<&str> = jc["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(&args[2..], ["crds", "apply", "--timeout=120s"], "{args:?}");
+        assert_eq!(
+            args[..2],
+            cc["args"].as_array().unwrap()[..2]
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()[..]
+        );
+        assert_eq!(pod["restartPolicy"], "Never");
+        assert_eq!(pod["serviceAccountName"], "forewarn-crds");
+        assert_eq!(job["spec"]["backoffLimit"], 1);
+        assert_eq!(job["spec"]["activeDeadlineSeconds"], 270);
+        // The hook's objects: its own ServiceAccount and RBAC first.
+        let hooks: Vec<(String, String, String)> = docs
+            .iter()
+            .filter(|d| !hook(d).is_null())
+            .map(|d| {
+                assert_eq!(hook(d), "pre-install,pre-upgrade", "{}", d["metadata"]);
+                assert_eq!(
+                    d["metadata"]["annotations"]["helm.sh/hook-delete-policy"],
+                    "before-hook-creation,hook-succeeded"
+                );
+                (
+                    d["kind"].as_str().unwrap().to_string(),
+                    d["metadata"]["name"].as_str().unwrap().to_string(),
+                    d["metadata"]["annotations"]["helm.sh/hook-weight"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                )
+            })
+            .collect();
+        let want: Vec<(String, String, String)> = [
+            ("ServiceAccount", "-10"),
+            ("ClusterRole", "-10"),
+            ("ClusterRoleBinding", "-10"),
+            ("Job", "-5"),
+        ]
+        .iter()
+        .map(|(k, w)| (k.to_string(), "forewarn-crds".to_string(), w.to_string()))
+        .collect();
+        assert_eq!(hooks, want, "the chart's hooks");
+        let role = docs
+            .iter()
+            .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "forewarn-crds")
+            .unwrap();
+        assert_eq!(
+            role["rules"],
+            serde_json::json!([
+                {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["create"]},
+                {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                 "resourceNames": ["scheduledevents.forewarn.dev", "scheduledeventreports.forewarn.dev"],
+                 "verbs": ["get", "patch"]}
+            ])
+        );
+    }
+    // Off: no hook at all.
+    let docs = documents(&render(&["--set", "crds.upgradeJob.enabled=false"]));
+    assert!(
+        docs.iter()
+            .all(|d| d["metadata"]["annotations"]["helm.sh/hook"].is_null()),
+        "a hook is rendered with crds.upgradeJob.enabled=false"
+    );
+    // The schema types its values.
+    let chart = chart_dir();
+    for bad in [
+        "crds.upgradeJob.enabled=yes",
+        "crds.upgradeJob.timeoutSeconds=2",
+        "crds.upgradeJob.bogus=1",
+    ] {
+        let out = helm(&[
+            "template",
+            RELEASE,
+            &chart,
+            "--api-versions",
+            VAP_API,
+            "--set",
+            bad,
+        ]);
+        assert!(!out.ok, "{bad} was accepted");
+    }
+}
+
 #[test]
 fn controller_host_network_is_opt_in_and_keeps_its_own_port() {
     let docs = documents(&render(&["--set", "controller.hostNetwork=true"]));
@@ -3031,7 +4091,8 @@ impl ControllerProc {
         Self::spawn(kubeconfig, name, &args)
     }
 
-    /// `forewarn args` (any role) with `kubeconfig`'s credentials.
+    /// `forewarn ARGS` with `kubeconfig`'s credentials, its output in
+    /// `<name>.log`.
     fn spawn(kubeconfig: &Path, name: &str, args: &[&str]) -> ControllerProc {
         let log = out_dir().join(format!("{name}.log"));
         let file = std::fs::File::create(&log).expect("log file");
@@ -3039,10 +4100,11 @@ impl ControllerProc {
             .args(args)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,kube=warn")
+            .env("RUST_LIB_BACKTRACE", "0")
             .stdout(file.try_clone().expect("log file"))
             .stderr(file)
             .spawn()
-            .expect("start the controller");
+            .expect("start forewarn");
         ControllerProc { child, log }
     }
 
@@ -3065,10 +4127,28 @@ impl ControllerProc {
             },
         )
     }
+
+    /// The exit status once it has exited, within `within`; `None` while
+    /// it runs.
+    fn exit_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            if start.elapsed() > within {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 impl Drop for ControllerProc {
     fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_some() {
+            return;
+        }
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();

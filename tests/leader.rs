@@ -484,6 +484,7 @@ rules:
   - {{apiGroups: [""], resources: [nodes], verbs: [list, watch, patch]}}
   - {{apiGroups: [policy], resources: [poddisruptionbudgets], verbs: [get, list, watch]}}
   - {{apiGroups: [events.k8s.io], resources: [events], verbs: [create, patch]}}
+  - {{apiGroups: [apiextensions.k8s.io], resources: [customresourcedefinitions], resourceNames: [scheduledevents.forewarn.dev, scheduledeventreports.forewarn.dev], verbs: [get]}}
   - {{apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, list, watch, create, update]}}
 ---
 apiVersion: rbac.authorization.k8s.io/v1

@@ -88,6 +88,8 @@ async fn setup(env: &Env, client: &Client) {
                  "verbs": ["list", "watch"]},
                 {"apiGroups": ["forewarn.dev"], "resources": ["scheduledeventreports"],
                  "verbs": ["create", "patch", "list", "watch"]},
+                {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                 "resourceNames": ["scheduledeventreports.forewarn.dev"], "verbs": ["get"]},
             ],
         }),
     )

@@ -207,6 +207,12 @@ async fn chart_agent_runs_on_the_real_node() {
             r#"controller.nodeSelector={"type":"kwok"}"#,
             "--set-json",
             r#"controller.tolerations=[{"operator":"Exists"}]"#,
+            // Nor is the CRD hook Job, which runs where the controller
+            // does: on a KWOK node its pod would be marked Succeeded without
+            // running (kwok's pod-complete stage). The e2e test below runs
+            // it on the real node.
+            "--set",
+            "crds.upgradeJob.enabled=false",
             "--wait",
             "--timeout",
             "120s",
@@ -599,6 +605,40 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
         &home,
     );
     println!("helm install --wait returned after {:?}", started.elapsed());
+
+    // The CRD hook ran in a real pod on the real node (the pre-install Job,
+    // placed like the controller: `forewarn crds apply` from the image,
+    // with the hook's own ServiceAccount, hostNetwork and the API server's
+    // address from controller.extraEnv): both CRDs carry its field
+    // manager, and the Job is gone once it succeeded (hook-succeeded).
+    {
+        use forewarn::crds::{APPLY_MANAGER, EVENTS_CRD, REPORTS_CRD};
+        use k8s_openapi::api::batch::v1::Job;
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for name in [EVENTS_CRD, REPORTS_CRD] {
+            let crd = crds.get(name).await.expect("the CRD");
+            let managers: Vec<(Option<String>, Option<String>)> = crd
+                .metadata
+                .managed_fields
+                .iter()
+                .flatten()
+                .map(|m| (m.manager.clone(), m.operation.clone()))
+                .collect();
+            assert!(
+                managers
+                    .iter()
+                    .any(|(m, op)| m.as_deref() == Some(APPLY_MANAGER)
+                        && op.as_deref() == Some("Apply")),
+                "{name}: the hook Job did not apply it: {managers:?}"
+            );
+        }
+        let jobs: Api<Job> = Api::namespaced(client.clone(), E2E_NS);
+        assert!(
+            jobs.get_opt("forewarn-crds").await.expect("jobs").is_none(),
+            "the CRD hook Job was not deleted after it succeeded"
+        );
+    }
 
     // Both roles Ready on the real node through their probes; the
     // controller pod holds the Lease under its pod name.

@@ -58,6 +58,12 @@ pub struct RunOptions {
     /// the node before the processes start, with `extra_objects` for the
     /// earlier version's objects.
     pub prior_holds: Vec<(String, String)>,
+    /// Keep the `ScheduledEvent`s, reports and node holds the cluster
+    /// holds when the run starts (no reset of them; the workload's
+    /// namespace is still made afresh): an upgrade test leaves an earlier
+    /// version's event in progress, written under the earlier CRDs, before
+    /// it upgrades them and the new processes start.
+    pub keep_objects: bool,
     /// SIGKILL the controller as soon as an event is seen `Started`, and
     /// start a new one (DESIGN.md: any process may die at any moment).
     pub kill_controller_on_start: bool,
@@ -159,6 +165,7 @@ impl RunOptions {
             precordoned: Vec::new(),
             orphaned_holds: Vec::new(),
             prior_holds: Vec::new(),
+            keep_objects: false,
             kill_controller_on_start: false,
             agent_down_across_finish: None,
             policy: None,
@@ -316,32 +323,12 @@ fn short(id: &str) -> &str {
     id.get(..8).unwrap_or(id)
 }
 
-/// Removes what earlier runs left: ScheduledEvents, forewarn's marks on
-/// nodes, cordons, and the workload namespace.
-async fn reset(client: &Client, namespace: &str) -> anyhow::Result<()> {
-    // Reports first: the controller creates an event that has reports.
-    let reports: Api<ScheduledEventReport> = Api::all(client.clone());
-    reports
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await
-        .context("failed to delete old ScheduledEventReports")?;
-    let sevs: Api<ScheduledEvent> = Api::all(client.clone());
-    sevs.delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await
-        .context("failed to delete old ScheduledEvents")?;
-    let nodes: Api<Node> = Api::all(client.clone());
-    for n in nodes.list(&ListParams::default()).await? {
-        let patch = json!({
-            "metadata": {"annotations": {CORDONED_FOR_ANNOTATION: null}},
-            "spec": {"unschedulable": null, "taints": null},
-        });
-        nodes
-            .patch(
-                &n.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
+/// Removes what earlier runs left: the workload namespace and, when
+/// `objects`, ScheduledEvents, reports, forewarn's marks on nodes and
+/// cordons.
+async fn reset(client: &Client, namespace: &str, objects: bool) -> anyhow::Result<()> {
+    if objects {
+        reset_objects(client).await?;
     }
     let namespaces: Api<Namespace> = Api::all(client.clone());
     if namespaces.get_opt(namespace).await?.is_some() {
@@ -489,6 +476,35 @@ async fn ready_pods(client: &Client, ns: &str) -> anyhow::Result<i32> {
     Ok(i32::try_from(pods.items.iter().filter(|p| is_ready(p)).count()).unwrap_or(i32::MAX))
 }
 
+/// Deletes every report and `ScheduledEvent` and releases every node.
+async fn reset_objects(client: &Client) -> anyhow::Result<()> {
+    // Reports first: the controller creates an event that has reports.
+    let reports: Api<ScheduledEventReport> = Api::all(client.clone());
+    reports
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .context("failed to delete old ScheduledEventReports")?;
+    let sevs: Api<ScheduledEvent> = Api::all(client.clone());
+    sevs.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .context("failed to delete old ScheduledEvents")?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    for n in nodes.list(&ListParams::default()).await? {
+        let patch = json!({
+            "metadata": {"annotations": {CORDONED_FOR_ANNOTATION: null}},
+            "spec": {"unschedulable": null, "taints": null},
+        });
+        nodes
+            .patch(
+                &n.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
 /// Plays `opts.scenario` on `cluster` and checks the outcome.
 ///
 /// # Errors
@@ -498,7 +514,7 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
     let scenario = Scenario::load(&opts.scenario.to_string_lossy())?;
     let client = cluster.client().await?;
     std::fs::create_dir_all(&opts.log_dir)?;
-    reset(&client, &opts.namespace).await?;
+    reset(&client, &opts.namespace, !opts.keep_objects).await?;
     deploy_workload(&client, opts).await?;
     let nodes: Api<Node> = Api::all(client.clone());
     for node in &opts.precordoned {

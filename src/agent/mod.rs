@@ -102,14 +102,30 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
 
     // The first request may take up to two minutes while IMDS enables
     // Scheduled Events for the VM; keep asking, with backoff, until SIGTERM.
+    // Meanwhile, the installed reports CRD must carry every field this
+    // version writes, or the API server would silently drop them from its
+    // reports: exit with the command that mends it (see `crds`) as soon as
+    // that is known. Both keep /healthz green while they wait.
+    let allowed = poll::silence_allowed(
+        args.imds_first_timeout.max(args.imds_timeout),
+        args.poll_interval,
+    ) + MAX_COMPUTE_BACKOFF;
+    let needs = crate::crds::agent_needs();
+    let check = crate::crds::require(&clients.requests, &needs, "agent", || live.beat(allowed));
+    let fetch = (|| async {
+        live.beat(allowed);
+        imds.fetch_compute().await
+    })
+    .retry(
+        ExponentialBuilder::default()
+            .with_max_delay(MAX_COMPUTE_BACKOFF)
+            .with_jitter()
+            .without_max_times(),
+    )
+    .notify(|e, d| warn!(error = %error_chain(e), retry_in = ?d, "IMDS compute metadata not available yet"));
     let compute = tokio::select! {
         _ = &mut shutdown => return Ok(()),
-        c = (|| async {
-                live.beat(poll::silence_allowed(args.imds_first_timeout.max(args.imds_timeout), args.poll_interval) + MAX_COMPUTE_BACKOFF);
-                imds.fetch_compute().await
-            })
-            .retry(ExponentialBuilder::default().with_max_delay(MAX_COMPUTE_BACKOFF).with_jitter().without_max_times())
-            .notify(|e, d| warn!(error = %error_chain(e), retry_in = ?d, "IMDS compute metadata not available yet")) => c?,
+        r = async { tokio::try_join!(check, async { fetch.await.map_err(anyhow::Error::from) }) } => r?.1,
     };
     info!(node = %args.node_name, vm = %compute.name, "Agent started");
 

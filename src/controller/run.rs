@@ -64,25 +64,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         format!("{host}-{}", std::process::id())
     });
     let config = kubeclient::request_config(kube::Config::infer().await?, "controller", &identity)?;
-    // Leader election on a thread of its own (see `lease`); every write of
-    // this process passes its guard.
-    let election = lease::spawn(
-        config.clone(),
-        &args.lease_namespace,
-        &args.lease_name,
-        &identity,
-        lease::Timing::default(),
-    )?;
-    let guard = lease::WritesWhileLeading(election.validity.clone());
     let clients = Clients::from_request_config(config.clone())?;
-    let client = ClientBuilder::try_from(config.clone())?
-        .with_layer(&guard)
-        .build();
-    let mut evict_config = config;
-    evict_config.default_retry = false;
-    let evict_client = ClientBuilder::try_from(evict_config)?
-        .with_layer(&guard)
-        .build();
 
     let registry = Registry::new();
     let metrics = ControllerMetrics::register(&registry)?;
@@ -116,6 +98,35 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
 
     let shutdown = crate::cli::shutdown_signal();
     tokio::pin!(shutdown);
+
+    // The installed CRDs must carry every field this version writes and
+    // reads, or the API server would silently drop them: exit with the
+    // command that mends it (see `crds`). Before the Lease: a replica that
+    // cannot work never leads.
+    let needs = crate::crds::controller_needs();
+    tokio::select! {
+        _ = &mut shutdown => return Ok(()),
+        r = crate::crds::require(&clients.requests, &needs, "controller", || {}) => r?,
+    }
+
+    // Leader election on a thread of its own (see `lease`); every write of
+    // this process passes its guard.
+    let election = lease::spawn(
+        config.clone(),
+        &args.lease_namespace,
+        &args.lease_name,
+        &identity,
+        lease::Timing::default(),
+    )?;
+    let guard = lease::WritesWhileLeading(election.validity.clone());
+    let client = ClientBuilder::try_from(config.clone())?
+        .with_layer(&guard)
+        .build();
+    let mut evict_config = config;
+    evict_config.default_retry = false;
+    let evict_client = ClientBuilder::try_from(evict_config)?
+        .with_layer(&guard)
+        .build();
 
     // The node cache runs whether or not this replica leads: readiness means
     // "healthy and synced", so a standby is Ready and a rolling update with
