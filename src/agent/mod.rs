@@ -102,30 +102,43 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
 
     // The first request may take up to two minutes while IMDS enables
     // Scheduled Events for the VM; keep asking, with backoff, until SIGTERM.
-    // Meanwhile, the installed reports CRD must carry every field this
-    // version writes, or the API server would silently drop them from its
-    // reports: exit with the command that mends it (see `crds`) as soon as
-    // that is known. Both keep /healthz green while they wait.
+    // Meanwhile, and after, the installed reports CRD must carry every field
+    // this version writes, or the API server would silently drop them from
+    // its reports: exit with the command that mends it (see `crds`) as soon
+    // as that is known. The check never delays the polls: an API server
+    // that hangs at start must not stop the agent from reading IMDS
+    // (tests/faults.rs, `a_hung_api_server_delays_no_imds_poll_and_loses_no_report`).
     let allowed = poll::silence_allowed(
         args.imds_first_timeout.max(args.imds_timeout),
         args.poll_interval,
     ) + MAX_COMPUTE_BACKOFF;
     let needs = crate::crds::agent_needs();
-    let check = crate::crds::require(&clients.requests, &needs, "agent", || live.beat(allowed));
-    let fetch = (|| async {
-        live.beat(allowed);
-        imds.fetch_compute().await
-    })
-    .retry(
-        ExponentialBuilder::default()
-            .with_max_delay(MAX_COMPUTE_BACKOFF)
-            .with_jitter()
-            .without_max_times(),
-    )
-    .notify(|e, d| warn!(error = %error_chain(e), retry_in = ?d, "IMDS compute metadata not available yet"));
-    let compute = tokio::select! {
-        _ = &mut shutdown => return Ok(()),
-        r = async { tokio::try_join!(check, async { fetch.await.map_err(anyhow::Error::from) }) } => r?.1,
+    let check = crate::crds::require(&clients.requests, &needs, "agent", || {});
+    tokio::pin!(check);
+    let mut checked = false;
+    let compute = {
+        let fetch = (|| async {
+            live.beat(allowed);
+            imds.fetch_compute().await
+        })
+        .retry(
+            ExponentialBuilder::default()
+                .with_max_delay(MAX_COMPUTE_BACKOFF)
+                .with_jitter()
+                .without_max_times(),
+        )
+        .notify(|e, d| warn!(error = %error_chain(e), retry_in = ?d, "IMDS compute metadata not available yet"));
+        tokio::pin!(fetch);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return Ok(()),
+                r = &mut check, if !checked => {
+                    r?;
+                    checked = true;
+                }
+                r = &mut fetch => break r?,
+            }
+        }
     };
     info!(node = %args.node_name, vm = %compute.name, "Agent started");
 
@@ -172,7 +185,22 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                 .instrument(info_span!("approve", node = %args.node_name)),
         ),
     ];
-    shutdown.await;
+    if !checked {
+        tokio::select! {
+            _ = &mut shutdown => {}
+            r = &mut check => {
+                if let Err(e) = r {
+                    for t in &tasks {
+                        t.abort();
+                    }
+                    return Err(e);
+                }
+                shutdown.await;
+            }
+        }
+    } else {
+        shutdown.await;
+    }
     for t in &tasks {
         t.abort();
     }
