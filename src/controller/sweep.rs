@@ -1,6 +1,7 @@
 //! Releases cordons held for `ScheduledEvent`s that no longer exist
-//! (deleted by hand before they completed): forewarn never leaves a node
-//! cordoned that nothing will release.
+//! (deleted by hand before they completed), and removes the notices (and
+//! acknowledgements) pods hold of them: forewarn never leaves a node
+//! cordoned, or a notice standing, that nothing will remove.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use tracing::{info, warn};
 
-use super::{Context, nodes};
+use super::{Context, nodes, notice};
 use crate::crd::ScheduledEvent;
 
 /// How often nodes are checked for holds of deleted `ScheduledEvent`s.
@@ -41,7 +42,10 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
         // the list and the read (a new event's) would look orphaned.
         // Writes are conditional on the snapshot's resourceVersion.
         let snapshot = ctx.nodes.state();
-        if !snapshot.iter().any(|n| !nodes::holds(n).is_empty()) {
+        // Read before the list, as the nodes: a notice written after it
+        // (a new event's) is not in this snapshot.
+        let holders = ctx.pods.holders();
+        if !snapshot.iter().any(|n| !nodes::holds(n).is_empty()) && holders.is_empty() {
             continue;
         }
         let existing: HashSet<String> = match events.list_metadata(&ListParams::default()).await {
@@ -59,6 +63,10 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
             .filter(|(_, rs)| rs.iter().any(|r| r.spec.report.is_listed()))
             .map(|(name, _)| name)
             .collect();
+        remove_orphaned_notices(&ctx, &holders, |e| {
+            existing.contains(e) || reported.contains(e)
+        })
+        .await;
         for node in snapshot {
             let holds = nodes::holds(&node);
             let orphaned =
@@ -86,6 +94,40 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
                     warn!(node = %name, error = %e, "Could not release orphaned holds; will retry")
                 }
             }
+        }
+    }
+}
+
+/// Removes from `holders` the notices and acknowledgements of events that
+/// do not exist (`exists` says which do).
+async fn remove_orphaned_notices(
+    ctx: &Context,
+    holders: &[Arc<notice::Participant>],
+    exists: impl Fn(&str) -> bool,
+) {
+    let mut orphaned: Vec<String> = holders
+        .iter()
+        .flat_map(|p| p.events())
+        .filter(|e| !exists(e))
+        .map(str::to_string)
+        .collect();
+    orphaned.sort();
+    orphaned.dedup();
+    for event in orphaned {
+        let writes = notice::writes(&event, Vec::new(), holders);
+        for (w, outcome) in notice::write_all(&ctx.client, &event, &writes).await {
+            let label = match outcome {
+                notice::WriteOutcome::Written => {
+                    info!(pod = %w.pod.key(), %event, "Removed the notice of a ScheduledEvent that no longer exists");
+                    "removed"
+                }
+                notice::WriteOutcome::Gone => "gone",
+                notice::WriteOutcome::Failed(why) => {
+                    warn!(pod = %w.pod.key(), %event, %why, "Could not remove an orphaned notice; will retry");
+                    "failed"
+                }
+            };
+            ctx.metrics.notice_writes.with_label_values(&[label]).inc();
         }
     }
 }
