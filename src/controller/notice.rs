@@ -32,7 +32,7 @@ use serde_json::json;
 
 use super::acknowledge::AckState;
 use super::plan::ObservedNode;
-use crate::crd::{CONTROLLER_MANAGER, Phase, ScheduledEventSpec};
+use crate::crd::{CONTROLLER_MANAGER, EventStatus, Phase, ScheduledEventSpec};
 use crate::policy::Action;
 
 /// The label that asks for notices.
@@ -254,7 +254,10 @@ pub fn desired(
                 phase,
                 action,
                 drain: action.drains(),
-                acknowledge_by: ack.filter(|_| p.acknowledges).map(|a| a.deadline),
+                // Only while the wait can matter (its deadline is stable then).
+                acknowledge_by: ack
+                    .filter(|_| p.acknowledges && spec.event_status == EventStatus::Scheduled)
+                    .map(|a| a.deadline),
             };
             out.push((Arc::clone(p), render(&notice)));
         }
@@ -325,7 +328,8 @@ pub fn patch_body(event: &str, w: &NoticeWrite) -> serde_json::Value {
 pub enum WriteOutcome {
     /// Stored.
     Written,
-    /// The pod is gone, or another pod has its name now (404, 409).
+    /// The pod is gone, or another pod has its name now (404; 409 or 422
+    /// on its UID).
     Gone,
     /// Refused or not answered; tried again on a later pass.
     Failed(String),
@@ -353,7 +357,12 @@ pub async fn write_all(
             async move {
                 let outcome = match api.patch(&w.pod.name, &params, &Patch::Merge(&body)).await {
                     Ok(_) => WriteOutcome::Written,
-                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                    // 422 on `metadata.uid`: another pod has the name now.
+                    Err(kube::Error::Api(s))
+                        if s.code == 404
+                            || s.code == 409
+                            || (s.code == 422 && s.message.contains("metadata.uid")) =>
+                    {
                         WriteOutcome::Gone
                     }
                     Err(e) => WriteOutcome::Failed(e.to_string()),

@@ -507,8 +507,10 @@ pub const ACKNOWLEDGED_LISTED: usize = 100;
 
 /// The record of the wait for the pods that take part: as the plan saw it,
 /// the pods that acknowledged added to those recorded (an acknowledged pod
-/// evicted since still counts); frozen once the event is over, kept as it
-/// was while the plan has none (the drain lead time).
+/// evicted since still counts). Kept as it was while the plan has none
+/// (the drain lead time), and frozen once the wait is over: it timed out
+/// (the pods that did not answer stay named, though evicted since), the
+/// approval was decided, or the event is no longer `Scheduled`.
 fn acknowledgement_record(
     ev: &ScheduledEvent,
     plan: &Plan,
@@ -516,7 +518,15 @@ fn acknowledgement_record(
     now: DateTime<Utc>,
 ) -> Option<Acknowledgements> {
     let prev = ev.status.as_ref().and_then(|s| s.acknowledgements.clone());
-    let a = match (&plan.acknowledgement, finished) {
+    let decided = ev
+        .status
+        .as_ref()
+        .and_then(|s| s.approval.as_ref())
+        .is_some_and(|a| a.decided_at.is_some());
+    let over = prev.as_ref().is_some_and(|p| {
+        p.timed_out_at.is_some() || decided || ev.spec.event_status != EventStatus::Scheduled
+    });
+    let a = match (&plan.acknowledgement, finished || over) {
         (Some(a), false) => a,
         _ => return prev,
     };
