@@ -3725,9 +3725,9 @@ fn controller_may_change_nothing_on_a_pod_but_its_notices() {
         None,
     );
     k.ok_stdin(
-        &["apply", "-f", "-"],
+        &["create", "-f", "-"],
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: db-0\n  namespace: {ns}\n  labels:\n    app: db\n    forewarn.dev/acknowledge: \"true\"\n  annotations:\n    team: storage\n    ack.forewarn.dev/ev0: EV0\nspec:\n  containers:\n  - name: db\n    image: registry.k8s.io/pause:3.10\n"
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: db-0\n  namespace: {ns}\n  labels:\n    app: db\n    forewarn.dev/acknowledge: \"true\"\n  annotations:\n    team: storage\n    ack.forewarn.dev/ev0: EV0\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: db\n    image: registry.k8s.io/pause:3.10\n"
         ),
     );
     let controller = token_kubeconfig(&k, "notices-controller", &token(&k, CONTROLLER_SA, None));
@@ -3830,7 +3830,7 @@ fn controller_may_change_nothing_on_a_pod_but_its_notices() {
         "ack.forewarn.dev/ev1=EV1",
         "x=y",
     ]);
-    k.ok(&["delete", "namespace", ns, "--wait=false"]);
+    k.ok(&["delete", "namespace", ns, "--timeout=90s"]);
 }
 
 /// Options to play platform-redeploy.yaml with TokenRequest tokens of the
