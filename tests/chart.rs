@@ -529,6 +529,8 @@ fn policy_example_with_every_key_renders_and_loads() {
         "drainLeadTimeSeconds:",
         "orphanedAfterSeconds:",
         "staleAfterSeconds:",
+        "acknowledgeTimeoutSeconds:",
+        "evictAfterAcknowledgement:",
     ] {
         assert!(example.contains(key), "the example lacks {key}:\n{example}");
     }
