@@ -42,6 +42,8 @@ static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const REBOOT: &str = "5D0E7A11-3C2B-4E8F-9A61-0B7C2D4E6F01";
 const FREEZE: &str = "8E2F4B6D-1A3C-4D5E-8F70-2B4C6D8E0A12";
 const DB: [&str; 3] = ["db-0", "db-1", "db-2"];
+/// A `ScheduledEvent` name no object has.
+const GONE: &str = "0000dead-0000-4000-8000-000000000016";
 
 /// A Deployment of one pod that takes notices only, on `node`.
 fn notice_only(name: &str, node: &str) -> serde_json::Value {
@@ -393,9 +395,11 @@ async fn a_silent_pod_holds_the_approval_until_its_timeout() {
 
 /// A short Freeze the policy approves at once drains nothing, yet the
 /// pods that opted in on the two VMs it names get the notice before IMDS
-/// receives the approval, the approval waits for the acknowledging pod,
+/// receives the approval, the approval waits for the acknowledging pods,
 /// and the notices are removed from the pods (still there) once the event
-/// is over; nobody on the third node hears of it.
+/// is over; nobody on the third node hears of it. A pod that came with a
+/// notice and an acknowledgement of an event that does not exist (its
+/// object deleted by hand) loses both to the controller's sweep.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_freeze_approved_at_once_is_noticed_before_its_approval() {
     let _turn = TURN.lock().await;
@@ -405,11 +409,23 @@ async fn a_freeze_approved_at_once_is_noticed_before_its_approval() {
             o.extra_objects
                 .push(notice_only(&format!("watcher-{}", &node[5..]), node));
         }
+        let mut stale = notice_only("stale", "node-000002");
+        stale["spec"]["template"]["metadata"]["annotations"] = serde_json::json!({
+            format!("notice.forewarn.dev/{GONE}"): format!("eventId={} type=Reboot", GONE.to_ascii_uppercase()),
+            format!("ack.forewarn.dev/{GONE}"): GONE.to_ascii_uppercase(),
+        });
+        o.extra_objects.push(stale);
     })
     .await;
     let approved = approved_at(&report, FREEZE);
     let finished = mock_at(&report, FREEZE, "Finished");
-    let mut nodes: Vec<&str> = report.notices.iter().map(|n| n.node.as_str()).collect();
+    let freeze = FREEZE.to_ascii_lowercase();
+    let notices: Vec<_> = report
+        .notices
+        .iter()
+        .filter(|n| n.event == freeze)
+        .collect();
+    let mut nodes: Vec<&str> = notices.iter().map(|n| n.node.as_str()).collect();
     nodes.sort_unstable();
     nodes.dedup();
     assert_eq!(
@@ -419,8 +435,8 @@ async fn a_freeze_approved_at_once_is_noticed_before_its_approval() {
         report.notices
     );
     // Two watchers and two db pods, each noticed before the approval.
-    assert_eq!(report.notices.len(), 4, "{:?}", report.notices);
-    for n in &report.notices {
+    assert_eq!(notices.len(), 4, "{:?}", report.notices);
+    for n in notices {
         assert!(
             n.first_seen < approved,
             "{} noticed at {} after the approval at {approved}",
@@ -464,5 +480,7 @@ async fn a_freeze_approved_at_once_is_noticed_before_its_approval() {
         .expect("record");
     assert_eq!(acks.acknowledged.as_deref(), Some("2/2"), "{acks:?}");
     assert_eq!(acks.notified, "4/4", "{acks:?}");
+    // The stale pod's notice and acknowledgement went with the sweep, as
+    // every other notice went with its event.
     nothing_left_behind(&client).await;
 }

@@ -296,6 +296,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     // A dry run writes no node, so it releases no hold either (its sweep
     // only forgets deleted events' bookkeeping).
     let sweep = tokio::spawn(sweep::sweep_orphaned_holds(ctx.clone()));
+    let notice_sweep = tokio::spawn(sweep::sweep_orphaned_notices(ctx.clone()));
     let creator = tokio::spawn(spec::create_missing(ctx.clone(), report_changed));
     let controller = controller
         .run(reconcile, error_policy, ctx)
@@ -323,6 +324,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     creator.abort();
     confinement.abort();
     sweep.abort();
+    notice_sweep.abort();
     if let Some(reload) = reload_task {
         reload.abort();
     }

@@ -42,10 +42,7 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
         // the list and the read (a new event's) would look orphaned.
         // Writes are conditional on the snapshot's resourceVersion.
         let snapshot = ctx.nodes.state();
-        // Read before the list, as the nodes: a notice written after it
-        // (a new event's) is not in this snapshot.
-        let holders = ctx.pods.holders();
-        if !snapshot.iter().any(|n| !nodes::holds(n).is_empty()) && holders.is_empty() {
+        if !snapshot.iter().any(|n| !nodes::holds(n).is_empty()) {
             continue;
         }
         let existing: HashSet<String> = match events.list_metadata(&ListParams::default()).await {
@@ -63,10 +60,6 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
             .filter(|(_, rs)| rs.iter().any(|r| r.spec.report.is_listed()))
             .map(|(name, _)| name)
             .collect();
-        remove_orphaned_notices(&ctx, &holders, |e| {
-            existing.contains(e) || reported.contains(e)
-        })
-        .await;
         for node in snapshot {
             let holds = nodes::holds(&node);
             let orphaned =
@@ -95,6 +88,47 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
                 }
             }
         }
+    }
+}
+
+/// Removes the notices (and acknowledgements) pods hold of
+/// `ScheduledEvent`s that no longer exist: once the pod cache is synced,
+/// then every [`SWEEP_INTERVAL`] (never in a dry run, which writes no
+/// notice). As for holds, the pods are read before the list of
+/// `ScheduledEvent`s, and an object an agent still reports counts as
+/// existing.
+pub async fn sweep_orphaned_notices(ctx: Arc<Context>) {
+    if ctx.dry_run {
+        return;
+    }
+    let events: Api<ScheduledEvent> = Api::all(ctx.client.clone());
+    while !ctx.pods.ready() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    loop {
+        tick.tick().await;
+        let holders = ctx.pods.holders();
+        if holders.is_empty() {
+            continue;
+        }
+        let existing: HashSet<String> = match events.list_metadata(&ListParams::default()).await {
+            Ok(list) => list.items.iter().map(ResourceExt::name_any).collect(),
+            Err(e) => {
+                warn!(error = %e, "Could not list ScheduledEvents to find orphaned notices; will retry");
+                continue;
+            }
+        };
+        let reported: HashSet<String> = ctx
+            .reports_by_event()
+            .into_iter()
+            .filter(|(_, rs)| rs.iter().any(|r| r.spec.report.is_listed()))
+            .map(|(name, _)| name)
+            .collect();
+        remove_orphaned_notices(&ctx, &holders, |e| {
+            existing.contains(e) || reported.contains(e)
+        })
+        .await;
     }
 }
 
