@@ -685,8 +685,10 @@ fn plan_approve_only(
     requeue_for_workloads(p, now);
 }
 
-/// The wait for the pods that take part at `now` (none in a dry run, which
-/// writes no notice).
+/// The wait for the pods that take part at `now`: none in a dry run (it
+/// writes no notice), nor for an action that neither approves nor evicts
+/// (`Cordon`; `Drain` without `evictAfterAcknowledgement`), where nothing
+/// would wait.
 fn acknowledgement(
     p: &Plan,
     ev: &ScheduledEvent,
@@ -694,7 +696,9 @@ fn acknowledgement(
     policy: &Policy,
     now: DateTime<Utc>,
 ) -> Option<AckState> {
-    if seen.dry_run {
+    let approves = matches!(p.action, Action::Approve | Action::DrainAndApprove);
+    let evicts = p.action.drains() && policy.evict_after_acknowledgement;
+    if seen.dry_run || !(approves || evicts) {
         return None;
     }
     acknowledge::assess(ev, seen, policy, p.deadline, now)

@@ -599,7 +599,7 @@ fn acknowledgement_condition(c: &mut Conditions<'_>, ev: &ScheduledEvent, plan: 
             true,
             reason,
             format!(
-                "the approval waits until {until} for {}",
+                "forewarn waits (the approval, and by evictAfterAcknowledgement the eviction of the pods that asked) until {until} for {}",
                 parts.join(" and ")
             ),
         );

@@ -1790,6 +1790,25 @@ fn a_waited_for_pod_is_evicted_after_its_acknowledgement() {
     assert_eq!(evicted(&p), ["db-0", "web"]);
 }
 
+/// An event the policy only cordons waits for nobody: nothing would wait.
+#[test]
+fn a_cordon_only_event_waits_for_no_acknowledgement() {
+    let ev = event("Reboot", "Scheduled", &["vm_1"]);
+    let policy = Policy::parse("defaultAction: Cordon\n", "p").unwrap();
+    let obs = seen(
+        vec![with_participants(
+            node("node-1", "vm_1", false, &[], vec![]),
+            vec![participant("db-0", true, &[])],
+        )],
+        &[],
+    );
+    let p = plan(&ev, &obs, &policy, now());
+    assert!(p.acknowledgement.is_none());
+    let st = next_status(&ev, &obs, &p, &[], now());
+    assert!(st.acknowledgements.is_none());
+    assert_eq!(cond(&st, "AcknowledgementPending"), None);
+}
+
 /// A dry run writes no notice, so it waits for none.
 #[test]
 fn a_dry_run_waits_for_no_notice() {
