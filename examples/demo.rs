@@ -1,7 +1,12 @@
 //! `make demo`: a local cluster with 3 nodes, a Deployment spread over them
-//! with a PodDisruptionBudget, the IMDS mock playing an Azure scenario, one
-//! agent per node and the controller, with a live timeline. Exits 0 only if
-//! the scenario completed and the rules held.
+//! with a PodDisruptionBudget, the workload of `examples/notice-workload.yaml`
+//! (a StatefulSet whose pods take part: they get each event as a notice and
+//! forewarn waits for their acknowledgement), the IMDS mock playing an Azure
+//! scenario, one agent per node and the controller, with a live timeline.
+//! KWOK runs no container, so the harness plays the StatefulSet's
+//! containers (it reads each notice and acknowledges it with the pod's
+//! ServiceAccount token, as `examples/workload.rs notice` does on a real
+//! node). Exits 0 only if the scenario completed and the rules held.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,7 +14,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use forewarn_harness::cluster::{Cluster, repo_root};
-use forewarn_harness::run::{RunOptions, run_scenario, sibling_forewarn_bin, summary};
+use forewarn_harness::run::{
+    Acknowledgers, RunOptions, run_scenario, sibling_forewarn_bin, summary,
+};
 
 /// Plays an Azure Scheduled Events scenario against a local cluster.
 #[derive(Parser)]
@@ -23,6 +30,9 @@ struct Args {
     /// Leave the cluster running afterwards (`hack/cluster.sh env` to use it).
     #[arg(long)]
     keep: bool,
+    /// Leave out the workload that takes part (examples/notice-workload.yaml).
+    #[arg(long)]
+    no_notice_workload: bool,
 }
 
 #[tokio::main]
@@ -52,10 +62,28 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    println!("cluster up; deploying shop/web (6 replicas, PodDisruptionBudget minAvailable 5)\n");
     let mut opts = RunOptions::new(scenario, bin);
     opts.live = true;
     opts.timeout = args.timeout;
+    if args.no_notice_workload {
+        println!(
+            "cluster up; deploying shop/web (6 replicas, PodDisruptionBudget minAvailable 5)\n"
+        );
+    } else {
+        println!(
+            "cluster up; deploying shop/web (6 replicas, PodDisruptionBudget minAvailable 5) and \
+             shop/db (examples/notice-workload.yaml: 3 pods labelled forewarn.dev/acknowledge; the \
+             harness plays their containers, which acknowledge each notice after 3 s)\n"
+        );
+        opts.extra_manifests
+            .push(repo_root().join("examples/notice-workload.yaml"));
+        opts.acknowledgers = Some(Acknowledgers {
+            pods: ["db-0", "db-1", "db-2"].map(String::from).to_vec(),
+            service_account: "notice-workload".into(),
+            prepare: Duration::from_secs(3),
+            silent: Vec::new(),
+        });
+    }
     let result = run_scenario(&cluster, &opts).await;
     let code = match &result {
         Ok(report) => {

@@ -60,6 +60,12 @@ pub const CORDONED_FOR_ANNOTATION: &str = "forewarn.dev/cordoned-for";
         description = "Affected nodes drained / affected nodes"
     ),
     printcolumn(
+        name = "Acked",
+        type_ = "string",
+        json_path = ".status.acknowledgements.acknowledged",
+        description = "Pods on the affected nodes that asked forewarn to wait for them: acknowledged / asked"
+    ),
+    printcolumn(
         name = "NotBefore",
         type_ = "string",
         json_path = ".spec.notBefore",
@@ -382,6 +388,12 @@ pub struct ScheduledEventStatus {
     /// The approval: decided by the controller, sent by an agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<Approval>,
+    /// The pods on the affected nodes that take part (label
+    /// `forewarn.dev/notice` or `forewarn.dev/acknowledge`): their notices,
+    /// and the acknowledgements the approval waits for. Absent when no
+    /// such pod was ever on an affected node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acknowledgements: Option<Acknowledgements>,
     /// What a controller run with `--dry-run` would have done, and never
     /// did: no agent sends an approval recorded here (agents read only
     /// `approval`).
@@ -403,7 +415,9 @@ pub struct ScheduledEventStatus {
     /// `NotBefore` minus the policy's `drainLeadTimeSeconds`),
     /// `EndedWithoutObserver` (ended by the controller: no agent is left to
     /// see the event leave IMDS), `DryRun` (what a `--dry-run` controller
-    /// would have done).
+    /// would have done), `AcknowledgementPending` (the approval waits for
+    /// pods' acknowledgements or notices; `False` with `Acknowledged` or
+    /// `TimedOut` once it no longer does).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<Condition>>,
     /// The `spec.appearance` this status describes. When the `EventId`
@@ -666,6 +680,51 @@ pub struct Approval {
     pub result: Option<String>,
 }
 
+/// The pods on an event's affected nodes that take part: each gets the
+/// event as a notice (annotation `notice.forewarn.dev/<event>`); those
+/// labelled `forewarn.dev/acknowledge: "true"` are waited for, the
+/// approval (and, by the policy's `evictAfterAcknowledgement`, their
+/// eviction) until each writes `ack.forewarn.dev/<event>: <EventId>` on
+/// itself or the acknowledgement deadline passes.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Acknowledgements {
+    /// Pods that acknowledged over pods that asked forewarn to wait, e.g.
+    /// `2/3`; absent when no pod asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acknowledged: Option<String>,
+    /// Pods whose notice is stored over pods that take part, e.g. `3/3`.
+    #[serde(default)]
+    pub notified: String,
+    /// When forewarn began waiting: its first pass with a taking part pod
+    /// on an affected node, once the drain lead time (if any) began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<DateTime<Utc>>,
+    /// When forewarn stops waiting: `since` plus the policy's
+    /// `acknowledgeTimeoutSeconds` for the event's type, and never later
+    /// than the drain deadline (`NotBefore` minus `drainMarginSeconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<DateTime<Utc>>,
+    /// Pods (`namespace/name`) that asked forewarn to wait and have not
+    /// acknowledged: at most 10, then `and N more pods`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending: Vec<String>,
+    /// How many pods have not acknowledged (all of them, listed or not).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pending_count: i32,
+    /// Pods (`namespace/name`) that acknowledged, also those that left
+    /// their node since: at most 100 listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub acknowledged_pods: Vec<String>,
+    /// How many pods acknowledged (all of them, listed or not).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub acknowledged_count: i32,
+    /// When the deadline passed with pods that had not acknowledged (or
+    /// notices not stored): forewarn went on without them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timed_out_at: Option<DateTime<Utc>>,
+}
+
 /// A standard Kubernetes condition, in the shape of `metav1.Condition`.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -793,6 +852,7 @@ mod tests {
                 "Azure",
                 "Phase",
                 "Drained",
+                "Acked",
                 "NotBefore",
                 "Resources",
                 "Source",

@@ -13,6 +13,7 @@
 //!     minDurationSeconds: 0    # optional, DurationInSeconds >= this
 //!     maxDurationSeconds: 10   # optional, DurationInSeconds <= this
 //!     action: Approve          # Ignore | Approve | Cordon | Drain | DrainAndApprove
+//!     acknowledgeTimeoutSeconds: 60  # optional, for the events this rule matches
 //! defaultAction: DrainAndApprove
 //! drainMarginSeconds: 5        # drain deadline = NotBefore - margin
 //! minGraceSeconds: 5           # eviction grace floor (>= 1; a pod's own shorter grace is kept)
@@ -29,6 +30,11 @@
 //!                              # (it had mapped one) this long after it started or NotBefore passed
 //! staleAfterSeconds: 86400     # end any unfinished event no agent has written for this long,
 //!                              # once this long has passed since it started (or NotBefore)
+//! acknowledgeTimeoutSeconds: 300  # how long the approval waits for pods that asked to be
+//!                              # waited for (label forewarn.dev/acknowledge), at most the
+//!                              # drain deadline; a rule's own value wins
+//! evictAfterAcknowledgement: true  # such a pod is evicted only once it acknowledged (or the
+//!                              # wait is over)
 //! ```
 //!
 //! The file is read again when it changes (see [`crate::controller::reload`]);
@@ -114,6 +120,13 @@ pub struct Rule {
     pub max_duration_seconds: Option<i64>,
     /// What to do about an event this rule matches.
     pub action: Action,
+    /// Seconds the approval of an event this rule matches waits for the
+    /// acknowledgements of the pods that ask for it (see the policy's
+    /// `acknowledgeTimeoutSeconds`, which applies when this is absent). At
+    /// most 3600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = MAX_ACKNOWLEDGE_TIMEOUT_SECONDS))]
+    pub acknowledge_timeout_seconds: Option<u64>,
 }
 
 /// The controller's policy (`--policy-file`; the chart's
@@ -217,8 +230,31 @@ pub struct Policy {
     #[serde(default = "one_day_secs")]
     #[schemars(range(max = MAX_WAIT_SECONDS))]
     pub stale_after_seconds: u64,
+    /// Seconds the approval waits for the pods on the affected nodes that
+    /// ask for it (label `forewarn.dev/acknowledge: "true"`) to acknowledge
+    /// the event (annotation `ack.forewarn.dev/<event>: <EventId>` on the
+    /// pod), counted from the first notice (for an event announced long
+    /// ahead, from the start of its drain lead time); never later than the
+    /// drain deadline (`NotBefore` minus `drainMarginSeconds`). A rule's own
+    /// `acknowledgeTimeoutSeconds` wins for the events it matches. A
+    /// workload that acknowledges does so in seconds; one that has not in
+    /// five minutes is most likely not going to, and most events give 10
+    /// to 15 minutes' notice, so the default leaves the drain the rest. At
+    /// most 3600. Default 300.
+    #[serde(default = "five_minutes")]
+    #[schemars(range(max = MAX_ACKNOWLEDGE_TIMEOUT_SECONDS))]
+    pub acknowledge_timeout_seconds: u64,
+    /// Whether a pod that asks forewarn to wait for it is evicted only once
+    /// it acknowledged the event (or the wait is over); otherwise it is
+    /// evicted with the others, and the approval waits only while it is
+    /// still on its node. Default true.
+    #[serde(default = "yes")]
+    pub evict_after_acknowledgement: bool,
 }
 
+/// The longest `acknowledgeTimeoutSeconds` accepted: an hour, far beyond
+/// any routine notice (the drain deadline bounds the wait anyway).
+const MAX_ACKNOWLEDGE_TIMEOUT_SECONDS: u64 = 3600;
 /// The lowest `minGraceSeconds` accepted: a grace of 0 is a force delete.
 const MIN_GRACE_SECONDS: i64 = 1;
 /// The longest `releaseDelaySeconds` accepted: an hour.
@@ -253,6 +289,9 @@ fn five_minutes() -> u64 {
 fn one_day_secs() -> u64 {
     24 * 3600
 }
+fn yes() -> bool {
+    true
+}
 
 impl Default for Policy {
     fn default() -> Self {
@@ -263,6 +302,7 @@ impl Default for Policy {
                 min_duration_seconds: Some(0),
                 max_duration_seconds: Some(10),
                 action: Action::Approve,
+                acknowledge_timeout_seconds: None,
             }],
             default_action: Action::DrainAndApprove,
             drain_margin_seconds: 5,
@@ -275,6 +315,8 @@ impl Default for Policy {
             drain_lead_time_seconds: one_hour(),
             orphaned_after_seconds: five_minutes(),
             stale_after_seconds: one_day_secs(),
+            acknowledge_timeout_seconds: five_minutes(),
+            evict_after_acknowledgement: true,
         }
     }
 }
@@ -391,6 +433,21 @@ impl Policy {
                 ),
             });
         }
+        let ack_timeouts =
+            std::iter::once(("acknowledgeTimeoutSeconds", p.acknowledge_timeout_seconds)).chain(
+                p.rules
+                    .iter()
+                    .filter_map(|r| r.acknowledge_timeout_seconds)
+                    .map(|t| ("a rule's acknowledgeTimeoutSeconds", t)),
+            );
+        for (name, value) in ack_timeouts {
+            if value > MAX_ACKNOWLEDGE_TIMEOUT_SECONDS {
+                return Err(Error::Setting {
+                    path: path.into(),
+                    reason: format!("{name} {value} is longer than an hour"),
+                });
+            }
+        }
         for (name, value) in [
             ("drainLeadTimeSeconds", p.drain_lead_time_seconds),
             ("orphanedAfterSeconds", p.orphaned_after_seconds),
@@ -442,22 +499,45 @@ impl Policy {
 
     /// The action for an event of `event_type` from `source` with `duration_seconds`.
     pub fn decide(&self, event_type: &EventType, source: &str, duration_seconds: i64) -> Action {
-        let type_name = event_type.to_string();
-        self.rules
-            .iter()
-            .find(|r| {
-                r.event_type
-                    .as_ref()
-                    .is_none_or(|t| t.eq_ignore_ascii_case(&type_name))
-                    && r.event_source
-                        .as_ref()
-                        .is_none_or(|s| s.eq_ignore_ascii_case(source))
-                    && r.min_duration_seconds
-                        .is_none_or(|lo| duration_seconds >= lo)
-                    && r.max_duration_seconds
-                        .is_none_or(|hi| duration_seconds <= hi)
-            })
+        self.rule_for(event_type, source, duration_seconds)
             .map_or(self.default_action, |r| r.action)
+    }
+
+    /// How long the approval of such an event waits for acknowledgements:
+    /// the matching rule's `acknowledgeTimeoutSeconds`, else the policy's.
+    pub fn acknowledge_timeout(
+        &self,
+        event_type: &EventType,
+        source: &str,
+        duration_seconds: i64,
+    ) -> chrono::TimeDelta {
+        let secs = self
+            .rule_for(event_type, source, duration_seconds)
+            .and_then(|r| r.acknowledge_timeout_seconds)
+            .unwrap_or(self.acknowledge_timeout_seconds);
+        Self::seconds(secs)
+    }
+
+    /// The first rule that matches the event, if any.
+    fn rule_for(
+        &self,
+        event_type: &EventType,
+        source: &str,
+        duration_seconds: i64,
+    ) -> Option<&Rule> {
+        let type_name = event_type.to_string();
+        self.rules.iter().find(|r| {
+            r.event_type
+                .as_ref()
+                .is_none_or(|t| t.eq_ignore_ascii_case(&type_name))
+                && r.event_source
+                    .as_ref()
+                    .is_none_or(|s| s.eq_ignore_ascii_case(source))
+                && r.min_duration_seconds
+                    .is_none_or(|lo| duration_seconds >= lo)
+                && r.max_duration_seconds
+                    .is_none_or(|hi| duration_seconds <= hi)
+        })
     }
 }
 
@@ -544,6 +624,41 @@ mod tests {
         assert!(p.evicts_unmanaged(&EventType::Terminate));
         assert!(p.evicts_unmanaged(&EventType::Preempt));
         assert!(!p.evicts_unmanaged(&EventType::Freeze));
+    }
+
+    #[test]
+    fn acknowledge_timeout_is_the_matching_rules_else_the_policys_and_bounded() {
+        let p = Policy::default();
+        assert_eq!(
+            p.acknowledge_timeout(&EventType::Reboot, "Platform", -1),
+            chrono::TimeDelta::seconds(300)
+        );
+        assert!(p.evict_after_acknowledgement);
+        let p = Policy::parse(
+            "acknowledgeTimeoutSeconds: 120\nevictAfterAcknowledgement: false\nrules:\n- {eventType: Preempt, action: DrainAndApprove, acknowledgeTimeoutSeconds: 5}\n",
+            "p",
+        )
+        .unwrap();
+        assert_eq!(
+            p.acknowledge_timeout(&EventType::Preempt, "Platform", -1),
+            chrono::TimeDelta::seconds(5)
+        );
+        assert_eq!(
+            p.acknowledge_timeout(&EventType::Reboot, "Platform", -1),
+            chrono::TimeDelta::seconds(120)
+        );
+        assert!(!p.evict_after_acknowledgement);
+        let e = Policy::parse("acknowledgeTimeoutSeconds: 3601\n", "p").unwrap_err();
+        assert!(e.to_string().contains("longer than an hour"), "{e}");
+        let e = Policy::parse(
+            "rules:\n- {action: Approve, acknowledgeTimeoutSeconds: 7200}\n",
+            "p",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("rule's acknowledgeTimeoutSeconds"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -29,9 +29,12 @@ const RELEASE: &str = "forewarn";
 const AGENT_SA: &str = "forewarn-agent";
 const CONTROLLER_SA: &str = "forewarn-controller";
 const VM_ANNOTATION: &str = "forewarn.dev/vm-name";
-/// The chart's one ValidatingAdmissionPolicy, and its binding (same name):
-/// an agent writes only its own node's reports.
+/// The chart's ValidatingAdmissionPolicy, and its binding (same name), by
+/// which an agent writes only its own node's reports.
 const AGENT_POLICY: &str = "forewarn-agent-reports";
+/// The chart's ValidatingAdmissionPolicy, and its binding (same name), by
+/// which the controller changes nothing on a pod but its notices.
+const CONTROLLER_POD_POLICY: &str = "forewarn-controller-pod-notices";
 /// What `helm template` must be told the cluster serves for the chart to
 /// render the admission policy (`helm install` asks the cluster).
 const VAP_API: &str = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy";
@@ -526,6 +529,8 @@ fn policy_example_with_every_key_renders_and_loads() {
         "drainLeadTimeSeconds:",
         "orphanedAfterSeconds:",
         "staleAfterSeconds:",
+        "acknowledgeTimeoutSeconds:",
+        "evictAfterAcknowledgement:",
     ] {
         assert!(example.contains(key), "the example lacks {key}:\n{example}");
     }
@@ -1247,7 +1252,7 @@ fn chart_refuses_unconfined_agents_unless_acknowledged() {
             ["args"]
             .to_string();
         if what == "validationActions without Deny" {
-            assert_eq!(vaps, 2, "{what}: the policy and its binding");
+            assert_eq!(vaps, 4, "{what}: the two policies and their bindings");
             assert!(
                 controller_args.contains("--agent-policy="),
                 "{what}: {controller_args}"
@@ -1286,8 +1291,14 @@ fn chart_refuses_unconfined_agents_unless_acknowledged() {
             .filter_map(|d| d["metadata"]["name"].as_str().map(str::to_string))
             .collect()
     };
-    assert_eq!(named("ValidatingAdmissionPolicy"), [AGENT_POLICY]);
-    assert_eq!(named("ValidatingAdmissionPolicyBinding"), [AGENT_POLICY]);
+    assert_eq!(
+        named("ValidatingAdmissionPolicy"),
+        [AGENT_POLICY, CONTROLLER_POD_POLICY]
+    );
+    assert_eq!(
+        named("ValidatingAdmissionPolicyBinding"),
+        [AGENT_POLICY, CONTROLLER_POD_POLICY]
+    );
     let binding = docs
         .iter()
         .find(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
@@ -2796,6 +2807,35 @@ fn merge_patch_as(
     })
 }
 
+/// A JSON merge patch of the pod `name` in `ns` with the credentials of
+/// `kubeconfig`, as the controller writes a notice (field manager
+/// `forewarn-controller`, no read first).
+fn pod_merge_patch_as(kubeconfig: &Path, ns: &str, name: &str, body: Value) -> Result<(), String> {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, Patch, PatchParams};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let client = forewarn_harness::cluster::client_for(kubeconfig)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        let params = PatchParams {
+            field_manager: Some(forewarn::crd::CONTROLLER_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        Api::<Pod>::namespaced(client, ns)
+            .patch(name, &params, &Patch::Merge(&body))
+            .await
+            .map(|_| ())
+            .map_err(|e| match e {
+                kube::Error::Api(s) => format!("{} ({}): {}", s.reason, s.code, s.message),
+                e => e.to_string(),
+            })
+    })
+}
+
 /// The resource rows of `kubectl auth can-i --list`: (resource with its
 /// group, resource names joined by spaces) to verbs. A row reads `resource
 /// [non-resource URLs] [resource names] [verbs]`; rows of the same resource
@@ -2864,13 +2904,15 @@ fn installed_chart_confines_each_service_account() {
         ("clusterrolebinding", "forewarn-controller"),
         ("validatingadmissionpolicy", AGENT_POLICY),
         ("validatingadmissionpolicybinding", AGENT_POLICY),
+        ("validatingadmissionpolicy", CONTROLLER_POD_POLICY),
+        ("validatingadmissionpolicybinding", CONTROLLER_POD_POLICY),
         ("crd", "scheduledevents.forewarn.dev"),
         ("crd", "scheduledeventreports.forewarn.dev"),
     ] {
         k.ok(&["get", kind, name]);
     }
-    // The agent-reports policy is the only one: the agent's RBAC allows no
-    // other write to confine.
+    // The agent-reports policy, and the controller's on pods: the only
+    // writes RBAC cannot narrow enough.
     let vaps = k.json(&[
         "get",
         "validatingadmissionpolicies",
@@ -2883,19 +2925,25 @@ fn installed_chart_confines_each_service_account() {
         .iter()
         .filter_map(|p| p["metadata"]["name"].as_str())
         .collect();
-    assert_eq!(names, [AGENT_POLICY], "the release's admission policies");
-    // The API server type-checked the policy's CEL against the real schema
-    // (the CRD) and found nothing to warn about.
-    let status = eventually("policy type-checked", Duration::from_secs(30), || {
-        let p = k.json(&["get", "validatingadmissionpolicy", AGENT_POLICY]);
-        (p["status"]["observedGeneration"] == p["metadata"]["generation"])
-            .then(|| p["status"].clone())
-    });
-    assert!(
-        status["typeChecking"]["expressionWarnings"].is_null(),
-        "{AGENT_POLICY}: type-checking warnings: {}",
-        status["typeChecking"]
+    assert_eq!(
+        names,
+        [AGENT_POLICY, CONTROLLER_POD_POLICY],
+        "the release's admission policies"
     );
+    // The API server type-checked each policy's CEL against the real
+    // schema (the CRD, the Pod) and found nothing to warn about.
+    for policy in [AGENT_POLICY, CONTROLLER_POD_POLICY] {
+        let status = eventually("policy type-checked", Duration::from_secs(30), || {
+            let p = k.json(&["get", "validatingadmissionpolicy", policy]);
+            (p["status"]["observedGeneration"] == p["metadata"]["generation"])
+                .then(|| p["status"].clone())
+        });
+        assert!(
+            status["typeChecking"]["expressionWarnings"].is_null(),
+            "{policy}: type-checking warnings: {}",
+            status["typeChecking"]
+        );
+    }
     let ds = k.json(&["get", "-n", NS, "daemonset", "forewarn-agent"]);
     assert_eq!(
         ds["status"]["numberReady"], 3,
@@ -3596,7 +3644,7 @@ fn installed_chart_confines_each_service_account() {
                     &["delete", "list", "watch"],
                 ),
                 ("nodes", "", &["list", "patch", "watch"]),
-                ("pods", "", &["list", "watch"]),
+                ("pods", "", &["list", "patch", "watch"]),
                 ("pods/eviction", "", &["create"]),
                 ("poddisruptionbudgets.policy", "", &["get", "list", "watch"]),
                 ("events.events.k8s.io", "", &["create", "patch"]),
@@ -3649,6 +3697,142 @@ fn installed_chart_confines_each_service_account() {
     record += &format!("denials:\n{}\n", denials.borrow().join("\n"));
     std::fs::write(out_dir().join("confinement.txt"), &record).unwrap();
     println!("{record}");
+}
+
+/// The controller's `pods patch` (the notices of the pods that take part)
+/// is confined by the chart's admission policy
+/// `<fullname>-controller-pod-notices`: with the chart's controller token,
+/// a notice annotation can be set, changed and removed, and an
+/// acknowledgement removed (what the API server stored is checked, with
+/// its field manager); a label, another annotation, an acknowledgement
+/// added or changed, the spec or a finalizer are refused by that policy.
+/// Another account (the admin) is not confined by it.
+#[test]
+fn controller_may_change_nothing_on_a_pod_but_its_notices() {
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    install(&k, &c);
+    let ns = "chart-notices";
+    ensure_namespace(&k, ns, "baseline");
+    k.run(
+        &[
+            "delete",
+            "pod",
+            "-n",
+            ns,
+            "db-0",
+            "--ignore-not-found",
+            "--grace-period=1",
+        ],
+        None,
+    );
+    k.ok_stdin(
+        &["create", "-f", "-"],
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: db-0\n  namespace: {ns}\n  labels:\n    app: db\n    forewarn.dev/acknowledge: \"true\"\n  annotations:\n    team: storage\n    ack.forewarn.dev/ev0: EV0\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: db\n    image: registry.k8s.io/pause:3.10\n"
+        ),
+    );
+    let controller = token_kubeconfig(&k, "notices-controller", &token(&k, CONTROLLER_SA, None));
+    let patch = |body: Value| pod_merge_patch_as(&controller.kubeconfig, ns, "db-0", body);
+    let annotations =
+        || k.json(&["get", "pod", "-n", ns, "db-0"])["metadata"]["annotations"].clone();
+
+    // Allowed: a notice set, changed; an acknowledgement removed.
+    let key = "notice.forewarn.dev/ev1";
+    patch(serde_json::json!({"metadata": {"annotations": {key: "eventId=EV1 phase=Pending"}}}))
+        .unwrap_or_else(|e| panic!("the controller cannot write a notice: {e}"));
+    patch(serde_json::json!({"metadata": {"annotations": {key: "eventId=EV1 phase=Draining"}}}))
+        .unwrap_or_else(|e| panic!("the controller cannot change a notice: {e}"));
+    assert_eq!(annotations()[key], "eventId=EV1 phase=Draining");
+    let pod = k.json(&["get", "pod", "-n", ns, "db-0", "--show-managed-fields"]);
+    let owners: Vec<String> = pod["metadata"]["managedFields"]
+        .as_array()
+        .expect("managedFields")
+        .iter()
+        .filter(|m| m["fieldsV1"]["f:metadata"]["f:annotations"][format!("f:{key}")].is_object())
+        .map(|m| {
+            format!(
+                "{} {}",
+                m["manager"].as_str().unwrap_or(""),
+                m["operation"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    assert_eq!(
+        owners,
+        ["forewarn-controller Update"],
+        "{}",
+        pod["metadata"]["managedFields"]
+    );
+
+    // Refused by the policy, each leaving the pod as it was.
+    let refused: [(&str, Value); 8] = [
+        (
+            "a label",
+            serde_json::json!({"metadata": {"labels": {"forewarn.dev/acknowledge": "false"}}}),
+        ),
+        (
+            "another annotation added",
+            serde_json::json!({"metadata": {"annotations": {"x": "y"}}}),
+        ),
+        (
+            "another annotation changed",
+            serde_json::json!({"metadata": {"annotations": {"team": "web"}}}),
+        ),
+        (
+            "another annotation removed",
+            serde_json::json!({"metadata": {"annotations": {"team": null}}}),
+        ),
+        (
+            "an acknowledgement written",
+            serde_json::json!({"metadata": {"annotations": {"ack.forewarn.dev/ev1": "EV1"}}}),
+        ),
+        (
+            "an acknowledgement changed",
+            serde_json::json!({"metadata": {"annotations": {"ack.forewarn.dev/ev0": "EV9"}}}),
+        ),
+        (
+            "the spec",
+            serde_json::json!({"spec": {"activeDeadlineSeconds": 60}}),
+        ),
+        (
+            "a finalizer",
+            serde_json::json!({"metadata": {"finalizers": ["example.com/hold"]}}),
+        ),
+    ];
+    let before = k.json(&["get", "pod", "-n", ns, "db-0"]);
+    for (what, body) in refused {
+        let e = patch(body).expect_err(what);
+        assert!(
+            e.contains(CONTROLLER_POD_POLICY) && e.contains("(403)"),
+            "{what}: refused, but not by {CONTROLLER_POD_POLICY}: {e}"
+        );
+    }
+    let after = k.json(&["get", "pod", "-n", ns, "db-0"]);
+    assert_eq!(
+        before["metadata"]["resourceVersion"],
+        after["metadata"]["resourceVersion"]
+    );
+
+    // Removing the notice and an acknowledgement together, as the end of an event does.
+    patch(
+        serde_json::json!({"metadata": {"annotations": {key: null, "ack.forewarn.dev/ev0": null}}}),
+    )
+    .unwrap_or_else(|e| {
+        panic!("the controller cannot remove a notice and its acknowledgement: {e}")
+    });
+    assert_eq!(annotations(), serde_json::json!({"team": "storage"}));
+    // The policy confines the controller only.
+    k.ok(&[
+        "annotate",
+        "pod",
+        "-n",
+        ns,
+        "db-0",
+        "ack.forewarn.dev/ev1=EV1",
+        "x=y",
+    ]);
+    k.ok(&["delete", "namespace", ns, "--timeout=90s"]);
 }
 
 /// Options to play platform-redeploy.yaml with TokenRequest tokens of the
@@ -3810,7 +3994,25 @@ fn scenario_plays_with_the_chart_credentials() {
     let k = admin(&c);
     install(&k, &c);
     let lease = "forewarn-controller";
-    let opts = chart_run_options(&k, "chart-platform-redeploy", lease, false);
+    let mut opts = chart_run_options(&k, "chart-platform-redeploy", lease, false);
+    // A pod that takes notices on the node drained: the controller writes
+    // its notice with the chart's token, under the chart's admission policy.
+    opts.extra_objects.push(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "watcher"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "watcher"}},
+            "template": {
+                "metadata": {"labels": {"app": "watcher", "forewarn.dev/notice": "true"}},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": "node-000001"},
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+                },
+            },
+        },
+    }));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -3828,6 +4030,18 @@ fn scenario_plays_with_the_chart_credentials() {
     assert!(
         report.min_ready >= report.min_available,
         "PodDisruptionBudget violated"
+    );
+    let noticed: Vec<_> = report
+        .notices
+        .iter()
+        .filter(|n| n.pod.starts_with("shop/watcher-") && n.node == "node-000001")
+        .collect();
+    assert!(
+        noticed
+            .iter()
+            .any(|n| n.managers == ["forewarn-controller Update"]),
+        "no notice written by the controller with the chart's token: {:?}",
+        report.notices
     );
     // The controller took the chart's Lease, in the release namespace, and
     // released it on SIGTERM at the end: no holder, a duration of 1 s.

@@ -863,3 +863,196 @@ async fn redeploy_drains_the_real_node_with_real_grace() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Issue 16, item 8, with the real container: the example workload
+/// (`examples/notice-workload.yaml`, one replica on the real node) reads
+/// its notice from the downward-API file the kubelet keeps up to date,
+/// prepares, and acknowledges with its own ServiceAccount token; IMDS
+/// receives the approval only after that, and the pod is evicted after
+/// its acknowledgement. The container's own log lines (RFC 3339 stamps)
+/// and the IMDS mock's log give the order. The pod reaches the API server
+/// as the agent does here (hostNetwork, 127.0.0.1: no kube-proxy on this
+/// node).
+///
+/// Written for `make test-real`; not run by the change that added it.
+#[tokio::test]
+async fn a_real_container_reads_its_notice_and_acknowledges_before_the_approval() {
+    use forewarn::crd::ScheduledEvent;
+    use forewarn::imds::mock::LogEntry;
+    use forewarn_harness::procs::Proc;
+    use kube::api::ListParams;
+
+    const ID: &str = "5E1C0DE0-0000-4000-8000-00000000A016";
+    let env = env();
+    let client = client(&env).await;
+    setup(&env, &client).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let sevs: Api<ScheduledEvent> = Api::all(client.clone());
+    let mut mock = start_mock_with(
+        &env,
+        &format!(
+            "events:\n  - id: {ID}\n    type: Reboot\n    source: Platform\n    resources: [{VM}]\n    durationSeconds: -1\n    description: Virtual machine is going to be restarted.\n    at: 1s\n    notice: 120s\n    runFor: 5s\n"
+        ),
+        true,
+        "imds-mock-notice",
+    )
+    .await;
+    agent_daemonset(&env, &client).await;
+
+    // The example as it is, but for the StatefulSet: one replica on the
+    // real node, with the API server at 127.0.0.1.
+    let text = std::fs::read_to_string(repo_root().join("examples/notice-workload.yaml"))
+        .expect("examples/notice-workload.yaml");
+    let mut docs: Vec<Value> = text
+        .split("\n---")
+        .map(|d| serde_yaml::from_str::<Value>(d).expect("YAML"))
+        .filter(|d| !d.is_null())
+        .collect();
+    for d in docs.iter_mut().filter(|d| d["kind"] == "StatefulSet") {
+        d["spec"]["replicas"] = json!(1);
+        let spec = &mut d["spec"]["template"]["spec"];
+        spec["nodeSelector"] = json!({"kubernetes.io/hostname": env.node});
+        spec["hostNetwork"] = json!(true);
+        spec["dnsPolicy"] = json!("ClusterFirstWithHostNet");
+        let container = &mut spec["containers"][0];
+        container["env"].as_array_mut().expect("env").extend([
+            json!({"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}),
+            json!({"name": "KUBERNETES_SERVICE_PORT", "value": api_port(&env)}),
+        ]);
+    }
+    let file = env.logs.join("notice-workload.json");
+    std::fs::write(
+        &file,
+        serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "List", "items": docs}))
+            .expect("json"),
+    )
+    .expect("write the workload");
+    env.cluster
+        .kubectl(&["apply", "-n", NS, "-f", &file.to_string_lossy()])
+        .expect("apply the example workload");
+    wait_pod_ready(&pods, "db-0", Duration::from_secs(90)).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !pods
+        .list(&ListParams::default().labels("app=forewarn-agent-ds"))
+        .await
+        .expect("agent pods")
+        .items
+        .iter()
+        .any(is_ready)
+    {
+        assert!(Instant::now() < deadline, "the agent is not Ready");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let (mut controller, _) = Proc::spawn(
+        "controller",
+        &env.forewarn,
+        &[
+            "controller".into(),
+            "--metrics-addr".into(),
+            "127.0.0.1:0".into(),
+            "--lease-namespace".into(),
+            NS.into(),
+        ],
+        &[("KUBECONFIG", &env.cluster.kubeconfig.to_string_lossy())],
+        &env.logs,
+        "controller-notice",
+    )
+    .expect("start the controller");
+
+    let http = reqwest::Client::new();
+    let mock_url = format!("http://{}", env.imds_ip);
+    http.post(format!("{mock_url}/mock/start"))
+        .send()
+        .await
+        .expect("start the mock's clock");
+    // Until the event is over: the container's log and the mock's log.
+    let name = ID.to_ascii_lowercase();
+    let mut logs = String::new();
+    let mut approval: Option<chrono::DateTime<chrono::Utc>> = None;
+    let mut evicted: Option<chrono::DateTime<chrono::Utc>> = None;
+    let deadline = Instant::now() + Duration::from_secs(150);
+    loop {
+        if let Ok(l) = env.cluster.kubectl(&["logs", "-n", NS, "db-0"]) {
+            // The first db-0's log; its successor (after the eviction) starts afresh.
+            if logs.is_empty() || l.contains(&format!("acknowledged {name}")) {
+                logs = l;
+            }
+        }
+        if evicted.is_none()
+            && let Some(p) = pods.get_opt("db-0").await.expect("get db-0")
+            && p.metadata.deletion_timestamp.is_some()
+        {
+            evicted = Some(chrono::Utc::now());
+        }
+        let log: Vec<LogEntry> = http
+            .get(format!("{mock_url}/mock/log"))
+            .send()
+            .await
+            .expect("mock log")
+            .json()
+            .await
+            .expect("mock log json");
+        approval = approval.or(log.iter().find(|e| e.what == "Approved").map(|e| e.time));
+        let over = sevs
+            .get_opt(&name)
+            .await
+            .expect("get the ScheduledEvent")
+            .and_then(|ev| ev.status.and_then(|s| s.phase))
+            .is_some_and(|p| p.is_final());
+        if over {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the event did not end within 150 s; db-0 log:\n{logs}\ncontroller log:\n{}",
+            controller.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    println!("db-0 logs:\n{logs}");
+    let stamp = |what: &str| {
+        let line = logs
+            .lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("{what:?} not in db-0's log:\n{logs}"));
+        chrono::DateTime::parse_from_rfc3339(line.split_whitespace().next().unwrap_or_default())
+            .expect("stamp")
+            .with_timezone(&chrono::Utc)
+    };
+    let noticed = stamp(&format!("notice {name}: eventId={ID}"));
+    let acked = stamp(&format!("acknowledged {name}"));
+    let approval = approval.expect("no approval reached IMDS");
+    let evicted = evicted.expect("db-0 was never evicted");
+    assert!(noticed < acked, "acknowledged before the notice was read");
+    assert!(
+        acked < approval,
+        "IMDS got the approval at {approval}, before the acknowledgement at {acked}"
+    );
+    assert!(
+        acked < evicted,
+        "evicted at {evicted}, before the acknowledgement at {acked}"
+    );
+    controller.terminate(Duration::from_secs(10)).await.ok();
+    mock.terminate(Duration::from_secs(5)).await.ok();
+    let sts: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(client.clone(), NS);
+    sts.delete("db", &DeleteParams::default()).await.ok();
+    // The agent DaemonSet holds port 9101 of the real node (hostNetwork).
+    let ds: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(client.clone(), NS);
+    ds.delete("forewarn-agent", &DeleteParams::foreground())
+        .await
+        .expect("delete the agent DaemonSet");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !pods
+        .list(&ListParams::default().labels("app=forewarn-agent-ds"))
+        .await
+        .expect("agent pods")
+        .items
+        .is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the agent DaemonSet's pod stayed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -375,6 +375,24 @@ impl Cluster {
     pub async fn client(&self) -> anyhow::Result<Client> {
         client_for(&self.kubeconfig).await
     }
+
+    /// A client for the cluster that authenticates with `token` only (a
+    /// TokenRequest token of a ServiceAccount, say).
+    ///
+    /// # Errors
+    /// When the kubeconfig cannot be read.
+    pub async fn client_with_token(&self, token: &str) -> anyhow::Result<Client> {
+        let mut kc = Kubeconfig::read_from(&self.kubeconfig)
+            .with_context(|| format!("failed to read {}", self.kubeconfig.display()))?;
+        let auth: kube::config::AuthInfo =
+            serde_json::from_value(serde_json::json!({ "token": token }))?;
+        for a in &mut kc.auth_infos {
+            a.auth_info = Some(auth.clone());
+        }
+        let config =
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+        Ok(Client::try_from(config)?)
+    }
 }
 
 /// kube-controller-manager and kube-scheduler may exit during an API

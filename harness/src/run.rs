@@ -115,6 +115,73 @@ pub struct RunOptions {
     /// Stop the cluster's kube-apiserver for a while mid-drain (see
     /// [`ApiServerOutage`]).
     pub api_server_outage: Option<ApiServerOutage>,
+    /// YAML manifests applied in the workload's namespace before the
+    /// scenario starts (`kubectl apply -n NS -f`), e.g.
+    /// `examples/notice-workload.yaml`.
+    pub extra_manifests: Vec<PathBuf>,
+    /// Pods whose container the harness plays (KWOK runs no container):
+    /// each reads its notice and acknowledges it (see [`Acknowledgers`]).
+    pub acknowledgers: Option<Acknowledgers>,
+}
+
+/// The part of a workload's containers the harness plays where KWOK runs
+/// none (`examples/workload.rs notice` plays it on a real node): when a
+/// notice annotation first appears on one of `pods` (the kubelet would
+/// project it into the container's downward-API file), the container
+/// "prepares" for `prepare`, then writes `ack.forewarn.dev/<event>:
+/// <EventId>` on its own pod with a TokenRequest token of
+/// `service_account` bound to that pod, as the container would with its
+/// own token. Everything is on the timeline and in the [`Report`].
+#[derive(Debug, Clone)]
+pub struct Acknowledgers {
+    /// The pods (names, in the workload's namespace); the run starts once
+    /// each is Running and Ready.
+    pub pods: Vec<String>,
+    /// Their ServiceAccount.
+    pub service_account: String,
+    /// How long a container prepares before it acknowledges.
+    pub prepare: Duration,
+    /// Pods that read their notice and never acknowledge.
+    pub silent: Vec<String>,
+}
+
+/// A notice annotation (`notice.forewarn.dev/<event>`) as the harness saw
+/// it on a pod of the workload's namespace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NoticeSeen {
+    /// `namespace/name`.
+    pub pod: String,
+    /// Its UID.
+    pub uid: String,
+    /// The node it ran on.
+    pub node: String,
+    /// The `ScheduledEvent`'s name (the key's suffix).
+    pub event: String,
+    /// The value first seen, then the last one.
+    pub first_value: String,
+    /// The last value seen.
+    pub last_value: String,
+    /// When the watch first delivered it.
+    pub first_seen: DateTime<Utc>,
+    /// When a version of the pod without it was first delivered (the pod
+    /// still there); `None` if it never was.
+    pub removed_at: Option<DateTime<Utc>>,
+    /// The field managers (`manager operation`) owning the key in the
+    /// version it was first seen in.
+    pub managers: Vec<String>,
+}
+
+/// An acknowledgement the harness wrote for a pod it plays.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AckWritten {
+    /// `namespace/name`.
+    pub pod: String,
+    /// The `ScheduledEvent`'s name.
+    pub event: String,
+    /// The `EventId` written.
+    pub event_id: String,
+    /// When the API server answered the PATCH.
+    pub at: DateTime<Utc>,
 }
 
 /// A real stop of kube-apiserver during the run ([`Cluster::stop_api_server`],
@@ -181,6 +248,8 @@ impl RunOptions {
             timed_policy: Vec::new(),
             until_deleted: false,
             api_server_outage: None,
+            extra_manifests: Vec::new(),
+            acknowledgers: None,
         }
     }
 }
@@ -228,6 +297,10 @@ pub struct Report {
     /// The IMDS mock's whole log (phases it moved events to, approvals it
     /// received), as last read.
     pub imds_log: Vec<LogEntry>,
+    /// Every notice annotation seen on a pod of the workload's namespace.
+    pub notices: Vec<NoticeSeen>,
+    /// The acknowledgements the harness wrote ([`RunOptions::acknowledgers`]).
+    pub acks: Vec<AckWritten>,
 }
 
 /// A pod deletion as the API server applied it: the first version of the
@@ -438,6 +511,31 @@ fn stop_annotations(opts: &RunOptions) -> serde_json::Value {
     }
 }
 
+/// Waits until each of `pods` in `ns` is Running and Ready (60 s at most).
+async fn wait_running(client: &Client, ns: &str, pods: &[String]) -> anyhow::Result<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = api.list(&ListParams::default()).await?;
+        let missing: Vec<&String> = pods
+            .iter()
+            .filter(|name| {
+                !listed
+                    .items
+                    .iter()
+                    .any(|p| p.name_any() == **name && is_ready(p))
+            })
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("pods not Running and Ready within 60 s: {missing:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 /// Creates `opts.extra_objects` with `kubectl apply` (any kind, one call).
 fn create_extra_objects(cluster: &Cluster, opts: &RunOptions) -> anyhow::Result<()> {
     if opts.extra_objects.is_empty() {
@@ -551,6 +649,20 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
             })?;
     }
     create_extra_objects(cluster, opts)?;
+    for manifest in &opts.extra_manifests {
+        cluster
+            .kubectl(&[
+                "apply",
+                "-n",
+                &opts.namespace,
+                "-f",
+                &manifest.to_string_lossy(),
+            ])
+            .with_context(|| format!("failed to apply {}", manifest.display()))?;
+    }
+    if let Some(a) = &opts.acknowledgers {
+        wait_running(&client, &opts.namespace, &a.pods).await?;
+    }
     let policy_file = opts.log_dir.join("policy.yaml");
     if let Some(policy) = &opts.policy {
         std::fs::write(&policy_file, policy)?;
@@ -784,6 +896,24 @@ async fn observe(
             }
         }
     }));
+    // The workload namespace's pods, every version: the notices forewarn
+    // writes on them, as the kubelet would project them.
+    let (notice_tx, mut notice_rx) = tokio::sync::mpsc::unbounded_channel();
+    let pods_ns: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let _abort_notices = AbortOnDrop(tokio::spawn(async move {
+        let stream = watcher(pods_ns, watcher::Config::default())
+            .backoff(forewarn::controller::watch::watch_backoff())
+            .applied_objects();
+        futures::pin_mut!(stream);
+        while let Some(item) = stream.next().await {
+            if let Ok(p) = item
+                && notice_tx.send((Utc::now(), p)).is_err()
+            {
+                break;
+            }
+        }
+    }));
+    let mut acks_due: Vec<(Instant, Pod, String, String)> = Vec::new();
     let mut settling = false;
     let mut deleted: HashSet<String> = HashSet::new();
     let mut unschedulable: HashMap<String, bool> = HashMap::new();
@@ -1016,6 +1146,46 @@ async fn observe(
             }
         }
 
+        // The notices on the workload's pods, and the containers the
+        // harness plays.
+        while let Ok((seen_at, pod)) = notice_rx.try_recv() {
+            watch_notices(seen_at, &pod, opts, tl, &mut report, &mut acks_due);
+        }
+        let now = Instant::now();
+        let due: Vec<(Instant, Pod, String, String)> = acks_due
+            .iter()
+            .filter(|(at, ..)| *at <= now)
+            .cloned()
+            .collect();
+        acks_due.retain(|(at, ..)| *at > now);
+        for (_, pod, event, event_id) in due {
+            match acknowledge(cluster, opts, &pod, &event, &event_id).await {
+                Ok(at) => {
+                    tl.at(
+                        at,
+                        "workload",
+                        format!(
+                            "{}/{} acknowledged {} (ack.forewarn.dev/{event}, written with its ServiceAccount's token)",
+                            ns,
+                            pod.name_any(),
+                            short(&event_id)
+                        ),
+                    );
+                    report.acks.push(AckWritten {
+                        pod: format!("{ns}/{}", pod.name_any()),
+                        event,
+                        event_id,
+                        at,
+                    });
+                }
+                Err(e) => report.violations.push(format!(
+                    "harness: {}/{} could not acknowledge {event}: {e:#}",
+                    ns,
+                    pod.name_any()
+                )),
+            }
+        }
+
         // The controller's Kubernetes Events.
         let fresh: Vec<KubeEvent> = events_api
             .list(&ListParams::default())
@@ -1048,6 +1218,9 @@ async fn observe(
                     | "Uncordoned"
                     | "CordonReleased"
                     | "DrainIncomplete"
+                    | "AwaitingAcknowledgement"
+                    | "Acknowledged"
+                    | "AcknowledgementTimedOut"
             ) {
                 let when = e
                     .event_time
@@ -1161,6 +1334,18 @@ async fn observe(
                     .map_or(seen_at, |t| chrono_time(&t.0)),
                 seen_at,
             };
+            let uid = p.uid().unwrap_or_default();
+            if report.notices.iter().any(|n| n.uid == uid) {
+                tl.at(
+                    seen_at,
+                    "workload",
+                    format!(
+                        "{} (which held a notice) is being deleted: grace {}s",
+                        d.pod,
+                        d.grace_seconds.unwrap_or_default()
+                    ),
+                );
+            }
             if opts.forbid_force_delete && d.grace_seconds.unwrap_or(0) <= 0 {
                 report.violations.push(format!(
                     "pod {} on {} was deleted with grace {:?}: a force delete",
@@ -1389,6 +1574,170 @@ async fn observe(
     report.cordoned = cordoned_ever.into_iter().collect();
     report.cordoned.sort();
     Ok(report)
+}
+
+/// Records the notices on one version of a pod of the workload's
+/// namespace (new ones, changes of phase, removals) and, for a pod the
+/// harness plays, schedules its acknowledgement of each new notice.
+fn watch_notices(
+    seen_at: DateTime<Utc>,
+    pod: &Pod,
+    opts: &RunOptions,
+    tl: &mut Timeline,
+    report: &mut Report,
+    acks_due: &mut Vec<(Instant, Pod, String, String)>,
+) {
+    use forewarn::controller::notice::{NOTICE_PREFIX, field};
+    let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+    let uid = pod.uid().unwrap_or_default();
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
+    let notices: BTreeMap<String, String> = pod
+        .annotations()
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix(NOTICE_PREFIX)?.to_string(), v.clone())))
+        .collect();
+    for (event, value) in &notices {
+        let known = report
+            .notices
+            .iter_mut()
+            .find(|n| n.uid == uid && n.event == *event && n.removed_at.is_none());
+        match known {
+            Some(n) => {
+                if n.last_value != *value {
+                    let phase = |v: &str| field(v, "phase").unwrap_or_default().to_string();
+                    if phase(&n.last_value) != phase(value) {
+                        tl.at(
+                            seen_at,
+                            "workload",
+                            format!("{key}'s notice of {}: phase {}", short(event), phase(value)),
+                        );
+                    }
+                    n.last_value = value.clone();
+                }
+            }
+            None => {
+                let managers = managers_of(pod, &format!("{NOTICE_PREFIX}{event}"));
+                let played = opts
+                    .acknowledgers
+                    .as_ref()
+                    .filter(|a| a.pods.contains(&pod.name_any()));
+                tl.at(
+                    seen_at,
+                    "workload",
+                    format!(
+                        "{key} ({node}) holds a notice{}: {value}",
+                        if played.is_some() {
+                            "; its container reads it from its downward-API file (played by the harness)"
+                        } else {
+                            ""
+                        }
+                    ),
+                );
+                if let Some(a) = played.filter(|a| !a.silent.contains(&pod.name_any())) {
+                    let id = field(value, "eventId").unwrap_or_default().to_string();
+                    acks_due.push((Instant::now() + a.prepare, pod.clone(), event.clone(), id));
+                }
+                report.notices.push(NoticeSeen {
+                    pod: key.clone(),
+                    uid: uid.clone(),
+                    node: node.clone(),
+                    event: event.clone(),
+                    first_value: value.clone(),
+                    last_value: value.clone(),
+                    first_seen: seen_at,
+                    removed_at: None,
+                    managers,
+                });
+            }
+        }
+    }
+    for n in report
+        .notices
+        .iter_mut()
+        .filter(|n| n.uid == uid && n.removed_at.is_none() && !notices.contains_key(&n.event))
+    {
+        n.removed_at = Some(seen_at);
+        tl.at(
+            seen_at,
+            "workload",
+            format!("{key}'s notice of {} removed", short(&n.event)),
+        );
+    }
+}
+
+/// The field managers (`manager operation`) owning the annotation `key`
+/// of `pod`.
+fn managers_of(pod: &Pod, key: &str) -> Vec<String> {
+    pod.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.fields_v1.as_ref().is_some_and(|f| {
+                f.0.get("f:metadata")
+                    .and_then(|m| m.get("f:annotations"))
+                    .and_then(|a| a.get(format!("f:{key}")))
+                    .is_some()
+            })
+        })
+        .map(|m| {
+            format!(
+                "{} {}",
+                m.manager.clone().unwrap_or_default(),
+                m.operation.clone().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// Writes `ack.forewarn.dev/<event>: <event_id>` on `pod` as its container
+/// would: a merge patch of that key, with a TokenRequest token of the
+/// pod's ServiceAccount bound to the pod. Returns when the API server
+/// answered.
+async fn acknowledge(
+    cluster: &Cluster,
+    opts: &RunOptions,
+    pod: &Pod,
+    event: &str,
+    event_id: &str,
+) -> anyhow::Result<DateTime<Utc>> {
+    let sa = opts
+        .acknowledgers
+        .as_ref()
+        .map(|a| a.service_account.clone())
+        .unwrap_or_default();
+    let (name, uid) = (pod.name_any(), pod.uid().unwrap_or_default());
+    let token = cluster.kubectl(&[
+        "create",
+        "token",
+        &sa,
+        "-n",
+        &opts.namespace,
+        "--duration",
+        "10m",
+        "--bound-object-kind",
+        "Pod",
+        "--bound-object-name",
+        &name,
+        "--bound-object-uid",
+        &uid,
+    ])?;
+    let client = cluster.client_with_token(token.trim()).await?;
+    let body = json!({"metadata": {"annotations": {
+        forewarn::controller::notice::ack_key(event): event_id,
+    }}});
+    let params = PatchParams {
+        field_manager: Some("workload".into()),
+        ..PatchParams::default()
+    };
+    Api::<Pod>::namespaced(client, &opts.namespace)
+        .patch(&name, &params, &Patch::Merge(&body))
+        .await?;
+    Ok(Utc::now())
 }
 
 /// Whether the pod `name` is terminating and is the last pod of its

@@ -59,6 +59,12 @@ pub struct ControllerMetrics {
     pub approvals_decided: IntCounterVec,
     /// Events whose drain did not finish before its deadline, start or end, by `type`.
     pub drains_incomplete: IntCounterVec,
+    /// Writes of pods' notice annotations by `result`: `written`,
+    /// `removed`, `gone` (the pod was deleted or replaced), `failed`.
+    pub notice_writes: IntCounterVec,
+    /// Events whose acknowledgement deadline passed with pods that had not
+    /// acknowledged (or whose notice was not stored), by `type`.
+    pub acknowledgement_timeouts: IntCounterVec,
     /// Changes of the policy file by `result`: `loaded`, `refused`.
     pub policy_reloads: IntCounterVec,
     /// 1 while the policy file holds a policy that was refused (the policy
@@ -153,6 +159,16 @@ impl ControllerMetrics {
                 "Events whose drain did not finish before the deadline, the start or the end, by event type",
                 &["type"],
             )?,
+            notice_writes: counter(
+                "forewarn_controller_notice_writes_total",
+                "Writes of the notice annotations of pods that take part, by result: written, removed, gone (pod deleted or replaced), failed",
+                &["result"],
+            )?,
+            acknowledgement_timeouts: counter(
+                "forewarn_controller_acknowledgement_timeouts_total",
+                "Events whose acknowledgement deadline passed with pods that had not acknowledged, by event type",
+                &["type"],
+            )?,
             policy_reloads: counter(
                 "forewarn_controller_policy_reloads_total",
                 "Changes of the policy file, by result: loaded, or refused (invalid; the policy in force stays)",
@@ -214,6 +230,8 @@ impl ControllerMetrics {
             Box::new(self.node_writes.clone()),
             Box::new(self.approvals_decided.clone()),
             Box::new(self.drains_incomplete.clone()),
+            Box::new(self.notice_writes.clone()),
+            Box::new(self.acknowledgement_timeouts.clone()),
             Box::new(self.policy_reloads.clone()),
             Box::new(self.policy_refused.clone()),
             Box::new(self.kube_events.clone()),
@@ -356,6 +374,7 @@ struct CacheCollector {
     unapproved: IntGaugeVec,
     unconfirmed: IntGaugeVec,
     withheld: IntGaugeVec,
+    awaiting_ack: IntGaugeVec,
     event_info: IntGaugeVec,
     held_node_info: IntGaugeVec,
     blocker_info: IntGaugeVec,
@@ -410,6 +429,13 @@ impl CacheCollector {
                 ),
                 &["type"],
             )?,
+            awaiting_ack: IntGaugeVec::new(
+                Opts::new(
+                    "forewarn_controller_pods_awaiting_acknowledgement",
+                    "Pods the approval of an event not over waits for (condition AcknowledgementPending), by event type",
+                ),
+                &["type"],
+            )?,
             event_info: IntGaugeVec::new(
                 Opts::new(
                     "forewarn_controller_event_info",
@@ -452,6 +478,7 @@ impl Collector for CacheCollector {
             self.unapproved.desc(),
             self.unconfirmed.desc(),
             self.withheld.desc(),
+            self.awaiting_ack.desc(),
             self.event_info.desc(),
             self.held_node_info.desc(),
             self.blocker_info.desc(),
@@ -483,6 +510,7 @@ impl Collector for CacheCollector {
         self.unapproved.reset();
         self.unconfirmed.reset();
         self.withheld.reset();
+        self.awaiting_ack.reset();
         self.event_info.reset();
         self.held_node_info.reset();
         self.blocker_info.reset();
@@ -508,6 +536,9 @@ impl Collector for CacheCollector {
         for (ty, n) in &g.withheld {
             self.withheld.with_label_values(&[*ty]).set(*n);
         }
+        for (ty, n) in &g.awaiting_ack {
+            self.awaiting_ack.with_label_values(&[*ty]).set(*n);
+        }
         for labels in &g.event_info {
             self.event_info.with_label_values(labels).set(1);
         }
@@ -527,6 +558,7 @@ impl Collector for CacheCollector {
             self.unapproved.collect(),
             self.unconfirmed.collect(),
             self.withheld.collect(),
+            self.awaiting_ack.collect(),
             self.event_info.collect(),
             self.held_node_info.collect(),
             self.blocker_info.collect(),
@@ -554,6 +586,9 @@ pub struct CacheGauges {
     /// `Scheduled` events not over with `ApprovalWithheld` true, per type
     /// (every type, 0 when none).
     pub withheld: BTreeMap<&'static str, i64>,
+    /// Pods that live events wait for (`AcknowledgementPending` true), per
+    /// type (every type, 0 when none).
+    pub awaiting_ack: BTreeMap<&'static str, i64>,
     /// Events not over, `[event, event_id, type, source, phase]`, sorted,
     /// at most [`EVENT_INFO_LIMIT`].
     pub event_info: Vec<[String; 5]>,
@@ -622,6 +657,7 @@ impl CacheGauges {
             g.unapproved.insert(ty, 0);
             g.unconfirmed.insert(ty, 0);
             g.withheld.insert(ty, 0);
+            g.awaiting_ack.insert(ty, 0);
             for phase in LIVE_PHASES {
                 g.active.insert((ty, phase), 0);
             }
@@ -659,6 +695,13 @@ impl CacheGauges {
             }
             if scheduled && holds("ApprovalWithheld") {
                 *g.withheld.entry(ty).or_default() += 1;
+            }
+            if holds("AcknowledgementPending") {
+                let pods = status
+                    .acknowledgements
+                    .as_ref()
+                    .map_or(0, |a| i64::from(a.pending_count));
+                *g.awaiting_ack.entry(ty).or_default() += pods;
             }
             if scheduled {
                 for n in status.nodes.iter().flatten() {

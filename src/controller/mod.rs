@@ -7,12 +7,14 @@
 //! [`report`] writes the status and the Events; [`run`] wires it all and
 //! [`sweep`] releases holds of deleted objects.
 
+pub mod acknowledge;
 pub mod confinement;
 pub mod drain;
 pub mod lease;
 pub mod listing;
 pub mod metrics;
 pub mod nodes;
+pub mod notice;
 pub mod plan;
 pub mod pods;
 pub mod reconcile;

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use super::acknowledge::{self, AckState};
 use super::listing::{NAMED_IN_MESSAGE, named};
+use super::notice::Participant;
 use crate::crd::{EventStatus, Phase, ScheduledEvent};
 use crate::imds::model::EventType;
 use crate::policy::{Action, Policy};
@@ -85,6 +87,9 @@ pub struct ObservedNode {
     /// it still holds the event's cordon: released after the release delay,
     /// not drained, not counted for the approval.
     pub ended: bool,
+    /// Pods on the node that take part (see [`super::notice`]), DaemonSet
+    /// pods included, shared with the pod cache.
+    pub participants: Vec<Arc<Participant>>,
 }
 
 /// What the controller saw for one event.
@@ -231,6 +236,10 @@ pub struct Plan {
     /// leaving), not a time something falls due: a drain that a
     /// PodDisruptionBudget blocks may then be looked at less often.
     pub polls_progress: bool,
+    /// The wait for the pods that take part (notices stored,
+    /// acknowledgements): see [`super::acknowledge`]. `None` when no pod
+    /// takes part and none did, or while the drain waits for its lead time.
+    pub acknowledgement: Option<AckState>,
 }
 
 /// How an eviction request ended, classified from the API server's answer.
@@ -605,6 +614,7 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         delete: false,
         requeue: Duration::from_secs(5),
         polls_progress: false,
+        acknowledgement: None,
     };
 
     if is_over(ev) {
@@ -621,7 +631,7 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
     }
     match action {
         Action::Ignore => plan_ignored(&mut p, &known, seen),
-        Action::Approve => plan_approve_only(&mut p, &known, ev, seen, policy),
+        Action::Approve => plan_approve_only(&mut p, &known, ev, seen, policy, now),
         Action::Cordon | Action::Drain | Action::DrainAndApprove => {
             plan_drain(&mut p, &known, ev, seen, policy, &event_type, now);
         }
@@ -644,7 +654,9 @@ fn plan_approve_only(
     ev: &ScheduledEvent,
     seen: &Observed,
     policy: &Policy,
+    now: DateTime<Utc>,
 ) {
+    let ack = acknowledgement(p, ev, seen, policy, now);
     if !known.decided && known.spec_status == EventStatus::Scheduled {
         if !seen.disagreement.is_empty() {
             p.approval_withheld = Some(disagreement_message(seen));
@@ -659,6 +671,7 @@ fn plan_approve_only(
             p.approval_withheld = Some(foreign_message(&seen.unmapped));
         }
     }
+    hold_for_workloads(p, ack);
     p.phase = if known.started {
         Phase::Started
     } else if known.accepted {
@@ -669,7 +682,60 @@ fn plan_approve_only(
     note_pending_approval(p, known, ev, seen);
     p.node_writes = release(&known.me, &seen.nodes);
     p.requeue = Duration::from_secs(10);
+    requeue_for_workloads(p, now);
 }
+
+/// The wait for the pods that take part at `now`: none in a dry run (it
+/// writes no notice), nor for an action that neither approves nor evicts
+/// (`Cordon`; `Drain` without `evictAfterAcknowledgement`), where nothing
+/// would wait.
+fn acknowledgement(
+    p: &Plan,
+    ev: &ScheduledEvent,
+    seen: &Observed,
+    policy: &Policy,
+    now: DateTime<Utc>,
+) -> Option<AckState> {
+    let approves = matches!(p.action, Action::Approve | Action::DrainAndApprove);
+    let evicts = p.action.drains() && policy.evict_after_acknowledgement;
+    if seen.dry_run || !(approves || evicts) {
+        return None;
+    }
+    acknowledge::assess(ev, seen, policy, p.deadline, now)
+}
+
+/// While forewarn waits for the pods that take part (a notice not stored,
+/// an acknowledgement missing, before the acknowledgement deadline), the
+/// approval is not decided; the wait is recorded in the plan.
+fn hold_for_workloads(p: &mut Plan, ack: Option<AckState>) {
+    if ack.as_ref().is_some_and(|a| a.waiting) {
+        p.decide_approval = None;
+    }
+    p.acknowledgement = ack;
+}
+
+/// How soon to look again while forewarn waits for the pods that take
+/// part: soon while a notice written in this pass is not yet seen stored,
+/// else at the deadline (an acknowledgement wakes the event at once: see
+/// [`super::pods`]).
+fn requeue_for_workloads(p: &mut Plan, now: DateTime<Utc>) {
+    let Some(a) = p.acknowledgement.as_ref().filter(|a| a.waiting) else {
+        return;
+    };
+    let until_deadline = (a.deadline - now)
+        .to_std()
+        .unwrap_or(Duration::ZERO)
+        .max(Duration::from_millis(100));
+    let wait = if a.undelivered.is_empty() {
+        until_deadline
+    } else {
+        until_deadline.min(NOTICE_POLL)
+    };
+    p.requeue = p.requeue.min(wait);
+}
+
+/// How soon a pass that wrote notices looks again for them in the cache.
+const NOTICE_POLL: Duration = Duration::from_millis(500);
 
 /// A decided approval IMDS has not accepted yet: why it waits.
 fn note_pending_approval(p: &mut Plan, known: &Known, ev: &ScheduledEvent, seen: &Observed) {
@@ -726,13 +792,22 @@ fn plan_drain(
     }
     p.node_writes = cordon(me, &mapped);
     p.node_writes.extend(release(me, &stray));
+    let ack = acknowledgement(p, ev, seen, policy, now);
     if action.drains() {
-        let (evictions, kept) = plan_evictions(
+        let (mut evictions, kept) = plan_evictions(
             &mapped,
             drain_budget(p.deadline, now),
             policy.min_grace_seconds,
             policy.evicts_unmanaged(event_type),
         );
+        // A pod that asked to be waited for leaves once it acknowledged
+        // (or the wait is over), by the policy's evictAfterAcknowledgement.
+        if let Some(a) = ack
+            .as_ref()
+            .filter(|a| a.waiting && policy.evict_after_acknowledgement)
+        {
+            evictions.retain(|e| !a.pending_uids.contains(&e.pod.uid));
+        }
         p.evictions = evictions;
         p.kept = kept;
     }
@@ -745,6 +820,7 @@ fn plan_drain(
     {
         decide_approval(p, &mapped, seen, policy, all_drained);
     }
+    hold_for_workloads(p, ack);
     note_pending_approval(p, known, ev, seen);
     // `Approved` means IMDS accepted the approval; a decided approval that
     // no agent has sent yet keeps the phase where the drain is.
@@ -779,6 +855,7 @@ fn plan_drain(
     {
         p.requeue = p.requeue.min(AFTER_CORDON);
     }
+    requeue_for_workloads(p, now);
     p.polls_progress = poll == Some(p.requeue);
 }
 

@@ -10,6 +10,11 @@
 //! pod bound to the node just before its cordon might not be in the cache
 //! yet. So the approval decision reads each node's pods afresh (one LIST a
 //! node, once) before it is recorded (see `reconcile`).
+//!
+//! The pods that take part (see [`super::notice`]), DaemonSet pods among
+//! them, are indexed by node too, each with its notice and acknowledgement
+//! annotations only; a change of a pod's acknowledgements wakes the event
+//! it names ([`PodCache::with_ack_trigger`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
@@ -24,6 +29,7 @@ use serde::Deserialize;
 use tracing::warn;
 
 use super::drain::classify_pod;
+use super::notice::{ACK_PREFIX, Participant};
 use super::plan::PodInfo;
 use crate::kubeclient::watch_backoff;
 
@@ -80,6 +86,10 @@ struct State {
     labels: HashSet<Arc<BTreeMap<String, String>>>,
     /// How many label sets were kept at the last purge of unused ones.
     labels_kept: usize,
+    /// The pods that take part, by node, then by UID.
+    participants: HashMap<String, HashMap<String, Arc<Participant>>>,
+    /// The node of each participant cached, by UID.
+    participant_node: HashMap<String, String>,
 }
 
 impl State {
@@ -97,7 +107,8 @@ impl State {
         labels
     }
 
-    fn remove(&mut self, uid: &str) {
+    /// Forgets the pod `uid`; returns it as a participant, if it was one.
+    fn remove(&mut self, uid: &str) -> Option<Arc<Participant>> {
         if let Some(node) = self.node_of.remove(uid)
             && let Some(pods) = self.by_node.get_mut(&node)
         {
@@ -106,30 +117,125 @@ impl State {
                 self.by_node.remove(&node);
             }
         }
+        let node = self.participant_node.remove(uid)?;
+        let pods = self.participants.get_mut(&node)?;
+        let was = pods.remove(uid);
+        if pods.is_empty() {
+            self.participants.remove(&node);
+        }
+        was
     }
 
-    /// Caches `pod` if it counts for a drain and is bound to a node;
-    /// forgets it otherwise (a pod that finished, say).
-    fn apply(&mut self, pod: &Pod) {
+    /// Caches `pod` if it counts for a drain and is bound to a node, and
+    /// as a participant if it takes part; forgets it otherwise (a pod that
+    /// finished, say). Returns the events whose acknowledgement on it
+    /// changed.
+    fn apply(&mut self, pod: &Pod) -> Vec<String> {
         let uid = pod.uid().unwrap_or_default();
-        self.remove(&uid);
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        if let (Some(node), Some(mut info)) = (node, classify_pod(pod)) {
+        let before = self.remove(&uid);
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            return acks_changed(before.as_deref(), None);
+        };
+        if let Some(mut info) = classify_pod(pod) {
             info.labels = self.shared(info.labels);
             self.node_of.insert(uid.clone(), node.clone());
             self.by_node
-                .entry(node)
+                .entry(node.clone())
                 .or_default()
-                .insert(uid, Arc::new(info));
+                .insert(uid.clone(), Arc::new(info));
         }
+        let now = Participant::from_pod(pod).map(Arc::new);
+        let changed = acks_changed(before.as_deref(), now.as_deref());
+        if let Some(p) = now {
+            self.participant_node.insert(uid.clone(), node.clone());
+            self.participants.entry(node).or_default().insert(uid, p);
+        }
+        changed
     }
 }
 
-/// A cache of the pods the drain considers, by node.
+/// The events whose acknowledgement differs between two versions of a
+/// participant (either may be absent).
+fn acks_changed(before: Option<&Participant>, now: Option<&Participant>) -> Vec<String> {
+    let acks = |p: Option<&Participant>| -> BTreeMap<String, String> {
+        p.map(|p| {
+            p.annotations
+                .iter()
+                .filter_map(|(k, v)| Some((k.strip_prefix(ACK_PREFIX)?.to_string(), v.clone())))
+                .collect()
+        })
+        .unwrap_or_default()
+    };
+    let (a, b) = (acks(before), acks(now));
+    let mut events: Vec<String> = a
+        .iter()
+        .filter(|(k, v)| b.get(*k) != Some(*v))
+        .chain(b.iter().filter(|(k, v)| a.get(*k) != Some(*v)))
+        .map(|(k, _)| k.clone())
+        .collect();
+    events.sort();
+    events.dedup();
+    events
+}
+
+/// A cache of the pods the drain considers, by node, and of the pods that
+/// take part.
 #[derive(Clone, Default)]
-pub struct PodCache(Arc<RwLock<State>>);
+pub struct PodCache(Arc<RwLock<State>>, Option<AckTrigger>);
+
+/// Where the names of events whose acknowledgements changed are sent.
+type AckTrigger = futures::channel::mpsc::UnboundedSender<String>;
 
 impl PodCache {
+    /// This cache, sending the name of the `ScheduledEvent` an
+    /// acknowledgement names to `trigger` whenever one is written or
+    /// removed (the controller reconciles that event at once).
+    pub fn with_ack_trigger(self, trigger: AckTrigger) -> Self {
+        PodCache(self.0, Some(trigger))
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The pods on `node` that take part, in name order.
+    pub fn participants_on(&self, node: &str) -> Vec<Arc<Participant>> {
+        let mut pods: Vec<Arc<Participant>> = self
+            .read()
+            .participants
+            .get(node)
+            .map(|p| p.values().cloned().collect())
+            .unwrap_or_default();
+        pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        pods
+    }
+
+    /// The participants holding a notice or an acknowledgement of the
+    /// event `event`, wherever they are.
+    pub fn holders_of(&self, event: &str) -> Vec<Arc<Participant>> {
+        self.read()
+            .participants
+            .values()
+            .flat_map(HashMap::values)
+            .filter(|p| p.holds(event))
+            .cloned()
+            .collect()
+    }
+
+    /// Every participant holding a notice or an acknowledgement of any
+    /// event (for the sweep).
+    pub fn holders(&self) -> Vec<Arc<Participant>> {
+        self.read()
+            .participants
+            .values()
+            .flat_map(HashMap::values)
+            .filter(|p| !p.annotations.is_empty())
+            .cloned()
+            .collect()
+    }
+
     /// The pods on `node` that the drain considers, as last watched, in
     /// name order.
     pub fn on_node(&self, node: &str) -> Vec<Arc<PodInfo>> {
@@ -168,6 +274,14 @@ impl PodCache {
         self.len() == 0
     }
 
+    fn trigger(&self, events: Vec<String>) {
+        if let Some(t) = &self.1 {
+            for e in events {
+                let _ = t.unbounded_send(e);
+            }
+        }
+    }
+
     /// Fills the cache from a watch of every pod until the task is aborted;
     /// errors are logged and the watch resumes after [`watch_backoff`].
     pub async fn run(self, client: Client) {
@@ -198,16 +312,21 @@ impl PodCache {
                 }
                 Ok(watcher::Event::Apply(pod)) => {
                     let pod = as_pod(pod);
-                    self.0
+                    let changed = self
+                        .0
                         .write()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .apply(&pod);
+                    self.trigger(changed);
                 }
-                Ok(watcher::Event::Delete(pod)) => self
-                    .0
-                    .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .remove(&pod.uid().unwrap_or_default()),
+                Ok(watcher::Event::Delete(pod)) => {
+                    let was = self
+                        .0
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .remove(&pod.uid().unwrap_or_default());
+                    self.trigger(acks_changed(was.as_deref(), None));
+                }
                 Err(e) => warn!(error = %e, "Pod watch failed; resuming after a backoff"),
             }
         }
@@ -272,7 +391,7 @@ mod tests {
         s.apply(&pod("a", Some("n1"), "Running"));
         s.apply(&pod("b", Some("n1"), "Running"));
         s.apply(&pod("c", None, "Pending"));
-        let cache = PodCache(Arc::new(RwLock::new(s)));
+        let cache = PodCache(Arc::new(RwLock::new(s)), None);
         assert_eq!(cache.on_node("n1").len(), 2);
         assert_eq!(cache.len(), 2, "an unbound pod is on no node");
         {
@@ -296,6 +415,60 @@ mod tests {
             !cache.0.read().unwrap().by_node.contains_key("n1"),
             "no empty entry kept"
         );
+    }
+
+    /// Pods that take part are indexed by node, DaemonSet pods too, with
+    /// their notice and acknowledgement annotations only; a change of an
+    /// acknowledgement names its event, a notice change does not.
+    #[test]
+    fn participants_are_indexed_and_acknowledgement_changes_name_their_event() {
+        let part = |uid: &str, kind: &str, annotations: serde_json::Value| {
+            let mut p = pod(uid, Some("n1"), "Running");
+            p.metadata.labels = Some(
+                [(
+                    crate::controller::notice::ACKNOWLEDGE_LABEL.to_string(),
+                    "true".to_string(),
+                )]
+                .into(),
+            );
+            p.metadata.owner_references.as_mut().unwrap()[0].kind = kind.into();
+            p.metadata.annotations = serde_json::from_value(annotations).unwrap();
+            p
+        };
+        let mut s = State::default();
+        assert!(
+            s.apply(&part("a", "DaemonSet", serde_json::json!({"other": "x"})))
+                .is_empty()
+        );
+        assert!(s.apply(&pod("b", Some("n1"), "Running")).is_empty());
+        let cache = PodCache(Arc::new(RwLock::new(s)), None);
+        assert_eq!(
+            cache.on_node("n1").len(),
+            1,
+            "the DaemonSet's pod is not drained"
+        );
+        let on = cache.participants_on("n1");
+        assert_eq!(on.len(), 1);
+        assert!(
+            on[0].annotations.is_empty(),
+            "other annotations are not kept"
+        );
+        let mut s = cache.0.write().unwrap();
+        let notice = serde_json::json!({"notice.forewarn.dev/ev1": "eventId=EV1"});
+        assert!(s.apply(&part("a", "DaemonSet", notice)).is_empty());
+        let acked = serde_json::json!({"notice.forewarn.dev/ev1": "eventId=EV1", "ack.forewarn.dev/ev1": "EV1"});
+        assert_eq!(s.apply(&part("a", "DaemonSet", acked.clone())), ["ev1"]);
+        assert!(
+            s.apply(&part("a", "DaemonSet", acked)).is_empty(),
+            "unchanged"
+        );
+        drop(s);
+        assert_eq!(cache.holders_of("ev1").len(), 1);
+        assert!(cache.holders_of("ev2").is_empty());
+        let was = cache.0.write().unwrap().remove("a");
+        assert_eq!(acks_changed(was.as_deref(), None), ["ev1"]);
+        assert!(cache.participants_on("n1").is_empty());
+        assert!(cache.holders().is_empty());
     }
 
     /// The pods of one workload share one copy of their labels, and a

@@ -19,7 +19,8 @@ use super::plan::{self, EvictionOutcome, NodeWrite, Observed, ObservedNode, Plan
 use super::report::{self, Subject};
 use super::status::{self, Outcome};
 use super::{
-    Context, Error, ReportsByEvent, Result, drain, nodes, reports_about, spec, stated_vms, trust,
+    Context, Error, ReportsByEvent, Result, drain, nodes, notice, reports_about, spec, stated_vms,
+    trust,
 };
 use crate::crd::{
     Report, ScheduledEvent, ScheduledEventReport, ScheduledEventSpec, SentApproval, report_name,
@@ -124,6 +125,19 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         debug!("A fresh read of the nodes' pods differs from the cache: planning again on it");
         plan = plan::plan(&ev, &seen, &policy, now);
     }
+    // The notices each taking part pod should hold: of the spec's content
+    // on its nodes, of a dissent's on its own (none once the event is over).
+    let mut notices = if plan.phase.is_final() {
+        Vec::new()
+    } else {
+        notice::desired(
+            &ev.spec,
+            plan.phase,
+            plan.action,
+            &seen.nodes,
+            plan.acknowledgement.as_ref(),
+        )
+    };
     // Each dissenting node is handled on its own agent's report: its own
     // event type, duration and NotBefore decide its cordon and drain.
     for (spec, nodes) in dissent {
@@ -138,6 +152,15 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
             ..Observed::default()
         };
         let their_plan = plan::plan(&theirs, &their_seen, &policy, now);
+        if !plan.phase.is_final() {
+            notices.extend(notice::desired(
+                &theirs.spec,
+                their_plan.phase,
+                their_plan.action,
+                &their_seen.nodes,
+                their_plan.acknowledgement.as_ref(),
+            ));
+        }
         plan.node_writes.extend(their_plan.node_writes);
         plan.evictions.extend(their_plan.evictions);
         plan.kept.extend(their_plan.kept);
@@ -151,6 +174,9 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
     let (outcomes, deferred) = if ctx.dry_run {
         (Vec::new(), 0)
     } else {
+        // Notices first: a pod learns of the event before it is evicted.
+        let writes = notice::writes(&name, notices, &ctx.pods.holders_of(&name));
+        write_notices(&name, &writes, &ctx).await;
         write_nodes(&ev, &plan, &snapshots, &ctx).await?;
         // Cordon first, evict after: the pods of a node cordoned in this
         // pass are asked to leave from the next pass on (300 ms later), so
@@ -237,6 +263,34 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         requeue
     };
     Ok(Requeue::requeue(requeue))
+}
+
+/// Writes the notices (see [`notice`]); a failure is logged and counted,
+/// and the write is tried again on a later pass (the approval waits for
+/// the notice meanwhile, up to its deadline).
+async fn write_notices(event: &str, writes: &[notice::NoticeWrite], ctx: &Context) {
+    if writes.is_empty() {
+        return;
+    }
+    for (w, outcome) in notice::write_all(&ctx.client, event, writes).await {
+        let pod = w.pod.key();
+        let label = match (&outcome, &w.notice) {
+            (notice::WriteOutcome::Written, Some(value)) => {
+                info!(%pod, notice = %value, "Notice written");
+                "written"
+            }
+            (notice::WriteOutcome::Written, None) => {
+                info!(%pod, "Notice removed");
+                "removed"
+            }
+            (notice::WriteOutcome::Gone, _) => "gone",
+            (notice::WriteOutcome::Failed(why), _) => {
+                warn!(%pod, %why, "Could not write a notice; will retry");
+                "failed"
+            }
+        };
+        ctx.metrics.notice_writes.with_label_values(&[label]).inc();
+    }
 }
 
 /// The pause before looking again at a drain that a PodDisruptionBudget
@@ -599,7 +653,13 @@ async fn observe(
             } else {
                 Vec::new()
             };
+            let participants = if !vm.is_empty() && !ended && !completed {
+                ctx.pods.participants_on(&name)
+            } else {
+                Vec::new()
+            };
             let observed = ObservedNode {
+                participants,
                 cordoned: nodes::is_cordoned(&node),
                 holds: nodes::holds(&node),
                 claimed_by: claims.get(&name).cloned().unwrap_or_default(),

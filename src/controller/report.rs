@@ -139,6 +139,7 @@ pub async fn report(
             format!("{name}: each node is handled on its own agent's report: {message}"),
         );
     }
+    report_acknowledgements(ev, &prev, status, ctx);
     if let Some(message) = newly_true(&prev, status, "DrainScheduled") {
         info!(%message, "Drain scheduled");
         publish(
@@ -199,6 +200,81 @@ pub async fn report(
         }
     }
     Ok(())
+}
+
+/// The Events of the wait for the pods that take part: when it begins
+/// (`AwaitingAcknowledgement`), when every pod asked acknowledged
+/// (`Acknowledged`), and when its deadline passes without them
+/// (`AcknowledgementTimedOut`, a Warning, counted by type).
+fn report_acknowledgements(
+    ev: &ScheduledEvent,
+    prev: &ScheduledEventStatus,
+    status: &ScheduledEventStatus,
+    ctx: &Context,
+) {
+    let name = ev.name_any();
+    if let Some(message) = newly_true(prev, status, "AcknowledgementPending") {
+        info!(%message, "Waiting for the pods that take part");
+        publish(
+            ctx,
+            ev,
+            Subject::Event,
+            KubeEventType::Normal,
+            "AwaitingAcknowledgement",
+            format!("{name}: {message}"),
+        );
+    }
+    let condition = |s: &ScheduledEventStatus| {
+        s.conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "AcknowledgementPending")
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+    if let (Some((was, ..)), Some((now, reason, message))) = (condition(prev), condition(status))
+        && was == "True"
+        && now == "False"
+        && reason == "Acknowledged"
+    {
+        info!(%message, "Every pod asked acknowledged");
+        publish(
+            ctx,
+            ev,
+            Subject::Event,
+            KubeEventType::Normal,
+            "Acknowledged",
+            format!("{name}: {message}"),
+        );
+    }
+    let timed_out =
+        |s: &ScheduledEventStatus| s.acknowledgements.as_ref().and_then(|a| a.timed_out_at);
+    if timed_out(prev).is_none()
+        && timed_out(status).is_some()
+        && let Some(a) = &status.acknowledgements
+    {
+        ctx.metrics
+            .acknowledgement_timeouts
+            .with_label_values(&[type_label(&ev.spec.event_type)])
+            .inc();
+        let message = condition(status)
+            .filter(|(_, reason, _)| reason == "TimedOut")
+            .map(|(.., m)| m)
+            .unwrap_or_else(|| {
+                format!(
+                    "the acknowledgement deadline passed; forewarn went on without {}",
+                    a.pending.join(", ")
+                )
+            });
+        warn!(%message, "Acknowledgement timed out");
+        publish(
+            ctx,
+            ev,
+            Subject::Event,
+            KubeEventType::Warning,
+            "AcknowledgementTimedOut",
+            format!("{name}: {message}"),
+        );
+    }
 }
 
 /// The Events of a `--dry-run` pass: what would have been done, each once

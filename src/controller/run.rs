@@ -210,8 +210,10 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             }
         },
     );
-    // The drain's pods, from one watch (see `pods`), while this replica leads.
-    let pods = super::pods::PodCache::default();
+    // The drain's pods, from one watch (see `pods`), while this replica leads;
+    // a pod's acknowledgement wakes the event it names.
+    let (ack_tx, ack_rx) = futures::channel::mpsc::unbounded::<String>();
+    let pods = super::pods::PodCache::default().with_ack_trigger(ack_tx);
     let pod_task = tokio::spawn(pods.clone().run(clients.watches.clone()));
     // Each report change also wakes the task that creates the objects of
     // events that have reports and no object yet (see `spec`).
@@ -243,6 +245,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         },
     )
     .trigger_backoff(watch_backoff())
+    .reconcile_on(ack_rx.map(|name| reflector::ObjectRef::new(&name)))
     .reconcile_all_on(reload_rx)
     .with_config(controller::Config::default().concurrency(args.reconcile_concurrency));
     let events = controller.store();
@@ -293,6 +296,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     // A dry run writes no node, so it releases no hold either (its sweep
     // only forgets deleted events' bookkeeping).
     let sweep = tokio::spawn(sweep::sweep_orphaned_holds(ctx.clone()));
+    let notice_sweep = tokio::spawn(sweep::sweep_orphaned_notices(ctx.clone()));
     let creator = tokio::spawn(spec::create_missing(ctx.clone(), report_changed));
     let controller = controller
         .run(reconcile, error_policy, ctx)
@@ -320,6 +324,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     creator.abort();
     confinement.abort();
     sweep.abort();
+    notice_sweep.abort();
     if let Some(reload) = reload_task {
         reload.abort();
     }

@@ -11,8 +11,8 @@ use super::listing::{MESSAGE_LIMIT, NAMED_IN_MESSAGE, cut, listed_at_most, named
 use super::plan::NodeWrite;
 use super::plan::{EvictionOutcome, Observed, ObservedNode, Plan, must_leave, name_of};
 use crate::crd::{
-    Approval, Condition, DryRun, EventStatus, NodeProgress, NodesNotListed, Phase,
-    PreviousAppearance, ScheduledEvent, ScheduledEventStatus,
+    Acknowledgements, Approval, Condition, DryRun, EventStatus, NodeProgress, NodesNotListed,
+    Phase, PreviousAppearance, ScheduledEvent, ScheduledEventStatus,
 };
 
 /// One eviction's result: `(node, pod name, outcome)`.
@@ -332,6 +332,7 @@ pub fn next(
         total += usize::try_from(c.count - c.deleted).unwrap_or(0);
     }
     let approval = approval_record(ev, plan, now);
+    let acknowledgements = acknowledgement_record(ev, plan, finished, now);
     let conditions = conditions(ev, seen, plan, &nodes, approval.as_ref(), finished, now);
     let spec_started = ev.spec.event_status == EventStatus::Started;
     let releasing: HashSet<&str> = if finished {
@@ -353,6 +354,7 @@ pub fn next(
         nodes_not_listed,
         unmapped_resources: Some(listed_at_most(&seen.unmapped, UNMAPPED_LISTED, "VMs")),
         approval,
+        acknowledgements,
         first_seen: prev.first_seen.or(Some(now)),
         started_at: prev.started_at.or_else(|| spec_started.then_some(now)),
         finished_at: if plan.phase.is_final() {
@@ -497,6 +499,157 @@ fn approval_record(ev: &ScheduledEvent, plan: &Plan, now: DateTime<Utc>) -> Opti
     approval
 }
 
+/// How many pods `acknowledgements.pending` names.
+pub const ACK_PENDING_LISTED: usize = 10;
+
+/// How many pods `acknowledgements.acknowledgedPods` names.
+pub const ACKNOWLEDGED_LISTED: usize = 100;
+
+/// The record of the wait for the pods that take part: as the plan saw it,
+/// the pods that acknowledged added to those recorded (an acknowledged pod
+/// evicted since still counts). Kept as it was while the plan has none
+/// (the drain lead time), and frozen once the wait is over: it timed out
+/// (the pods that did not answer stay named, though evicted since), the
+/// approval was decided, or the event is no longer `Scheduled`.
+fn acknowledgement_record(
+    ev: &ScheduledEvent,
+    plan: &Plan,
+    finished: bool,
+    now: DateTime<Utc>,
+) -> Option<Acknowledgements> {
+    let prev = ev.status.as_ref().and_then(|s| s.acknowledgements.clone());
+    let decided = ev
+        .status
+        .as_ref()
+        .and_then(|s| s.approval.as_ref())
+        .is_some_and(|a| a.decided_at.is_some());
+    let over = prev.as_ref().is_some_and(|p| {
+        p.timed_out_at.is_some() || decided || ev.spec.event_status != EventStatus::Scheduled
+    });
+    let a = match (&plan.acknowledgement, finished || over) {
+        (Some(a), false) => a,
+        _ => return prev,
+    };
+    let before = prev.unwrap_or_default();
+    let mut acked = before.acknowledged_pods.clone();
+    for k in &a.acknowledged {
+        if !acked.contains(k) {
+            acked.push(k.clone());
+        }
+    }
+    acked.sort();
+    let count = usize::try_from(before.acknowledged_count)
+        .unwrap_or(0)
+        .max(acked.len());
+    acked.truncate(ACKNOWLEDGED_LISTED);
+    let asked = count + a.pending.len();
+    let to_i32 = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+    Some(Acknowledgements {
+        acknowledged: if asked > 0 {
+            Some(format!("{count}/{asked}"))
+        } else {
+            before.acknowledged
+        },
+        notified: if a.participants > 0 || before.notified.is_empty() {
+            format!("{}/{}", a.notified, a.participants)
+        } else {
+            before.notified
+        },
+        since: Some(a.since),
+        deadline: Some(a.deadline),
+        pending: listed_at_most(&a.pending, ACK_PENDING_LISTED, "pods"),
+        pending_count: to_i32(a.pending.len()),
+        acknowledged_pods: acked,
+        acknowledged_count: to_i32(count),
+        timed_out_at: before.timed_out_at.or_else(|| a.timed_out.then_some(now)),
+    })
+}
+
+/// `AcknowledgementPending`: `True` while the approval waits for the pods
+/// that take part; once it no longer does, `False` with `Acknowledged`,
+/// `TimedOut` or `NotAwaited` (the event started first).
+fn acknowledgement_condition(c: &mut Conditions<'_>, ev: &ScheduledEvent, plan: &Plan) {
+    let Some(a) = &plan.acknowledgement else {
+        return;
+    };
+    let name = name_of(ev);
+    let until = a.deadline.to_rfc3339();
+    if a.waiting {
+        let mut parts = Vec::new();
+        if !a.pending.is_empty() {
+            parts.push(format!(
+                "{} to acknowledge (annotation ack.forewarn.dev/{name}: {})",
+                named(&a.pending, NAMED_IN_MESSAGE, ", "),
+                ev.spec.event_id
+            ));
+        }
+        if !a.undelivered.is_empty() {
+            parts.push(format!(
+                "the notice of {} to be stored",
+                named(&a.undelivered, NAMED_IN_MESSAGE, ", ")
+            ));
+        }
+        let reason = if a.pending.is_empty() {
+            "NoticePending"
+        } else {
+            "AwaitingPods"
+        };
+        c.set(
+            "AcknowledgementPending",
+            true,
+            reason,
+            format!(
+                "forewarn waits (the approval, and by evictAfterAcknowledgement the eviction of the pods that asked) until {until} for {}",
+                parts.join(" and ")
+            ),
+        );
+        return;
+    }
+    let was = c
+        .prev
+        .iter()
+        .find(|x| x.type_ == "AcknowledgementPending")
+        .cloned();
+    let (reason, message) = if a.timed_out {
+        let left: Vec<String> = a.pending.iter().chain(&a.undelivered).cloned().collect();
+        (
+            "TimedOut",
+            format!(
+                "the acknowledgement deadline {until} passed; forewarn went on without {}",
+                named(&left, NAMED_IN_MESSAGE, ", ")
+            ),
+        )
+    } else if a.asked > 0 && a.pending.is_empty() {
+        (
+            "Acknowledged",
+            format!(
+                "every pod that asked to be waited for acknowledged: {}",
+                named(&a.acknowledged, NAMED_IN_MESSAGE, ", ")
+            ),
+        )
+    } else if a.pending.is_empty() && a.undelivered.is_empty() {
+        (
+            "Notified",
+            "every pod that takes part holds its notice; none asked to be waited for".into(),
+        )
+    } else {
+        (
+            "NotAwaited",
+            "the event is no longer Scheduled: nothing waits for acknowledgements".into(),
+        )
+    };
+    // Once the wait is over, its account stays (the pods that acknowledged
+    // may be evicted since).
+    match was {
+        Some(w) if w.status == "False" => c.out.push(w),
+        Some(_) => c.set("AcknowledgementPending", false, reason, message),
+        None if a.asked > 0 || a.timed_out => {
+            c.set("AcknowledgementPending", false, reason, message);
+        }
+        None => {}
+    }
+}
+
 /// The conditions, each keeping its `lastTransitionTime` while its status
 /// holds; an event that is over keeps those it had.
 fn conditions(
@@ -628,6 +781,9 @@ fn conditions(
     );
     if let Some((reason, message)) = &plan.ended_unobserved {
         c.set("EndedWithoutObserver", true, reason, message.clone());
+    }
+    if !finished {
+        acknowledgement_condition(&mut c, ev, plan);
     }
     if let Some(why) = &plan.approval_withheld {
         c.set(

@@ -1,6 +1,7 @@
 //! Releases cordons held for `ScheduledEvent`s that no longer exist
-//! (deleted by hand before they completed): forewarn never leaves a node
-//! cordoned that nothing will release.
+//! (deleted by hand before they completed), and removes the notices (and
+//! acknowledgements) pods hold of them: forewarn never leaves a node
+//! cordoned, or a notice standing, that nothing will remove.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use tracing::{info, warn};
 
-use super::{Context, nodes};
+use super::{Context, nodes, notice};
 use crate::crd::ScheduledEvent;
 
 /// How often nodes are checked for holds of deleted `ScheduledEvent`s.
@@ -86,6 +87,81 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
                     warn!(node = %name, error = %e, "Could not release orphaned holds; will retry")
                 }
             }
+        }
+    }
+}
+
+/// Removes the notices (and acknowledgements) pods hold of
+/// `ScheduledEvent`s that no longer exist: once the pod cache is synced,
+/// then every [`SWEEP_INTERVAL`] (never in a dry run, which writes no
+/// notice). As for holds, the pods are read before the list of
+/// `ScheduledEvent`s, and an object an agent still reports counts as
+/// existing.
+pub async fn sweep_orphaned_notices(ctx: Arc<Context>) {
+    if ctx.dry_run {
+        return;
+    }
+    let events: Api<ScheduledEvent> = Api::all(ctx.client.clone());
+    while !ctx.pods.ready() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    loop {
+        tick.tick().await;
+        let holders = ctx.pods.holders();
+        if holders.is_empty() {
+            continue;
+        }
+        let existing: HashSet<String> = match events.list_metadata(&ListParams::default()).await {
+            Ok(list) => list.items.iter().map(ResourceExt::name_any).collect(),
+            Err(e) => {
+                warn!(error = %e, "Could not list ScheduledEvents to find orphaned notices; will retry");
+                continue;
+            }
+        };
+        let reported: HashSet<String> = ctx
+            .reports_by_event()
+            .into_iter()
+            .filter(|(_, rs)| rs.iter().any(|r| r.spec.report.is_listed()))
+            .map(|(name, _)| name)
+            .collect();
+        remove_orphaned_notices(&ctx, &holders, |e| {
+            existing.contains(e) || reported.contains(e)
+        })
+        .await;
+    }
+}
+
+/// Removes from `holders` the notices and acknowledgements of events that
+/// do not exist (`exists` says which do).
+async fn remove_orphaned_notices(
+    ctx: &Context,
+    holders: &[Arc<notice::Participant>],
+    exists: impl Fn(&str) -> bool,
+) {
+    let mut orphaned: Vec<String> = holders
+        .iter()
+        .flat_map(|p| p.events())
+        .filter(|e| !exists(e))
+        .map(str::to_string)
+        .collect();
+    orphaned.sort();
+    orphaned.dedup();
+    for event in orphaned {
+        let writes = notice::writes(&event, Vec::new(), holders);
+        for (w, outcome) in notice::write_all(&ctx.client, &event, &writes).await {
+            let label = match outcome {
+                notice::WriteOutcome::Written => {
+                    info!(pod = %w.pod.key(), %event, "Removed the notice of a ScheduledEvent that no longer exists");
+                    "removed"
+                }
+                notice::WriteOutcome::Gone => "gone",
+                notice::WriteOutcome::Failed(why) => {
+                    warn!(pod = %w.pod.key(), %event, %why, "Could not remove an orphaned notice; will retry");
+                    "failed"
+                }
+            };
+            ctx.metrics.notice_writes.with_label_values(&[label]).inc();
         }
     }
 }

@@ -72,6 +72,14 @@ both with --agent-policy.
 {{- end }}
 
 {{/*
+The ValidatingAdmissionPolicy (and binding) that lets the controller change
+nothing on a pod but its notice annotations.
+*/}}
+{{- define "forewarn.controllerPodPolicyName" -}}
+{{- printf "%s-controller-pod-notices" (include "forewarn.fullname" .) }}
+{{- end }}
+
+{{/*
 "true" when the cluster serves admissionregistration.k8s.io/v1
 ValidatingAdmissionPolicy (Kubernetes >= 1.30), else empty. `helm install`
 and `helm upgrade` ask the cluster; `helm template` and `helm lint` know only

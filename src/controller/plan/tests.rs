@@ -50,6 +50,7 @@ fn node(name: &str, vm: &str, cordoned: bool, holds: &[&str], pods: Vec<PodInfo>
         claimed_by: Vec::new(),
         pods: pods.into_iter().map(Arc::new).collect(),
         ended: false,
+        participants: Vec::new(),
     }
 }
 
@@ -1555,4 +1556,272 @@ fn an_event_within_the_bound_lists_every_record_in_order() {
     let observed: Vec<&str> = obs.nodes.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(names, observed);
     assert_eq!(st.nodes_not_listed, None);
+}
+
+// Workloads take part (notices, acknowledgements).
+
+fn participant(name: &str, acknowledges: bool, annotations: &[(&str, &str)]) -> Arc<Participant> {
+    Arc::new(Participant {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        acknowledges,
+        terminating: false,
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    })
+}
+
+const NOTICE: (&str, &str) = ("notice.forewarn.dev/ev-1", "eventId=EV-1 type=Freeze");
+const ACK: (&str, &str) = ("ack.forewarn.dev/ev-1", "EV-1");
+
+fn short_freeze() -> ScheduledEvent {
+    let mut ev = event("Freeze", "Scheduled", &["vm_1"]);
+    ev.spec.duration_seconds = 5;
+    ev
+}
+
+fn with_participants(mut n: ObservedNode, p: Vec<Arc<Participant>>) -> ObservedNode {
+    n.participants = p;
+    n
+}
+
+/// A short Freeze is approved at once, but only once the notice of every
+/// pod that takes part is stored: the notice goes out before the approval.
+#[test]
+fn an_approve_at_once_event_waits_for_its_notices_to_be_stored() {
+    let ev = short_freeze();
+    let unnoticed = seen(
+        vec![with_participants(
+            node("node-1", "vm_1", false, &[], vec![]),
+            vec![participant("web", false, &[])],
+        )],
+        &[],
+    );
+    let p = plan(&ev, &unnoticed, &Policy::default(), now());
+    assert_eq!(p.action, Action::Approve);
+    assert_eq!(
+        p.decide_approval, None,
+        "decided before the notice was stored"
+    );
+    assert!(p.requeue <= Duration::from_millis(500), "{:?}", p.requeue);
+    let st = next_status(&ev, &unnoticed, &p, &[], now());
+    assert_eq!(
+        cond(&st, "AcknowledgementPending"),
+        Some(("True".into(), "NoticePending".into()))
+    );
+    let ack = st.acknowledgements.clone().unwrap();
+    assert_eq!(ack.notified, "0/1");
+    assert_eq!(ack.acknowledged, None, "no pod asked to be waited for");
+    assert_eq!(ack.since, Some(now()));
+
+    let ev = with_status(ev, st);
+    let noticed = seen(
+        vec![with_participants(
+            node("node-1", "vm_1", false, &[], vec![]),
+            vec![participant("web", false, &[NOTICE])],
+        )],
+        &[],
+    );
+    let later = now() + chrono::Duration::seconds(1);
+    let p = plan(&ev, &noticed, &Policy::default(), later);
+    assert!(p.decide_approval.is_some());
+    let st = next_status(&ev, &noticed, &p, &[], later);
+    assert_eq!(
+        cond(&st, "AcknowledgementPending"),
+        Some(("False".into(), "Notified".into()))
+    );
+    assert_eq!(st.acknowledgements.unwrap().notified, "1/1");
+}
+
+/// A pod that asked to be waited for holds the approval until it
+/// acknowledges the EventId; then the approval is decided.
+#[test]
+fn the_approval_waits_for_the_pods_acknowledgement() {
+    let ev = short_freeze();
+    let obs = |acked: bool| {
+        let mut a = vec![NOTICE];
+        if acked {
+            a.push(ACK);
+        }
+        seen(
+            vec![with_participants(
+                node("node-1", "vm_1", false, &[], vec![]),
+                vec![
+                    participant("db-0", true, &a),
+                    participant("web", false, &[NOTICE]),
+                ],
+            )],
+            &[],
+        )
+    };
+    let p = plan(&ev, &obs(false), &Policy::default(), now());
+    assert_eq!(p.decide_approval, None);
+    // Woken by the acknowledgement itself; else at the deadline.
+    assert_eq!(p.requeue, Duration::from_secs(10));
+    let st = next_status(&ev, &obs(false), &p, &[], now());
+    let a = st.acknowledgements.clone().unwrap();
+    assert_eq!(a.acknowledged.as_deref(), Some("0/1"));
+    assert_eq!(a.pending, ["default/db-0"]);
+    assert_eq!(a.pending_count, 1);
+    assert_eq!(a.deadline, Some(now() + chrono::Duration::seconds(300)));
+    assert_eq!(
+        cond(&st, "AcknowledgementPending"),
+        Some(("True".into(), "AwaitingPods".into()))
+    );
+
+    let ev = with_status(ev, st);
+    let later = now() + chrono::Duration::seconds(3);
+    let p = plan(&ev, &obs(true), &Policy::default(), later);
+    assert!(p.decide_approval.is_some());
+    let st = next_status(&ev, &obs(true), &p, &[], later);
+    let a = st.acknowledgements.clone().unwrap();
+    assert_eq!(a.acknowledged.as_deref(), Some("1/1"));
+    assert_eq!(a.acknowledged_pods, ["default/db-0"]);
+    assert!(a.pending.is_empty() && a.timed_out_at.is_none());
+    assert_eq!(
+        cond(&st, "AcknowledgementPending"),
+        Some(("False".into(), "Acknowledged".into()))
+    );
+    // The pod evicted since still counts as acknowledged; the account stays.
+    let ev = with_status(ev, st);
+    let gone = seen(vec![node("node-1", "vm_1", false, &[], vec![])], &[]);
+    let p = plan(&ev, &gone, &Policy::default(), later);
+    let st = next_status(&ev, &gone, &p, &[], later);
+    assert_eq!(
+        st.acknowledgements.clone().unwrap().acknowledged.as_deref(),
+        Some("1/1")
+    );
+    assert_eq!(
+        cond(&st, "AcknowledgementPending"),
+        Some(("False".into(), "Acknowledged".into()))
+    );
+}
+
+/// A pod that never answers holds the approval until the type's timeout,
+/// then forewarn goes on without it and records the timeout once.
+#[test]
+fn a_silent_pod_is_waited_for_until_the_timeout_then_named() {
+    let ev = short_freeze();
+    let policy = Policy {
+        acknowledge_timeout_seconds: 30,
+        ..Policy::default()
+    };
+    let obs = seen(
+        vec![with_participants(
+            node("node-1", "vm_1", false, &[], vec![]),
+            vec![participant("db-0", true, &[NOTICE])],
+        )],
+        &[],
+    );
+    let p = plan(&ev, &obs, &policy, now());
+    assert_eq!(p.decide_approval, None);
+    let st = next_status(&ev, &obs, &p, &[], now());
+    let ev = with_status(ev, st);
+    let before = now() + chrono::Duration::seconds(29);
+    let p = plan(&ev, &obs, &policy, before);
+    assert_eq!(p.decide_approval, None);
+    assert_eq!(
+        p.requeue,
+        Duration::from_secs(1),
+        "looks again at the deadline"
+    );
+    let after = now() + chrono::Duration::seconds(30);
+    let p = plan(&ev, &obs, &policy, after);
+    assert!(p.decide_approval.is_some(), "not decided at the timeout");
+    let st = next_status(&ev, &obs, &p, &[], after);
+    let a = st.acknowledgements.clone().unwrap();
+    assert_eq!(a.timed_out_at, Some(after));
+    assert_eq!(a.pending, ["default/db-0"]);
+    assert_eq!(
+        cond(&st, "AcknowledgementPending"),
+        Some(("False".into(), "TimedOut".into()))
+    );
+    let msg = st
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "AcknowledgementPending")
+        .map(|c| c.message.clone())
+        .unwrap();
+    assert!(msg.contains("default/db-0"), "{msg}");
+    // Recorded once.
+    let ev = with_status(ev, st);
+    let p = plan(&ev, &obs, &policy, after + chrono::Duration::seconds(5));
+    let st = next_status(&ev, &obs, &p, &[], after + chrono::Duration::seconds(5));
+    assert_eq!(st.acknowledgements.unwrap().timed_out_at, Some(after));
+}
+
+/// In a drain, a pod that asked to be waited for is evicted only once it
+/// acknowledged (by default); the others go at once. With the policy's
+/// evictAfterAcknowledgement off it goes with them.
+#[test]
+fn a_waited_for_pod_is_evicted_after_its_acknowledgement() {
+    let ev = event("Reboot", "Scheduled", &["vm_1"]);
+    let obs = |acked: bool| {
+        let mut a = vec![("notice.forewarn.dev/ev-1", "eventId=EV-1")];
+        if acked {
+            a.push(ACK);
+        }
+        let mut db = pod("db-0");
+        db.uid = "uid-db-0".into();
+        seen(
+            vec![with_participants(
+                node("node-1", "vm_1", true, &["ev-1"], vec![db, pod("web")]),
+                vec![participant("db-0", true, &a)],
+            )],
+            &[],
+        )
+    };
+    let evicted =
+        |p: &Plan| -> Vec<String> { p.evictions.iter().map(|e| e.pod.name.clone()).collect() };
+    let p = plan(&ev, &obs(false), &Policy::default(), now());
+    assert_eq!(evicted(&p), ["web"]);
+    let p = plan(&ev, &obs(true), &Policy::default(), now());
+    assert_eq!(evicted(&p), ["db-0", "web"]);
+    let eager = Policy::parse("evictAfterAcknowledgement: false\n", "p").unwrap();
+    let p = plan(&ev, &obs(false), &eager, now());
+    assert_eq!(evicted(&p), ["db-0", "web"]);
+    // Past the drain deadline (NotBefore minus the margin) nothing waits.
+    let late = t("2026-11-21T10:09:56Z");
+    let p = plan(&ev, &obs(false), &Policy::default(), late);
+    assert_eq!(evicted(&p), ["db-0", "web"]);
+}
+
+/// An event the policy only cordons waits for nobody: nothing would wait.
+#[test]
+fn a_cordon_only_event_waits_for_no_acknowledgement() {
+    let ev = event("Reboot", "Scheduled", &["vm_1"]);
+    let policy = Policy::parse("defaultAction: Cordon\n", "p").unwrap();
+    let obs = seen(
+        vec![with_participants(
+            node("node-1", "vm_1", false, &[], vec![]),
+            vec![participant("db-0", true, &[])],
+        )],
+        &[],
+    );
+    let p = plan(&ev, &obs, &policy, now());
+    assert!(p.acknowledgement.is_none());
+    let st = next_status(&ev, &obs, &p, &[], now());
+    assert!(st.acknowledgements.is_none());
+    assert_eq!(cond(&st, "AcknowledgementPending"), None);
+}
+
+/// A dry run writes no notice, so it waits for none.
+#[test]
+fn a_dry_run_waits_for_no_notice() {
+    let ev = short_freeze();
+    let mut obs = seen(
+        vec![with_participants(
+            node("node-1", "vm_1", false, &[], vec![]),
+            vec![participant("db-0", true, &[])],
+        )],
+        &[],
+    );
+    obs.dry_run = true;
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    assert!(p.decide_approval.is_some());
+    assert!(p.acknowledgement.is_none());
 }
