@@ -29,6 +29,8 @@
 //!                              # (it had mapped one) this long after it started or NotBefore passed
 //! staleAfterSeconds: 86400     # end any unfinished event no agent has written for this long,
 //!                              # once this long has passed since it started (or NotBefore)
+//! excludeFromLoadBalancers: false  # label the nodes forewarn holds
+//!                              # node.kubernetes.io/exclude-from-external-load-balancers
 //! ```
 //!
 //! The file is read again when it changes (see [`crate::controller::reload`]);
@@ -217,6 +219,17 @@ pub struct Policy {
     #[serde(default = "one_day_secs")]
     #[schemars(range(max = MAX_WAIT_SECONDS))]
     pub stale_after_seconds: u64,
+    /// Label every node forewarn holds (cordons for an event)
+    /// `node.kubernetes.io/exclude-from-external-load-balancers: "true"`,
+    /// so that the cloud provider takes it out of the external load
+    /// balancers' backends before its impact, and remove the label when
+    /// forewarn releases the node. Only a label forewarn added is removed
+    /// (it records that on the node in the annotation
+    /// `forewarn.dev/excluded-from-load-balancers`): a node an administrator
+    /// labelled keeps its label. Turned off, labels forewarn added are
+    /// removed within 30 s. Default false.
+    #[serde(default)]
+    pub exclude_from_load_balancers: bool,
 }
 
 /// The lowest `minGraceSeconds` accepted: a grace of 0 is a force delete.
@@ -275,6 +288,7 @@ impl Default for Policy {
             drain_lead_time_seconds: one_hour(),
             orphaned_after_seconds: five_minutes(),
             stale_after_seconds: one_day_secs(),
+            exclude_from_load_balancers: false,
         }
     }
 }
