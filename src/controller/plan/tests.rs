@@ -1556,3 +1556,26 @@ fn an_event_within_the_bound_lists_every_record_in_order() {
     assert_eq!(names, observed);
     assert_eq!(st.nodes_not_listed, None);
 }
+
+#[test]
+fn a_user_reboot_is_approved_at_once_when_the_policy_says_so() {
+    let policy = Policy::parse("rules:\n- {eventSource: User, action: Approve}\n", "p").unwrap();
+    let mut ev = event("Reboot", "Scheduled", &["vm_1"]);
+    ev.spec.event_source = "User".into();
+    let obs = seen(
+        vec![node("node-1", "vm_1", false, &[], vec![pod("a")])],
+        &[],
+    );
+    let p = plan(&ev, &obs, &policy, now());
+    assert_eq!(p.action, Action::Approve);
+    assert_eq!(
+        p.decide_approval.as_deref(),
+        Some("policy approves User Reboot events (DurationInSeconds -1) at once")
+    );
+    assert!(p.node_writes.is_empty() && p.evictions.is_empty(), "{p:?}");
+    // A platform Reboot is still drained first.
+    ev.spec.event_source = "Platform".into();
+    let p = plan(&ev, &obs, &policy, now());
+    assert_eq!(p.action, Action::DrainAndApprove);
+    assert_eq!(p.decide_approval, None);
+}
