@@ -190,7 +190,7 @@ impl Heartbeats {
             self.trigger.clone(),
         ))
         .abort_handle();
-        debug!(node, event, "Watching the node's Lease for a Freeze");
+        info!(node, event, "Watching the node's Lease for a Freeze");
         watched.insert(
             node.to_string(),
             Watched {

@@ -195,9 +195,17 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         status::as_dry_run(&mut status, ev.status.as_ref(), &plan, now);
     }
     report::report(&ev, &plan, &status, &not_listed, &ctx).await?;
-    // The Node condition of each node the event concerns, from the live
-    // events (this one as just written).
-    let names: Vec<String> = seen.nodes.iter().map(|n| n.name.clone()).collect();
+    // The Node condition of each node the event concerns or recorded (a
+    // node whose part ended is no longer observed), from the live events
+    // (this one as just written).
+    let names: Vec<String> = seen
+        .nodes
+        .iter()
+        .map(|n| n.name.clone())
+        .chain(status.nodes.iter().flatten().map(|r| r.name.clone()))
+        .collect::<std::collections::BTreeSet<String>>()
+        .into_iter()
+        .collect();
     let mut fresh = ev.clone();
     fresh.status = Some(status);
     super::node_condition::sync(&ctx, Some(&fresh), &names).await;
