@@ -526,6 +526,7 @@ fn policy_example_with_every_key_renders_and_loads() {
         "drainLeadTimeSeconds:",
         "orphanedAfterSeconds:",
         "staleAfterSeconds:",
+        "excludeFromLoadBalancers:",
     ] {
         assert!(example.contains(key), "the example lacks {key}:\n{example}");
     }
