@@ -177,6 +177,16 @@ async fn node_events(
     (count, notes)
 }
 
+/// Whether `e` is this run's object of the event `id` (the side tasks
+/// start before the run deletes the objects earlier runs left).
+fn ours(e: &ScheduledEvent, id: &str, since: DateTime<Utc>) -> bool {
+    e.name_any() == id.to_ascii_lowercase()
+        && e.metadata
+            .creation_timestamp
+            .as_ref()
+            .is_some_and(|t| t.0.as_second() >= since.timestamp() - 2)
+}
+
 fn controller_metric(report: &Report, name: &str) -> Option<f64> {
     let text = &report
         .metrics
@@ -222,14 +232,18 @@ struct RebootSeen {
 
 const REBOOT_ID: &str = "3C1D9E27-6A4B-4F0E-9D2C-7B8A6E5F4D31";
 
-async fn watch_reboot(client: Client, stop: Arc<AtomicBool>) -> RebootSeen {
+async fn watch_reboot(client: Client, stop: Arc<AtomicBool>, since: DateTime<Utc>) -> RebootSeen {
     let sevs: Api<ScheduledEvent> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
     let mut seen = RebootSeen::default();
     while !stop.load(Ordering::SeqCst) {
         let list = sevs.list(&ListParams::default()).await.expect("list sev");
-        let leading = list
+        let mine: Vec<&ScheduledEvent> = list
             .items
+            .iter()
+            .filter(|e| ours(e, REBOOT_ID, since))
+            .collect();
+        let leading = mine
             .iter()
             .any(|e| e.status.as_ref().is_some_and(|s| s.phase.is_some()));
         if leading && seen.unexpected_at.is_none() {
@@ -238,8 +252,7 @@ async fn watch_reboot(client: Client, stop: Arc<AtomicBool>) -> RebootSeen {
             set_boot_id(&client, "node-000000", "boot-0-after").await;
             seen.unexpected_at = Some(Utc::now());
         }
-        let started = list
-            .items
+        let started = mine
             .iter()
             .any(|e| e.spec.event_status.as_str() == "Started");
         if started && seen.expected_at.is_none() {
@@ -310,7 +323,7 @@ async fn a_reboot_records_its_restart_an_unexpected_one_is_reported_and_operator
     let (report, seen, _cluster, client) = play_beside(
         "impact-reboot.yaml",
         |o| o.policy = Some("excludeFromLoadBalancers: true\n".into()),
-        watch_reboot,
+        move |client, stop| watch_reboot(client, stop, since),
     )
     .await;
     println!("side task saw: {seen:?}");
@@ -453,15 +466,19 @@ async fn a_controller_restart_counts_no_restart_twice() {
     let (report, seen, _cluster, client) = play_beside(
         "platform-redeploy.yaml",
         |o| o.kill_controller_on_start = true,
-        |client: Client, stop: Arc<AtomicBool>| async move {
+        move |client: Client, stop: Arc<AtomicBool>| async move {
             let sevs: Api<ScheduledEvent> = Api::all(client.clone());
             let nodes: Api<Node> = Api::all(client.clone());
             let mut seen = RestartSeen::default();
             while !stop.load(Ordering::SeqCst) {
                 let list = sevs.list(&ListParams::default()).await.expect("list");
+                let mine: Vec<&ScheduledEvent> = list
+                    .items
+                    .iter()
+                    .filter(|e| ours(e, REDEPLOY_ID, since))
+                    .collect();
                 if seen.unexpected_at.is_none()
-                    && list
-                        .items
+                    && mine
                         .iter()
                         .any(|e| e.status.as_ref().is_some_and(|s| s.phase.is_some()))
                 {
@@ -469,8 +486,7 @@ async fn a_controller_restart_counts_no_restart_twice() {
                     seen.unexpected_at = Some(Utc::now());
                 }
                 if seen.expected_at.is_none()
-                    && list
-                        .items
+                    && mine
                         .iter()
                         .any(|e| e.spec.event_status.as_str() == "Started")
                 {
@@ -565,6 +581,7 @@ async fn a_freeze_records_the_gap_in_the_nodes_heartbeats() {
     let spec = before.spec.clone().unwrap_or_default();
     let kwok_holder = spec.holder_identity.clone().unwrap_or_default();
     let kwok_duration = spec.lease_duration_seconds.unwrap_or(40);
+    let since = Utc::now();
     let held = Arc::new(Mutex::new(None::<(DateTime<Utc>, DateTime<Utc>)>));
     let held_side = held.clone();
     let result = play_beside(
@@ -615,6 +632,7 @@ async fn a_freeze_records_the_gap_in_the_nodes_heartbeats() {
                     .expect("list")
                     .items
                     .iter()
+                    .filter(|e| ours(e, FREEZE_ID, since))
                     .any(|e| e.spec.event_status.as_str() == "Started");
                 if started && pause.is_none() {
                     pause = Some(tokio::time::Instant::now() + Duration::from_secs(2));
