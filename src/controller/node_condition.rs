@@ -29,6 +29,7 @@ use tracing::{debug, warn};
 
 use super::impact::{affects, is_over};
 use super::listing::cut;
+use super::reconcile::Facts;
 use super::{Context, nodes};
 use crate::crd::{EventStatus, ScheduledEvent};
 
@@ -177,13 +178,13 @@ impl Written {
 
 /// Brings the condition of each node named in `names` up to date with the
 /// live events of the cache, `fresh` standing for its own cached version
-/// (the pass's status was just written). Best effort: a failed write is
-/// logged, and done again on a later pass or by the sweep.
-pub async fn sync(ctx: &Context, fresh: Option<&ScheduledEvent>, names: &[String]) {
+/// (the pass's status was just written), the nodes and the VMs the agents
+/// state as `facts` read them. Best effort: a failed write is logged, and
+/// done again on a later pass or by the sweep.
+pub async fn sync(ctx: &Context, facts: &Facts, fresh: Option<&ScheduledEvent>, names: &[String]) {
     if ctx.dry_run || names.is_empty() {
         return;
     }
-    let facts = super::reconcile::Facts::read(ctx);
     let mut events: Vec<Arc<ScheduledEvent>> = ctx.events.state();
     if let Some(f) = fresh {
         events.retain(|e| e.metadata.name != f.metadata.name);

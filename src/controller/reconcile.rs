@@ -208,7 +208,7 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         .collect();
     let mut fresh = ev.clone();
     fresh.status = Some(status);
-    super::node_condition::sync(&ctx, Some(&fresh), &names).await;
+    super::node_condition::sync(&ctx, &facts, Some(&fresh), &names).await;
     ctx.metrics.reconciles.with_label_values(&["ok"]).inc();
     ctx.failures
         .lock()

@@ -46,7 +46,10 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
             // Only on full caches: an event not listed yet would read as gone.
             if ctx.caches_synced() {
                 let stale = super::node_condition::nodes_with_condition_true(&snapshot);
-                super::node_condition::sync(&ctx, None, &stale).await;
+                if !stale.is_empty() {
+                    let facts = super::reconcile::Facts::read(&ctx);
+                    super::node_condition::sync(&ctx, &facts, None, &stale).await;
+                }
             }
             sync_lb_labels(&api, &snapshot, exclude_lb).await;
         }
