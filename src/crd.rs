@@ -644,6 +644,56 @@ pub struct NodeProgress {
     /// Absent when it never emptied, also after the event is over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drained_at: Option<DateTime<Utc>>,
+    /// What the controller saw happen to the node during the event: its
+    /// restart (a change of the Node's `bootID`) and, for a `Freeze`, the
+    /// pause in its kubelet's heartbeats. Absent until there is something
+    /// to record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub impact: Option<NodeImpact>,
+}
+
+/// The impact observed on one node during an event (issue 16, "confirmed
+/// impact"). The event's impact window opens when forewarn decides the
+/// approval, when the event is seen `Started`, or when `NotBefore` passes,
+/// whichever comes first, and closes 60 s after the event left IMDS (a
+/// kubelet reports its new `bootID`, and renews its Lease, a little after
+/// the VM is back).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeImpact {
+    /// The Node's `status.nodeInfo.bootID` before the impact: as first
+    /// recorded for this event, or as it was after a restart seen outside
+    /// the impact window (that one is reported as an `UnexpectedRestart`
+    /// Event on the Node instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// When the node was first seen with another `bootID` inside the impact
+    /// window: the restart a `Reboot`, `Redeploy` or `Preempt` announces
+    /// (for another event type, an unexpected one, also reported as an
+    /// `UnexpectedRestart` Event). The time the controller saw the Node
+    /// change, or, when no controller was running then, when one first saw
+    /// the new `bootID`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarted_at: Option<DateTime<Utc>>,
+    /// The Node's `bootID` after that restart (the latest seen in the window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id_after: Option<String>,
+    /// `Freeze` only: the longest interval, in seconds, between two
+    /// renewals of the node's Lease in `kube-node-lease` (its kubelet's
+    /// heartbeat) that ended inside the impact window, to 0.1 s. A
+    /// kubelet renews every 10 s (a quarter of its 40 s Lease), so a
+    /// freeze of F seconds shows as a gap of 10 s to 10 + F s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_gap_seconds: Option<f64>,
+    /// `Freeze` only: `heartbeatGapSeconds` minus the usual interval
+    /// between two renewals of that Lease (the median of the intervals
+    /// seen, or a quarter of its `leaseDurationSeconds` before three were
+    /// seen), at least 0, to 0.1 s: the observed freeze length. The real
+    /// pause lies between this and `heartbeatGapSeconds` (a pause that
+    /// ends before the next renewal falls due delays it by less than its
+    /// length).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_freeze_seconds: Option<f64>,
 }
 
 /// The approval ("start the event now") of a `Scheduled` event: the

@@ -35,6 +35,9 @@
 //!                              # drain deadline; a rule's own value wins
 //! evictAfterAcknowledgement: true  # such a pod is evicted only once it acknowledged (or the
 //!                              # wait is over)
+
+//! excludeFromLoadBalancers: false  # label the nodes forewarn holds
+//!                              # node.kubernetes.io/exclude-from-external-load-balancers
 //! ```
 //!
 //! The file is read again when it changes (see [`crate::controller::reload`]);
@@ -250,6 +253,18 @@ pub struct Policy {
     /// still on its node. Default true.
     #[serde(default = "yes")]
     pub evict_after_acknowledgement: bool,
+
+    /// Label every node forewarn holds (cordons for an event)
+    /// `node.kubernetes.io/exclude-from-external-load-balancers: "true"`,
+    /// so that the cloud provider takes it out of the external load
+    /// balancers' backends before its impact, and remove the label when
+    /// forewarn releases the node. Only a label forewarn added is removed
+    /// (it records that on the node in the annotation
+    /// `forewarn.dev/excluded-from-load-balancers`): a node an administrator
+    /// labelled keeps its label. Turned off, labels forewarn added are
+    /// removed within 30 s. Default false.
+    #[serde(default)]
+    pub exclude_from_load_balancers: bool,
 }
 
 /// The longest `acknowledgeTimeoutSeconds` accepted: an hour, far beyond
@@ -317,6 +332,8 @@ impl Default for Policy {
             stale_after_seconds: one_day_secs(),
             acknowledge_timeout_seconds: five_minutes(),
             evict_after_acknowledgement: true,
+
+            exclude_from_load_balancers: false,
         }
     }
 }

@@ -38,6 +38,8 @@ const CHART_CLUSTER: &str = "forewarn-chart";
 /// The cluster of hack/real-node.sh, where the chart's own pods run on a
 /// real kubelet (tests/real_node_chart.rs).
 const REAL_CLUSTER: &str = "forewarn-real";
+/// The release namespace the chart's RBAC is rendered in.
+const RENDER_NAMESPACE: &str = "forewarn";
 /// What `helm template` must be told the cluster serves for the chart to
 /// render the admission policy (and the controller's rule to read it).
 const VAP_API: &str = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy";
@@ -280,8 +282,12 @@ struct Permission {
     resource: String,
     verb: String,
     name: Option<String>,
-    /// Granted by a Role: only in the release namespace.
+    /// Granted by a Role: only in the release namespace, or in
+    /// `other_namespace`.
     namespaced: bool,
+    /// The namespace of a Role outside the release namespace (the
+    /// controller's in `kube-node-lease`).
+    other_namespace: Option<String>,
 }
 
 impl std::fmt::Display for Permission {
@@ -295,8 +301,10 @@ impl std::fmt::Display for Permission {
         if let Some(n) = &self.name {
             write!(f, " [{n}]")?;
         }
-        if self.namespaced {
-            write!(f, " (release namespace)")?;
+        match (&self.other_namespace, self.namespaced) {
+            (Some(ns), _) => write!(f, " (namespace {ns})")?,
+            (None, true) => write!(f, " (release namespace)")?,
+            (None, false) => {}
         }
         Ok(())
     }
@@ -312,6 +320,12 @@ fn permissions(docs: &[Value]) -> BTreeSet<Permission> {
             Some("Role") => true,
             _ => continue,
         };
+        // Rendered with `--namespace forewarn` (see `render_rbac`): a Role
+        // elsewhere is in a namespace of its own, whatever the release's.
+        let other_namespace = d["metadata"]["namespace"]
+            .as_str()
+            .filter(|ns| namespaced && *ns != RENDER_NAMESPACE)
+            .map(str::to_string);
         let role = d["metadata"]["labels"]["app.kubernetes.io/component"]
             .as_str()
             .unwrap_or_else(|| panic!("a role without its component label: {d}"))
@@ -339,6 +353,7 @@ fn permissions(docs: &[Value]) -> BTreeSet<Permission> {
                                 verb: verb.clone(),
                                 name: name.clone(),
                                 namespaced,
+                                other_namespace: other_namespace.clone(),
                             });
                         }
                     }
@@ -356,7 +371,8 @@ fn grants(p: &Permission, r: &Request, install: &Install) -> bool {
         && p.resource == r.resource
         && r.verbs().contains(&p.verb.as_str())
         && p.name.as_ref().is_none_or(|n| *n == r.name)
-        && (!p.namespaced || r.namespace == install.namespace)
+        && (!p.namespaced
+            || r.namespace == *p.other_namespace.as_ref().unwrap_or(&install.namespace))
 }
 
 /// The product's requests: those of a chart ServiceAccount of the same
@@ -460,7 +476,7 @@ fn render_rbac(helm: &Path, release: &str, values: Option<&Path>) -> Vec<Value> 
     let mut cmd = Command::new(helm);
     cmd.args(["template", release])
         .arg(&chart)
-        .args(["--namespace", "forewarn", "--api-versions", VAP_API])
+        .args(["--namespace", RENDER_NAMESPACE, "--api-versions", VAP_API])
         .args([
             "-s",
             "templates/rbac-agent.yaml",
@@ -764,6 +780,16 @@ fn matcher_finds_unused_verbs_and_refused_requests_of_the_product_only() {
         ),
         // The agent's token with the controller's User-Agent: neither.
         event("7", agent, ctl_ua, "list", reports(""), 200, allow.clone()),
+        // A node's Lease, watched under the Role in kube-node-lease.
+        event(
+            "8",
+            ctl,
+            ctl_ua,
+            "watch",
+            serde_json::json!({"apiGroup": "coordination.k8s.io", "resource": "leases", "namespace": "kube-node-lease"}),
+            200,
+            allow.clone(),
+        ),
     ]
     .join("\n");
     let Parsed {
@@ -772,7 +798,7 @@ fn matcher_finds_unused_verbs_and_refused_requests_of_the_product_only() {
         torn,
     } = parse_log("c", &log).expect("parses");
     assert!(torn.is_empty());
-    assert_eq!(requests.len(), 9, "one request per audit ID");
+    assert_eq!(requests.len(), 10, "one request per audit ID");
     let installed = installs("c", &bindings);
     assert_eq!(installed.len(), 2, "{installed:?}");
     let rbac: Vec<Value> = serde_yaml::from_str::<Vec<Value>>(
@@ -790,11 +816,17 @@ fn matcher_finds_unused_verbs_and_refused_requests_of_the_product_only() {
       resources: [leases]
       resourceNames: [fw-lease, old-lease]
       verbs: [update]
+- kind: Role
+  metadata: {namespace: kube-node-lease, labels: {app.kubernetes.io/component: controller}}
+  rules:
+    - apiGroups: [coordination.k8s.io]
+      resources: [leases]
+      verbs: [watch, list]
 "#,
     )
     .expect("rules");
     let perms = permissions(&rbac);
-    assert_eq!(perms.len(), 6, "{perms:?}");
+    assert_eq!(perms.len(), 8, "{perms:?}");
     let v = replay(&perms, &requests, &installed);
     let unused: Vec<String> = v
         .unused
@@ -805,6 +837,7 @@ fn matcher_finds_unused_verbs_and_refused_requests_of_the_product_only() {
         unused,
         [
             "agent: list forewarn.dev/scheduledeventreports",
+            "controller: list coordination.k8s.io/leases (namespace kube-node-lease)",
             "controller: update coordination.k8s.io/leases [old-lease] (release namespace)",
         ]
     );
@@ -816,7 +849,7 @@ fn matcher_finds_unused_verbs_and_refused_requests_of_the_product_only() {
         .map(|r| r.audit_id.as_str())
         .collect();
     assert_eq!(denied, ["3"]);
-    assert_eq!(v.used.values().sum::<usize>(), 5, "{:?}", v.used);
+    assert_eq!(v.used.values().sum::<usize>(), 6, "{:?}", v.used);
 }
 
 #[test]

@@ -531,6 +531,7 @@ fn policy_example_with_every_key_renders_and_loads() {
         "staleAfterSeconds:",
         "acknowledgeTimeoutSeconds:",
         "evictAfterAcknowledgement:",
+        "excludeFromLoadBalancers:",
     ] {
         assert!(example.contains(key), "the example lacks {key}:\n{example}");
     }
@@ -3644,6 +3645,7 @@ fn installed_chart_confines_each_service_account() {
                     &["delete", "list", "watch"],
                 ),
                 ("nodes", "", &["list", "patch", "watch"]),
+                ("nodes/status", "", &["patch"]),
                 ("pods", "", &["list", "patch", "watch"]),
                 ("pods/eviction", "", &["create"]),
                 ("poddisruptionbudgets.policy", "", &["get", "list", "watch"]),
@@ -4081,6 +4083,75 @@ fn scenario_plays_with_the_chart_credentials() {
                     .join("\n")
             );
         }
+    }
+}
+
+/// A Freeze with the chart's credentials: the controller watches the
+/// affected nodes' Leases in `kube-node-lease` (its Role there) and writes
+/// their `ForewarnScheduledEvent` condition (`nodes/status`), with no
+/// authorization failure; tests/audit.rs sees both verbs used.
+#[test]
+fn freeze_plays_with_the_chart_credentials() {
+    use forewarn_harness::run::{run_scenario, summary};
+
+    let (_turn, c) = cluster();
+    let k = admin(&c);
+    install(&k, &c);
+    let mut opts = chart_run_options(&k, "chart-freeze", "forewarn-controller", false);
+    opts.scenario = repo_root().join("tests/fixtures/freeze-two-vms.yaml");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let report = rt
+        .block_on(run_scenario(&c, &opts))
+        .unwrap_or_else(|e| panic!("freeze-two-vms with the chart's credentials: {e:#}"));
+    println!("{}\n{}", report.timeline.join("\n"), summary(&report));
+    assert!(
+        report.ok(),
+        "freeze-two-vms with the chart's credentials:\n{}\n{}",
+        report.timeline.join("\n"),
+        summary(&report)
+    );
+    let log = std::fs::read_to_string(opts.log_dir.join("controller.log")).expect("log");
+    assert!(
+        log.contains("Watching the node's Lease"),
+        "the controller watched no node's Lease:\n{log}"
+    );
+    for bad in [
+        "forbidden",
+        "Forbidden",
+        "Cannot watch the node's Lease",
+        "Could not write the node condition",
+    ] {
+        assert!(
+            !log.contains(bad),
+            "{bad} in the controller's log:\n{}",
+            log.lines()
+                .filter(|l| l.contains(bad))
+                .take(5)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    // The condition was written with the controller's token, next to
+    // KWOK's, and says False now the Freeze is over.
+    for node in ["node-000000", "node-000001"] {
+        let n = k.json(&["get", "node", node]);
+        let conds = n["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let ours = conds
+            .iter()
+            .find(|c| c["type"] == "ForewarnScheduledEvent")
+            .unwrap_or_else(|| panic!("no ForewarnScheduledEvent condition on {node}: {conds:?}"));
+        assert_eq!(ours["status"], "False", "{ours}");
+        assert!(
+            conds
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        );
     }
 }
 

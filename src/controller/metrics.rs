@@ -16,7 +16,8 @@ use kube::runtime::reflector::Store;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 use crate::crd::{ScheduledEvent, ScheduledEventStatus};
@@ -53,8 +54,12 @@ pub struct ControllerMetrics {
     /// Evictions by `result`: `evicted`, `blocked` (a PodDisruptionBudget
     /// refused it), `throttled` (429 without a budget), `gone`, `error`.
     pub evictions: IntCounterVec,
-    /// Cordon and uncordon writes by `action`: `cordon`, `uncordon`, `release`.
+    /// Node writes by `action`: `cordon`, `uncordon`, `release`, and
+    /// `condition` (the `ForewarnScheduledEvent` condition).
     pub node_writes: IntCounterVec,
+    /// Restarts of nodes (a change of their `bootID`) that no event in its
+    /// impact window announced, seen by the leader.
+    pub unexpected_restarts: IntCounter,
     /// Approvals decided, by event `type`.
     pub approvals_decided: IntCounterVec,
     /// Events whose drain did not finish before its deadline, start or end, by `type`.
@@ -146,8 +151,12 @@ impl ControllerMetrics {
             )?,
             node_writes: counter(
                 "forewarn_controller_node_writes_total",
-                "Cordon and uncordon writes, by action",
+                "Node writes, by action: cordon, uncordon, release, condition",
                 &["action"],
+            )?,
+            unexpected_restarts: IntCounter::new(
+                "forewarn_controller_unexpected_restarts_total",
+                "Node restarts (a change of the Node's bootID) outside the impact window of any event that announces one",
             )?,
             approvals_decided: counter(
                 "forewarn_controller_approvals_decided_total",
@@ -228,6 +237,7 @@ impl ControllerMetrics {
             Box::new(self.reconcile_errors.clone()),
             Box::new(self.evictions.clone()),
             Box::new(self.node_writes.clone()),
+            Box::new(self.unexpected_restarts.clone()),
             Box::new(self.approvals_decided.clone()),
             Box::new(self.drains_incomplete.clone()),
             Box::new(self.notice_writes.clone()),
@@ -1013,7 +1023,8 @@ mod tests {
             [
                 "forewarn_agent_confinement_installed",
                 "forewarn_controller_leader",
-                "forewarn_controller_policy_file_refused"
+                "forewarn_controller_policy_file_refused",
+                "forewarn_controller_unexpected_restarts_total"
             ]
         );
     }

@@ -10,9 +10,12 @@
 pub mod acknowledge;
 pub mod confinement;
 pub mod drain;
+pub mod heartbeats;
+pub mod impact;
 pub mod lease;
 pub mod listing;
 pub mod metrics;
+pub mod node_condition;
 pub mod nodes;
 pub mod notice;
 pub mod plan;
@@ -262,6 +265,15 @@ pub struct Context {
     /// announced once (a listed node's record says it). Forgotten with the
     /// event.
     drained_unlisted: Mutex<HashMap<String, std::collections::HashSet<String>>>,
+    /// The last `bootID` of every node (see [`impact`]).
+    boot_ids: Arc<impact::BootIds>,
+    /// The Lease watches of the nodes live `Freeze`s affect (see [`heartbeats`]).
+    heartbeats: Arc<heartbeats::Heartbeats>,
+    /// Recent writes of the node condition (see [`node_condition`]).
+    node_conditions: node_condition::Written,
+    /// Asks for a reconcile of a `ScheduledEvent` (a restart or a freeze
+    /// of one of its nodes just ended).
+    trigger: impact::Trigger,
 }
 
 #[cfg(test)]

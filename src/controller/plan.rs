@@ -664,8 +664,8 @@ fn plan_approve_only(
             p.approval_withheld = Some(named(&seen.doubts, NAMED_IN_MESSAGE, "; "));
         } else if seen.unmapped.is_empty() || policy.approve_foreign_vms {
             p.decide_approval = Some(format!(
-                "policy approves {} events of {}s at once",
-                ev.spec.event_type, ev.spec.duration_seconds
+                "policy approves {} {} events (DurationInSeconds {}) at once",
+                ev.spec.event_source, ev.spec.event_type, ev.spec.duration_seconds
             ));
         } else {
             p.approval_withheld = Some(foreign_message(&seen.unmapped));

@@ -215,10 +215,26 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
     {
         a.decided_at = Some(Utc::now());
     }
+    // What happened to the nodes: restarts, and a freeze's heartbeat gap.
+    super::impact::observe_and_record(&ev, &mut status, &snapshots, &ctx, now);
     if ctx.dry_run {
         status::as_dry_run(&mut status, ev.status.as_ref(), &plan, now);
     }
     report::report(&ev, &plan, &status, &not_listed, &ctx).await?;
+    // The Node condition of each node the event concerns or recorded (a
+    // node whose part ended is no longer observed), from the live events
+    // (this one as just written).
+    let names: Vec<String> = seen
+        .nodes
+        .iter()
+        .map(|n| n.name.clone())
+        .chain(status.nodes.iter().flatten().map(|r| r.name.clone()))
+        .collect::<std::collections::BTreeSet<String>>()
+        .into_iter()
+        .collect();
+    let mut fresh = ev.clone();
+    fresh.status = Some(status);
+    super::node_condition::sync(&ctx, &facts, Some(&fresh), &names).await;
     ctx.metrics.reconciles.with_label_values(&["ok"]).inc();
     ctx.failures
         .lock()
@@ -770,6 +786,7 @@ async fn write_nodes(
     ctx: &Context,
 ) -> Result<()> {
     let api: Api<Node> = Api::all(ctx.client.clone());
+    let exclude_lb = ctx.policy().exclude_from_load_balancers;
     let mut writes = Vec::new();
     for w in &plan.node_writes {
         let Some(node) = snapshots.get(w.node()).cloned() else {
@@ -777,7 +794,7 @@ async fn write_nodes(
         };
         let (api, w) = (api.clone(), w.clone());
         writes.push(async move {
-            let r = nodes::write_holds(&api, &node, w.holds(), w.unschedulable()).await;
+            let r = nodes::write_holds(&api, &node, w.holds(), w.unschedulable(), exclude_lb).await;
             (w, r)
         });
     }

@@ -134,9 +134,20 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let (nodes, node_stream) = cache::<Node>(clients.watches.clone(), |n: &mut Node| {
         n.managed_fields_mut().clear();
     });
-    let node_stream = node_stream.for_each(|r| async {
-        if let Err(e) = r {
-            warn!(error = %e, "Node watch error (retrying)");
+    // Every replica keeps each node's last bootID from its own cache, so
+    // that one that takes over neither misses nor repeats a restart (see
+    // `impact`); only the leader reports them.
+    let (boot_ids, restarts) = super::impact::BootIds::new();
+    let node_stream = node_stream.for_each({
+        let boot_ids = boot_ids.clone();
+        move |r| {
+            match r {
+                Ok(node) => {
+                    boot_ids.observe(&node, chrono::Utc::now());
+                }
+                Err(e) => warn!(error = %e, "Node watch error (retrying)"),
+            }
+            async {}
         }
     });
     let node_task = tokio::spawn(node_stream);
@@ -173,6 +184,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         }
     }
     metrics.leader.set(1);
+    boot_ids.lead();
     // Ready while leading only once the caches the reconciles read are
     // synced (a leader whose RBAC lacks pods, say, never is).
     ready.set(false);
@@ -222,6 +234,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let report_stream = report_stream.inspect(move |_| notify.notify_one());
     let blocked: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
     let pdb_blocked = blocked.clone();
+    // Reconciles asked for by a node's restart or the end of a freeze.
+    let (trigger, triggered) = futures::channel::mpsc::unbounded();
     let controller = Controller::new(
         Api::<ScheduledEvent>::all(clients.watches.clone()),
         watcher::Config::default().any_semantic(),
@@ -244,6 +258,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
                 .collect::<Vec<_>>()
         },
     )
+    .reconcile_on(triggered)
     .trigger_backoff(watch_backoff())
     .reconcile_on(ack_rx.map(|name| reflector::ObjectRef::new(&name)))
     .reconcile_all_on(reload_rx)
@@ -281,7 +296,13 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         pods: pods.clone(),
         blocked: blocked.clone(),
         drained_unlisted: Mutex::new(HashMap::new()),
+        boot_ids,
+        heartbeats: super::heartbeats::Heartbeats::new(client.clone(), trigger.clone()),
+        node_conditions: super::node_condition::Written::default(),
+        trigger,
     });
+    let restart_task = tokio::spawn(super::impact::report_restarts(ctx.clone(), restarts));
+    let heartbeat_task = tokio::spawn(ctx.heartbeats.clone().run_expiry());
 
     let synced = tokio::spawn({
         let (ctx, ready) = (ctx.clone(), ready.clone());
@@ -325,6 +346,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     confinement.abort();
     sweep.abort();
     notice_sweep.abort();
+
+    restart_task.abort();
+    heartbeat_task.abort();
     if let Some(reload) = reload_task {
         reload.abort();
     }

@@ -1,7 +1,11 @@
 //! Releases cordons held for `ScheduledEvent`s that no longer exist
 //! (deleted by hand before they completed), and removes the notices (and
 //! acknowledgements) pods hold of them: forewarn never leaves a node
-//! cordoned, or a notice standing, that nothing will remove.
+//! cordoned, or a notice standing, that nothing will remove. It also brings forewarn's other
+//! marks on nodes in line: the load-balancer exclusion label after the
+//! policy's `excludeFromLoadBalancers` changed, and the
+//! `ForewarnScheduledEvent` condition of nodes no live event affects any
+//! more.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -34,6 +38,21 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
         ctx.forget_deleted_events();
         if ctx.dry_run {
             continue;
+        }
+        let exclude_lb = ctx.policy().exclude_from_load_balancers;
+        {
+            let snapshot = ctx.nodes.state();
+            let names: HashSet<String> = snapshot.iter().map(|n| n.name_any()).collect();
+            ctx.boot_ids.retain(|n| names.contains(n));
+            // Only on full caches: an event not listed yet would read as gone.
+            if ctx.caches_synced() {
+                let stale = super::node_condition::nodes_with_condition_true(&snapshot);
+                if !stale.is_empty() {
+                    let facts = super::reconcile::Facts::read(&ctx);
+                    super::node_condition::sync(&ctx, &facts, None, &stale).await;
+                }
+            }
+            sync_lb_labels(&api, &snapshot, exclude_lb).await;
         }
         // The nodes first, then the list: every hold in this snapshot was
         // written before the list was taken, by a reconcile of an event
@@ -74,7 +93,7 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
                 .cloned()
                 .collect();
             let uncordon = (keep.is_empty() && nodes::is_cordoned(&node)).then_some(false);
-            match nodes::write_holds(&api, &node, &keep, uncordon).await {
+            match nodes::write_holds(&api, &node, &keep, uncordon, exclude_lb).await {
                 Ok(()) => {
                     ctx.metrics
                         .node_writes
@@ -162,6 +181,28 @@ async fn remove_orphaned_notices(
                 }
             };
             ctx.metrics.notice_writes.with_label_values(&[label]).inc();
+        }
+    }
+}
+
+/// Adds or removes the load-balancer exclusion label where the node's
+/// holds and the policy call for it and no hold write did it (the policy
+/// changed while nodes were held): one conditional write per such node.
+async fn sync_lb_labels(api: &Api<Node>, snapshot: &[Arc<Node>], enabled: bool) {
+    for node in snapshot {
+        let holds = nodes::holds(node);
+        if nodes::lb_exclusion_for(node, !holds.is_empty(), enabled).is_none() {
+            continue;
+        }
+        let name = node.name_any();
+        match nodes::write_holds(api, node, &holds, None, enabled).await {
+            Ok(()) => {
+                info!(node = %name, enabled, "Load-balancer exclusion label brought in line with the policy")
+            }
+            // 409: the node changed; the next sweep looks again.
+            Err(e) => {
+                warn!(node = %name, error = %e, "Could not update the load-balancer exclusion label; will retry")
+            }
         }
     }
 }

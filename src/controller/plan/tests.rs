@@ -1825,3 +1825,26 @@ fn a_dry_run_waits_for_no_notice() {
     assert!(p.decide_approval.is_some());
     assert!(p.acknowledgement.is_none());
 }
+
+#[test]
+fn a_user_reboot_is_approved_at_once_when_the_policy_says_so() {
+    let policy = Policy::parse("rules:\n- {eventSource: User, action: Approve}\n", "p").unwrap();
+    let mut ev = event("Reboot", "Scheduled", &["vm_1"]);
+    ev.spec.event_source = "User".into();
+    let obs = seen(
+        vec![node("node-1", "vm_1", false, &[], vec![pod("a")])],
+        &[],
+    );
+    let p = plan(&ev, &obs, &policy, now());
+    assert_eq!(p.action, Action::Approve);
+    assert_eq!(
+        p.decide_approval.as_deref(),
+        Some("policy approves User Reboot events (DurationInSeconds -1) at once")
+    );
+    assert!(p.node_writes.is_empty() && p.evictions.is_empty(), "{p:?}");
+    // A platform Reboot is still drained first.
+    ev.spec.event_source = "Platform".into();
+    let p = plan(&ev, &obs, &policy, now());
+    assert_eq!(p.action, Action::DrainAndApprove);
+    assert_eq!(p.decide_approval, None);
+}
