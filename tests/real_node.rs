@@ -1032,6 +1032,23 @@ async fn a_real_container_reads_its_notice_and_acknowledges_before_the_approval(
         acked < evicted,
         "evicted at {evicted}, before the acknowledgement at {acked}"
     );
+    // The release comes `releaseDelaySeconds` after the end: the controller
+    // must still run then, or the real node stays cordoned for the tests
+    // that follow.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let node = nodes.get(&env.node).await.expect("the real node");
+        if !node.spec.and_then(|s| s.unschedulable).unwrap_or(false) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the real node was not uncordoned after the event; controller log:\n{}",
+            controller.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     controller.terminate(Duration::from_secs(10)).await.ok();
     mock.terminate(Duration::from_secs(5)).await.ok();
     let sts: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(client.clone(), NS);

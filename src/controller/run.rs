@@ -346,7 +346,6 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     confinement.abort();
     sweep.abort();
     notice_sweep.abort();
-
     restart_task.abort();
     heartbeat_task.abort();
     if let Some(reload) = reload_task {
