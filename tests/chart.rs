@@ -1728,6 +1728,19 @@ fn crd_upgrade_step_serves_the_new_schema() {
         &crds.stdout,
     );
     println!("upgrade step: {}", step.trim());
+    // One object per CRD: `helm show crds` joins the files as they are, so
+    // each must start a document of its own, or only the last one applies.
+    for name in [
+        "scheduledevents.forewarn.dev",
+        "scheduledeventreports.forewarn.dev",
+    ] {
+        assert!(
+            step.contains(&format!(
+                "customresourcedefinition.apiextensions.k8s.io/{name}"
+            )),
+            "the upgrade step did not apply {name}: {step}"
+        );
+    }
     k.wait_established(&["crd/scheduledevents.forewarn.dev"]);
     // The stored CRD is the chart's, the extra column is gone...
     let stored = k.json(&["get", "crd", "scheduledevents.forewarn.dev"]);

@@ -96,7 +96,18 @@ where
 pub async fn wait_pod_ready(pods: &Api<Pod>, name: &str, within: Duration) -> Pod {
     let deadline = Instant::now() + within;
     loop {
-        let pod = pods.get(name).await.expect("get pod");
+        // A StatefulSet's or DaemonSet's pod may not exist yet.
+        let pod = match pods.get_opt(name).await.expect("get pod") {
+            Some(pod) => pod,
+            None => {
+                assert!(
+                    Instant::now() < deadline,
+                    "pod {name} not created within {within:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
         let ready = pod
             .status
             .as_ref()
