@@ -1346,7 +1346,12 @@ async fn observe(
                     ),
                 );
             }
-            if opts.forbid_force_delete && d.grace_seconds.unwrap_or(0) <= 0 {
+            // A pod bound to no node (Pending) is deleted at once by the API
+            // server whatever grace was asked, with grace 0: nothing ran
+            // there to be cut short, so that is not a force delete (seen
+            // when a StatefulSet's replacement pod, Pending on its cordoned
+            // node, was removed with its namespace at the end of a run).
+            if opts.forbid_force_delete && d.grace_seconds.unwrap_or(0) <= 0 && !d.node.is_empty() {
                 report.violations.push(format!(
                     "pod {} on {} was deleted with grace {:?}: a force delete",
                     d.pod, d.node, d.grace_seconds
