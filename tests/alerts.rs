@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use forewarn::agent::metrics::AgentMetrics;
 use forewarn::controller::metrics::ControllerMetrics;
-use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::cluster::{Cluster, helm_bin, repo_root};
 use forewarn_harness::run::{RunOptions, run_scenario, summary};
 use serde_json::{Value, json};
 
@@ -557,22 +557,7 @@ async fn alerts(http: &reqwest::Client, url: &str) -> Option<Vec<(String, String
 /// PrometheusRule forced since `helm template` sees no cluster), as JSON
 /// documents.
 fn rendered_chart() -> Vec<Value> {
-    let out = Command::new("bash")
-        .arg(repo_root().join("hack/build-helm.sh"))
-        .output()
-        .expect("run hack/build-helm.sh");
-    assert!(
-        out.status.success(),
-        "no helm: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dir = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim()
-        .to_string();
-    let out = Command::new(PathBuf::from(dir).join("helm"))
+    let out = Command::new(helm_bin())
         .current_dir(repo_root())
         .args([
             "template",

@@ -27,9 +27,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use forewarn_harness::cluster::repo_root;
+use forewarn_harness::cluster::{helm_bin, repo_root};
 use serde_json::Value;
 
 /// The cluster of tests/chart.rs, where the harness's processes run with
@@ -448,25 +448,6 @@ fn replay(
 
 // ---------------------------------------------------------------------------
 // Inputs: the kept audit logs and the chart rendered by helm.
-
-/// helm, built once by hack/build-helm.sh.
-fn helm_bin() -> PathBuf {
-    let out = Command::new("bash")
-        .arg(repo_root().join("hack/build-helm.sh"))
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("failed to run hack/build-helm.sh");
-    assert!(out.status.success(), "hack/build-helm.sh failed");
-    let dir = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim()
-        .to_string();
-    let helm = PathBuf::from(dir).join("helm");
-    assert!(helm.is_file(), "no helm at {}", helm.display());
-    helm
-}
 
 /// The chart's ClusterRoles and Roles of release `release`, rendered with
 /// `values` (a values file, or none for the defaults).

@@ -18,7 +18,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use forewarn::policy::Policy;
-use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::cluster::{Cluster, helm_bin, repo_root};
 use serde_json::Value;
 
 const CLUSTER: &str = "forewarn-chart";
@@ -82,29 +82,6 @@ fn run(bin: &Path, args: &[&str], env: &[(&str, &Path)], stdin: Option<&str>) ->
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
-}
-
-/// helm, built once by hack/build-helm.sh.
-fn helm_bin() -> PathBuf {
-    static HELM: OnceLock<PathBuf> = OnceLock::new();
-    HELM.get_or_init(|| {
-        let out = Command::new("bash")
-            .arg(repo_root().join("hack/build-helm.sh"))
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("failed to run hack/build-helm.sh");
-        assert!(out.status.success(), "hack/build-helm.sh failed");
-        let dir = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .trim()
-            .to_string();
-        let helm = PathBuf::from(dir).join("helm");
-        assert!(helm.is_file(), "no helm at {}", helm.display());
-        helm
-    })
-    .clone()
 }
 
 /// Runs helm with its caches and config inside target/, never in ~.

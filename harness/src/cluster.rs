@@ -17,6 +17,34 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_default()
 }
 
+/// helm, built once from its Go module (and cached outside the repository)
+/// by `hack/build-helm.sh`; the path is looked up once per process.
+///
+/// # Panics
+/// When `hack/build-helm.sh` fails or leaves no helm binary: the chart,
+/// alert and audit tests cannot run without it, and must fail loudly.
+pub fn helm_bin() -> PathBuf {
+    static HELM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    HELM.get_or_init(|| {
+        let out = Command::new("bash")
+            .arg(repo_root().join("hack/build-helm.sh"))
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("failed to run hack/build-helm.sh");
+        assert!(out.status.success(), "hack/build-helm.sh failed");
+        let dir = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let helm = PathBuf::from(dir).join("helm");
+        assert!(helm.is_file(), "no helm at {}", helm.display());
+        helm
+    })
+    .clone()
+}
+
 /// A running local cluster.
 #[derive(Debug, Clone)]
 pub struct Cluster {
