@@ -397,10 +397,13 @@ pub struct ScheduledEventStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<DateTime<Utc>>,
     /// Standard conditions: `Drained`, `DrainBlocked`, `DrainIncomplete`
-    /// (the deadline passed or the event started or ended with pods left),
+    /// (the deadline passed or the event started or ended with pods left;
+    /// reason `ApprovedIncomplete`: approved at the deadline with what it
+    /// lists left, the policy's `onDeadline` being `Approve`),
     /// `PodsKept`, `ApprovalWithheld`, `ApprovalPending` (decided, not yet
     /// accepted by IMDS, and why), `DrainScheduled` (the drain waits for
-    /// `NotBefore` minus the policy's `drainLeadTimeSeconds`),
+    /// `NotBefore` minus the `drainLeadTimeSeconds` of the matching rule,
+    /// or of the policy),
     /// `EndedWithoutObserver` (ended by the controller: no agent is left to
     /// see the event leave IMDS), `DryRun` (what a `--dry-run` controller
     /// would have done).

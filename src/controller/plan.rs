@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use super::listing::{NAMED_IN_MESSAGE, named};
 use crate::crd::{EventStatus, Phase, ScheduledEvent};
 use crate::imds::model::EventType;
-use crate::policy::{Action, Policy};
+use crate::policy::{Action, DeadlineAction, Policy};
 
 /// A pod that the drain has to consider on a node.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -113,6 +113,17 @@ pub struct Observed {
     /// The controller runs with `--dry-run`: it writes no node, so a node
     /// counts as cordoned as it would be (see [`node_drained`]).
     pub dry_run: bool,
+    /// What else must be done before the event may be approved, besides
+    /// the drain of its nodes, one line each (e.g. `shop/db-0: no
+    /// acknowledgement yet`): the hook for the workloads' acknowledgements
+    /// (DESIGN.md, "Workloads take part"). The observe step
+    /// (`reconcile::observe`) is where it is filled; nothing fills it yet.
+    /// Whoever fills it leaves out what no longer counts (an
+    /// acknowledgement whose own timeout passed). While it is not empty no
+    /// approval is decided until the drain deadline, where the policy's
+    /// `onDeadline` decides ([`approval_gate`]); an `Approve` there lists it
+    /// in `DrainIncomplete` with the rest of what was left.
+    pub awaiting: Vec<String>,
 }
 
 /// A write to a Node's cordon, taint and hold list.
@@ -218,8 +229,16 @@ pub struct Plan {
     /// e.g. `("AgentMissing", "...")`; the phase stays where it was.
     pub approval_pending: Option<(String, String)>,
     /// The cordon and drain wait until this time (`NotBefore` minus the
-    /// policy's `drainLeadTimeSeconds`).
+    /// drain lead time of the matching rule, or of the policy).
     pub drain_starts_at: Option<DateTime<Utc>>,
+    /// The approval is decided at the drain deadline with things left
+    /// (`onDeadline: Approve`): what was left, for `DrainIncomplete`.
+    pub approved_incomplete: Option<String>,
+    /// How long until something falls due whether or not anything else
+    /// changes (the drain deadline, where `onDeadline: Approve` decides the
+    /// approval): the reconcile looks again by then at the latest, also
+    /// while a blocked drain is looked at less often.
+    pub due: Option<Duration>,
     /// The controller ends the event itself, no agent being left to see it
     /// leave IMDS: `(reason, message)` for the `EndedWithoutObserver` condition.
     pub ended_unobserved: Option<(String, String)>,
@@ -283,6 +302,77 @@ pub fn eviction_grace(own: i64, budget: Option<i64>, floor: i64) -> i64 {
     let own = own.max(0);
     let clipped = budget.map_or(own, |b| own.min(b));
     clipped.max(floor.min(own)).max(1)
+}
+
+/// Whether an approving action may decide its approval now, as far as
+/// readiness goes (rule 2's other conditions aside): see [`approval_gate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Nothing is left: approve.
+    Open,
+    /// Something is left and the deadline has not passed (or the policy
+    /// holds): wait.
+    Wait,
+    /// Something is left, the drain deadline passed, and the policy's
+    /// `onDeadline` is `Approve`: approve, and record what was left.
+    AtDeadline,
+}
+
+/// The deadline decision (issue 16, item 4): given what is `left` of
+/// everything that must be done before the approval (nodes not drained,
+/// pods kept, and [`Observed::awaiting`], e.g. acknowledgements not given),
+/// the drain `deadline` (`NotBefore` minus `drainMarginSeconds`) and the
+/// `onDeadline` that applies: approve when nothing is left; when something
+/// is, wait, except past the deadline under `Approve`.
+pub fn approval_gate(
+    left: &[String],
+    deadline: Option<DateTime<Utc>>,
+    on_deadline: DeadlineAction,
+    now: DateTime<Utc>,
+) -> Gate {
+    if left.is_empty() {
+        Gate::Open
+    } else if on_deadline == DeadlineAction::Approve && deadline.is_some_and(|d| now >= d) {
+        Gate::AtDeadline
+    } else {
+        Gate::Wait
+    }
+}
+
+/// What is left before an approval: each mapped node not drained (with
+/// the pods that must still leave it, a few named), each pod kept, and
+/// each entry of [`Observed::awaiting`].
+fn left_before_approval(
+    mapped: &[&ObservedNode],
+    kept: &[Kept],
+    seen: &Observed,
+    now: DateTime<Utc>,
+) -> Vec<String> {
+    let mut left: Vec<String> = mapped
+        .iter()
+        .filter(|n| !node_drained(n, seen.dry_run, now))
+        .map(|n| {
+            let pods: Vec<String> = n
+                .pods
+                .iter()
+                .filter(|p| must_leave(p, now))
+                .map(|p| p.key())
+                .collect();
+            if pods.is_empty() {
+                format!("{} not drained (not cordoned yet)", n.name)
+            } else {
+                format!(
+                    "{} not drained ({} pods left: {})",
+                    n.name,
+                    pods.len(),
+                    named(&pods, 3, ", ")
+                )
+            }
+        })
+        .collect();
+    left.extend(kept.iter().map(|k| format!("{} kept on {}", k.pod, k.node)));
+    left.extend(seen.awaiting.iter().cloned());
+    left
 }
 
 fn was_started(ev: &ScheduledEvent, spec_status: EventStatus) -> bool {
@@ -566,6 +656,10 @@ struct Known {
     accepted: bool,
     /// An approval was decided.
     decided: bool,
+    /// The drain lead time of the matching rule, or of the policy, seconds.
+    lead_time_seconds: u64,
+    /// The deadline policy of the matching rule, or of the policy.
+    on_deadline: DeadlineAction,
 }
 
 /// Plans the next step for `ev` (DESIGN.md, "Policy" and "Rules"), in
@@ -576,13 +670,16 @@ struct Known {
 pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime<Utc>) -> Plan {
     let spec_status = ev.spec.event_status;
     let event_type = EventType::from(ev.spec.event_type.as_str());
-    let action = policy.decide(&event_type, &ev.spec.event_source, ev.spec.duration_seconds);
+    let handling = policy.handling(&event_type, &ev.spec.event_source, ev.spec.duration_seconds);
+    let action = handling.action;
     let known = Known {
         me: name_of(ev),
         spec_status,
         started: was_started(ev, spec_status),
         accepted: approval_accepted(ev),
         decided: approval_decided(ev),
+        lead_time_seconds: handling.drain_lead_time_seconds,
+        on_deadline: handling.on_deadline,
     };
     let deadline = ev.spec.not_before.map(|nb| {
         nb - chrono::Duration::seconds(
@@ -601,6 +698,8 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         approval_withheld: None,
         approval_pending: None,
         drain_starts_at: None,
+        approved_incomplete: None,
+        due: None,
         ended_unobserved: None,
         delete: false,
         requeue: Duration::from_secs(5),
@@ -621,7 +720,7 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
     }
     match action {
         Action::Ignore => plan_ignored(&mut p, &known, seen),
-        Action::Approve => plan_approve_only(&mut p, &known, ev, seen, policy),
+        Action::Approve => plan_approve_only(&mut p, &known, ev, seen, policy, now),
         Action::Cordon | Action::Drain | Action::DrainAndApprove => {
             plan_drain(&mut p, &known, ev, seen, policy, &event_type, now);
         }
@@ -644,19 +743,31 @@ fn plan_approve_only(
     ev: &ScheduledEvent,
     seen: &Observed,
     policy: &Policy,
+    now: DateTime<Utc>,
 ) {
     if !known.decided && known.spec_status == EventStatus::Scheduled {
+        let gate = approval_gate(&seen.awaiting, p.deadline, known.on_deadline, now);
         if !seen.disagreement.is_empty() {
             p.approval_withheld = Some(disagreement_message(seen));
         } else if !seen.doubts.is_empty() {
             p.approval_withheld = Some(named(&seen.doubts, NAMED_IN_MESSAGE, "; "));
-        } else if seen.unmapped.is_empty() || policy.approve_foreign_vms {
-            p.decide_approval = Some(format!(
-                "policy approves {} events of {}s at once",
-                ev.spec.event_type, ev.spec.duration_seconds
-            ));
-        } else {
+        } else if !seen.unmapped.is_empty() && !policy.approve_foreign_vms {
             p.approval_withheld = Some(foreign_message(&seen.unmapped));
+        } else {
+            match gate {
+                Gate::Open => {
+                    p.decide_approval = Some(format!(
+                        "policy approves {} events of {}s at once",
+                        ev.spec.event_type, ev.spec.duration_seconds
+                    ));
+                }
+                Gate::AtDeadline => approve_at_deadline(p, &seen.awaiting),
+                Gate::Wait => {
+                    p.approval_withheld =
+                        Some(waiting_message(&seen.awaiting, p.deadline, known, now));
+                    note_deadline(p, known, now);
+                }
+            }
         }
     }
     p.phase = if known.started {
@@ -712,7 +823,7 @@ fn plan_drain(
     if let Some(start) = ev
         .spec
         .not_before
-        .map(|nb| nb - Policy::seconds(policy.drain_lead_time_seconds))
+        .map(|nb| nb - Policy::seconds(known.lead_time_seconds))
         .filter(|start| now < *start && !known.started && !known.decided && !holding)
     {
         p.drain_starts_at = Some(start);
@@ -743,7 +854,7 @@ fn plan_drain(
         && known.spec_status == EventStatus::Scheduled
         && !known.decided
     {
-        decide_approval(p, &mapped, seen, policy, all_drained);
+        decide_approval(p, known, &mapped, seen, policy, all_drained, now);
     }
     note_pending_approval(p, known, ev, seen);
     // `Approved` means IMDS accepted the approval; a decided approval that
@@ -778,6 +889,9 @@ fn plan_drain(
         .any(|w| matches!(w, NodeWrite::Cordon { .. }))
     {
         p.requeue = p.requeue.min(AFTER_CORDON);
+    }
+    if let Some(due) = p.due {
+        p.requeue = p.requeue.min(due);
     }
     p.polls_progress = poll == Some(p.requeue);
 }
@@ -874,31 +988,44 @@ fn foreign_message(unmapped: &[String]) -> String {
 }
 
 /// Rule 2: approve only when every affected node is drained and every VM
-/// named is a node of this cluster (unless the policy allows foreign VMs).
+/// named is a node of this cluster (unless the policy allows foreign VMs),
+/// and nothing else awaited ([`Observed::awaiting`]) is left; past the
+/// drain deadline, `onDeadline: Approve` approves with the drain (or the
+/// rest) incomplete ([`approval_gate`]), never against the rest of rule 2.
 fn decide_approval(
     p: &mut Plan,
+    known: &Known,
     mapped: &[&ObservedNode],
     seen: &Observed,
     policy: &Policy,
     all_drained: bool,
+    now: DateTime<Utc>,
 ) {
     let foreign_ok = seen.unmapped.is_empty() || policy.approve_foreign_vms;
+    let left = left_before_approval(mapped, &p.kept, seen, now);
+    let gate = approval_gate(&left, p.deadline, known.on_deadline, now);
     if !seen.disagreement.is_empty() {
         p.approval_withheld = Some(disagreement_message(seen));
     } else if !seen.doubts.is_empty() {
         p.approval_withheld = Some(named(&seen.doubts, NAMED_IN_MESSAGE, "; "));
-    } else if all_drained && foreign_ok {
+    } else if all_drained && foreign_ok && gate == Gate::Open {
         p.decide_approval = Some(format!("all {} affected nodes drained", mapped.len()));
-    } else if mapped.is_empty() && !seen.unmapped.is_empty() && policy.approve_foreign_vms {
+    } else if mapped.is_empty()
+        && !seen.unmapped.is_empty()
+        && policy.approve_foreign_vms
+        && gate == Gate::Open
+    {
         p.decide_approval =
             Some("no affected node in this cluster; policy approves foreign VMs".into());
-    } else if all_drained {
+    } else if all_drained && !foreign_ok {
         p.approval_withheld = Some(foreign_message(&seen.unmapped));
-    } else if mapped.is_empty() {
+    } else if mapped.is_empty() && !(foreign_ok && gate == Gate::AtDeadline) {
         p.approval_withheld = Some(format!(
             "no entry of Resources maps to a node of this cluster: {}",
             named(&seen.unmapped, NAMED_IN_MESSAGE, ", ")
         ));
+    } else if gate == Gate::AtDeadline && foreign_ok {
+        approve_at_deadline(p, &left);
     } else if !p.kept.is_empty() {
         p.approval_withheld = Some(format!(
             "pods without a controller stay on their nodes, so the drain cannot finish: {}",
@@ -908,8 +1035,63 @@ fn decide_approval(
                 ", "
             )
         ));
+        note_deadline(p, known, now);
+    } else if !foreign_ok {
+        p.approval_withheld = Some(foreign_message(&seen.unmapped));
+    } else {
+        // Draining, or drained with something else awaited.
+        if p.deadline.is_some_and(|d| now >= d) || (all_drained && !seen.awaiting.is_empty()) {
+            p.approval_withheld = Some(waiting_message(&left, p.deadline, known, now));
+        }
+        note_deadline(p, known, now);
+    }
+}
+
+/// Decides the approval at the drain deadline with `left` not done
+/// (`onDeadline: Approve`).
+fn approve_at_deadline(p: &mut Plan, left: &[String]) {
+    let what = named(left, NAMED_IN_MESSAGE, "; ");
+    p.decide_approval = Some(format!(
+        "the drain deadline passed and the policy's onDeadline is Approve; left: {what}"
+    ));
+    p.approved_incomplete = Some(what);
+}
+
+/// While the approval waits: look again at the drain deadline when
+/// `onDeadline: Approve` would decide it then.
+fn note_deadline(p: &mut Plan, known: &Known, now: DateTime<Utc>) {
+    if known.on_deadline == DeadlineAction::Approve
+        && let Some(d) = p.deadline.filter(|d| *d > now)
+    {
+        p.due = Some((d - now).to_std().unwrap_or(Duration::from_secs(1)));
+    }
+}
+
+/// Why an approval waits for what is `left`: before the deadline, what it
+/// waits for and what happens at the deadline; past it under `Hold`, that
+/// it is held.
+fn waiting_message(
+    left: &[String],
+    deadline: Option<DateTime<Utc>>,
+    known: &Known,
+    now: DateTime<Utc>,
+) -> String {
+    let what = named(left, NAMED_IN_MESSAGE, "; ");
+    match deadline {
+        Some(d) if now >= d => format!(
+            "the drain deadline ({}) passed with {what} left, and the policy's onDeadline is Hold: no approval; the platform starts the event at NotBefore",
+            d.to_rfc3339()
+        ),
+        Some(d) => format!(
+            "waiting for {what}; at the drain deadline ({}) the policy's onDeadline is {}",
+            d.to_rfc3339(),
+            known.on_deadline.as_str()
+        ),
+        None => format!("waiting for {what}"),
     }
 }
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod timing_tests;

@@ -44,6 +44,9 @@ const EVICTION_PASS: std::time::Duration = std::time::Duration::from_secs(1);
 /// budget refills meanwhile; its burst carries the tokens over).
 const DEFERRED_REQUEUE: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// The shortest pause before a pass for something that falls due.
+const MIN_DUE_REQUEUE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// How many unconfirmed nodes the status names, each with its reason.
 const UNCONFIRMED_LISTED: usize = 10;
 
@@ -235,6 +238,12 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         requeue.min(DEFERRED_REQUEUE)
     } else {
         requeue
+    };
+    // Never past what falls due (the drain deadline under `onDeadline:
+    // Approve`), also while a blocked drain is looked at less often.
+    let requeue = match plan.due {
+        Some(due) => requeue.min(due.max(MIN_DUE_REQUEUE)),
+        None => requeue,
     };
     Ok(Requeue::requeue(requeue))
 }
@@ -631,6 +640,10 @@ async fn observe(
         last_report: None,
         deleted,
         dry_run: ctx.dry_run,
+        // The hook for what else must be done before the approval (the
+        // workloads' acknowledgements): fill it here; see
+        // `plan::Observed::awaiting` and `plan::approval_gate`.
+        awaiting: Vec::new(),
     };
     let mut dissent: Vec<(ScheduledEventSpec, Vec<ObservedNode>)> = contents[1..]
         .iter()

@@ -523,6 +523,25 @@ fn conditions(
     if plan.action.drains() {
         drain_conditions(&mut c, nodes, plan, finished, now);
     }
+    if let Some(left) = &plan.approved_incomplete {
+        c.set(
+            "DrainIncomplete",
+            true,
+            "ApprovedIncomplete",
+            format!(
+                "approved at the drain deadline (the policy's onDeadline is Approve) with this left: {left}"
+            ),
+        );
+    } else if !plan.action.drains()
+        && let Some(first) = prev_conditions
+            .iter()
+            .find(|x| x.type_ == "DrainIncomplete" && x.status == "True")
+    {
+        // An approval at the deadline of an event not drained (what it
+        // waited for was something else): kept as recorded.
+        c.out.retain(|x| x.type_ != "DrainIncomplete");
+        c.out.push(first.clone());
+    }
     if plan.phase == Phase::Completed
         && prev.started_at.is_none()
         && !spec_started_ever(ev)
@@ -576,9 +595,13 @@ fn conditions(
             true,
             "WaitingForLeadTime",
             format!(
-                "NotBefore is {}; the cordon and drain start at {} (the policy's drainLeadTimeSeconds before it)",
+                "NotBefore is {}; the cordon and drain start at {}, the drain lead time ({}s: drainLeadTimeSeconds of the matching rule, or of the policy) before it",
                 ev.spec.not_before.map(|t| t.to_rfc3339()).unwrap_or_default(),
-                start.to_rfc3339()
+                start.to_rfc3339(),
+                ev.spec
+                    .not_before
+                    .map(|nb| (nb - start).num_seconds())
+                    .unwrap_or_default()
             ),
         );
     } else if prev_conditions
