@@ -80,6 +80,13 @@ pub const CORDONED_FOR_ANNOTATION: &str = "forewarn.dev/cordoned-for";
         description = "Platform or User"
     ),
     printcolumn(
+        name = "FaultDomains",
+        type_ = "integer",
+        json_path = ".status.faultDomains",
+        priority = "1",
+        description = "How many fault domains the affected nodes are in (from their labels)"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -374,6 +381,14 @@ pub struct ScheduledEventStatus {
     /// limit. Absent when every record is listed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes_not_listed: Option<NodesNotListed>,
+    /// How many fault domains the affected nodes of this cluster are in, as
+    /// their labels say: forewarn's `forewarn.dev/platform-fault-domain`
+    /// (within the node's zone, if it has one), or a cloud provider's
+    /// `topology.kubernetes.io/zone` that is a fault domain (a number).
+    /// Absent while no affected node's is known; kept once the event is over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<i32>")]
+    pub fault_domains: Option<u32>,
     /// Entries of `Resources` that map to no node of this cluster (other VMs
     /// of the placement group, or nodes not yet registered): at most 100,
     /// then `and N more VMs`.
@@ -799,6 +814,7 @@ mod tests {
                 "NotBefore",
                 "Resources",
                 "Source",
+                "FaultDomains",
                 "Age"
             ]
         );

@@ -9,6 +9,7 @@
 
 pub mod confinement;
 pub mod drain;
+pub mod labels;
 pub mod lease;
 pub mod listing;
 pub mod metrics;

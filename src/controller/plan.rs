@@ -124,6 +124,10 @@ pub struct Observed {
     /// `onDeadline` decides ([`approval_gate`]); an `Approve` there lists it
     /// in `DrainIncomplete` with the rest of what was left.
     pub awaiting: Vec<String>,
+    /// How many fault domains the mapped nodes are in, as their labels say
+    /// ([`crate::topology::fault_domain_of`]); `None` when no mapped node's
+    /// is known.
+    pub fault_domains: Option<usize>,
 }
 
 /// A write to a Node's cordon, taint and hold list.

@@ -644,6 +644,7 @@ async fn observe(
         // workloads' acknowledgements): fill it here; see
         // `plan::Observed::awaiting` and `plan::approval_gate`.
         awaiting: Vec::new(),
+        fault_domains: None,
     };
     let mut dissent: Vec<(ScheduledEventSpec, Vec<ObservedNode>)> = contents[1..]
         .iter()
@@ -660,6 +661,14 @@ async fn observe(
         }
     }
     dissent.retain(|(_, nodes)| !nodes.is_empty());
+    let domains: std::collections::BTreeSet<String> = seen
+        .nodes
+        .iter()
+        .filter(|n| !n.vm_name.is_empty())
+        .filter_map(|n| by_name.get(&n.name))
+        .filter_map(|n| crate::topology::fault_domain_of(n))
+        .collect();
+    seen.fault_domains = (!domains.is_empty()).then_some(domains.len());
     Ok(Observation {
         seen,
         dissent,

@@ -352,6 +352,7 @@ pub fn next(
         nodes: Some(nodes),
         nodes_not_listed,
         unmapped_resources: Some(listed_at_most(&seen.unmapped, UNMAPPED_LISTED, "VMs")),
+        fault_domains: fault_domains(&prev, seen, finished),
         approval,
         first_seen: prev.first_seen.or(Some(now)),
         started_at: prev.started_at.or_else(|| spec_started.then_some(now)),
@@ -366,6 +367,17 @@ pub fn next(
         previous_appearances: prev.previous_appearances,
     };
     Next { status, not_listed }
+}
+
+/// `status.faultDomains`: the count seen now while the event is live (the
+/// last known while none is), frozen once it is over.
+fn fault_domains(prev: &ScheduledEventStatus, seen: &Observed, finished: bool) -> Option<u32> {
+    let now = seen.fault_domains.and_then(|n| u32::try_from(n).ok());
+    if finished {
+        prev.fault_domains.or(now)
+    } else {
+        now.or(prev.fault_domains)
+    }
 }
 
 /// Each node's eviction outcomes.

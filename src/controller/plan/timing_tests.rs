@@ -351,3 +351,27 @@ fn an_approve_action_waits_for_what_is_awaited_too() {
     obs.awaiting.clear();
     assert!(plan(&ev, &obs, &p, now()).decide_approval.is_some());
 }
+
+#[test]
+fn the_fault_domains_an_event_touches_are_counted_and_kept() {
+    let ev = event("Reboot", &["vm_1"], 600);
+    let mut obs = seen(node(true, &[]));
+    obs.fault_domains = Some(2);
+    let p = plan(&ev, &obs, &Policy::default(), now());
+    let st = next_status(&ev, &obs, &p, &[], now());
+    assert_eq!(st.fault_domains, Some(2));
+    // No longer known (nodes gone): the last count stays.
+    let then = ScheduledEvent {
+        status: Some(st),
+        ..ev.clone()
+    };
+    obs.fault_domains = None;
+    let st = next_status(
+        &then,
+        &obs,
+        &plan(&then, &obs, &Policy::default(), now()),
+        &[],
+        now(),
+    );
+    assert_eq!(st.fault_domains, Some(2));
+}
