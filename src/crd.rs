@@ -385,7 +385,8 @@ pub struct ScheduledEventStatus {
     /// their labels say: forewarn's `forewarn.dev/platform-fault-domain`
     /// (within the node's zone, if it has one), or a cloud provider's
     /// `topology.kubernetes.io/zone` that is a fault domain (a number).
-    /// Absent while no affected node's is known; kept once the event is over.
+    /// The most seen (a node deleted since still counts); absent while no
+    /// affected node's is known; kept once the event is over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<i32>")]
     pub fault_domains: Option<u32>,

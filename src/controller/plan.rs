@@ -124,9 +124,9 @@ pub struct Observed {
     /// `onDeadline` decides ([`approval_gate`]); an `Approve` there lists it
     /// in `DrainIncomplete` with the rest of what was left.
     pub awaiting: Vec<String>,
-    /// How many fault domains the mapped nodes are in, as their labels say
-    /// ([`crate::topology::fault_domain_of`]); `None` when no mapped node's
-    /// is known.
+    /// How many fault domains the nodes the event's `Resources` map to are
+    /// in, as their labels say ([`crate::topology::fault_domain_of`]);
+    /// `None` when no such node's is known.
     pub fault_domains: Option<usize>,
 }
 
@@ -239,9 +239,9 @@ pub struct Plan {
     /// (`onDeadline: Approve`): what was left, for `DrainIncomplete`.
     pub approved_incomplete: Option<String>,
     /// How long until something falls due whether or not anything else
-    /// changes (the drain deadline, where `onDeadline: Approve` decides the
-    /// approval): the reconcile looks again by then at the latest, also
-    /// while a blocked drain is looked at less often.
+    /// changes (the drain deadline of an approval that waits, where
+    /// `onDeadline` decides): the reconcile looks again by then at the
+    /// latest, also while a blocked drain is looked at less often.
     pub due: Option<Duration>,
     /// The controller ends the event itself, no agent being left to see it
     /// leave IMDS: `(reason, message)` for the `EndedWithoutObserver` condition.
@@ -769,7 +769,7 @@ fn plan_approve_only(
                 Gate::Wait => {
                     p.approval_withheld =
                         Some(waiting_message(&seen.awaiting, p.deadline, known, now));
-                    note_deadline(p, known, now);
+                    note_deadline(p, now);
                 }
             }
         }
@@ -1039,7 +1039,7 @@ fn decide_approval(
                 ", "
             )
         ));
-        note_deadline(p, known, now);
+        note_deadline(p, now);
     } else if !foreign_ok {
         p.approval_withheld = Some(foreign_message(&seen.unmapped));
     } else {
@@ -1047,7 +1047,7 @@ fn decide_approval(
         if p.deadline.is_some_and(|d| now >= d) || (all_drained && !seen.awaiting.is_empty()) {
             p.approval_withheld = Some(waiting_message(&left, p.deadline, known, now));
         }
-        note_deadline(p, known, now);
+        note_deadline(p, now);
     }
 }
 
@@ -1061,12 +1061,11 @@ fn approve_at_deadline(p: &mut Plan, left: &[String]) {
     p.approved_incomplete = Some(what);
 }
 
-/// While the approval waits: look again at the drain deadline when
-/// `onDeadline: Approve` would decide it then.
-fn note_deadline(p: &mut Plan, known: &Known, now: DateTime<Utc>) {
-    if known.on_deadline == DeadlineAction::Approve
-        && let Some(d) = p.deadline.filter(|d| *d > now)
-    {
+/// While the approval waits: look again at the drain deadline, where
+/// `onDeadline` decides (`Approve` approves; under `Hold` the record says
+/// then, not a blocked drain's backoff later, that it passed).
+fn note_deadline(p: &mut Plan, now: DateTime<Utc>) {
+    if let Some(d) = p.deadline.filter(|d| *d > now) {
         p.due = Some((d - now).to_std().unwrap_or(Duration::from_secs(1)));
     }
 }

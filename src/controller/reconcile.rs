@@ -661,11 +661,12 @@ async fn observe(
         }
     }
     dissent.retain(|(_, nodes)| !nodes.is_empty());
-    let domains: std::collections::BTreeSet<String> = seen
-        .nodes
+    // Every node the event's Resources map to, trusted yet or not: where
+    // the event lands, not what forewarn acts on.
+    let domains: std::collections::BTreeSet<String> = mappings[0]
+        .mapped
         .iter()
-        .filter(|n| !n.vm_name.is_empty())
-        .filter_map(|n| by_name.get(&n.name))
+        .filter_map(|(_, n)| by_name.get(n))
         .filter_map(|n| crate::topology::fault_domain_of(n))
         .collect();
     seen.fault_domains = (!domains.is_empty()).then_some(domains.len());

@@ -369,15 +369,14 @@ pub fn next(
     Next { status, not_listed }
 }
 
-/// `status.faultDomains`: the count seen now while the event is live (the
-/// last known while none is), frozen once it is over.
+/// `status.faultDomains`: the most fault domains the event's nodes were
+/// seen in (a node deleted mid-event still counts), frozen once it is over.
 fn fault_domains(prev: &ScheduledEventStatus, seen: &Observed, finished: bool) -> Option<u32> {
     let now = seen.fault_domains.and_then(|n| u32::try_from(n).ok());
-    if finished {
-        prev.fault_domains.or(now)
-    } else {
-        now.or(prev.fault_domains)
+    if finished && prev.fault_domains.is_some() {
+        return prev.fault_domains;
     }
+    prev.fault_domains.max(now)
 }
 
 /// Each node's eviction outcomes.
@@ -629,6 +628,11 @@ fn conditions(
             ("LeadTimeReached", "the drain lead time began")
         };
         c.set("DrainScheduled", false, reason, message.into());
+    } else if let Some(ended) = prev_conditions.iter().find(|x| x.type_ == "DrainScheduled") {
+        // Once the wait is over its record stays: the drain started late
+        // on purpose, and when.
+        c.out.retain(|x| x.type_ != "DrainScheduled");
+        c.out.push(ended.clone());
     }
     // Trust (DESIGN.md): nodes left alone for want of a trusted report, and
     // a completion no trusted report confirms.

@@ -185,6 +185,10 @@ fn hold_never_approves_a_blocked_drain_past_the_deadline() {
     // NotBefore in 3 s: the deadline (5 s before it) has passed.
     let ev = event("Redeploy", &["vm_1"], 3);
     let obs = seen(node(true, &["stuck-0"]));
+    // Before the deadline it is due back then, as under Approve: the
+    // record says when it passed.
+    let early = plan(&ev, &obs, &p, now() - chrono::Duration::seconds(10));
+    assert_eq!(early.due, Some(Duration::from_secs(8)));
     let pl = plan(&ev, &obs, &p, now());
     assert_eq!(pl.decide_approval, None);
     assert_eq!(pl.due, None);
@@ -374,4 +378,50 @@ fn the_fault_domains_an_event_touches_are_counted_and_kept() {
         now(),
     );
     assert_eq!(st.fault_domains, Some(2));
+    // More seen later (a node's label came): the most; fewer: still the most.
+    let mut then = ScheduledEvent {
+        status: Some(st),
+        ..ev.clone()
+    };
+    for (seen_now, kept) in [(3, 3), (1, 3)] {
+        obs.fault_domains = Some(seen_now);
+        let p = plan(&then, &obs, &Policy::default(), now());
+        let st = next_status(&then, &obs, &p, &[], now());
+        assert_eq!(st.fault_domains, Some(kept), "seen {seen_now}");
+        then.status = Some(st);
+    }
+}
+
+#[test]
+fn the_end_of_a_drain_lead_time_stays_recorded() {
+    let p = policy(CASE_STUDY);
+    let ev = event("Reboot", &["vm_1"], 120);
+    let waiting = seen(node(false, &["a"]));
+    let st = next_status(&ev, &waiting, &plan(&ev, &waiting, &p, now()), &[], now());
+    let mut then = ScheduledEvent {
+        status: Some(st),
+        ..ev.clone()
+    };
+    // The lead time began, then two more passes: False, LeadTimeReached,
+    // with the time it turned.
+    let held = seen(node(true, &[]));
+    let mut turned = None;
+    for secs in [90, 91, 92] {
+        let at = now() + chrono::Duration::seconds(secs);
+        let st = next_status(&then, &held, &plan(&then, &held, &p, at), &[], at);
+        let c = st
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "DrainScheduled")
+            .cloned()
+            .expect("DrainScheduled kept");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "LeadTimeReached")
+        );
+        let t = *turned.get_or_insert(c.last_transition_time);
+        assert_eq!(c.last_transition_time, t);
+        then.status = Some(st);
+    }
 }
