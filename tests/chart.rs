@@ -1944,7 +1944,7 @@ fn processes_facing_older_crds_exit_naming_the_missing_field_and_the_command() {
         "the controller passes the check",
         Duration::from_secs(60),
         || {
-            (ctl.log().matches(passed).count() == 2 && ctl.log().contains("Waiting for leadership"))
+            (ctl.log().matches(passed).count() == 3 && ctl.log().contains("Waiting for leadership"))
                 .then_some(())
         },
     );
