@@ -1040,11 +1040,12 @@ fn decide_approval(
             )
         ));
         note_deadline(p, now);
-    } else if !foreign_ok {
-        p.approval_withheld = Some(foreign_message(&seen.unmapped));
     } else {
-        // Draining, or drained with something else awaited.
-        if p.deadline.is_some_and(|d| now >= d) || (all_drained && !seen.awaiting.is_empty()) {
+        // Draining (the foreign VMs, if any, are named once it is done),
+        // or drained with something else awaited.
+        if foreign_ok
+            && (p.deadline.is_some_and(|d| now >= d) || (all_drained && !seen.awaiting.is_empty()))
+        {
             p.approval_withheld = Some(waiting_message(&left, p.deadline, known, now));
         }
         note_deadline(p, now);

@@ -281,6 +281,13 @@ fn approve_on_deadline_never_overrides_the_rest_of_rule_two() {
     let mut obs = seen(node(true, &["stuck-0"]));
     obs.unmapped = vec!["elsewhere_1".into()];
     let pl = plan(&ev, &obs, &p, now());
+    assert_eq!((pl.decide_approval, pl.approved_incomplete), (None, None));
+    // Drained, the foreign VM is what withholds it.
+    let drained = Observed {
+        unmapped: vec!["elsewhere_1".into()],
+        ..seen(node(true, &[]))
+    };
+    let pl = plan(&ev, &drained, &p, now());
     assert_eq!(pl.decide_approval, None);
     assert!(
         pl.approval_withheld
