@@ -57,7 +57,8 @@ unit:
 generate:
 	$(CARGO) run --quiet -- crd > crds/scheduledevents.forewarn.dev.yaml
 	$(CARGO) run --quiet -- crd --reports > crds/scheduledeventreports.forewarn.dev.yaml
-	cp crds/scheduledevents.forewarn.dev.yaml crds/scheduledeventreports.forewarn.dev.yaml charts/forewarn/crds/
+	$(CARGO) run --quiet -- crd --vm-reports > crds/virtualmachinereports.forewarn.dev.yaml
+	cp crds/scheduledevents.forewarn.dev.yaml crds/scheduledeventreports.forewarn.dev.yaml crds/virtualmachinereports.forewarn.dev.yaml charts/forewarn/crds/
 	$(CARGO) run --quiet -- values-schema --splice charts/forewarn/values.schema.json > charts/forewarn/values.schema.json.tmp
 	mv charts/forewarn/values.schema.json.tmp charts/forewarn/values.schema.json
 

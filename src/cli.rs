@@ -55,8 +55,11 @@ pub enum Command {
     /// Print the ScheduledEvent CustomResourceDefinition as YAML.
     Crd {
         /// Print the ScheduledEventReport CustomResourceDefinition instead.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "vm_reports")]
         reports: bool,
+        /// Print the VirtualMachineReport CustomResourceDefinition instead.
+        #[arg(long)]
+        vm_reports: bool,
     },
     /// Install or upgrade the CustomResourceDefinitions this binary was
     /// built with (the chart's pre-install and pre-upgrade hook).
@@ -99,14 +102,15 @@ pub struct CheckInstallArgs {
 /// Subcommands of `forewarn crds`.
 #[derive(Debug, Subcommand)]
 pub enum CrdsAction {
-    /// Server-side apply both CRDs (field manager `forewarn-crds`, taking
+    /// Server-side apply the CRDs (field manager `forewarn-crds`, taking
     /// over the fields `helm install` created) and wait until the API
     /// server has established them with every field of this version.
     /// Credentials: in-cluster, or `KUBECONFIG`; needs `create` on
     /// customresourcedefinitions and `get`, `patch` on
-    /// scheduledevents.forewarn.dev and scheduledeventreports.forewarn.dev.
+    /// scheduledevents.forewarn.dev, scheduledeventreports.forewarn.dev and
+    /// virtualmachinereports.forewarn.dev.
     Apply {
-        /// Give up (exit non-zero) when the API server has not taken both
+        /// Give up (exit non-zero) when the API server has not taken them all
         /// within this time; transient errors are retried until then.
         #[arg(long, value_parser = humantime::parse_duration, default_value = "120s")]
         timeout: Duration,
@@ -119,6 +123,14 @@ pub struct AgentArgs {
     /// This node's Kubernetes name (from the downward API `spec.nodeName`).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
+    /// The agent's own pod name (from the downward API `metadata.name`):
+    /// with `--pod-uid`, its `VirtualMachineReport` is owned by its pod, so
+    /// that the report goes with the pod when the node goes.
+    #[arg(long, env = "POD_NAME", requires = "pod_uid")]
+    pub pod_name: Option<String>,
+    /// The agent's own pod UID (from the downward API `metadata.uid`).
+    #[arg(long, env = "POD_UID", requires = "pod_name")]
+    pub pod_uid: Option<String>,
     /// IMDS base URL; the mock serves each VM at `http://<addr>/vm/<name>`.
     #[arg(long, env = "FOREWARN_IMDS_URL", default_value = crate::imds::client::DEFAULT_BASE_URL)]
     pub imds_url: String,

@@ -86,6 +86,13 @@ pub const CORDONED_FOR_ANNOTATION: &str = "forewarn.dev/cordoned-for";
         description = "Platform or User"
     ),
     printcolumn(
+        name = "FaultDomains",
+        type_ = "integer",
+        json_path = ".status.faultDomains",
+        priority = "1",
+        description = "How many fault domains the affected nodes are in (from their labels)"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -380,6 +387,15 @@ pub struct ScheduledEventStatus {
     /// limit. Absent when every record is listed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes_not_listed: Option<NodesNotListed>,
+    /// How many fault domains the affected nodes of this cluster are in, as
+    /// their labels say: forewarn's `forewarn.dev/platform-fault-domain`
+    /// (within the node's zone, if it has one), or a cloud provider's
+    /// `topology.kubernetes.io/zone` that is a fault domain (a number).
+    /// The most seen (a node deleted since still counts); absent while no
+    /// affected node's is known; kept once the event is over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<i32>")]
+    pub fault_domains: Option<u32>,
     /// Entries of `Resources` that map to no node of this cluster (other VMs
     /// of the placement group, or nodes not yet registered): at most 100,
     /// then `and N more VMs`.
@@ -409,10 +425,13 @@ pub struct ScheduledEventStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<DateTime<Utc>>,
     /// Standard conditions: `Drained`, `DrainBlocked`, `DrainIncomplete`
-    /// (the deadline passed or the event started or ended with pods left),
+    /// (the deadline passed or the event started or ended with pods left;
+    /// reason `ApprovedIncomplete`: approved at the deadline with what it
+    /// lists left, the policy's `onDeadline` being `Approve`),
     /// `PodsKept`, `ApprovalWithheld`, `ApprovalPending` (decided, not yet
     /// accepted by IMDS, and why), `DrainScheduled` (the drain waits for
-    /// `NotBefore` minus the policy's `drainLeadTimeSeconds`),
+    /// `NotBefore` minus the `drainLeadTimeSeconds` of the matching rule,
+    /// or of the policy),
     /// `EndedWithoutObserver` (ended by the controller: no agent is left to
     /// see the event leave IMDS), `DryRun` (what a `--dry-run` controller
     /// would have done), `AcknowledgementPending` (the approval waits for
@@ -910,6 +929,7 @@ mod tests {
                 "NotBefore",
                 "Resources",
                 "Source",
+                "FaultDomains",
                 "Age"
             ]
         );

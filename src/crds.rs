@@ -21,11 +21,14 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::crd::{ScheduledEvent, ScheduledEventReport};
+use crate::topology::VirtualMachineReport;
 
 /// Name of the `ScheduledEvent` CRD.
 pub const EVENTS_CRD: &str = "scheduledevents.forewarn.dev";
 /// Name of the `ScheduledEventReport` CRD.
 pub const REPORTS_CRD: &str = "scheduledeventreports.forewarn.dev";
+/// Name of the `VirtualMachineReport` CRD.
+pub const VM_REPORTS_CRD: &str = "virtualmachinereports.forewarn.dev";
 /// Field manager of `forewarn crds apply`.
 pub const APPLY_MANAGER: &str = "forewarn-crds";
 
@@ -33,19 +36,23 @@ pub const APPLY_MANAGER: &str = "forewarn-crds";
 const NAMED: usize = 5;
 
 /// The CRDs the controller uses: it writes `ScheduledEvent`s and reads the
-/// agents' reports.
+/// agents' reports (of events and of their VMs).
 pub fn controller_needs() -> Vec<CustomResourceDefinition> {
-    vec![ScheduledEvent::crd(), ScheduledEventReport::crd()]
+    vec![
+        ScheduledEvent::crd(),
+        ScheduledEventReport::crd(),
+        VirtualMachineReport::crd(),
+    ]
 }
 
-/// The CRD the agent writes. It also reads `ScheduledEvent`s, but only the
+/// The CRDs the agent writes. It also reads `ScheduledEvent`s, but only the
 /// approval fields the controller writes, which the controller's own check
 /// covers.
 pub fn agent_needs() -> Vec<CustomResourceDefinition> {
-    vec![ScheduledEventReport::crd()]
+    vec![ScheduledEventReport::crd(), VirtualMachineReport::crd()]
 }
 
-/// Both CRDs, as `forewarn crds apply` installs them.
+/// Every CRD, as `forewarn crds apply` installs them.
 pub fn all() -> Vec<CustomResourceDefinition> {
     controller_needs()
 }
@@ -304,7 +311,7 @@ pub enum Applied {
 /// Transient API errors are retried until `timeout` has passed.
 ///
 /// Needs `create` on `customresourcedefinitions` and `get`, `patch` on
-/// these two names (the chart's hook ClusterRole).
+/// these names (the chart's hook ClusterRole).
 ///
 /// # Errors
 /// A refusal (403, 422, ...), or `timeout` passed.
@@ -451,7 +458,7 @@ mod tests {
             .iter()
             .map(|c| c.metadata.name.clone().unwrap())
             .collect();
-        assert_eq!(names, [EVENTS_CRD, REPORTS_CRD]);
+        assert_eq!(names, [EVENTS_CRD, REPORTS_CRD, VM_REPORTS_CRD]);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! `forewarn check-install`: what the chart's `helm test` Pod runs. It
 //! checks, with the test's own read-only credentials, that an installed
-//! release works: both CRDs are installed and `Established` and serve the
+//! release works: its CRDs are installed and `Established` and serve the
 //! version this binary writes, a controller holds the leader-election Lease
 //! and renews it, and every agent the DaemonSet should run is Ready (an
 //! agent turns Ready once it has read its VM's IMDS document and listed its
@@ -12,10 +12,9 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::{Api, Client, CustomResourceExt};
+use kube::{Api, Client};
 
 use crate::cli::CheckInstallArgs;
-use crate::crd::{ScheduledEvent, ScheduledEventReport};
 
 /// The outcome of one check.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,7 +63,7 @@ pub async fn run(args: CheckInstallArgs) -> anyhow::Result<()> {
 pub async fn check(client: &Client, args: &CheckInstallArgs, now: DateTime<Utc>) -> Vec<Check> {
     let mut checks = Vec::new();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for want in [ScheduledEvent::crd(), ScheduledEventReport::crd()] {
+    for want in crate::crds::all() {
         let name = want.metadata.name.clone().unwrap_or_default();
         checks.push(match crds.get(&name).await {
             Ok(crd) => crd_check(&want, &crd),
@@ -269,7 +268,8 @@ mod tests {
 
     #[test]
     fn a_crd_must_be_established_and_serve_our_version() {
-        let want = ScheduledEvent::crd();
+        use kube::CustomResourceExt;
+        let want = crate::crd::ScheduledEvent::crd();
         let mut got = want.clone();
         assert!(!crd_check(&want, &got).ok, "no status: not Established");
         got.status = Some(

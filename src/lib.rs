@@ -5,8 +5,10 @@
 //! leader-elected [`controller`] builds each cluster-scoped
 //! [`crd::ScheduledEvent`] from the reports, cordons and drains the affected nodes
 //! (honouring PodDisruptionBudgets), decides the approval once they are
-//! drained, and uncordons them when the event is over. [`imds::mock`] plays
-//! Azure for demos and tests.
+//! drained, and uncordons them when the event is over. Each agent also
+//! reports its VM's fault and update domain ([`topology`]), which the
+//! controller labels its node with. [`imds::mock`] plays Azure for demos
+//! and tests.
 #![forbid(unsafe_code)]
 
 pub mod agent;
@@ -22,3 +24,4 @@ pub mod metrics_auth;
 pub mod policy;
 pub mod server;
 pub mod telemetry;
+pub mod topology;

@@ -8,9 +8,15 @@ use forewarn::cli::{Cli, Command, CrdsAction};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if let Command::Crd { reports } = cli.command {
+    if let Command::Crd {
+        reports,
+        vm_reports,
+    } = cli.command
+    {
         let yaml = if reports {
             forewarn::crd::report_crd_yaml()
+        } else if vm_reports {
+            forewarn::topology::vm_report_crd_yaml()
         } else {
             forewarn::crd::crd_yaml()
         };

@@ -14,6 +14,10 @@
 //!     maxDurationSeconds: 10   # optional, DurationInSeconds <= this
 //!     action: Approve          # Ignore | Approve | Cordon | Drain | DrainAndApprove
 //!     acknowledgeTimeoutSeconds: 60  # optional, for the events this rule matches
+//!   - eventType: Reboot
+//!     action: DrainAndApprove
+//!     drainLeadTimeSeconds: 30 # optional: this rule's lead time (default: the policy's)
+//!     onDeadline: Approve      # optional: this rule's deadline policy (default: the policy's)
 //! defaultAction: DrainAndApprove
 //! drainMarginSeconds: 5        # drain deadline = NotBefore - margin
 //! minGraceSeconds: 5           # eviction grace floor (>= 1; a pod's own shorter grace is kept)
@@ -26,6 +30,8 @@
 //! retention: 24h               # how long finished ScheduledEvents are kept (every final phase)
 //! drainLeadTimeSeconds: 3600   # cordon and drain no earlier than NotBefore minus this
 //!                              # (a predicted-failure Redeploy may come days ahead)
+//! onDeadline: Hold             # Hold | Approve: what an approving action does when what
+//!                              # must be done before the approval is not done by the deadline
 //! orphanedAfterSeconds: 300    # end an event none of whose Resources maps to a node any more
 //!                              # (it had mapped one) this long after it started or NotBefore passed
 //! staleAfterSeconds: 86400     # end any unfinished event no agent has written for this long,
@@ -129,6 +135,72 @@ pub struct Rule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = MAX_ACKNOWLEDGE_TIMEOUT_SECONDS))]
     pub acknowledge_timeout_seconds: Option<u64>,
+    /// Seconds before `NotBefore` at which the cordon and drain of an event
+    /// this rule matches start, at the earliest, in place of the policy's
+    /// `drainLeadTimeSeconds` (same bounds: at least `drainMarginSeconds`,
+    /// at most 2419200). A short lead time (say 30) keeps the nodes in
+    /// service while the platform waits for the other VMs of the host;
+    /// the event is recorded, and the notice goes out, at once. Only for
+    /// an action that cordons. Absent: the policy's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = MAX_WAIT_SECONDS))]
+    pub drain_lead_time_seconds: Option<u64>,
+    /// What happens to an event this rule matches when what must be done
+    /// before its approval is not done at the drain deadline (`NotBefore`
+    /// minus `drainMarginSeconds`), in place of the policy's `onDeadline`.
+    /// Only for an action that approves (`Approve`, `DrainAndApprove`).
+    /// Absent: the policy's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_deadline: Option<DeadlineAction>,
+}
+
+/// What an approving action does when what must be done before the
+/// approval (the drain of every affected node, and any other condition
+/// the controller waits for) is not done at the drain deadline,
+/// `NotBefore` minus `drainMarginSeconds`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub enum DeadlineAction {
+    /// Never approve while something is left: the platform starts the
+    /// event at `NotBefore` on its own (Azure docs). The condition
+    /// `DrainIncomplete` says what was left. The approval is still decided
+    /// if everything gets done before `NotBefore`.
+    #[default]
+    Hold,
+    /// Approve at the deadline anyway, and record `DrainIncomplete`
+    /// (reason `ApprovedIncomplete`) with what was left.
+    Approve,
+}
+
+impl DeadlineAction {
+    /// Its name, as in the policy file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadlineAction::Hold => "Hold",
+            DeadlineAction::Approve => "Approve",
+        }
+    }
+}
+
+impl Action {
+    /// Whether the action ever decides an approval.
+    pub fn approves(self) -> bool {
+        matches!(self, Action::Approve | Action::DrainAndApprove)
+    }
+}
+
+/// How an event is handled: its action, and the timings of the rule that
+/// chose it (or the policy's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handling {
+    /// What to do.
+    pub action: Action,
+    /// Seconds before `NotBefore` at which the cordon and drain start, at
+    /// the earliest.
+    pub drain_lead_time_seconds: u64,
+    /// What happens when something is left at the drain deadline.
+    pub on_deadline: DeadlineAction,
 }
 
 /// The controller's policy (`--policy-file`; the chart's
@@ -214,6 +286,19 @@ pub struct Policy {
     #[serde(default = "one_hour")]
     #[schemars(range(max = MAX_WAIT_SECONDS))]
     pub drain_lead_time_seconds: u64,
+    /// What an approving action (`Approve`, `DrainAndApprove`) does when
+    /// what must be done before the approval (every affected node drained,
+    /// and whatever else the controller waits for) is not done at the
+    /// drain deadline, `NotBefore` minus `drainMarginSeconds`: `Hold`
+    /// (never approve while something is left; Azure starts the event at
+    /// `NotBefore` on its own) or `Approve` (approve at the deadline and
+    /// record `DrainIncomplete` with what was left). A rule's `onDeadline`
+    /// takes precedence. Default `Hold`: an approval tells Azure that the
+    /// workload is ready, and approving at the deadline gains at most
+    /// `drainMarginSeconds` while it may start the impact early for every
+    /// VM the event names.
+    #[serde(default)]
+    pub on_deadline: DeadlineAction,
     /// Seconds after which an event ends (`Completed`, condition
     /// `EndedWithoutObserver`, reason `NoNodeLeft`) when none of its
     /// `Resources` maps to a node any more though one did, counted from
@@ -317,6 +402,8 @@ impl Default for Policy {
                 max_duration_seconds: Some(10),
                 action: Action::Approve,
                 acknowledge_timeout_seconds: None,
+                drain_lead_time_seconds: None,
+                on_deadline: None,
             }],
             default_action: Action::DrainAndApprove,
             drain_margin_seconds: 5,
@@ -327,6 +414,7 @@ impl Default for Policy {
             trust_any_agent: false,
             retention: one_day(),
             drain_lead_time_seconds: one_hour(),
+            on_deadline: DeadlineAction::Hold,
             orphaned_after_seconds: five_minutes(),
             stale_after_seconds: one_day_secs(),
             acknowledge_timeout_seconds: five_minutes(),
@@ -401,16 +489,42 @@ impl Policy {
             source: Box::new(source),
         })?;
         for (index, r) in p.rules.iter().enumerate() {
+            let invalid = |reason: String| Error::Invalid {
+                path: path.into(),
+                index,
+                reason,
+            };
             if let (Some(lo), Some(hi)) = (r.min_duration_seconds, r.max_duration_seconds)
                 && lo > hi
             {
-                return Err(Error::Invalid {
-                    path: path.into(),
-                    index,
-                    reason: format!(
-                        "minDurationSeconds {lo} is greater than maxDurationSeconds {hi}"
-                    ),
-                });
+                return Err(invalid(format!(
+                    "minDurationSeconds {lo} is greater than maxDurationSeconds {hi}"
+                )));
+            }
+            if let Some(lead) = r.drain_lead_time_seconds {
+                if !r.action.cordons() {
+                    return Err(invalid(format!(
+                        "drainLeadTimeSeconds is set, but action {} never cordons or drains",
+                        r.action.as_str()
+                    )));
+                }
+                if lead > MAX_WAIT_SECONDS {
+                    return Err(invalid(format!(
+                        "drainLeadTimeSeconds {lead} is longer than four weeks"
+                    )));
+                }
+                if lead < p.drain_margin_seconds {
+                    return Err(invalid(format!(
+                        "drainLeadTimeSeconds {lead} is shorter than drainMarginSeconds {}: the drain would have to be done before it may start",
+                        p.drain_margin_seconds
+                    )));
+                }
+            }
+            if r.on_deadline.is_some() && !r.action.approves() {
+                return Err(invalid(format!(
+                    "onDeadline is set, but action {} never approves",
+                    r.action.as_str()
+                )));
             }
         }
         if p.min_grace_seconds < MIN_GRACE_SECONDS {
@@ -515,8 +629,28 @@ impl Policy {
 
     /// The action for an event of `event_type` from `source` with `duration_seconds`.
     pub fn decide(&self, event_type: &EventType, source: &str, duration_seconds: i64) -> Action {
-        self.rule_for(event_type, source, duration_seconds)
-            .map_or(self.default_action, |r| r.action)
+        self.handling(event_type, source, duration_seconds).action
+    }
+
+    /// How an event of `event_type` from `source` with `duration_seconds`
+    /// is handled: the first matching rule's action, with its
+    /// `drainLeadTimeSeconds` and `onDeadline` where it sets them and the
+    /// policy's where not; `defaultAction` and the policy's timings when
+    /// no rule matches.
+    pub fn handling(
+        &self,
+        event_type: &EventType,
+        source: &str,
+        duration_seconds: i64,
+    ) -> Handling {
+        let rule = self.rule_for(event_type, source, duration_seconds);
+        Handling {
+            action: rule.map_or(self.default_action, |r| r.action),
+            drain_lead_time_seconds: rule
+                .and_then(|r| r.drain_lead_time_seconds)
+                .unwrap_or(self.drain_lead_time_seconds),
+            on_deadline: rule.and_then(|r| r.on_deadline).unwrap_or(self.on_deadline),
+        }
     }
 
     /// How long the approval of such an event waits for acknowledgements:

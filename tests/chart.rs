@@ -298,6 +298,7 @@ fn chart_crd_is_the_generated_crd() {
     for file in [
         "scheduledevents.forewarn.dev.yaml",
         "scheduledeventreports.forewarn.dev.yaml",
+        "virtualmachinereports.forewarn.dev.yaml",
     ] {
         let top = std::fs::read(repo_root().join("crds").join(file)).expect(file);
         let chart = std::fs::read(repo_root().join("charts/forewarn/crds").join(file)).expect(file);
@@ -1308,8 +1309,9 @@ fn chart_refuses_unconfined_agents_unless_acknowledged() {
         rules("forewarn-agent"),
         serde_json::json!([
             {"apiGroups": ["forewarn.dev"], "resources": ["scheduledeventreports"], "verbs": ["create", "patch", "list", "watch"]},
+            {"apiGroups": ["forewarn.dev"], "resources": ["virtualmachinereports"], "verbs": ["create", "patch"]},
             {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents"], "verbs": ["list", "watch"]},
-            {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "resourceNames": ["scheduledeventreports.forewarn.dev"], "verbs": ["get"]}
+            {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "resourceNames": ["scheduledeventreports.forewarn.dev", "virtualmachinereports.forewarn.dev"], "verbs": ["get"]}
         ])
     );
     let controller = rules("forewarn-controller");
@@ -1401,6 +1403,27 @@ fn workloads_run_the_documented_flags_and_security_context() {
     assert_eq!(
         c["env"][1]["valueFrom"]["fieldRef"]["fieldPath"],
         "status.hostIP"
+    );
+    // Its VirtualMachineReport is owned by its pod.
+    assert_eq!(
+        (
+            &c["env"][2]["name"],
+            &c["env"][2]["valueFrom"]["fieldRef"]["fieldPath"]
+        ),
+        (
+            &serde_json::json!("POD_NAME"),
+            &serde_json::json!("metadata.name")
+        )
+    );
+    assert_eq!(
+        (
+            &c["env"][3]["name"],
+            &c["env"][3]["valueFrom"]["fieldRef"]["fieldPath"]
+        ),
+        (
+            &serde_json::json!("POD_UID"),
+            &serde_json::json!("metadata.uid")
+        )
     );
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
@@ -1799,6 +1822,7 @@ impl RestoreCrds {
         self.0.wait_established(&[
             "crd/scheduledevents.forewarn.dev",
             "crd/scheduledeventreports.forewarn.dev",
+            "crd/virtualmachinereports.forewarn.dev",
         ]);
     }
 }
@@ -1922,7 +1946,7 @@ fn processes_facing_older_crds_exit_naming_the_missing_field_and_the_command() {
         "the controller passes the check",
         Duration::from_secs(60),
         || {
-            (ctl.log().matches(passed).count() == 2 && ctl.log().contains("Waiting for leadership"))
+            (ctl.log().matches(passed).count() == 3 && ctl.log().contains("Waiting for leadership"))
                 .then_some(())
         },
     );
@@ -2069,6 +2093,7 @@ fn crds_apply_with_the_hook_credentials_installs_the_new_crds() {
         "delete",
         "crd",
         "scheduledeventreports.forewarn.dev",
+        "virtualmachinereports.forewarn.dev",
         "scheduledevents.forewarn.dev",
         "--wait=true",
     ]);
@@ -2094,14 +2119,16 @@ fn crds_apply_with_the_hook_credentials_installs_the_new_crds() {
     let log = format!("{}{}", out.stdout, out.stderr);
     assert!(
         log.contains("crd=scheduledevents.forewarn.dev applied=Updated")
-            && log.contains("crd=scheduledeventreports.forewarn.dev applied=Created"),
+            && log.contains("crd=scheduledeventreports.forewarn.dev applied=Created")
+            && log.contains("crd=virtualmachinereports.forewarn.dev applied=Created"),
         "{log}"
     );
-    assert_eq!(log.matches("The CRD is established").count(), 2, "{log}");
+    assert_eq!(log.matches("The CRD is established").count(), 3, "{log}");
     let versions = || -> Vec<String> {
         [
             "scheduledevents.forewarn.dev",
             "scheduledeventreports.forewarn.dev",
+            "virtualmachinereports.forewarn.dev",
         ]
         .iter()
         .map(|name| {
@@ -2123,6 +2150,7 @@ fn crds_apply_with_the_hook_credentials_installs_the_new_crds() {
     for file in [
         "scheduledevents.forewarn.dev.yaml",
         "scheduledeventreports.forewarn.dev.yaml",
+        "virtualmachinereports.forewarn.dev.yaml",
     ] {
         let want = crd_edited(file, |_| {});
         let name = want["metadata"]["name"].as_str().unwrap();
@@ -2183,7 +2211,7 @@ fn crds_apply_with_the_hook_credentials_installs_the_new_crds() {
     let out = crds_apply(&hook);
     let log = format!("{}{}", out.stdout, out.stderr);
     assert!(out.ok, "{log}");
-    assert_eq!(log.matches("applied=Unchanged").count(), 2, "{log}");
+    assert_eq!(log.matches("applied=Unchanged").count(), 3, "{log}");
     assert_eq!(versions(), first, "a second apply changed the CRDs");
 
     for kind in ["clusterrolebinding", "clusterrole"] {
@@ -2264,6 +2292,7 @@ fn upgrade_from_the_previous_release_with_an_event_in_progress() {
         "crd",
         "scheduledevents.forewarn.dev",
         "scheduledeventreports.forewarn.dev",
+        "virtualmachinereports.forewarn.dev",
         "--wait=true",
     ]);
     for i in 0..3 {
@@ -2317,6 +2346,11 @@ fn upgrade_from_the_previous_release_with_an_event_in_progress() {
         !k.run(&["get", "crd", "scheduledeventreports.forewarn.dev"], None)
             .ok,
         "the previous chart installed a reports CRD"
+    );
+    assert!(
+        !k.run(&["get", "crd", "virtualmachinereports.forewarn.dev"], None)
+            .ok,
+        "the previous chart installed a VM reports CRD"
     );
 
     // The event in progress, as the previous version wrote it: the object
@@ -2899,6 +2933,7 @@ fn installed_chart_confines_each_service_account() {
         ("validatingadmissionpolicybinding", CONTROLLER_POD_POLICY),
         ("crd", "scheduledevents.forewarn.dev"),
         ("crd", "scheduledeventreports.forewarn.dev"),
+        ("crd", "virtualmachinereports.forewarn.dev"),
     ] {
         k.ok(&["get", kind, name]);
     }
@@ -3452,6 +3487,93 @@ fn installed_chart_confines_each_service_account() {
         "scheduledeventreports",
     );
 
+    // Its VM's report (the fault and update domain the controller labels
+    // its node with): its own node's, as the agent writes it (server-side
+    // apply, a create and then a change); another node's is refused by
+    // the admission policy, a name not its node's by the CRD, any from a
+    // token without a node name; it may not read or delete one.
+    let vm_report = |name: &str, node: &str, fd: &str| {
+        format!(
+            "apiVersion: forewarn.dev/v1alpha1\nkind: VirtualMachineReport\nmetadata:\n  name: {name}\nspec:\n  node: {node}\n  vm: vm-chart\n  platformFaultDomain: \"{fd}\"\n  platformUpdateDomain: \"0\"\n"
+        )
+    };
+    for n in [nodes[0], nodes[1]] {
+        k.run(
+            &["delete", "virtualmachinereport", n, "--ignore-not-found"],
+            None,
+        );
+    }
+    for fd in ["1", "2"] {
+        let out = apply_report(&agent, &vm_report(nodes[0], nodes[0], fd));
+        assert!(
+            out.ok,
+            "the agent may write its own VM's report (fault domain {fd}): {}",
+            out.stderr
+        );
+    }
+    let stored = k.json(&[
+        "get",
+        "virtualmachinereport",
+        nodes[0],
+        "--show-managed-fields",
+    ]);
+    assert_eq!(stored["spec"]["platformFaultDomain"], "2", "{stored}");
+    let out = apply_report(&agent, &vm_report(nodes[1], nodes[1], "0"));
+    let expect = format!(
+        "forewarn agent on node {} may write only its own VirtualMachineReports",
+        nodes[0]
+    );
+    assert!(
+        !out.ok && out.stderr.contains(&expect),
+        "agent writes another node's VM report: not refused by the admission policy ({expect}): {}{}",
+        out.stdout,
+        out.stderr
+    );
+    denials.borrow_mut().push(format!(
+        "agent writes another node's VM report:\n  {}",
+        out.stderr.trim()
+    ));
+    let out = apply_report(&agent, &vm_report(nodes[1], nodes[0], "0"));
+    assert!(
+        !out.ok && out.stderr.contains("the name must be the node's"),
+        "agent writes its VM report under another node's name: not refused by the CRD: {}{}",
+        out.stdout,
+        out.stderr
+    );
+    denials.borrow_mut().push(format!(
+        "agent writes its VM report under another node's name:\n  {}",
+        out.stderr.trim()
+    ));
+    let out = apply_report(&unbound_agent, &vm_report(nodes[0], nodes[0], "0"));
+    assert!(
+        !out.ok && out.stderr.contains("the token carries no node name"),
+        "agent token not bound to a pod writes a VM report: {}{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        !k.run(&["get", "virtualmachinereport", nodes[1]], None).ok,
+        "the agent wrote another node's VM report"
+    );
+    assert_eq!(
+        k.json(&["get", "virtualmachinereport", nodes[0]])["spec"]["platformFaultDomain"],
+        "2"
+    );
+    forbid(
+        &agent,
+        "agent lists VM reports",
+        &["get", "virtualmachinereports"],
+        "list",
+        "virtualmachinereports",
+    );
+    forbid(
+        &agent,
+        "agent deletes its own VM report",
+        &["delete", "virtualmachinereport", nodes[0]],
+        "delete",
+        "virtualmachinereports",
+    );
+
     // --- controller: what it needs works, Secrets do not.
     deny(
         &controller,
@@ -3550,6 +3672,31 @@ fn installed_chart_confines_each_service_account() {
     );
     controller.ok(&["get", "scheduledeventreports"]);
     controller.ok(&["delete", "scheduledeventreport", &own]);
+    // The agents' VM reports, and a node's fault-domain label as the
+    // controller writes it (a merge patch of the label, no read first).
+    controller.ok(&["get", "virtualmachinereports"]);
+    merge_patch_as(
+        &controller.kubeconfig,
+        ("", "v1", "Node", "nodes"),
+        nodes[2],
+        serde_json::json!({"metadata": {"labels": {forewarn::topology::FAULT_DOMAIN_LABEL: "2"}}}),
+    )
+    .unwrap_or_else(|e| panic!("the controller cannot label a node: {e}"));
+    merge_patch_as(
+        &controller.kubeconfig,
+        ("", "v1", "Node", "nodes"),
+        nodes[2],
+        serde_json::json!({"metadata": {"labels": {forewarn::topology::FAULT_DOMAIN_LABEL: null}}}),
+    )
+    .unwrap_or_else(|e| panic!("the controller cannot unlabel a node: {e}"));
+    forbid(
+        &controller,
+        "controller deletes a VM report",
+        &["delete", "virtualmachinereport", nodes[0]],
+        "delete",
+        "virtualmachinereports",
+    );
+    k.ok(&["delete", "virtualmachinereport", nodes[0]]);
     controller.ok(&["delete", "scheduledevent", sev, &format!("{sev}-2")]);
     // The admission policy that confines the agents, and its binding: it
     // may read those two (--agent-policy), nothing else of the kind.
@@ -3614,10 +3761,20 @@ fn installed_chart_confines_each_service_account() {
                     "",
                     &["create", "list", "patch", "watch"],
                 ),
+                (
+                    "virtualmachinereports.forewarn.dev",
+                    "",
+                    &["create", "patch"],
+                ),
                 ("scheduledevents.forewarn.dev", "", &["list", "watch"]),
                 (
                     "customresourcedefinitions.apiextensions.k8s.io",
                     "scheduledeventreports.forewarn.dev",
+                    &["get"],
+                ),
+                (
+                    "customresourcedefinitions.apiextensions.k8s.io",
+                    "virtualmachinereports.forewarn.dev",
                     &["get"],
                 ),
             ]
@@ -3634,6 +3791,7 @@ fn installed_chart_confines_each_service_account() {
                     "",
                     &["delete", "list", "watch"],
                 ),
+                ("virtualmachinereports.forewarn.dev", "", &["list", "watch"]),
                 ("nodes", "", &["list", "patch", "watch"]),
                 ("nodes/status", "", &["patch"]),
                 ("pods", "", &["list", "patch", "watch"]),
@@ -3658,6 +3816,11 @@ fn installed_chart_confines_each_service_account() {
                 (
                     "customresourcedefinitions.apiextensions.k8s.io",
                     "scheduledeventreports.forewarn.dev",
+                    &["get"],
+                ),
+                (
+                    "customresourcedefinitions.apiextensions.k8s.io",
+                    "virtualmachinereports.forewarn.dev",
                     &["get"],
                 ),
                 ("leases.coordination.k8s.io", "", &["create"]),
@@ -3899,6 +4062,10 @@ fn swapped_agent_tokens_are_refused_during_a_scenario() {
         &["delete", "scheduledeventreports", "--all", "--wait=false"],
         None,
     );
+    k.run(
+        &["delete", "virtualmachinereports", "--all", "--wait=false"],
+        None,
+    );
     std::fs::create_dir_all(&opts.log_dir).expect("log dir");
     let vms: Vec<(String, String)> = (0..3)
         .map(|i| {
@@ -3970,6 +4137,25 @@ fn swapped_agent_tokens_are_refused_during_a_scenario() {
         of_b.is_empty(),
         "a report of node-000001 was stored: {of_b:?}"
     );
+    // Nor its VM report: the agent holding node-000000's token was refused
+    // there too (the agents' VM reports, written once at start).
+    let vm_log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        vm_log.contains("may write only its own VirtualMachineReports"),
+        "no admission refusal of the VM report in {}:\n{vm_log}",
+        log.display()
+    );
+    let vm_reports = k.json(&["get", "virtualmachinereports"]);
+    let vm_of_b: Vec<&Value> = vm_reports["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["spec"]["node"] == "node-000001")
+        .collect();
+    assert!(
+        vm_of_b.is_empty(),
+        "a VM report of node-000001 was stored: {vm_of_b:?}"
+    );
 }
 
 /// The real agent and controller processes of the harness, each with a
@@ -4035,6 +4221,20 @@ fn scenario_plays_with_the_chart_credentials() {
         "no notice written by the controller with the chart's token: {:?}",
         report.notices
     );
+    // Each agent reported its VM (the chart's agent RBAC and admission
+    // policy let it), and the controller labelled each node with the fault
+    // domain the mock served for its VM.
+    for i in 0..3 {
+        let node = format!("node-00000{i}");
+        let vmr = k.json(&["get", "virtualmachinereport", &node]);
+        assert_eq!(vmr["spec"]["platformFaultDomain"], i.to_string(), "{vmr}");
+        let labels = &k.json(&["get", "node", &node])["metadata"]["labels"];
+        assert_eq!(
+            labels[forewarn::topology::FAULT_DOMAIN_LABEL],
+            i.to_string(),
+            "{node}: {labels}"
+        );
+    }
     // The controller took the chart's Lease, in the release namespace, and
     // released it on SIGTERM at the end: no holder, a duration of 1 s.
     let held = k.json(&["get", "lease", "-n", NS, lease]);
@@ -4270,7 +4470,7 @@ fn crd_hook_job_runs_like_the_controller() {
             serde_json::json!([
                 {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["create"]},
                 {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-                 "resourceNames": ["scheduledevents.forewarn.dev", "scheduledeventreports.forewarn.dev"],
+                 "resourceNames": ["scheduledevents.forewarn.dev", "scheduledeventreports.forewarn.dev", "virtualmachinereports.forewarn.dev"],
                  "verbs": ["get", "patch"]}
             ])
         );
@@ -5158,6 +5358,10 @@ fn check_install_passes_only_with_a_leader_and_every_agent_ready() {
     );
     assert!(
         out.contains("ok   CRD scheduledeventreports.forewarn.dev"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ok   CRD virtualmachinereports.forewarn.dev"),
         "{out}"
     );
     assert!(

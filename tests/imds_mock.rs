@@ -240,3 +240,39 @@ async fn root_vm_is_served_at_the_imds_root_paths() {
     let none = Client::new(&plain, Duration::from_secs(2)).unwrap();
     assert!(none.fetch_compute().await.is_err());
 }
+
+/// The compute document serves each VM's fault and update domain from the
+/// scenario, as IMDS does: strings, at `GET /metadata/instance/compute`
+/// with `Metadata: true` (400 without, as for scheduled events).
+#[tokio::test]
+async fn compute_document_serves_each_vms_fault_and_update_domain_as_strings() {
+    let base = serve(
+        "vms:\n  - {name: vmss_0, faultDomain: 2, updateDomain: 7}\n  - {name: vmss_1}\nevents: []\n",
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let url = |vm: &str| format!("{base}/vm/{vm}/metadata/instance/compute?api-version=2021-02-01");
+    let raw: serde_json::Value = http
+        .get(url("vmss_0"))
+        .header("Metadata", "true")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(raw["platformFaultDomain"], "2", "{raw}");
+    assert_eq!(raw["platformUpdateDomain"], "7", "{raw}");
+    let bare = http.get(url("vmss_0")).send().await.unwrap();
+    assert_eq!(bare.status(), reqwest::StatusCode::BAD_REQUEST);
+    let vm1 = Client::new(&format!("{base}/vm/vmss_1"), Duration::from_secs(2)).unwrap();
+    let c = vm1.fetch_compute().await.unwrap();
+    assert_eq!(
+        (
+            c.platform_fault_domain.as_str(),
+            c.platform_update_domain.as_str()
+        ),
+        ("0", "0"),
+        "the defaults"
+    );
+}

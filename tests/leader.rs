@@ -481,10 +481,11 @@ rules:
   - {{apiGroups: [forewarn.dev], resources: [scheduledevents], verbs: [list, watch, create, patch, delete]}}
   - {{apiGroups: [forewarn.dev], resources: [scheduledevents/status], verbs: [patch]}}
   - {{apiGroups: [forewarn.dev], resources: [scheduledeventreports], verbs: [list, watch, delete]}}
+  - {{apiGroups: [forewarn.dev], resources: [virtualmachinereports], verbs: [list, watch]}}
   - {{apiGroups: [""], resources: [nodes], verbs: [list, watch, patch]}}
   - {{apiGroups: [policy], resources: [poddisruptionbudgets], verbs: [get, list, watch]}}
   - {{apiGroups: [events.k8s.io], resources: [events], verbs: [create, patch]}}
-  - {{apiGroups: [apiextensions.k8s.io], resources: [customresourcedefinitions], resourceNames: [scheduledevents.forewarn.dev, scheduledeventreports.forewarn.dev], verbs: [get]}}
+  - {{apiGroups: [apiextensions.k8s.io], resources: [customresourcedefinitions], resourceNames: [scheduledevents.forewarn.dev, scheduledeventreports.forewarn.dev, virtualmachinereports.forewarn.dev], verbs: [get]}}
   - {{apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, list, watch, create, update]}}
 ---
 apiVersion: rbac.authorization.k8s.io/v1

@@ -53,6 +53,7 @@ async fn setup(env: &Env, client: &Client) {
             "--timeout=60s",
             "crd/scheduledevents.forewarn.dev",
             "crd/scheduledeventreports.forewarn.dev",
+            "crd/virtualmachinereports.forewarn.dev",
         ])
     };
     let mut established = wait();
@@ -88,8 +89,10 @@ async fn setup(env: &Env, client: &Client) {
                  "verbs": ["list", "watch"]},
                 {"apiGroups": ["forewarn.dev"], "resources": ["scheduledeventreports"],
                  "verbs": ["create", "patch", "list", "watch"]},
+                {"apiGroups": ["forewarn.dev"], "resources": ["virtualmachinereports"],
+                 "verbs": ["create", "patch"]},
                 {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-                 "resourceNames": ["scheduledeventreports.forewarn.dev"], "verbs": ["get"]},
+                 "resourceNames": ["scheduledeventreports.forewarn.dev", "virtualmachinereports.forewarn.dev"], "verbs": ["get"]},
             ],
         }),
     )

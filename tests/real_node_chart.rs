@@ -609,14 +609,14 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
     // The CRD hook ran in a real pod on the real node (the pre-install Job,
     // placed like the controller: `forewarn crds apply` from the image,
     // with the hook's own ServiceAccount, hostNetwork and the API server's
-    // address from controller.extraEnv): both CRDs carry its field
+    // address from controller.extraEnv): every CRD carries its field
     // manager, and the Job is gone once it succeeded (hook-succeeded).
     {
-        use forewarn::crds::{APPLY_MANAGER, EVENTS_CRD, REPORTS_CRD};
+        use forewarn::crds::{APPLY_MANAGER, EVENTS_CRD, REPORTS_CRD, VM_REPORTS_CRD};
         use k8s_openapi::api::batch::v1::Job;
         use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for name in [EVENTS_CRD, REPORTS_CRD] {
+        for name in [EVENTS_CRD, REPORTS_CRD, VM_REPORTS_CRD] {
             let crd = crds.get(name).await.expect("the CRD");
             let managers: Vec<(Option<String>, Option<String>)> = crd
                 .metadata

@@ -159,6 +159,7 @@ impl Cluster {
                 "--timeout=60s",
                 "crd/scheduledevents.forewarn.dev",
                 "crd/scheduledeventreports.forewarn.dev",
+                "crd/virtualmachinereports.forewarn.dev",
             ]) {
                 Ok(_) => break,
                 Err(e) if started.elapsed() > std::time::Duration::from_secs(60) => return Err(e),

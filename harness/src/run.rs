@@ -27,6 +27,7 @@ use forewarn::crd::{
 };
 use forewarn::imds::mock::LogEntry;
 use forewarn::imds::scenario::Scenario;
+use forewarn::topology::{FAULT_DOMAIN_LABEL, UPDATE_DOMAIN_LABEL, VirtualMachineReport};
 
 /// How to play a scenario.
 #[derive(Debug, Clone)]
@@ -574,8 +575,15 @@ async fn ready_pods(client: &Client, ns: &str) -> anyhow::Result<i32> {
     Ok(i32::try_from(pods.items.iter().filter(|p| is_ready(p)).count()).unwrap_or(i32::MAX))
 }
 
-/// Deletes every report and `ScheduledEvent` and releases every node.
+/// Deletes every report and `ScheduledEvent`, releases every node, and
+/// takes forewarn's fault-domain labels off (and the VM reports they came
+/// from: each run's agents report again).
 async fn reset_objects(client: &Client) -> anyhow::Result<()> {
+    let vm_reports: Api<VirtualMachineReport> = Api::all(client.clone());
+    vm_reports
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .context("failed to delete old VirtualMachineReports")?;
     // Reports first: the controller creates an event that has reports.
     let reports: Api<ScheduledEventReport> = Api::all(client.clone());
     reports
@@ -589,7 +597,10 @@ async fn reset_objects(client: &Client) -> anyhow::Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     for n in nodes.list(&ListParams::default()).await? {
         let patch = json!({
-            "metadata": {"annotations": {CORDONED_FOR_ANNOTATION: null}},
+            "metadata": {
+                "annotations": {CORDONED_FOR_ANNOTATION: null},
+                "labels": {FAULT_DOMAIN_LABEL: null, UPDATE_DOMAIN_LABEL: null},
+            },
             "spec": {"unschedulable": null, "taints": null},
         });
         nodes
@@ -825,6 +836,35 @@ impl Drop for AbortOnDrop {
 }
 
 /// Per-event bookkeeping of the observer.
+/// Whether the policy the run gives the controller lets it approve the
+/// event `spec` with its drain incomplete at `decided_at`: its
+/// `onDeadline` is `Approve` and the drain deadline (`NotBefore` minus
+/// `drainMarginSeconds`) had come. From the policy file and the event's
+/// `NotBefore`, not from anything the controller says.
+fn approved_at_deadline(
+    opts: &RunOptions,
+    spec: &forewarn::crd::ScheduledEventSpec,
+    decided_at: DateTime<Utc>,
+) -> bool {
+    use forewarn::policy::{DeadlineAction, Policy};
+    let policy = match &opts.policy {
+        Some(text) => match Policy::parse(text, "the run's policy") {
+            Ok(p) => p,
+            Err(_) => return false,
+        },
+        None => Policy::default(),
+    };
+    let handling = policy.handling(
+        &spec.event_type.as_str().into(),
+        &spec.event_source,
+        spec.duration_seconds,
+    );
+    handling.on_deadline == DeadlineAction::Approve
+        && spec
+            .not_before
+            .is_some_and(|nb| decided_at >= nb - Policy::seconds(policy.drain_margin_seconds))
+}
+
 #[derive(Default)]
 struct SevSeen {
     spec_status: String,
@@ -1123,7 +1163,10 @@ async fn observe(
                     .map(|n| n.name.clone())
                     .collect();
                 let needs_drain = status.action == Some(forewarn::policy::Action::DrainAndApprove);
-                if needs_drain && !undrained.is_empty() {
+                if needs_drain
+                    && !undrained.is_empty()
+                    && !approved_at_deadline(opts, &sev.spec, decided_at)
+                {
                     report.violations.push(format!(
                         "rule 2: {id} approval decided before {} drained",
                         undrained.join(", ")

@@ -4,6 +4,9 @@
 //! only while its own document lists the event as decided (see
 //! [`approval`]).
 //!
+//! At start it also reports its VM's fault and update domain, once, in its
+//! own `VirtualMachineReport` ([`vm_report`]).
+//!
 //! Polling, report writes and approval sends are three tasks that never
 //! wait for each other (see [`run`]). It writes to the API server only when
 //! its view of an event changes, each event on its own (one failing write
@@ -17,6 +20,7 @@ pub mod approval;
 pub mod metrics;
 pub mod poll;
 pub mod reports;
+pub mod vm_report;
 
 use std::time::Duration;
 
@@ -141,6 +145,14 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         }
     };
     info!(node = %args.node_name, vm = %compute.name, "Agent started");
+    let vm_report = tokio::spawn(
+        vm_report::write(
+            Api::all(clients.requests.clone()),
+            vm_report::report_of(&args.node_name, &compute),
+            args.pod_name.clone().zip(args.pod_uid.clone()),
+        )
+        .instrument(info_span!("vm_report", node = %args.node_name)),
+    );
 
     let (doc_tx, doc_rx) = tokio::sync::watch::channel(None);
     let (written_tx, written_rx) = tokio::sync::watch::channel(Default::default());
@@ -193,6 +205,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                     for t in &tasks {
                         t.abort();
                     }
+                    vm_report.abort();
                     return Err(e);
                 }
                 shutdown.await;
@@ -201,6 +214,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     } else {
         shutdown.await;
     }
+    vm_report.abort();
     for t in &tasks {
         t.abort();
     }

@@ -12,6 +12,7 @@ pub mod confinement;
 pub mod drain;
 pub mod heartbeats;
 pub mod impact;
+pub mod labels;
 pub mod lease;
 pub mod listing;
 pub mod metrics;

@@ -14,7 +14,7 @@ use super::listing::{NAMED_IN_MESSAGE, named};
 use super::notice::Participant;
 use crate::crd::{EventStatus, Phase, ScheduledEvent};
 use crate::imds::model::EventType;
-use crate::policy::{Action, Policy};
+use crate::policy::{Action, DeadlineAction, Policy};
 
 /// A pod that the drain has to consider on a node.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -118,6 +118,10 @@ pub struct Observed {
     /// The controller runs with `--dry-run`: it writes no node, so a node
     /// counts as cordoned as it would be (see [`node_drained`]).
     pub dry_run: bool,
+    /// How many fault domains the nodes the event's `Resources` map to are
+    /// in, as their labels say ([`crate::topology::fault_domain_of`]);
+    /// `None` when no such node's is known.
+    pub fault_domains: Option<usize>,
 }
 
 /// A write to a Node's cordon, taint and hold list.
@@ -223,8 +227,16 @@ pub struct Plan {
     /// e.g. `("AgentMissing", "...")`; the phase stays where it was.
     pub approval_pending: Option<(String, String)>,
     /// The cordon and drain wait until this time (`NotBefore` minus the
-    /// policy's `drainLeadTimeSeconds`).
+    /// drain lead time of the matching rule, or of the policy).
     pub drain_starts_at: Option<DateTime<Utc>>,
+    /// The approval is decided at the drain deadline with things left
+    /// (`onDeadline: Approve`): what was left, for `DrainIncomplete`.
+    pub approved_incomplete: Option<String>,
+    /// How long until something falls due whether or not anything else
+    /// changes (the drain deadline of an approval that waits, where
+    /// `onDeadline` decides): the reconcile looks again by then at the
+    /// latest, also while a blocked drain is looked at less often.
+    pub due: Option<Duration>,
     /// The controller ends the event itself, no agent being left to see it
     /// leave IMDS: `(reason, message)` for the `EndedWithoutObserver` condition.
     pub ended_unobserved: Option<(String, String)>,
@@ -292,6 +304,78 @@ pub fn eviction_grace(own: i64, budget: Option<i64>, floor: i64) -> i64 {
     let own = own.max(0);
     let clipped = budget.map_or(own, |b| own.min(b));
     clipped.max(floor.min(own)).max(1)
+}
+
+/// Whether an approving action may decide its approval now, as far as
+/// readiness goes (rule 2's other conditions aside): see [`approval_gate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Nothing is left: approve.
+    Open,
+    /// Something is left and the deadline has not passed (or the policy
+    /// holds): wait.
+    Wait,
+    /// Something is left, the drain deadline passed, and the policy's
+    /// `onDeadline` is `Approve`: approve, and record what was left.
+    AtDeadline,
+}
+
+/// The deadline decision (issue 16, item 4): given what is `left` of
+/// everything that must be done before the approval (nodes not drained,
+/// pods kept, and the acknowledgements awaited: [`awaited`]),
+/// the drain `deadline` (`NotBefore` minus `drainMarginSeconds`) and the
+/// `onDeadline` that applies: approve when nothing is left; when something
+/// is, wait, except past the deadline under `Approve`.
+pub fn approval_gate(
+    left: &[String],
+    deadline: Option<DateTime<Utc>>,
+    on_deadline: DeadlineAction,
+    now: DateTime<Utc>,
+) -> Gate {
+    if left.is_empty() {
+        Gate::Open
+    } else if on_deadline == DeadlineAction::Approve && deadline.is_some_and(|d| now >= d) {
+        Gate::AtDeadline
+    } else {
+        Gate::Wait
+    }
+}
+
+/// What is left before an approval: each mapped node not drained (with
+/// the pods that must still leave it, a few named), each pod kept, and
+/// each acknowledgement `awaiting` ([`awaited`]).
+fn left_before_approval(
+    mapped: &[&ObservedNode],
+    kept: &[Kept],
+    seen: &Observed,
+    awaiting: &[String],
+    now: DateTime<Utc>,
+) -> Vec<String> {
+    let mut left: Vec<String> = mapped
+        .iter()
+        .filter(|n| !node_drained(n, seen.dry_run, now))
+        .map(|n| {
+            let pods: Vec<String> = n
+                .pods
+                .iter()
+                .filter(|p| must_leave(p, now))
+                .map(|p| p.key())
+                .collect();
+            if pods.is_empty() {
+                format!("{} not drained (not cordoned yet)", n.name)
+            } else {
+                format!(
+                    "{} not drained ({} pods left: {})",
+                    n.name,
+                    pods.len(),
+                    named(&pods, 3, ", ")
+                )
+            }
+        })
+        .collect();
+    left.extend(kept.iter().map(|k| format!("{} kept on {}", k.pod, k.node)));
+    left.extend(awaiting.iter().cloned());
+    left
 }
 
 fn was_started(ev: &ScheduledEvent, spec_status: EventStatus) -> bool {
@@ -575,6 +659,10 @@ struct Known {
     accepted: bool,
     /// An approval was decided.
     decided: bool,
+    /// The drain lead time of the matching rule, or of the policy, seconds.
+    lead_time_seconds: u64,
+    /// The deadline policy of the matching rule, or of the policy.
+    on_deadline: DeadlineAction,
 }
 
 /// Plans the next step for `ev` (DESIGN.md, "Policy" and "Rules"), in
@@ -585,13 +673,16 @@ struct Known {
 pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime<Utc>) -> Plan {
     let spec_status = ev.spec.event_status;
     let event_type = EventType::from(ev.spec.event_type.as_str());
-    let action = policy.decide(&event_type, &ev.spec.event_source, ev.spec.duration_seconds);
+    let handling = policy.handling(&event_type, &ev.spec.event_source, ev.spec.duration_seconds);
+    let action = handling.action;
     let known = Known {
         me: name_of(ev),
         spec_status,
         started: was_started(ev, spec_status),
         accepted: approval_accepted(ev),
         decided: approval_decided(ev),
+        lead_time_seconds: handling.drain_lead_time_seconds,
+        on_deadline: handling.on_deadline,
     };
     let deadline = ev.spec.not_before.map(|nb| {
         nb - chrono::Duration::seconds(
@@ -610,6 +701,8 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         approval_withheld: None,
         approval_pending: None,
         drain_starts_at: None,
+        approved_incomplete: None,
+        due: None,
         ended_unobserved: None,
         delete: false,
         requeue: Duration::from_secs(5),
@@ -657,18 +750,29 @@ fn plan_approve_only(
     now: DateTime<Utc>,
 ) {
     let ack = acknowledgement(p, ev, seen, policy, now);
+    let awaiting = awaited(ack.as_ref(), p.deadline);
     if !known.decided && known.spec_status == EventStatus::Scheduled {
+        let gate = approval_gate(&awaiting, p.deadline, known.on_deadline, now);
         if !seen.disagreement.is_empty() {
             p.approval_withheld = Some(disagreement_message(seen));
         } else if !seen.doubts.is_empty() {
             p.approval_withheld = Some(named(&seen.doubts, NAMED_IN_MESSAGE, "; "));
-        } else if seen.unmapped.is_empty() || policy.approve_foreign_vms {
-            p.decide_approval = Some(format!(
-                "policy approves {} {} events (DurationInSeconds {}) at once",
-                ev.spec.event_source, ev.spec.event_type, ev.spec.duration_seconds
-            ));
-        } else {
+        } else if !seen.unmapped.is_empty() && !policy.approve_foreign_vms {
             p.approval_withheld = Some(foreign_message(&seen.unmapped));
+        } else {
+            match gate {
+                Gate::Open => {
+                    p.decide_approval = Some(format!(
+                        "policy approves {} {} events (DurationInSeconds {}) at once",
+                        ev.spec.event_source, ev.spec.event_type, ev.spec.duration_seconds
+                    ));
+                }
+                Gate::AtDeadline => approve_at_deadline(p, &awaiting),
+                Gate::Wait => {
+                    p.approval_withheld = Some(waiting_message(&awaiting, p.deadline, known, now));
+                    note_deadline(p, now);
+                }
+            }
         }
     }
     hold_for_workloads(p, ack);
@@ -702,6 +806,35 @@ fn acknowledgement(
         return None;
     }
     acknowledge::assess(ev, seen, policy, p.deadline, now)
+}
+
+/// What the approval still waits for from the pods that take part, one
+/// line each (`shop/db-0 has not acknowledged`, `notice to shop/web-1 not
+/// stored`), for [`approval_gate`]: everything missing while the wait goes
+/// on, and still at the drain deadline when the wait ended there (rather
+/// than at the acknowledgement timeout, after which the approval goes on
+/// without them), so that `onDeadline` decides: `Hold` never approves,
+/// `Approve` lists them in `DrainIncomplete`.
+fn awaited(ack: Option<&AckState>, drain_deadline: Option<DateTime<Utc>>) -> Vec<String> {
+    let Some(a) = ack else {
+        return Vec::new();
+    };
+    let ended_at_drain_deadline = drain_deadline.is_some_and(|d| a.deadline >= d);
+    if !(a.waiting || (a.timed_out && ended_at_drain_deadline)) {
+        return Vec::new();
+    }
+    let mut left: Vec<String> = a
+        .pending
+        .iter()
+        .map(|k| format!("{k} has not acknowledged"))
+        .collect();
+    left.extend(
+        a.undelivered
+            .iter()
+            .filter(|k| !a.pending.contains(k))
+            .map(|k| format!("notice to {k} not stored")),
+    );
+    left
 }
 
 /// While forewarn waits for the pods that take part (a notice not stored,
@@ -778,7 +911,7 @@ fn plan_drain(
     if let Some(start) = ev
         .spec
         .not_before
-        .map(|nb| nb - Policy::seconds(policy.drain_lead_time_seconds))
+        .map(|nb| nb - Policy::seconds(known.lead_time_seconds))
         .filter(|start| now < *start && !known.started && !known.decided && !holding)
     {
         p.drain_starts_at = Some(start);
@@ -818,7 +951,8 @@ fn plan_drain(
         && known.spec_status == EventStatus::Scheduled
         && !known.decided
     {
-        decide_approval(p, &mapped, seen, policy, all_drained);
+        let awaiting = awaited(ack.as_ref(), p.deadline);
+        decide_approval(p, known, &mapped, seen, &awaiting, policy, now);
     }
     hold_for_workloads(p, ack);
     note_pending_approval(p, known, ev, seen);
@@ -854,6 +988,9 @@ fn plan_drain(
         .any(|w| matches!(w, NodeWrite::Cordon { .. }))
     {
         p.requeue = p.requeue.min(AFTER_CORDON);
+    }
+    if let Some(due) = p.due {
+        p.requeue = p.requeue.min(due);
     }
     requeue_for_workloads(p, now);
     p.polls_progress = poll == Some(p.requeue);
@@ -951,31 +1088,46 @@ fn foreign_message(unmapped: &[String]) -> String {
 }
 
 /// Rule 2: approve only when every affected node is drained and every VM
-/// named is a node of this cluster (unless the policy allows foreign VMs).
+/// named is a node of this cluster (unless the policy allows foreign VMs),
+/// and no acknowledgement is awaited ([`awaited`]); past the
+/// drain deadline, `onDeadline: Approve` approves with the drain (or the
+/// rest) incomplete ([`approval_gate`]), never against the rest of rule 2.
 fn decide_approval(
     p: &mut Plan,
+    known: &Known,
     mapped: &[&ObservedNode],
     seen: &Observed,
+    awaiting: &[String],
     policy: &Policy,
-    all_drained: bool,
+    now: DateTime<Utc>,
 ) {
+    let all_drained =
+        !mapped.is_empty() && mapped.iter().all(|n| node_drained(n, seen.dry_run, now));
     let foreign_ok = seen.unmapped.is_empty() || policy.approve_foreign_vms;
+    let left = left_before_approval(mapped, &p.kept, seen, awaiting, now);
+    let gate = approval_gate(&left, p.deadline, known.on_deadline, now);
     if !seen.disagreement.is_empty() {
         p.approval_withheld = Some(disagreement_message(seen));
     } else if !seen.doubts.is_empty() {
         p.approval_withheld = Some(named(&seen.doubts, NAMED_IN_MESSAGE, "; "));
-    } else if all_drained && foreign_ok {
+    } else if all_drained && foreign_ok && gate == Gate::Open {
         p.decide_approval = Some(format!("all {} affected nodes drained", mapped.len()));
-    } else if mapped.is_empty() && !seen.unmapped.is_empty() && policy.approve_foreign_vms {
+    } else if mapped.is_empty()
+        && !seen.unmapped.is_empty()
+        && policy.approve_foreign_vms
+        && gate == Gate::Open
+    {
         p.decide_approval =
             Some("no affected node in this cluster; policy approves foreign VMs".into());
-    } else if all_drained {
+    } else if all_drained && !foreign_ok {
         p.approval_withheld = Some(foreign_message(&seen.unmapped));
-    } else if mapped.is_empty() {
+    } else if mapped.is_empty() && !(foreign_ok && gate == Gate::AtDeadline) {
         p.approval_withheld = Some(format!(
             "no entry of Resources maps to a node of this cluster: {}",
             named(&seen.unmapped, NAMED_IN_MESSAGE, ", ")
         ));
+    } else if gate == Gate::AtDeadline && foreign_ok {
+        approve_at_deadline(p, &left);
     } else if !p.kept.is_empty() {
         p.approval_withheld = Some(format!(
             "pods without a controller stay on their nodes, so the drain cannot finish: {}",
@@ -985,8 +1137,63 @@ fn decide_approval(
                 ", "
             )
         ));
+        note_deadline(p, now);
+    } else {
+        // Draining (the foreign VMs, if any, are named once it is done),
+        // or drained with something else awaited.
+        if foreign_ok
+            && (p.deadline.is_some_and(|d| now >= d) || (all_drained && !awaiting.is_empty()))
+        {
+            p.approval_withheld = Some(waiting_message(&left, p.deadline, known, now));
+        }
+        note_deadline(p, now);
+    }
+}
+
+/// Decides the approval at the drain deadline with `left` not done
+/// (`onDeadline: Approve`).
+fn approve_at_deadline(p: &mut Plan, left: &[String]) {
+    let what = named(left, NAMED_IN_MESSAGE, "; ");
+    p.decide_approval = Some(format!(
+        "the drain deadline passed and the policy's onDeadline is Approve; left: {what}"
+    ));
+    p.approved_incomplete = Some(what);
+}
+
+/// While the approval waits: look again at the drain deadline, where
+/// `onDeadline` decides (`Approve` approves; under `Hold` the record says
+/// then, not a blocked drain's backoff later, that it passed).
+fn note_deadline(p: &mut Plan, now: DateTime<Utc>) {
+    if let Some(d) = p.deadline.filter(|d| *d > now) {
+        p.due = Some((d - now).to_std().unwrap_or(Duration::from_secs(1)));
+    }
+}
+
+/// Why an approval waits for what is `left`: before the deadline, what it
+/// waits for and what happens at the deadline; past it under `Hold`, that
+/// it is held.
+fn waiting_message(
+    left: &[String],
+    deadline: Option<DateTime<Utc>>,
+    known: &Known,
+    now: DateTime<Utc>,
+) -> String {
+    let what = named(left, NAMED_IN_MESSAGE, "; ");
+    match deadline {
+        Some(d) if now >= d => format!(
+            "the drain deadline ({}) passed with {what} left, and the policy's onDeadline is Hold: no approval; the platform starts the event at NotBefore",
+            d.to_rfc3339()
+        ),
+        Some(d) => format!(
+            "waiting for {what}; at the drain deadline ({}) the policy's onDeadline is {}",
+            d.to_rfc3339(),
+            known.on_deadline.as_str()
+        ),
+        None => format!("waiting for {what}"),
     }
 }
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod timing_tests;

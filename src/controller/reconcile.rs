@@ -45,6 +45,9 @@ const EVICTION_PASS: std::time::Duration = std::time::Duration::from_secs(1);
 /// budget refills meanwhile; its burst carries the tokens over).
 const DEFERRED_REQUEUE: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// The shortest pause before a pass for something that falls due.
+const MIN_DUE_REQUEUE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// How many unconfirmed nodes the status names, each with its reason.
 const UNCONFIRMED_LISTED: usize = 10;
 
@@ -277,6 +280,12 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         requeue.min(DEFERRED_REQUEUE)
     } else {
         requeue
+    };
+    // Never past what falls due (the drain deadline under `onDeadline:
+    // Approve`), also while a blocked drain is looked at less often.
+    let requeue = match plan.due {
+        Some(due) => requeue.min(due.max(MIN_DUE_REQUEUE)),
+        None => requeue,
     };
     Ok(Requeue::requeue(requeue))
 }
@@ -707,6 +716,7 @@ async fn observe(
         last_report: None,
         deleted,
         dry_run: ctx.dry_run,
+        fault_domains: None,
     };
     let mut dissent: Vec<(ScheduledEventSpec, Vec<ObservedNode>)> = contents[1..]
         .iter()
@@ -723,6 +733,15 @@ async fn observe(
         }
     }
     dissent.retain(|(_, nodes)| !nodes.is_empty());
+    // Every node the event's Resources map to, trusted yet or not: where
+    // the event lands, not what forewarn acts on.
+    let domains: std::collections::BTreeSet<String> = mappings[0]
+        .mapped
+        .iter()
+        .filter_map(|(_, n)| by_name.get(n))
+        .filter_map(|n| crate::topology::fault_domain_of(n))
+        .collect();
+    seen.fault_domains = (!domains.is_empty()).then_some(domains.len());
     Ok(Observation {
         seen,
         dissent,

@@ -26,6 +26,7 @@ use crate::crd::{CONTROLLER_MANAGER, ScheduledEvent, ScheduledEventReport};
 use crate::kubeclient::{self, Clients};
 use crate::policy::Policy;
 use crate::server::{self, Liveness, Readiness};
+use crate::topology::VirtualMachineReport;
 
 /// The longest a failing reconcile waits before it is tried again.
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(60);
@@ -136,14 +137,18 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     });
     // Every replica keeps each node's last bootID from its own cache, so
     // that one that takes over neither misses nor repeats a restart (see
-    // `impact`); only the leader reports them.
+    // `impact`); only the leader reports them. Each node change also wakes
+    // the fault-domain labels (see `labels`).
     let (boot_ids, restarts) = super::impact::BootIds::new();
+    let topology_changed = Arc::new(tokio::sync::Notify::new());
     let node_stream = node_stream.for_each({
         let boot_ids = boot_ids.clone();
+        let changed = topology_changed.clone();
         move |r| {
             match r {
                 Ok(node) => {
                     boot_ids.observe(&node, chrono::Utc::now());
+                    changed.notify_one();
                 }
                 Err(e) => warn!(error = %e, "Node watch error (retrying)"),
             }
@@ -222,6 +227,23 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             }
         },
     );
+    // The agents' reports of their VMs, for the fault-domain labels.
+    let (vm_reports, vm_report_stream) =
+        cache::<VirtualMachineReport>(clients.watches.clone(), |r: &mut VirtualMachineReport| {
+            r.managed_fields_mut().clear()
+        });
+    let vm_report_task = tokio::spawn(vm_report_stream.for_each({
+        let changed = topology_changed.clone();
+        move |r| {
+            let changed = changed.clone();
+            async move {
+                match r {
+                    Ok(_) => changed.notify_one(),
+                    Err(e) => warn!(error = %e, "VirtualMachineReport watch error (retrying)"),
+                }
+            }
+        }
+    }));
     // The drain's pods, from one watch (see `pods`), while this replica leads;
     // a pod's acknowledgement wakes the event it names.
     let (ack_tx, ack_rx) = futures::channel::mpsc::unbounded::<String>();
@@ -265,6 +287,16 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     .with_config(controller::Config::default().concurrency(args.reconcile_concurrency));
     let events = controller.store();
     metrics.watch_caches(nodes.clone(), events.clone());
+    // Dry run: decide and record only; no node is labelled either.
+    let labels_task = (!args.dry_run).then(|| {
+        tokio::spawn(super::labels::run(
+            client.clone(),
+            nodes.clone(),
+            vm_reports,
+            topology_changed,
+            metrics.clone(),
+        ))
+    });
     let (kube_events, event_task) = super::report::EventSink::start(
         {
             let (client, identity) = (client.clone(), identity.clone());
@@ -338,6 +370,10 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         _ = controller => Ok(()),
     };
     node_task.abort();
+    vm_report_task.abort();
+    if let Some(t) = labels_task {
+        t.abort();
+    }
     pod_task.abort();
     event_task.abort();
     synced.abort();

@@ -356,6 +356,7 @@ pub fn next(
         nodes: Some(nodes),
         nodes_not_listed,
         unmapped_resources: Some(listed_at_most(&seen.unmapped, UNMAPPED_LISTED, "VMs")),
+        fault_domains: fault_domains(&prev, seen, finished),
         approval,
         acknowledgements,
         first_seen: prev.first_seen.or(Some(now)),
@@ -371,6 +372,16 @@ pub fn next(
         previous_appearances: prev.previous_appearances,
     };
     Next { status, not_listed }
+}
+
+/// `status.faultDomains`: the most fault domains the event's nodes were
+/// seen in (a node deleted mid-event still counts), frozen once it is over.
+fn fault_domains(prev: &ScheduledEventStatus, seen: &Observed, finished: bool) -> Option<u32> {
+    let now = seen.fault_domains.and_then(|n| u32::try_from(n).ok());
+    if finished && prev.fault_domains.is_some() {
+        return prev.fault_domains;
+    }
+    prev.fault_domains.max(now)
 }
 
 /// Each node's eviction outcomes.
@@ -679,6 +690,25 @@ fn conditions(
     if plan.action.drains() {
         drain_conditions(&mut c, nodes, plan, finished, now);
     }
+    if let Some(left) = &plan.approved_incomplete {
+        c.set(
+            "DrainIncomplete",
+            true,
+            "ApprovedIncomplete",
+            format!(
+                "approved at the drain deadline (the policy's onDeadline is Approve) with this left: {left}"
+            ),
+        );
+    } else if !plan.action.drains()
+        && let Some(first) = prev_conditions
+            .iter()
+            .find(|x| x.type_ == "DrainIncomplete" && x.status == "True")
+    {
+        // An approval at the deadline of an event not drained (what it
+        // waited for was something else): kept as recorded.
+        c.out.retain(|x| x.type_ != "DrainIncomplete");
+        c.out.push(first.clone());
+    }
     if plan.phase == Phase::Completed
         && prev.started_at.is_none()
         && !spec_started_ever(ev)
@@ -732,9 +762,13 @@ fn conditions(
             true,
             "WaitingForLeadTime",
             format!(
-                "NotBefore is {}; the cordon and drain start at {} (the policy's drainLeadTimeSeconds before it)",
+                "NotBefore is {}; the cordon and drain start at {}, the drain lead time ({}s: drainLeadTimeSeconds of the matching rule, or of the policy) before it",
                 ev.spec.not_before.map(|t| t.to_rfc3339()).unwrap_or_default(),
-                start.to_rfc3339()
+                start.to_rfc3339(),
+                ev.spec
+                    .not_before
+                    .map(|nb| (nb - start).num_seconds())
+                    .unwrap_or_default()
             ),
         );
     } else if prev_conditions
@@ -750,6 +784,11 @@ fn conditions(
             ("LeadTimeReached", "the drain lead time began")
         };
         c.set("DrainScheduled", false, reason, message.into());
+    } else if let Some(ended) = prev_conditions.iter().find(|x| x.type_ == "DrainScheduled") {
+        // Once the wait is over its record stays: the drain started late
+        // on purpose, and when.
+        c.out.retain(|x| x.type_ != "DrainScheduled");
+        c.out.push(ended.clone());
     }
     // Trust (DESIGN.md): nodes left alone for want of a trusted report, and
     // a completion no trusted report confirms.

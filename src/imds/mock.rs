@@ -479,6 +479,7 @@ async fn get_compute(
                 "name": v.name,
                 "vmScaleSetName": scale_set,
                 "platformFaultDomain": v.fault_domain.to_string(),
+                "platformUpdateDomain": v.update_domain.to_string(),
                 "azEnvironment": "AzurePublicCloud",
             }))
             .into_response()

@@ -380,9 +380,13 @@ pub struct Compute {
     /// Scale-set name, empty for a standalone VM.
     #[serde(default)]
     pub vm_scale_set_name: String,
-    /// Platform fault domain, as a decimal string.
+    /// Platform fault domain, as a decimal string (IMDS serves every
+    /// primitive as a string, a missing value as the empty string).
     #[serde(default)]
     pub platform_fault_domain: String,
+    /// Platform update domain, as a decimal string.
+    #[serde(default)]
+    pub platform_update_domain: String,
 }
 
 /// The body of an approval: `{"StartRequests": [{"EventId": "..."}]}`.

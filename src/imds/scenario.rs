@@ -9,7 +9,8 @@
 //! vms:                     # the VMs of one placement group, all served at once
 //!   - name: aks-pool-vmss_0     # compute.name; served at /vm/<name>/metadata/...
 //!     node: node-000000         # optional: which Kubernetes node plays it (demo/tests)
-//!     faultDomain: 0            # optional: compute.platformFaultDomain
+//!     faultDomain: 0            # optional: compute.platformFaultDomain (default 0)
+//!     updateDomain: 0           # optional: compute.platformUpdateDomain (default 0)
 //!     firstRequestDelay: 90s    # optional: the VM's first scheduled events GET is answered this late
 //!                               #   (the first call enables the service: up to two minutes on Azure)
 //!     redeployAt: 20s           # optional: the VM is redeployed then; its DocumentIncarnation starts again at 1
@@ -87,6 +88,9 @@ pub struct Vm {
     /// `compute.platformFaultDomain`.
     #[serde(default)]
     pub fault_domain: u32,
+    /// `compute.platformUpdateDomain`.
+    #[serde(default)]
+    pub update_domain: u32,
     /// How late the VM's first scheduled events `GET` is answered.
     #[serde(with = "humantime_serde", default)]
     pub first_request_delay: Option<Duration>,

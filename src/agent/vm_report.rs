@@ -1,0 +1,152 @@
+//! The agent's report of its own VM ([`VirtualMachineReport`], named after
+//! its node): the fault and update domain IMDS instance metadata gives,
+//! which the controller labels the node with (see [`crate::topology`]).
+//! Written once per start, by server-side apply (field manager
+//! `forewarn-agent`), retried with backoff until it is stored: a VM keeps
+//! its domains while it runs, and a redeploy to another host restarts the
+//! agent with the node. Owned by the agent's pod when the agent knows it
+//! (`--pod-name`, `--pod-uid`), so that it goes with the pod when the node
+//! is deleted.
+
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use kube::Resource;
+use kube::api::{Api, Patch, PatchParams};
+use tracing::{info, warn};
+
+use super::error_chain;
+use crate::crd::AGENT_MANAGER;
+use crate::imds::model::Compute;
+use crate::topology::{VirtualMachineReport, VirtualMachineReportSpec, domain};
+
+/// The report of `node`'s VM from its compute metadata: the domains only
+/// when they are domain numbers (anything else IMDS might send is left
+/// out, and said so in the log).
+pub fn report_of(node: &str, compute: &Compute) -> VirtualMachineReportSpec {
+    let checked = |what: &str, value: &str| {
+        let d = domain(value);
+        if d.is_empty() && !value.is_empty() {
+            warn!(%what, value = %value, "IMDS gave a domain that is not a number; not reporting it");
+        }
+        d
+    };
+    VirtualMachineReportSpec {
+        node: node.to_owned(),
+        vm: compute.name.clone(),
+        platform_fault_domain: checked("platformFaultDomain", &compute.platform_fault_domain),
+        platform_update_domain: checked("platformUpdateDomain", &compute.platform_update_domain),
+    }
+}
+
+/// The object applied: `report` named after its node, owned by the pod
+/// `owner` (name, UID) when given.
+pub fn object(report: &VirtualMachineReportSpec, owner: Option<(&str, &str)>) -> serde_json::Value {
+    let mut metadata = serde_json::json!({ "name": report.node });
+    if let Some((name, uid)) = owner {
+        metadata["ownerReferences"] = serde_json::json!([{
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": name,
+            "uid": uid,
+        }]);
+    }
+    serde_json::json!({
+        "apiVersion": VirtualMachineReport::api_version(&()),
+        "kind": VirtualMachineReport::kind(&()),
+        "metadata": metadata,
+        "spec": report,
+    })
+}
+
+/// Writes `report` (see [`object`]) until the API server stores it,
+/// backing off from 1 s to 30 s with jitter; run as a task of its own, so
+/// that it never holds back the polls.
+pub async fn write(
+    api: Api<VirtualMachineReport>,
+    report: VirtualMachineReportSpec,
+    owner: Option<(String, String)>,
+) {
+    let body = object(
+        &report,
+        owner.as_ref().map(|(n, u)| (n.as_str(), u.as_str())),
+    );
+    let apply = || async {
+        api.patch(
+            &report.node,
+            &PatchParams::apply(AGENT_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+    };
+    let written = apply
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_secs(1))
+                .with_max_delay(Duration::from_secs(30))
+                .with_jitter()
+                .without_max_times(),
+        )
+        .notify(|e, d| warn!(error = %error_chain(e), retry_in = ?d, "Could not write this VM's report; will retry"))
+        .await;
+    if written.is_ok() {
+        info!(vm = %report.vm, fault_domain = %report.platform_fault_domain,
+            update_domain = %report.platform_update_domain, "Reported this VM's fault and update domain");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compute(fd: &str, ud: &str) -> Compute {
+        Compute {
+            name: "vmss_3".into(),
+            vm_scale_set_name: "vmss".into(),
+            platform_fault_domain: fd.into(),
+            platform_update_domain: ud.into(),
+        }
+    }
+
+    #[test]
+    fn the_report_carries_the_domains_imds_gave_and_only_numbers() {
+        let r = report_of("node-3", &compute("2", "11"));
+        assert_eq!(
+            r,
+            VirtualMachineReportSpec {
+                node: "node-3".into(),
+                vm: "vmss_3".into(),
+                platform_fault_domain: "2".into(),
+                platform_update_domain: "11".into(),
+            }
+        );
+        let odd = report_of("node-3", &compute("", "x=1"));
+        assert_eq!(
+            (
+                odd.platform_fault_domain.as_str(),
+                odd.platform_update_domain.as_str()
+            ),
+            ("", "")
+        );
+    }
+
+    #[test]
+    fn the_object_is_named_after_the_node_and_owned_by_the_pod_when_known() {
+        let r = report_of("node-3", &compute("2", "1"));
+        let o = object(&r, Some(("forewarn-agent-x", "uid-1")));
+        assert_eq!(o["metadata"]["name"], "node-3");
+        assert_eq!(o["kind"], "VirtualMachineReport");
+        assert_eq!(o["apiVersion"], "forewarn.dev/v1alpha1");
+        assert_eq!(o["spec"]["platformFaultDomain"], "2");
+        let owner = &o["metadata"]["ownerReferences"][0];
+        assert_eq!(
+            (&owner["kind"], &owner["name"], &owner["uid"]),
+            (
+                &serde_json::json!("Pod"),
+                &serde_json::json!("forewarn-agent-x"),
+                &serde_json::json!("uid-1")
+            )
+        );
+        assert!(object(&r, None)["metadata"]["ownerReferences"].is_null());
+    }
+}

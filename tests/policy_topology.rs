@@ -1,0 +1,508 @@
+//! End-to-end tests of issue 16, items 3, 4 and 6, on a real local control
+//! plane: a rule's drain lead time holds one event's cordon until
+//! `NotBefore` minus it while another type drains at once; the deadline
+//! policy `Hold` never approves a drain a PodDisruptionBudget blocks, while
+//! `Approve` approves it at the deadline and records what was left; and the
+//! fault-domain labels the controller writes from the agents' VM reports.
+//! Every check reads what the API server holds (nodes from a watch, the
+//! objects, their Events) or the IMDS mock's own log; forewarn's own word
+//! (its metrics) only where nothing else can tell (a write that changes
+//! nothing leaves no trace in the API server). They fail, never skip, when
+//! the cluster cannot start.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use forewarn::crd::{Phase, ScheduledEvent};
+use forewarn::topology::{
+    FAULT_DOMAIN_LABEL, UPDATE_DOMAIN_LABEL, VirtualMachineReport, ZONE_LABEL,
+};
+use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::run::{Report, RunOptions, run_scenario, summary};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::events::v1::Event as KubeEvent;
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+/// One cluster for the whole test binary; tests take turns on it.
+fn cluster() -> Cluster {
+    static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+    CLUSTER
+        .get_or_init(|| {
+            Cluster::start(
+                &std::env::var("FOREWARN_POLICY_CLUSTER")
+                    .unwrap_or_else(|_| "forewarn-policy".into()),
+                3,
+            )
+            .map_err(|e| format!("{e:#}"))
+        })
+        .clone()
+        .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"))
+}
+
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn shared_cluster() -> Cluster {
+    tokio::task::spawn_blocking(cluster)
+        .await
+        .expect("cluster start panicked")
+}
+
+async fn play_with(file: &str, adjust: impl FnOnce(&mut RunOptions)) -> (Report, Cluster) {
+    let cluster = shared_cluster().await;
+    let mut opts = RunOptions::new(
+        repo_root().join("tests/fixtures").join(file),
+        PathBuf::from(env!("CARGO_BIN_EXE_forewarn")),
+    );
+    opts.timeout = Duration::from_secs(150);
+    adjust(&mut opts);
+    let report = run_scenario(&cluster, &opts)
+        .await
+        .unwrap_or_else(|e| panic!("{file}: could not run: {e:#}"));
+    println!("{}\n{}", report.timeline.join("\n"), summary(&report));
+    assert!(
+        report.ok(),
+        "{file}:\n{}\n{}",
+        report.timeline.join("\n"),
+        summary(&report)
+    );
+    assert!(
+        report.min_ready >= report.min_available,
+        "PodDisruptionBudget violated: {} ready",
+        report.min_ready
+    );
+    (report, cluster)
+}
+
+async fn sev(client: &Client, id: &str) -> ScheduledEvent {
+    Api::<ScheduledEvent>::all(client.clone())
+        .get(&id.to_ascii_lowercase())
+        .await
+        .unwrap_or_else(|e| panic!("ScheduledEvent {id}: {e}"))
+}
+
+/// `(status, reason, message)` of the condition `type_`.
+fn condition(ev: &ScheduledEvent, type_: &str) -> Option<(String, String, String)> {
+    ev.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// Notes of the Events with `reason` about the `ScheduledEvent` `id`.
+async fn event_notes(client: &Client, id: &str, reason: &str) -> Vec<String> {
+    Api::<KubeEvent>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list Events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter(|e| {
+            e.regarding
+                .as_ref()
+                .and_then(|r| r.name.as_deref())
+                .is_some_and(|n| n.eq_ignore_ascii_case(id))
+        })
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+/// When `node` was first seen cordoned (the harness's watch of nodes).
+fn first_cordon(report: &Report, node: &str) -> DateTime<Utc> {
+    report
+        .node_changes
+        .iter()
+        .find(|(_, n, cordoned)| n == node && *cordoned)
+        .map(|(t, _, _)| *t)
+        .unwrap_or_else(|| panic!("{node} was never cordoned: {:?}", report.node_changes))
+}
+
+/// A Deployment of `replicas` pods pinned to `node`.
+fn pinned(name: &str, replicas: i32, node: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {
+                "terminationGracePeriodSeconds": 30,
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+            }},
+        },
+    })
+}
+
+/// A PodDisruptionBudget that lets none of `app`'s `replicas` pods go.
+fn blocking_pdb(app: &str, replicas: i32) -> serde_json::Value {
+    json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": app},
+        "spec": {"minAvailable": replicas, "selector": {"matchLabels": {"app": app}}},
+    })
+}
+
+/// Item 3: a rule gives `Reboot` a 30 s drain lead time. With the same
+/// `NotBefore` 45 s ahead, the Redeploy's node is cordoned at once and the
+/// Reboot's only at `NotBefore` minus 30 s (never before), while its
+/// `ScheduledEvent` waits `Pending` with `DrainScheduled`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rules_lead_time_holds_the_cordon_until_not_before_minus_it_while_another_type_drains_at_once()
+ {
+    let _turn = TURN.lock().await;
+    const REBOOT: &str = "5E1A7B3C-1D2E-4F30-8A41-B2C3D4E5F601";
+    const REDEPLOY: &str = "5E1A7B3C-1D2E-4F30-8A41-B2C3D4E5F602";
+    let (report, cluster) = play_with("lead-time-per-type.yaml", |o| {
+        o.policy = Some(
+            "rules:\n- {eventType: Reboot, action: DrainAndApprove, drainLeadTimeSeconds: 30}\n"
+                .into(),
+        );
+    })
+    .await;
+    let client = cluster.client().await.expect("client");
+    let reboot = sev(&client, REBOOT).await;
+    let redeploy = sev(&client, REDEPLOY).await;
+
+    // The Reboot's NotBefore, from the DrainScheduled Event (the spec's
+    // is gone once the event started).
+    let notes = event_notes(&client, REBOOT, "DrainScheduled").await;
+    let note = notes
+        .iter()
+        .find(|n| n.contains("the cordon and drain start at"))
+        .unwrap_or_else(|| panic!("no DrainScheduled Event for the Reboot: {notes:?}"));
+    assert!(note.contains("(30s"), "{note}");
+    let nb_text = note
+        .split("NotBefore is ")
+        .nth(1)
+        .and_then(|t| t.split(';').next())
+        .expect("NotBefore in the note");
+    let nb = DateTime::parse_from_rfc3339(nb_text)
+        .expect("an RFC 3339 NotBefore")
+        .with_timezone(&Utc);
+    let start = nb - chrono::Duration::seconds(30);
+
+    let reboot_cordon = first_cordon(&report, "node-000001");
+    let redeploy_cordon = first_cordon(&report, "node-000002");
+    println!(
+        "NotBefore {nb}; Redeploy's node cordoned {:.1}s before it, Reboot's {:.1}s before it",
+        (nb - redeploy_cordon).num_milliseconds() as f64 / 1000.0,
+        (nb - reboot_cordon).num_milliseconds() as f64 / 1000.0
+    );
+    assert!(
+        reboot_cordon >= start,
+        "the Reboot's node was cordoned at {reboot_cordon}, before NotBefore - 30 s ({start})"
+    );
+    assert!(
+        reboot_cordon <= start + chrono::Duration::seconds(5),
+        "the Reboot's drain started late: {reboot_cordon}, lead time began {start}"
+    );
+    // Appeared 2 s in, NotBefore 45 s later: the Redeploy's drain starts at
+    // once, some 15 s before the Reboot's may.
+    assert!(
+        redeploy_cordon + chrono::Duration::seconds(10) < start,
+        "the Redeploy waited too: cordoned at {redeploy_cordon}, the Reboot's lead time began {start}"
+    );
+    // Both ran their course: drained, approved, completed.
+    for ev in [&reboot, &redeploy] {
+        assert_eq!(
+            ev.status.as_ref().and_then(|s| s.phase),
+            Some(Phase::Completed)
+        );
+    }
+    let (status, reason, _) = condition(&reboot, "DrainScheduled").expect("DrainScheduled");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "LeadTimeReached")
+    );
+    assert!(
+        condition(&redeploy, "DrainScheduled").is_none(),
+        "the Redeploy waited for a lead time"
+    );
+    assert!(
+        report.timeline.iter().any(|l| l.contains(&format!(
+            "Reboot {} phase Pending",
+            REBOOT[..8].to_ascii_lowercase()
+        ))),
+        "the Reboot was not Pending while it waited"
+    );
+}
+
+/// Item 4: two drains a PodDisruptionBudget blocks past the deadline. The
+/// Redeploy's rule says `onDeadline: Approve`: IMDS gets its approval at
+/// the deadline (`NotBefore` minus 5 s), and `DrainIncomplete` says what
+/// was left. The Reboot is held (the default): the mock's log has no
+/// approval of it, and it starts at `NotBefore`.
+#[tokio::test(flavor = "multi_thread")]
+async fn hold_never_approves_a_blocked_drain_and_approve_approves_it_at_the_deadline() {
+    let _turn = TURN.lock().await;
+    const APPROVE: &str = "6F2B8C4D-2E3F-4051-9B52-C3D4E5F60701";
+    const HOLD: &str = "6F2B8C4D-2E3F-4051-9B52-C3D4E5F60702";
+    let (report, cluster) = play_with("deadline-hold-approve.yaml", |o| {
+        o.policy = Some(
+            "rules:\n- {eventType: Redeploy, action: DrainAndApprove, onDeadline: Approve}\n"
+                .into(),
+        );
+        o.extra_objects = vec![
+            pinned("stuck-a", 2, "node-000001"),
+            blocking_pdb("stuck-a", 2),
+            pinned("stuck-h", 2, "node-000002"),
+            blocking_pdb("stuck-h", 2),
+        ];
+    })
+    .await;
+    let client = cluster.client().await.expect("client");
+
+    // Hold: no approval reached IMDS, none was decided.
+    let held: Vec<_> = report
+        .imds_log
+        .iter()
+        .filter(|e| e.event_id.eq_ignore_ascii_case(HOLD) && e.what == "Approved")
+        .collect();
+    assert!(held.is_empty(), "the held Reboot was approved: {held:?}");
+    let hold = sev(&client, HOLD).await;
+    let st = hold.status.clone().expect("status");
+    assert!(st.approval.is_none(), "{:?}", st.approval);
+    assert_eq!(st.nodes_drained.as_deref(), Some("0/1"));
+    let (status, reason, message) = condition(&hold, "DrainIncomplete").expect("DrainIncomplete");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "DeadlinePassed"),
+        "{message}"
+    );
+    // Recorded at the deadline (22 s in), before NotBefore (27 s), not a
+    // blocked drain's backoff later.
+    let deadline = report.started + chrono::Duration::seconds(22);
+    let recorded = st
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "DrainIncomplete")
+        .map(|c| c.last_transition_time)
+        .expect("DrainIncomplete");
+    assert!(
+        recorded >= deadline - chrono::Duration::seconds(1)
+            && recorded < deadline + chrono::Duration::seconds(4),
+        "DrainIncomplete recorded at {recorded}, the deadline was {deadline}"
+    );
+
+    // Approve: IMDS got the approval within the deadline's second: after
+    // NotBefore - 5 s, before NotBefore.
+    let approved: Vec<_> = report
+        .imds_log
+        .iter()
+        .filter(|e| e.event_id.eq_ignore_ascii_case(APPROVE) && e.what == "Approved")
+        .collect();
+    let first = approved
+        .first()
+        .unwrap_or_else(|| panic!("no approval of the Redeploy reached IMDS"));
+    let ev = sev(&client, APPROVE).await;
+    let st = ev.status.clone().expect("status");
+    let approval = st.approval.clone().expect("approval");
+    let decided = approval.decided_at.expect("decidedAt");
+    let reason = approval.reason.clone().unwrap_or_default();
+    assert!(reason.contains("onDeadline is Approve"), "{reason}");
+    // The deadline: appearance at 2 s, notice 25 s, margin 5 s: 22 s in
+    // (NotBefore is written in whole seconds, so up to a second earlier).
+    assert!(
+        decided >= deadline - chrono::Duration::seconds(1),
+        "decided at {decided}, before the deadline {deadline}"
+    );
+    assert!(
+        first.time <= deadline + chrono::Duration::seconds(4),
+        "IMDS got the approval at {}, long after the deadline {deadline}",
+        first.time
+    );
+    let (status, reason, message) = condition(&ev, "DrainIncomplete").expect("DrainIncomplete");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "ApprovedIncomplete"),
+        "{message}"
+    );
+    assert!(
+        message.contains("node-000001 not drained") && message.contains("shop/stuck-a-"),
+        "what was left is not named: {message}"
+    );
+    assert_eq!(st.nodes_drained.as_deref(), Some("0/1"));
+    assert!(
+        !event_notes(&client, APPROVE, "DrainIncomplete")
+            .await
+            .is_empty(),
+        "no DrainIncomplete Event"
+    );
+}
+
+/// The node's labels.
+async fn labels(client: &Client, node: &str) -> std::collections::BTreeMap<String, String> {
+    Api::<Node>::all(client.clone())
+        .get(node)
+        .await
+        .expect("node")
+        .metadata
+        .labels
+        .unwrap_or_default()
+}
+
+/// Item 6: every agent reports its VM's fault and update domain as the
+/// mock serves them; the controller labels the nodes with them, except
+/// node-000002, whose zone label already is its fault domain (as
+/// cloud-provider-azure sets it on an availability set), and not
+/// node-000000's availability zone (`eastus-1`, no fault domain); it writes
+/// each label once, however often the nodes change; `kubectl get sev -o
+/// wide` shows how many fault domains the event touches.
+#[tokio::test(flavor = "multi_thread")]
+async fn agents_report_fault_domains_and_the_controller_labels_the_nodes_once() {
+    let _turn = TURN.lock().await;
+    const ID: &str = "7A3C9D5E-3F40-4162-8C63-D4E5F6071801";
+    let cluster = shared_cluster().await;
+    let set_zones = |zones: [Option<&str>; 2]| {
+        for (node, zone) in [("node-000000", zones[0]), ("node-000002", zones[1])] {
+            let label = match zone {
+                Some(z) => format!("{ZONE_LABEL}={z}"),
+                None => format!("{ZONE_LABEL}-"),
+            };
+            cluster
+                .kubectl(&["label", "node", node, &label, "--overwrite"])
+                .expect("label the node's zone");
+        }
+    };
+    set_zones([Some("eastus-1"), Some("1")]);
+    // Nodes change meanwhile (someone labels one, twice): each change wakes
+    // the labeller, which must not write again.
+    let poke = |v: &str| {
+        [
+            "label",
+            "node",
+            "node-000001",
+            &format!("example.com/poke={v}"),
+            "--overwrite",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let run = std::panic::AssertUnwindSafe(play_with("fault-domains.yaml", |o| {
+        o.timed_kubectl = vec![
+            (Duration::from_secs(3), poke("1")),
+            (Duration::from_secs(5), poke("2")),
+        ];
+    }));
+    let outcome = futures::FutureExt::catch_unwind(run).await;
+    let client = cluster.client().await.expect("client");
+    let got: Vec<_> = {
+        let mut v = Vec::new();
+        for n in ["node-000000", "node-000001", "node-000002"] {
+            v.push((n, labels(&client, n).await));
+        }
+        v
+    };
+    let vm_reports = Api::<VirtualMachineReport>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list VirtualMachineReports");
+    // The shared cluster's other tests see no zones.
+    set_zones([None, None]);
+    let _ = cluster.kubectl(&["label", "node", "node-000001", "example.com/poke-"]);
+    let (report, _) = match outcome {
+        Ok(r) => r,
+        Err(p) => std::panic::resume_unwind(p),
+    };
+
+    // What each agent reported: the values the mock served its VM.
+    let reported: Vec<(String, String, String, String)> = vm_reports
+        .items
+        .iter()
+        .map(|r| {
+            (
+                r.name_any(),
+                r.spec.vm.clone(),
+                r.spec.platform_fault_domain.clone(),
+                r.spec.platform_update_domain.clone(),
+            )
+        })
+        .collect();
+    let want = |n: &str, vm: &str, fd: &str, ud: &str| {
+        (
+            n.to_string(),
+            vm.to_string(),
+            fd.to_string(),
+            ud.to_string(),
+        )
+    };
+    assert_eq!(
+        reported,
+        [
+            want("node-000000", "aks-nodepool1-16180339-vmss_0", "0", "3"),
+            want("node-000001", "aks-nodepool1-16180339-vmss_1", "1", "4"),
+            want("node-000002", "aks-nodepool1-16180339-vmss_2", "1", "0"),
+        ]
+    );
+    // The labels: the reported values, but none on node-000002.
+    let label = |i: usize, key: &str| got[i].1.get(key).cloned();
+    assert_eq!(
+        (label(0, FAULT_DOMAIN_LABEL), label(0, UPDATE_DOMAIN_LABEL)),
+        (Some("0".into()), Some("3".into())),
+        "node-000000 (zone eastus-1): {:?}",
+        got[0].1
+    );
+    assert_eq!(
+        (label(1, FAULT_DOMAIN_LABEL), label(1, UPDATE_DOMAIN_LABEL)),
+        (Some("1".into()), Some("4".into())),
+        "node-000001: {:?}",
+        got[1].1
+    );
+    assert_eq!(
+        (label(2, FAULT_DOMAIN_LABEL), label(2, UPDATE_DOMAIN_LABEL)),
+        (None, None),
+        "node-000002 has the cloud provider's fault domain: {:?}",
+        got[2].1
+    );
+    assert_eq!(label(1, "example.com/poke").as_deref(), Some("2"));
+    // Two nodes labelled, one write each, though every node change (the
+    // pokes, KWOK's status updates) woke the labeller again. A write that
+    // changes nothing leaves no trace in the API server: its own count.
+    let metrics = &report
+        .metrics
+        .iter()
+        .find(|(name, _)| name == "controller")
+        .expect("controller metrics")
+        .1;
+    assert!(
+        metrics.contains("forewarn_controller_node_writes_total{action=\"label\"} 2\n"),
+        "not exactly two label writes:\n{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("node_writes"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let log =
+        std::fs::read_to_string(report.log_dir.join("controller.log")).expect("controller log");
+    assert_eq!(
+        log.matches("Labelled the node with its VM's fault and update domain")
+            .count(),
+        2,
+        "{log}"
+    );
+
+    // `kubectl get sev -o wide`: the Freeze touches fault domains
+    // eastus-1/0 and 1 (node-000001's and node-000002's): 2.
+    let table = &report.sev_table;
+    println!("{table}");
+    let header = table.lines().next().expect("header");
+    let col = header.find("FAULTDOMAINS").expect("a FAULTDOMAINS column");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with(&ID.to_ascii_lowercase()))
+        .expect("the event's row");
+    let cell: String = row[col..].split_whitespace().next().unwrap_or("").into();
+    assert_eq!(cell, "2", "{table}");
+    let ev = sev(&client, ID).await;
+    assert_eq!(ev.status.and_then(|s| s.fault_domains), Some(2));
+}
