@@ -544,7 +544,7 @@ async fn detection(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result
     )
     .await?;
     let watches = Watches::start(&client).await?;
-    let http = reqwest::Client::builder().no_proxy().build()?;
+    let http = forewarn::http::client_builder().no_proxy().build()?;
     // Let the agents reach their steady poll first.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let origin = start_mock(&http, &fleet).await?;
@@ -711,7 +711,7 @@ async fn burst(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result<()>
     let vms: Vec<(String, String)> = (0..n).map(|i| (node_name(i), vm_name(i))).collect();
     let fleet = start_fleet(&cluster, bin, &dir, &scenario, &vms, Some(creds), &[]).await?;
     let watches = Watches::start(&client).await?;
-    let http = reqwest::Client::builder().no_proxy().build()?;
+    let http = forewarn::http::client_builder().no_proxy().build()?;
 
     // Idle: after start-up, agents polling an empty document.
     tokio::time::sleep(Duration::from_secs(15)).await;
@@ -1206,7 +1206,7 @@ async fn scale_on(
     tokio::time::sleep(Duration::from_secs(10)).await;
     let reference = node_patch_reference(client, n).await?;
     let watches = Watches::start(client).await?;
-    let http = reqwest::Client::builder().no_proxy().build()?;
+    let http = forewarn::http::client_builder().no_proxy().build()?;
     tokio::time::sleep(Duration::from_secs(20)).await;
     let ticks = clock_ticks();
     let ctl_pid = fleet.controller.id().context("the controller exited")?;

@@ -183,7 +183,7 @@ async fn drain_with_forewarn(
     let vms = [(TARGET.to_string(), VM.to_string())];
     let mut fleet = Fleet::start(bin, &env, &dir, &scenario, "127.0.0.2:0", &lease, &vms).await?;
     fleet.wait_ready(Duration::from_secs(60)).await?;
-    let http = reqwest::Client::builder().no_proxy().build()?;
+    let http = forewarn::http::client_builder().no_proxy().build()?;
     http.post(format!("{}/mock/start", fleet.imds_base()))
         .send()
         .await?

@@ -189,6 +189,11 @@ pub struct ControllerArgs {
     /// Policy file (YAML); without it the built-in defaults apply.
     #[arg(long, env = "FOREWARN_POLICY_FILE")]
     pub policy_file: Option<PathBuf>,
+    /// Webhooks file (YAML; see [`crate::controller::webhooks`]): where the
+    /// leader POSTs its notifications. Read at start; without it none are
+    /// sent.
+    #[arg(long, env = "FOREWARN_WEBHOOKS_FILE")]
+    pub webhooks_file: Option<PathBuf>,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "FOREWARN_METRICS_ADDR", default_value = "127.0.0.1:9102")]
     pub metrics_addr: SocketAddr,

@@ -16,6 +16,7 @@ pub mod cli;
 pub mod controller;
 pub mod crd;
 pub mod crds;
+pub mod http;
 pub mod imds;
 pub mod install_check;
 pub mod kubeclient;

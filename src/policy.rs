@@ -86,6 +86,17 @@ impl Action {
         }
     }
 
+    /// What the action does, for people: `drain the nodes, then approve`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Action::Ignore => "only record it",
+            Action::Approve => "approve it at once, without a drain",
+            Action::Cordon => "cordon the nodes (no drain, no approval)",
+            Action::Drain => "cordon and drain the nodes (no approval)",
+            Action::DrainAndApprove => "cordon and drain the nodes, then approve",
+        }
+    }
+
     /// Whether the action cordons the affected nodes.
     pub fn cordons(self) -> bool {
         matches!(

@@ -284,7 +284,7 @@ mod tests {
         )
         .await
         .unwrap();
-        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let http = crate::http::client_builder().no_proxy().build().unwrap();
         let get = |path: &str, auth: Option<&str>| {
             let mut r = http.get(format!("http://{addr}{path}"));
             if let Some(a) = auth {
@@ -321,7 +321,7 @@ mod tests {
         )
         .await
         .unwrap();
-        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let http = crate::http::client_builder().no_proxy().build().unwrap();
         let r = http
             .get(format!("http://{addr}/metrics"))
             .send()

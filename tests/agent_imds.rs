@@ -144,7 +144,7 @@ impl Rig {
             agents: Vec::new(),
             events,
             reports,
-            http: reqwest::Client::builder()
+            http: forewarn::http::client_builder()
                 .no_proxy()
                 .timeout(Duration::from_secs(5))
                 .build()

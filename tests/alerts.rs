@@ -100,7 +100,7 @@ fn alert_names() -> Vec<String> {
         .flat_map(|g| g["rules"].as_sequence().cloned().unwrap_or_default())
         .filter_map(|r| r["alert"].as_str().map(String::from))
         .collect();
-    assert_eq!(names.len(), 15, "{names:?}");
+    assert_eq!(names.len(), 16, "{names:?}");
     names
 }
 
@@ -489,7 +489,7 @@ async fn start_prometheus(dir: &Path, targets: &Path, rules: &Path, chart: &[Val
 }
 
 fn http() -> reqwest::Client {
-    reqwest::Client::builder()
+    forewarn::http::client_builder()
         .no_proxy()
         .timeout(Duration::from_secs(5))
         .build()
@@ -637,19 +637,7 @@ fn monitor_relabelings(chart: &[Value], role: &str) -> Vec<Value> {
 }
 
 fn pinned(name: &str, replicas: i32) -> Value {
-    json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": {
-                "terminationGracePeriodSeconds": 30,
-                "nodeSelector": {"kubernetes.io/hostname": NODE},
-                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
-            }},
-        },
-    })
+    forewarn_harness::run::pinned_deployment(name, replicas, 30, NODE)
 }
 
 #[tokio::test(flavor = "multi_thread")]

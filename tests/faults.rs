@@ -69,7 +69,7 @@ fn dir(test: &str) -> PathBuf {
 }
 
 fn http() -> reqwest::Client {
-    reqwest::Client::builder()
+    forewarn::http::client_builder()
         .no_proxy()
         .timeout(Duration::from_secs(2))
         .build()

@@ -91,7 +91,7 @@ async fn approval_of_an_unknown_event_is_refused() {
 #[tokio::test]
 async fn mock_answers_400_like_imds_without_metadata_header_or_api_version() {
     let base = serve(SCENARIO).await;
-    let http = reqwest::Client::new();
+    let http = forewarn::http::client();
     let url = format!("{base}/vm/vmss_0/metadata/scheduledevents");
     let no_header = http
         .get(format!("{url}?api-version=2020-07-01"))
@@ -250,7 +250,7 @@ async fn compute_document_serves_each_vms_fault_and_update_domain_as_strings() {
         "vms:\n  - {name: vmss_0, faultDomain: 2, updateDomain: 7}\n  - {name: vmss_1}\nevents: []\n",
     )
     .await;
-    let http = reqwest::Client::new();
+    let http = forewarn::http::client();
     let url = |vm: &str| format!("{base}/vm/{vm}/metadata/instance/compute?api-version=2021-02-01");
     let raw: serde_json::Value = http
         .get(url("vmss_0"))

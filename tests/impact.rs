@@ -187,18 +187,6 @@ fn ours(e: &ScheduledEvent, id: &str, since: DateTime<Utc>) -> bool {
             .is_some_and(|t| t.0.as_second() >= since.timestamp() - 2)
 }
 
-fn controller_metric(report: &Report, name: &str) -> Option<f64> {
-    let text = &report
-        .metrics
-        .iter()
-        .find(|(p, _)| p == "controller")
-        .expect("controller metrics")
-        .1;
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 async fn impact_of(client: &Client, event: &str, node: &str) -> Option<NodeImpact> {
     let ev = Api::<ScheduledEvent>::all(client.clone())
         .get(&event.to_ascii_lowercase())
@@ -367,7 +355,10 @@ async fn a_reboot_records_its_restart_an_unexpected_one_is_reported_and_operator
         "{notes:?}"
     );
     assert_eq!(
-        controller_metric(&report, "forewarn_controller_unexpected_restarts_total"),
+        report.metric(
+            "controller",
+            "forewarn_controller_unexpected_restarts_total"
+        ),
         Some(1.0)
     );
 
@@ -513,7 +504,10 @@ async fn a_controller_restart_counts_no_restart_twice() {
     assert_eq!(n, 1, "one restart, counted {n} times: {notes:?}");
     // The controller that ran last saw no change of its own.
     assert_eq!(
-        controller_metric(&report, "forewarn_controller_unexpected_restarts_total"),
+        report.metric(
+            "controller",
+            "forewarn_controller_unexpected_restarts_total"
+        ),
         Some(0.0)
     );
     let (wrong, notes) = node_events(&client, "node-000001", "UnexpectedRestart", since).await;

@@ -82,7 +82,7 @@ async fn start_controller(
 
 /// An HTTP client for the processes' `/metrics` on loopback.
 fn metrics_client() -> reqwest::Client {
-    reqwest::Client::builder()
+    forewarn::http::client_builder()
         .no_proxy()
         .timeout(Duration::from_millis(500))
         .build()

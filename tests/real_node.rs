@@ -680,7 +680,7 @@ async fn redeploy_drains_the_real_node_with_real_grace() {
     )
     .expect("start the controller");
 
-    let http = reqwest::Client::new();
+    let http = forewarn::http::client();
     let mock_url = format!("http://{}", env.imds_ip);
     http.post(format!("{mock_url}/mock/start"))
         .send()
@@ -962,7 +962,7 @@ async fn a_real_container_reads_its_notice_and_acknowledges_before_the_approval(
     )
     .expect("start the controller");
 
-    let http = reqwest::Client::new();
+    let http = forewarn::http::client();
     let mock_url = format!("http://{}", env.imds_ip);
     http.post(format!("{mock_url}/mock/start"))
         .send()

@@ -876,7 +876,7 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
     // The Redeploy starts; one round reads IMDS, pods, the Lease, the node
     // and the event, in the reverse of the causal order, so that a step seen
     // in a round implies its causes are seen too.
-    let http = reqwest::Client::new();
+    let http = forewarn::http::client();
     let mock_url = format!("http://{}", env.imds_ip);
     http.post(format!("{mock_url}/mock/start"))
         .send()

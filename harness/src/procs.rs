@@ -207,7 +207,7 @@ pub async fn read_mock_address(
 /// # Errors
 /// When it does not within `within`.
 pub async fn wait_ready(port: u16, within: Duration) -> anyhow::Result<()> {
-    let http = reqwest::Client::builder()
+    let http = forewarn::http::client_builder()
         .no_proxy()
         .timeout(Duration::from_secs(1))
         .build()?;

@@ -325,6 +325,36 @@ impl Report {
     pub fn ok(&self) -> bool {
         self.finished && self.violations.is_empty()
     }
+
+    /// The value of the sample `series` (its name and labels as exposed,
+    /// e.g. `x_total{a="b"}`) in `process`'s `/metrics` at the end of the
+    /// run (`controller`, or an agent's name); `None` when not exposed.
+    pub fn metric(&self, process: &str, series: &str) -> Option<f64> {
+        let (_, text) = self.metrics.iter().find(|(p, _)| p == process)?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{series} ")))
+            .and_then(|v| v.trim().parse().ok())
+    }
+}
+
+/// A Deployment of `replicas` pause pods pinned to `node` (their
+/// replacements stay Pending there once it is cordoned), with
+/// `terminationGracePeriodSeconds` `grace`; `extra_objects` of a run
+/// create it in the run's namespace.
+pub fn pinned_deployment(name: &str, replicas: i32, grace: i64, node: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {
+                "terminationGracePeriodSeconds": grace,
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+            }},
+        },
+    })
 }
 
 /// Timeline lines, printed in the order things happened: each line carries
@@ -723,7 +753,7 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         write_prometheus_targets(path, &fleet.metrics_ports())?;
     }
 
-    let http = reqwest::Client::builder()
+    let http = forewarn::http::client_builder()
         .no_proxy()
         .timeout(Duration::from_secs(5))
         .build()?;

@@ -60,6 +60,10 @@ pub struct ControllerMetrics {
     /// Restarts of nodes (a change of their `bootID`) that no event in its
     /// impact window announced, seen by the leader.
     pub unexpected_restarts: IntCounter,
+    /// Webhook deliveries by `webhook` (its name in the webhooks file),
+    /// `notification` and `result`: `delivered`, `retried`, `failed`,
+    /// `rejected`, `dropped` (see [`super::webhooks`]).
+    pub webhook_deliveries: IntCounterVec,
     /// Approvals decided, by event `type`.
     pub approvals_decided: IntCounterVec,
     /// Events whose drain did not finish before its deadline, start or end, by `type`.
@@ -158,6 +162,11 @@ impl ControllerMetrics {
                 "forewarn_controller_unexpected_restarts_total",
                 "Node restarts (a change of the Node's bootID) outside the impact window of any event that announces one",
             )?,
+            webhook_deliveries: counter(
+                "forewarn_controller_webhook_deliveries_total",
+                "Webhook deliveries, by webhook, notification and result: delivered, retried (one per retry), failed (every attempt failed), rejected (a 4xx), dropped (queue full)",
+                &["webhook", "notification", "result"],
+            )?,
             approvals_decided: counter(
                 "forewarn_controller_approvals_decided_total",
                 "Approvals decided, by event type",
@@ -238,6 +247,7 @@ impl ControllerMetrics {
             Box::new(self.evictions.clone()),
             Box::new(self.node_writes.clone()),
             Box::new(self.unexpected_restarts.clone()),
+            Box::new(self.webhook_deliveries.clone()),
             Box::new(self.approvals_decided.clone()),
             Box::new(self.drains_incomplete.clone()),
             Box::new(self.notice_writes.clone()),

@@ -30,6 +30,7 @@ pub mod status;
 pub mod sweep;
 pub mod trust;
 pub mod watch;
+pub mod webhooks;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -275,6 +276,8 @@ pub struct Context {
     /// Asks for a reconcile of a `ScheduledEvent` (a restart or a freeze
     /// of one of its nodes just ended).
     trigger: impact::Trigger,
+    /// The operators' webhooks (none unless `--webhooks-file`).
+    webhooks: webhooks::Webhooks,
 }
 
 #[cfg(test)]

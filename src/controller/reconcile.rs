@@ -223,7 +223,15 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
     if ctx.dry_run {
         status::as_dry_run(&mut status, ev.status.as_ref(), &plan, now);
     }
-    report::report(&ev, &plan, &status, &not_listed, &ctx).await?;
+    report::report(
+        &ev,
+        stored.status.as_ref(),
+        &plan,
+        &status,
+        &not_listed,
+        &ctx,
+    )
+    .await?;
     // The Node condition of each node the event concerns or recorded (a
     // node whose part ended is no longer observed), from the live events
     // (this one as just written).

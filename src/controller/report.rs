@@ -30,7 +30,9 @@ pub enum Subject<'a> {
 }
 
 /// Writes the status (only when it changed) and the Events that mark
-/// progress. `not_listed` are the records of a large event that the status
+/// progress. `ev` is the event as this pass read it (its status already
+/// carrying what the agents report of the approval), `stored` its status
+/// as the API server has it. `not_listed` are the records of a large event that the status
 /// counts without listing ([`super::status::next`]): their drains are
 /// announced too, each once.
 ///
@@ -38,6 +40,7 @@ pub enum Subject<'a> {
 /// [`Error::PatchStatus`] when the status cannot be written.
 pub async fn report(
     ev: &ScheduledEvent,
+    stored: Option<&ScheduledEventStatus>,
     plan: &Plan,
     status: &ScheduledEventStatus,
     not_listed: &[NodeProgress],
@@ -187,6 +190,7 @@ pub async fn report(
             format!("{name}: {why}"),
         );
     }
+    notify_webhooks(ev, &prev, stored, status, plan, ctx);
     let prev_phase = prev.phase.map(Phase::as_str).unwrap_or_default();
     let phase = plan.phase.as_str();
     if prev_phase != phase {
@@ -200,6 +204,106 @@ pub async fn report(
         }
     }
     Ok(())
+}
+
+/// The operators' webhooks ([`super::webhooks`]) for what this status
+/// write changed: the event first seen (`Received`), `DrainBlocked` newly
+/// true (naming each blocked node's budgets and pods), the approval
+/// accepted by IMDS (`Approved`), phase `Started`, phase `Completed` or
+/// `Cancelled` (`Completed`). Each comes from a transition of the stored
+/// status, so it is sent once, by the leader that wrote it.
+fn notify_webhooks(
+    ev: &ScheduledEvent,
+    prev: &ScheduledEventStatus,
+    stored: Option<&ScheduledEventStatus>,
+    status: &ScheduledEventStatus,
+    plan: &Plan,
+    ctx: &Context,
+) {
+    use super::webhooks::{Blocker, Message, Notification};
+    let name = ev.name_any();
+    let spec = &ev.spec;
+    let about = |n: Notification, summary: String| Message::about(n, ev, status, summary);
+    if prev.first_seen.is_none() && status.first_seen.is_some() {
+        let when = spec.not_before.map_or_else(
+            || "now".to_string(),
+            |nb| format!("not before {}", nb.to_rfc3339()),
+        );
+        ctx.webhooks.notify(about(
+            Notification::Received,
+            format!(
+                "{} {name} ({}) for {}, {when}; forewarn will {}",
+                spec.event_type,
+                spec.event_source,
+                spec.resources.join(", "),
+                plan.action.describe()
+            ),
+        ));
+    }
+    if let Some(message) = newly_true(prev, status, "DrainBlocked") {
+        let mut m = about(
+            Notification::DrainBlocked,
+            format!(
+                "The drain for {} {name} is blocked: {message}",
+                spec.event_type
+            ),
+        );
+        m.blockers = status
+            .nodes
+            .iter()
+            .flatten()
+            .filter(|n| n.blocked_by.is_some())
+            .map(|n| Blocker {
+                node: n.name.clone(),
+                pod_disruption_budgets: n.blocking_budgets.clone(),
+                pods: n.blocked_pods.clone(),
+                reason: n.blocked_by.clone(),
+            })
+            .collect();
+        ctx.webhooks.notify(m);
+    }
+    // The approval this status records as accepted, against what the API
+    // server stored (`prev` already carries what the agents report: see
+    // `reconcile::copy_sent_approval`): the same decision (appearance and
+    // digest) accepted there already was told.
+    let accepted = |s: Option<&ScheduledEventStatus>| {
+        s.and_then(|s| s.approval.as_ref())
+            .filter(|a| a.result.as_deref() == Some(crate::agent::approval::ACCEPTED))
+            .map(|a| (a.appearance, a.digest.clone()))
+    };
+    if let Some(now) = accepted(Some(status))
+        && accepted(stored) != Some(now)
+    {
+        let by = status
+            .approval
+            .as_ref()
+            .and_then(|a| a.sent_by.as_deref())
+            .unwrap_or("an agent");
+        ctx.webhooks.notify(about(
+            Notification::Approved,
+            format!(
+                "IMDS accepted the approval of {} {name} (sent by {by}): Azure may start it now",
+                spec.event_type
+            ),
+        ));
+    }
+    if prev.phase != Some(plan.phase) {
+        match plan.phase {
+            Phase::Started => ctx.webhooks.notify(about(
+                Notification::Started,
+                format!("{} {name} started", spec.event_type),
+            )),
+            Phase::Completed | Phase::Cancelled => ctx.webhooks.notify(about(
+                Notification::Completed,
+                format!(
+                    "{} {name} is {}",
+                    spec.event_type,
+                    plan.phase.as_str().to_lowercase()
+                ),
+            )),
+            _ => {}
+        }
+    }
 }
 
 /// The Events of the wait for the pods that take part: when it begins

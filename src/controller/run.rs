@@ -60,6 +60,10 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         }
         None => (Policy::default(), String::new()),
     };
+    let webhooks_config = match &args.webhooks_file {
+        Some(path) => super::webhooks::Config::load(&path.to_string_lossy())?,
+        None => super::webhooks::Config::default(),
+    };
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "forewarn".into());
         format!("{host}-{}", std::process::id())
@@ -312,6 +316,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         },
         metrics.kube_events.clone(),
     );
+    let (webhooks, webhook_tasks) = super::webhooks::Webhooks::start(
+        webhooks_config,
+        metrics.webhook_deliveries.clone(),
+        args.dry_run,
+    )?;
     let ctx = Arc::new(Context {
         kube_events,
         client: client.clone(),
@@ -332,6 +341,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         heartbeats: super::heartbeats::Heartbeats::new(client.clone(), trigger.clone()),
         node_conditions: super::node_condition::Written::default(),
         trigger,
+        webhooks,
     });
     let restart_task = tokio::spawn(super::impact::report_restarts(ctx.clone(), restarts));
     let heartbeat_task = tokio::spawn(ctx.heartbeats.clone().run_expiry());
@@ -384,6 +394,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     notice_sweep.abort();
     restart_task.abort();
     heartbeat_task.abort();
+    for t in &webhook_tasks {
+        t.abort();
+    }
     if let Some(reload) = reload_task {
         reload.abort();
     }

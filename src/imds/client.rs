@@ -140,7 +140,7 @@ impl Client {
     /// # Errors
     /// [`Error::BuildClient`] if the HTTP stack cannot be set up.
     pub fn new(base_url: &str, timeout: Duration) -> Result<Self> {
-        let http = reqwest::Client::builder()
+        let http = crate::http::client_builder()
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(timeout.min(Duration::from_secs(2)))

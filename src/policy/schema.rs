@@ -22,6 +22,17 @@ pub const DURATION_PATTERN: &str = r"^\s*([0-9]+(\.[0-9]+)?\s*(nanos|nsec|ns|use
 /// Where the policy sits in `values.schema.json`.
 pub const VALUES_PATH: [&str; 4] = ["properties", "controller", "properties", "policy"];
 
+/// Where the webhooks file ([`crate::controller::webhooks::Config`]) sits
+/// in `values.schema.json` (`controller.webhooks.config`).
+pub const WEBHOOKS_PATH: [&str; 6] = [
+    "properties",
+    "controller",
+    "properties",
+    "webhooks",
+    "properties",
+    "config",
+];
+
 /// A `values.schema.json` the policy's schema cannot be spliced into.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -31,18 +42,33 @@ pub enum Error {
     /// The file has no `controller.policy` to replace.
     #[error("values.schema.json has no properties.controller.properties.policy to replace")]
     NoPolicy,
+    /// The file has no `controller.webhooks.config` to replace.
+    #[error(
+        "values.schema.json has no properties.controller.properties.webhooks.properties.config to replace"
+    )]
+    NoWebhooks,
 }
 
 /// The policy's JSON schema (draft-07, every definition inline), as it
 /// stands under `controller.policy` in the chart's `values.schema.json`.
 pub fn policy_schema() -> Value {
+    schema_of::<Policy>()
+}
+
+/// The webhooks file's JSON schema, as it stands under
+/// `controller.webhooks.config` in the chart's `values.schema.json`.
+pub fn webhooks_schema() -> Value {
+    schema_of::<crate::controller::webhooks::Config>()
+}
+
+fn schema_of<T: schemars::JsonSchema>() -> Value {
     let generator = schemars::generate::SchemaSettings::draft07()
         .with(|s| {
             s.inline_subschemas = true;
             s.meta_schema = None;
         })
         .into_generator();
-    let mut schema = generator.into_root_schema_for::<Policy>().to_value();
+    let mut schema = generator.into_root_schema_for::<T>().to_value();
     if let Value::Object(m) = &mut schema {
         m.remove("title");
     }
@@ -134,15 +160,36 @@ fn unwrap(text: &str) -> String {
 /// [`Error::Parse`] when `values_schema` is not JSON, [`Error::NoPolicy`]
 /// when it has no `controller.policy`.
 pub fn splice(values_schema: &str) -> Result<String, Error> {
+    let with_policy = splice_at(
+        values_schema,
+        &VALUES_PATH,
+        &policy_schema(),
+        Error::NoPolicy,
+    )?;
+    splice_at(
+        &with_policy,
+        &WEBHOOKS_PATH,
+        &webhooks_schema(),
+        Error::NoWebhooks,
+    )
+}
+
+/// `values_schema` with the value at `path` replaced by `schema`, indented
+/// to fit; `missing` when there is none.
+fn splice_at(
+    values_schema: &str,
+    path: &[&str],
+    schema: &Value,
+    missing: Error,
+) -> Result<String, Error> {
     serde_json::from_str::<Value>(values_schema)?;
-    let span = value_span(values_schema, &VALUES_PATH).ok_or(Error::NoPolicy)?;
+    let span = value_span(values_schema, path).ok_or(missing)?;
     let line_start = values_schema[..span.start].rfind('\n').map_or(0, |i| i + 1);
     let indent: String = values_schema[line_start..span.start]
         .chars()
         .take_while(|c| *c == ' ')
         .collect();
-    let generated =
-        serde_json::to_string_pretty(&policy_schema())?.replace('\n', &format!("\n{indent}"));
+    let generated = serde_json::to_string_pretty(schema)?.replace('\n', &format!("\n{indent}"));
     Ok(format!(
         "{}{generated}{}",
         &values_schema[..span.start],
@@ -376,10 +423,11 @@ mod tests {
 
     #[test]
     fn splice_replaces_the_policy_and_keeps_the_rest_as_written() {
-        let text = "{\n  \"a\": [1, {\"b\": \"}\\\"\"}],\n  \"properties\": {\n    \"controller\": {\n      \"properties\": {\n        \"x\": true,\n        \"policy\": {\"type\": \"object\"},\n        \"y\": 1\n      }\n    }\n  }\n}\n";
+        let text = "{\n  \"a\": [1, {\"b\": \"}\\\"\"}],\n  \"properties\": {\n    \"controller\": {\n      \"properties\": {\n        \"x\": true,\n        \"webhooks\": {\"properties\": {\"config\": {}}},\n        \"policy\": {\"type\": \"object\"},\n        \"y\": 1\n      }\n    }\n  }\n}\n";
         let out = splice(text).expect("splice");
         let v: Value = serde_json::from_str(&out).expect("JSON");
         assert_eq!(at(&v, &VALUES_PATH), &policy_schema());
+        assert_eq!(at(&v, &WEBHOOKS_PATH), &webhooks_schema());
         assert!(
             out.starts_with("{\n  \"a\": [1, {\"b\": \"}\\\"\"}],\n"),
             "{out}"
@@ -396,6 +444,10 @@ mod tests {
         assert!(matches!(
             splice("{\"properties\": {}}"),
             Err(Error::NoPolicy)
+        ));
+        assert!(matches!(
+            splice("{\"properties\": {\"controller\": {\"properties\": {\"policy\": {}}}}}"),
+            Err(Error::NoWebhooks)
         ));
         assert!(matches!(splice("{"), Err(Error::Parse(_))));
     }

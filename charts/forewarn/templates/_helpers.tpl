@@ -135,3 +135,16 @@ key: token
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+The Secret holding the controller's webhooks file, or "" when no webhook is
+configured: controller.webhooks.existingSecret, else the chart's own
+(webhooks-secret.yaml) when controller.webhooks.config is set.
+*/}}
+{{- define "forewarn.webhooksSecret" -}}
+{{- if .Values.controller.webhooks.existingSecret -}}
+{{- .Values.controller.webhooks.existingSecret -}}
+{{- else if .Values.controller.webhooks.config -}}
+{{- include "forewarn.fullname" . }}-webhooks
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,353 @@
+//! End-to-end test of the operators' webhooks (issue 16, item 7) on a real
+//! local control plane: the real controller, given a webhooks file, POSTs
+//! to receivers this test serves on loopback. Checked is what the
+//! receivers got (bodies, order, retries), against the IMDS mock's log and
+//! the controller's own `/metrics` and logs. It fails, never skips, when
+//! the cluster cannot start.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::run::{Report, RunOptions, pinned_deployment, run_scenario, summary};
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+
+fn cluster() -> Cluster {
+    static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+    CLUSTER
+        .get_or_init(|| {
+            Cluster::start(
+                &std::env::var("FOREWARN_WEBHOOKS_CLUSTER")
+                    .unwrap_or_else(|_| "forewarn-webhooks".into()),
+                3,
+            )
+            .map_err(|e| format!("{e:#}"))
+        })
+        .clone()
+        .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"))
+}
+
+const EVENT: &str = "9B4E2D10-3C5A-4F7B-8E61-0A2B3C4D5E71";
+/// The secret part of every URL: it must never reach a log.
+const TOKEN: &str = "T0KEN-b4d5e6f7a8";
+
+/// One request a receiver got.
+#[derive(Debug, Clone)]
+struct Got {
+    at: DateTime<Utc>,
+    path: String,
+    body: Value,
+    answered: u16,
+}
+
+#[derive(Default)]
+struct Receiver {
+    got: Mutex<Vec<Got>>,
+}
+
+/// `/json/<token>` answers 503 to its first request, then 200; `/reject`
+/// always 400; the others 200.
+async fn receive(
+    State(r): State<Arc<Receiver>>,
+    Path(path): Path<String>,
+    axum::Json(body): axum::Json<Value>,
+) -> StatusCode {
+    let mut got = r.got.lock().unwrap();
+    let first_here = !got.iter().any(|g| g.path == path);
+    let answered = if path.starts_with("reject") {
+        400
+    } else if path.starts_with("json") && first_here {
+        503
+    } else {
+        200
+    };
+    got.push(Got {
+        at: Utc::now(),
+        path,
+        body,
+        answered,
+    });
+    StatusCode::from_u16(answered).unwrap()
+}
+
+fn deliveries(report: &Report, webhook: &str, notification: &str, result: &str) -> f64 {
+    report
+        .metric(
+            "controller",
+            &format!(
+                "forewarn_controller_webhook_deliveries_total{{notification=\"{notification}\",result=\"{result}\",webhook=\"{webhook}\"}}"
+            ),
+        )
+        .unwrap_or(0.0)
+}
+
+/// The Redeploy's drain is blocked by a PodDisruptionBudget until the test
+/// relaxes it (12 s), then it is drained, approved, started and over; a
+/// node of no event restarts meanwhile (its `bootID` changes at 8 s). The
+/// JSON webhook gets all six notifications, in the order of the event's
+/// life, the first retried after a 503; the Slack and Teams webhooks only
+/// those they asked for, in their formats; a 400 is not retried; every
+/// outcome is counted; the URL's token reaches no log.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_step_of_an_event_reaches_the_webhooks_in_order_retried_and_counted() {
+    let receiver = Arc::new(Receiver::default());
+    let app = axum::Router::new()
+        .route("/{*path}", axum::routing::post(receive))
+        .with_state(receiver.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the receiver");
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let cluster = tokio::task::spawn_blocking(cluster)
+        .await
+        .expect("cluster start panicked");
+    let client = cluster.client().await.expect("client");
+    // The baseline bootID of a node no event affects; it changes at 8 s.
+    Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .patch_status(
+            "node-000000",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"nodeInfo": {"bootID": "wh-boot-before"}}})),
+        )
+        .await
+        .expect("set the bootID");
+
+    let mut opts = RunOptions::new(
+        repo_root().join("tests/fixtures/webhooks-blocked.yaml"),
+        PathBuf::from(env!("CARGO_BIN_EXE_forewarn")),
+    );
+    opts.timeout = Duration::from_secs(150);
+    let file = std::env::temp_dir().join(format!("forewarn-webhooks-{}.yaml", std::process::id()));
+    std::fs::write(
+        &file,
+        format!(
+            "cluster: test-cluster\n\
+             webhooks:\n\
+             - {{name: json, url: '{base}/json/{TOKEN}', maxAttempts: 3}}\n\
+             - {{name: slack, url: '{base}/slack/{TOKEN}', format: Slack, notifications: [DrainBlocked, Completed]}}\n\
+             - {{name: teams, url: '{base}/teams/{TOKEN}', format: Teams, notifications: [Approved]}}\n\
+             - {{name: reject, url: '{base}/reject/{TOKEN}', notifications: [Received]}}\n"
+        ),
+    )
+    .expect("write the webhooks file");
+    opts.extra_env = vec![(
+        "FOREWARN_WEBHOOKS_FILE".into(),
+        file.to_string_lossy().into_owned(),
+    )];
+    opts.extra_objects = vec![
+        pinned_deployment("stuck", 2, 2, "node-000001"),
+        json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "stuck"},
+            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "stuck"}}},
+        }),
+    ];
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    opts.timed_kubectl = vec![
+        (
+            Duration::from_secs(8),
+            args(&[
+                "patch",
+                "node",
+                "node-000000",
+                "--subresource=status",
+                "--type",
+                "merge",
+                "-p",
+                r#"{"status":{"nodeInfo":{"bootID":"wh-boot-after"}}}"#,
+            ]),
+        ),
+        (
+            Duration::from_secs(12),
+            args(&[
+                "patch",
+                "pdb",
+                "stuck",
+                "-n",
+                "shop",
+                "--type",
+                "merge",
+                "-p",
+                r#"{"spec":{"minAvailable":0}}"#,
+            ]),
+        ),
+    ];
+    let report = run_scenario(&cluster, &opts)
+        .await
+        .unwrap_or_else(|e| panic!("could not run: {e:#}"));
+    println!("{}\n{}", report.timeline.join("\n"), summary(&report));
+    assert!(
+        report.ok(),
+        "{}\n{}",
+        report.timeline.join("\n"),
+        summary(&report)
+    );
+    // The deliveries end within a moment of the run's end.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let got = receiver.got.lock().unwrap().clone();
+    for g in &got {
+        println!("{} {} {} {}", g.at, g.path, g.answered, g.body);
+    }
+    let at = |path: &str| -> Vec<Got> {
+        got.iter()
+            .filter(|g| g.path.starts_with(path))
+            .cloned()
+            .collect()
+    };
+
+    // JSON: the event's five notifications in order, each once accepted;
+    // the first (Received) sent twice, after a 503.
+    let json_got = at("json/");
+    assert!(json_got.iter().all(|g| g.path == format!("json/{TOKEN}")));
+    let ours: Vec<&Got> = json_got
+        .iter()
+        .filter(|g| g.body["event"]["eventId"] == EVENT)
+        .collect();
+    // (The run's own workload has a PodDisruptionBudget too, which may
+    // block an eviction for a moment: DrainBlocked may come more than once.)
+    let mut kinds: Vec<(&str, u16)> = ours
+        .iter()
+        .map(|g| (g.body["notification"].as_str().unwrap(), g.answered))
+        .collect();
+    kinds.dedup_by(|a, b| a.0 == "DrainBlocked" && b.0 == "DrainBlocked");
+    assert_eq!(
+        kinds,
+        [
+            ("Received", 503),
+            ("Received", 200),
+            ("DrainBlocked", 200),
+            ("Approved", 200),
+            ("Started", 200),
+            ("Completed", 200)
+        ],
+        "{ours:#?}"
+    );
+    let received = &ours[1].body;
+    assert_eq!(received["apiVersion"], "forewarn.dev/v1");
+    assert_eq!(received["cluster"], "test-cluster");
+    assert_eq!(received["event"]["type"], "Redeploy");
+    assert_eq!(
+        received["event"]["resources"],
+        json!(["aks-nodepool1-27351046-vmss_1"])
+    );
+    assert_eq!(ours[0].body, ours[1].body, "the retry sends the same body");
+    let by_stuck = ours
+        .iter()
+        .filter(|g| g.body["notification"] == "DrainBlocked")
+        .flat_map(|g| g.body["blockers"].as_array().cloned().unwrap_or_default())
+        .find(|b| {
+            b["podDisruptionBudgets"]
+                .as_array()
+                .is_some_and(|p| p.contains(&json!("shop/stuck")))
+        })
+        .unwrap_or_else(|| panic!("no DrainBlocked names shop/stuck: {ours:#?}"));
+    assert_eq!(by_stuck["node"], "node-000001", "{by_stuck}");
+    assert!(
+        by_stuck["pods"].as_array().is_some_and(|p| p
+            .iter()
+            .any(|p| p.as_str().unwrap().starts_with("shop/stuck-"))),
+        "{by_stuck}"
+    );
+    let approved = ours
+        .iter()
+        .find(|g| g.body["notification"] == "Approved")
+        .expect("Approved");
+    let completed = ours.last().expect("Completed");
+    // Approved is IMDS's acceptance: after the mock logged the POST.
+    let approved_at = report
+        .approvals
+        .iter()
+        .find(|a| a.event_id.eq_ignore_ascii_case(EVENT))
+        .map(|a| a.time)
+        .expect("the mock logged no approval");
+    assert!(
+        approved.at >= approved_at,
+        "Approved told at {} before IMDS got it at {approved_at}",
+        approved.at
+    );
+    assert_eq!(completed.body["event"]["phase"], "Completed");
+    // The restart of node-000000, outside any event.
+    let restart: Vec<&Got> = json_got
+        .iter()
+        .filter(|g| g.body["notification"] == "UnexpectedRestart")
+        .collect();
+    assert_eq!(restart.len(), 1, "{json_got:#?}");
+    assert_eq!(restart[0].body["nodes"], json!(["node-000000"]));
+    assert_eq!(
+        restart[0].body["bootId"],
+        json!({"old": "wh-boot-before", "new": "wh-boot-after"})
+    );
+
+    // Slack: only DrainBlocked and Completed, as mrkdwn text.
+    let slack: Vec<String> = at("slack/")
+        .iter()
+        .map(|g| g.body["text"].as_str().expect("a text body").to_string())
+        .collect();
+    assert!(slack.len() >= 2, "{slack:#?}");
+    assert!(
+        slack[0].starts_with(&format!(
+            "*forewarn [test-cluster]: drain blocked: Redeploy {EVENT}*"
+        )),
+        "{slack:#?}"
+    );
+    assert!(slack.iter().any(|t| t.contains("shop/stuck")), "{slack:#?}");
+    assert!(
+        slack[..slack.len() - 1]
+            .iter()
+            .all(|t| t.contains(": drain blocked: ")),
+        "{slack:#?}"
+    );
+    assert!(
+        slack[slack.len() - 1].starts_with(&format!(
+            "*forewarn [test-cluster]: event over: Redeploy {EVENT}*"
+        )),
+        "{slack:#?}"
+    );
+    // Teams: only Approved, as an Adaptive Card.
+    let teams = at("teams/");
+    assert_eq!(teams.len(), 1, "{teams:#?}");
+    let card = &teams[0].body["attachments"][0];
+    assert_eq!(
+        card["contentType"],
+        "application/vnd.microsoft.card.adaptive"
+    );
+    assert_eq!(card["content"]["type"], "AdaptiveCard");
+    // A 400 is not retried.
+    assert_eq!(at("reject/").len(), 1, "{:#?}", at("reject/"));
+
+    // The controller counted each outcome.
+    assert_eq!(deliveries(&report, "json", "Received", "retried"), 1.0);
+    assert_eq!(deliveries(&report, "json", "Received", "delivered"), 1.0);
+    assert_eq!(
+        deliveries(&report, "json", "UnexpectedRestart", "delivered"),
+        1.0
+    );
+    assert_eq!(deliveries(&report, "reject", "Received", "rejected"), 1.0);
+    assert!(deliveries(&report, "slack", "DrainBlocked", "delivered") >= 1.0);
+    assert_eq!(deliveries(&report, "teams", "Approved", "delivered"), 1.0);
+    assert_eq!(deliveries(&report, "json", "Received", "failed"), 0.0);
+
+    // The URLs' token is in no log of the run.
+    let mut logs = 0;
+    for entry in std::fs::read_dir(&report.log_dir).expect("the run's logs") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "log") {
+            logs += 1;
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                !text.contains(TOKEN),
+                "{} shows a webhook URL",
+                path.display()
+            );
+        }
+    }
+    assert!(logs > 0, "no log in {}", report.log_dir.display());
+    let _ = std::fs::remove_file(file);
+}
