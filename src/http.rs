@@ -16,14 +16,24 @@ pub fn ensure_crypto_provider() {
     });
 }
 
-/// A `reqwest::ClientBuilder`, with the crypto provider installed.
+/// A `reqwest::ClientBuilder` with the crypto provider installed that
+/// trusts the public roots only ([`public_roots`]). Not the platform's
+/// store: the image has none, and reqwest's platform verifier then refuses
+/// to build any client at all, even one that only speaks plain HTTP (IMDS).
 pub fn client_builder() -> reqwest::ClientBuilder {
+    bare_builder().tls_certs_only(public_roots())
+}
+
+/// A `reqwest::ClientBuilder` with the crypto provider installed and no
+/// root yet: the caller must give its own with `tls_certs_only` (building
+/// it without would look for the platform's store).
+pub fn bare_builder() -> reqwest::ClientBuilder {
     ensure_crypto_provider();
     reqwest::Client::builder()
 }
 
-/// A default `reqwest::Client` (system proxy settings, the platform's
-/// roots), for tests and tools.
+/// A default `reqwest::Client` (system proxy settings, the public roots),
+/// for tests and tools.
 ///
 /// # Panics
 /// When the HTTP stack cannot be set up at all (as `reqwest::Client::new`).
@@ -35,11 +45,17 @@ pub fn client() -> reqwest::Client {
 
 /// Mozilla's root certificates (webpki-root-certs), for clients that talk
 /// to the internet from an image with no CA store (the webhooks).
+/// Parsed once per process.
 pub fn public_roots() -> Vec<reqwest::Certificate> {
-    webpki_root_certs::TLS_SERVER_ROOT_CERTS
-        .iter()
-        .filter_map(|c| reqwest::Certificate::from_der(c.as_ref()).ok())
-        .collect()
+    static ROOTS: std::sync::OnceLock<Vec<reqwest::Certificate>> = std::sync::OnceLock::new();
+    ROOTS
+        .get_or_init(|| {
+            webpki_root_certs::TLS_SERVER_ROOT_CERTS
+                .iter()
+                .filter_map(|c| reqwest::Certificate::from_der(c.as_ref()).ok())
+                .collect()
+        })
+        .clone()
 }
 
 #[cfg(test)]
@@ -49,7 +65,7 @@ mod tests {
         let _ = super::client();
         let roots = super::public_roots();
         assert!(roots.len() > 100, "{} roots", roots.len());
-        super::client_builder()
+        super::bare_builder()
             .tls_certs_only(roots)
             .build()
             .expect("a client with only the public roots");

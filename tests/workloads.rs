@@ -484,3 +484,68 @@ async fn a_freeze_approved_at_once_is_noticed_before_its_approval() {
     // every other notice went with its event.
     nothing_left_behind(&client).await;
 }
+
+/// A pod that asked to be waited for and never answers, with a notice so
+/// short that the wait (300 s by default) ends at the drain deadline
+/// (`NotBefore` minus 5 s) instead: there the policy's `onDeadline`
+/// decides (issue 16, item 4). `Approve`: the approval reaches IMDS at the
+/// deadline, not before, and `DrainIncomplete` (`ApprovedIncomplete`)
+/// names the pod. `Hold`: no approval reaches IMDS at all, and the
+/// condition says the deadline passed with the pod unacknowledged.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_silent_pod_at_the_drain_deadline_is_left_to_on_deadline() {
+    let _turn = TURN.lock().await;
+    for (file, on_deadline) in [
+        ("workloads-deadline-approve.yaml", "Approve"),
+        ("workloads-deadline-hold.yaml", "Hold"),
+    ] {
+        let (report, client) = play(file, |o| {
+            with_example_workload(o, &DB);
+            o.policy = Some(format!("onDeadline: {on_deadline}\n"));
+        })
+        .await;
+        assert!(report.acks.is_empty(), "{:?}", report.acks);
+        let db = report
+            .notices
+            .iter()
+            .find(|n| n.pod.starts_with("shop/db-"))
+            .expect("no notice on the StatefulSet's pod on node-000001")
+            .pod
+            .clone();
+        let ev = sev(&client, REBOOT).await;
+        let status = ev.status.clone().expect("status");
+        let acks = status.acknowledgements.clone().expect("acknowledgements");
+        // The wait ended at the drain deadline, not at its own timeout.
+        let first_seen = status.first_seen.expect("firstSeen");
+        let since = acks.since.expect("since");
+        let deadline = acks.deadline.expect("deadline");
+        assert!(
+            deadline - since < chrono::TimeDelta::seconds(30),
+            "the wait was not cut at the drain deadline: {since} .. {deadline}"
+        );
+        assert!(deadline > first_seen, "{first_seen} .. {deadline}");
+        let (_, reason, message) =
+            condition(&ev, "DrainIncomplete").expect("no DrainIncomplete condition");
+        assert!(
+            message.contains(&format!("{db} has not acknowledged")),
+            "{on_deadline}: {message}"
+        );
+        let approvals: Vec<_> = report
+            .approvals
+            .iter()
+            .filter(|a| a.event_id.eq_ignore_ascii_case(REBOOT))
+            .collect();
+        if on_deadline == "Approve" {
+            assert_eq!(reason, "ApprovedIncomplete", "{message}");
+            let approved = approved_at(&report, REBOOT);
+            assert!(
+                approved >= deadline,
+                "approved at {approved}, before the drain deadline {deadline}"
+            );
+        } else {
+            assert_eq!(reason, "DeadlinePassed", "{message}");
+            assert!(approvals.is_empty(), "Hold approved: {approvals:?}");
+        }
+        nothing_left_behind(&client).await;
+    }
+}

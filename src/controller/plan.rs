@@ -232,6 +232,10 @@ pub struct Plan {
     /// The approval is decided at the drain deadline with things left
     /// (`onDeadline: Approve`): what was left, for `DrainIncomplete`.
     pub approved_incomplete: Option<String>,
+    /// The drain deadline passed with things left and `onDeadline: Hold`
+    /// withholds the approval: what was left (nodes not drained with their
+    /// pods, pods kept, acknowledgements missing), for `DrainIncomplete`.
+    pub held_incomplete: Option<String>,
     /// How long until something falls due whether or not anything else
     /// changes (the drain deadline of an approval that waits, where
     /// `onDeadline` decides): the reconcile looks again by then at the
@@ -702,6 +706,7 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         approval_pending: None,
         drain_starts_at: None,
         approved_incomplete: None,
+        held_incomplete: None,
         due: None,
         ended_unobserved: None,
         delete: false,
@@ -750,7 +755,7 @@ fn plan_approve_only(
     now: DateTime<Utc>,
 ) {
     let ack = acknowledgement(p, ev, seen, policy, now);
-    let awaiting = awaited(ack.as_ref(), p.deadline);
+    let awaiting = awaited(ev, ack.as_ref(), p.deadline);
     if !known.decided && known.spec_status == EventStatus::Scheduled {
         let gate = approval_gate(&awaiting, p.deadline, known.on_deadline, now);
         if !seen.disagreement.is_empty() {
@@ -770,6 +775,7 @@ fn plan_approve_only(
                 Gate::AtDeadline => approve_at_deadline(p, &awaiting),
                 Gate::Wait => {
                     p.approval_withheld = Some(waiting_message(&awaiting, p.deadline, known, now));
+                    note_held(p, &awaiting, now);
                     note_deadline(p, now);
                 }
             }
@@ -815,7 +821,33 @@ fn acknowledgement(
 /// than at the acknowledgement timeout, after which the approval goes on
 /// without them), so that `onDeadline` decides: `Hold` never approves,
 /// `Approve` lists them in `DrainIncomplete`.
-fn awaited(ack: Option<&AckState>, drain_deadline: Option<DateTime<Utc>>) -> Vec<String> {
+///
+/// Once the wait timed out at the drain deadline, the pods the status
+/// recorded as not answering stay awaited, though evicted since (an
+/// evicted pod no longer takes part): under `Hold` a workload that never
+/// said it was prepared is never approved for.
+fn awaited(
+    ev: &ScheduledEvent,
+    ack: Option<&AckState>,
+    drain_deadline: Option<DateTime<Utc>>,
+) -> Vec<String> {
+    let recorded = ev
+        .status
+        .as_ref()
+        .and_then(|s| s.acknowledgements.as_ref())
+        .filter(|r| {
+            r.timed_out_at.is_some()
+                && r.deadline
+                    .zip(drain_deadline)
+                    .is_some_and(|(end, d)| end >= d)
+        });
+    if let Some(r) = recorded.filter(|r| !r.pending.is_empty()) {
+        return r
+            .pending
+            .iter()
+            .map(|k| format!("{k} has not acknowledged"))
+            .collect();
+    }
     let Some(a) = ack else {
         return Vec::new();
     };
@@ -951,7 +983,7 @@ fn plan_drain(
         && known.spec_status == EventStatus::Scheduled
         && !known.decided
     {
-        let awaiting = awaited(ack.as_ref(), p.deadline);
+        let awaiting = awaited(ev, ack.as_ref(), p.deadline);
         decide_approval(p, known, &mapped, seen, &awaiting, policy, now);
     }
     hold_for_workloads(p, ack);
@@ -1145,6 +1177,7 @@ fn decide_approval(
             && (p.deadline.is_some_and(|d| now >= d) || (all_drained && !awaiting.is_empty()))
         {
             p.approval_withheld = Some(waiting_message(&left, p.deadline, known, now));
+            note_held(p, &left, now);
         }
         note_deadline(p, now);
     }
@@ -1158,6 +1191,14 @@ fn approve_at_deadline(p: &mut Plan, left: &[String]) {
         "the drain deadline passed and the policy's onDeadline is Approve; left: {what}"
     ));
     p.approved_incomplete = Some(what);
+}
+
+/// Past the drain deadline with `left` not done, under `onDeadline:
+/// Hold` (the caller's gate waits): recorded for `DrainIncomplete`.
+fn note_held(p: &mut Plan, left: &[String], now: DateTime<Utc>) {
+    if p.deadline.is_some_and(|d| now >= d) && !left.is_empty() {
+        p.held_incomplete = Some(named(left, NAMED_IN_MESSAGE, "; "));
+    }
 }
 
 /// While the approval waits: look again at the drain deadline, where

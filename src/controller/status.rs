@@ -699,6 +699,21 @@ fn conditions(
                 "approved at the drain deadline (the policy's onDeadline is Approve) with this left: {left}"
             ),
         );
+    } else if let Some(left) = &plan.held_incomplete
+        && !prev_conditions
+            .iter()
+            .any(|x| x.type_ == "DrainIncomplete" && x.status == "True")
+    {
+        // The first account stays (what was left when the deadline
+        // passed), as for an unfinished drain.
+        c.set(
+            "DrainIncomplete",
+            true,
+            "DeadlinePassed",
+            format!(
+                "the drain deadline (NotBefore minus the margin) passed with this left, and the policy's onDeadline is Hold: no approval, the platform starts the event at NotBefore: {left}"
+            ),
+        );
     } else if !plan.action.drains()
         && let Some(first) = prev_conditions
             .iter()

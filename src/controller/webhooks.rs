@@ -676,7 +676,7 @@ impl Webhooks {
                 None => crate::http::public_roots(),
             };
             let timeout = Duration::from_secs(w.timeout_seconds.unwrap_or(10));
-            let client = crate::http::client_builder()
+            let client = crate::http::bare_builder()
                 .tls_certs_only(roots)
                 .timeout(timeout)
                 .connect_timeout(timeout.min(Duration::from_secs(5)))

@@ -348,6 +348,16 @@ fn a_missing_acknowledgement_holds_the_approval_like_an_unfinished_drain() {
     let at = now() + chrono::Duration::seconds(60);
     let pl = plan(&ev, &obs, &hold, at);
     assert_eq!(pl.decide_approval, None, "Hold approved past the deadline");
+    let st = next_status(&ev, &obs, &pl, &[], at);
+    let (status, reason, message) = condition(&st, "DrainIncomplete").expect("DrainIncomplete");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "DeadlinePassed")
+    );
+    assert!(
+        message.contains("shop/db-0 has not acknowledged"),
+        "{message}"
+    );
     let why = pl.approval_withheld.clone().expect("withheld");
     assert!(
         why.contains("shop/db-0 has not acknowledged") && why.contains("Hold"),
@@ -366,6 +376,56 @@ fn a_missing_acknowledgement_holds_the_approval_like_an_unfinished_drain() {
     // Acknowledged: approved at once, as ever.
     let acked = seen(with_db_0(node(true, &[]), true));
     assert!(plan(&ev, &acked, &hold, now()).decide_approval.is_some());
+}
+
+#[test]
+fn a_pod_that_never_acknowledged_holds_the_approval_after_its_eviction_too() {
+    // The wait timed out at the drain deadline (now + 60 s) with shop/db-0
+    // silent; it was evicted since and the node is drained: under Hold
+    // still no approval, under Approve one naming the pod.
+    let mut ev = event("Reboot", &["vm_1"], 65);
+    let deadline = now() + chrono::Duration::seconds(60);
+    ev.status = Some(ScheduledEventStatus {
+        acknowledgements: Some(crate::crd::Acknowledgements {
+            since: Some(now()),
+            deadline: Some(deadline),
+            timed_out_at: Some(deadline),
+            pending: vec!["shop/db-0".into()],
+            pending_count: 1,
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let drained = seen(node(true, &[]));
+    let at = deadline + chrono::Duration::seconds(2);
+    let pl = plan(&ev, &drained, &Policy::default(), at);
+    assert_eq!(pl.decide_approval, None);
+    assert!(
+        pl.held_incomplete
+            .as_deref()
+            .is_some_and(|l| l.contains("shop/db-0 has not acknowledged")),
+        "{:?}",
+        pl.held_incomplete
+    );
+    let pl = plan(&ev, &drained, &policy("onDeadline: Approve\n"), at);
+    assert!(
+        pl.approved_incomplete
+            .as_deref()
+            .is_some_and(|l| l.contains("shop/db-0")),
+        "{:?}",
+        pl.approved_incomplete
+    );
+    // A wait that timed out at its own timeout, before the deadline, holds
+    // nothing.
+    if let Some(a) = ev.status.as_mut().and_then(|s| s.acknowledgements.as_mut()) {
+        a.deadline = Some(now() + chrono::Duration::seconds(30));
+        a.timed_out_at = a.deadline;
+    }
+    assert!(
+        plan(&ev, &drained, &Policy::default(), at)
+            .decide_approval
+            .is_some()
+    );
 }
 
 #[test]
