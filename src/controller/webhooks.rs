@@ -1080,6 +1080,131 @@ mod tests {
         }
     }
 
+    /// A private CA, and a certificate for `localhost` it signed:
+    /// `(CA PEM, leaf DER, leaf key DER)`.
+    fn private_ca() -> (String, Vec<u8>, Vec<u8>) {
+        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+        let leaf_key = KeyPair::generate().unwrap();
+        let leaf = CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .signed_by(&leaf_key, &ca)
+            .unwrap();
+        (ca.pem(), leaf.der().to_vec(), leaf_key.serialize_der())
+    }
+
+    /// An HTTPS receiver on loopback with `cert`: answers 200 to each
+    /// request and sends its body on; a handshake it refuses sends nothing.
+    async fn https_receiver(
+        cert: Vec<u8>,
+        key: Vec<u8>,
+    ) -> (u16, tokio::sync::mpsc::UnboundedReceiver<Value>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        crate::http::ensure_crypto_provider();
+        let config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.into()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.into()),
+            )
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    continue;
+                };
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let body = loop {
+                    let n = tls.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        break None;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let length = head
+                            .lines()
+                            .find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case("content-length")
+                                    .then(|| v.trim().parse::<usize>().ok())?
+                            })
+                            .unwrap_or(0);
+                        if body.len() >= length {
+                            break Some(body.to_string());
+                        }
+                    }
+                };
+                if let Some(body) = body {
+                    let _ = tls
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                        )
+                        .await;
+                    let _ = tls.shutdown().await;
+                    let _ = tx.send(serde_json::from_str(&body).unwrap_or(Value::Null));
+                }
+            }
+        });
+        (port, rx)
+    }
+
+    /// Over HTTPS: a webhook that trusts the private CA (`caFile`) is
+    /// delivered; one left with the public roots refuses the receiver's
+    /// certificate and delivers nothing (counted `failed`).
+    #[tokio::test]
+    async fn https_is_verified_against_the_public_roots_or_the_ca_file() {
+        let (ca_pem, cert, key) = private_ca();
+        let (port, mut got) = https_receiver(cert, key).await;
+        let dir =
+            std::env::temp_dir().join(format!("forewarn-webhooks-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca_file = dir.join("ca.pem");
+        std::fs::write(&ca_file, ca_pem).unwrap();
+        let config = Config::parse(
+            &format!(
+                "webhooks:\n- {{name: private, url: 'https://localhost:{port}/hook', caFile: '{}', maxAttempts: 1}}\n- {{name: public, url: 'https://localhost:{port}/hook', maxAttempts: 1}}\n",
+                ca_file.display()
+            ),
+            "w.yaml",
+        )
+        .expect("config");
+        let counted = IntCounterVec::new(
+            prometheus::Opts::new("deliveries", "test"),
+            &["webhook", "notification", "result"],
+        )
+        .unwrap();
+        let (hooks, _tasks) = Webhooks::start(config, counted.clone(), false).expect("start");
+        hooks.notify(blocked());
+        let body = tokio::time::timeout(Duration::from_secs(20), got.recv())
+            .await
+            .expect("nothing delivered over HTTPS")
+            .expect("receiver gone");
+        assert_eq!(body["notification"], "DrainBlocked", "{body}");
+        let count = |w: &str, r: &str| counted.with_label_values(&[w, "DrainBlocked", r]).get();
+        for _ in 0..200 {
+            if count("private", "delivered") + count("public", "failed") == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(count("private", "delivered"), 1);
+        assert_eq!(count("public", "failed"), 1);
+        assert_eq!(count("public", "delivered"), 0);
+        assert!(got.try_recv().is_err(), "the unverified webhook delivered");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     #[test]
     fn only_no_answer_and_408_429_5xx_are_retried() {
         assert!(Failure::Transport("connection refused".into()).retryable());
