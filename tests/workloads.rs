@@ -549,3 +549,67 @@ async fn a_silent_pod_at_the_drain_deadline_is_left_to_on_deadline() {
         nothing_left_behind(&client).await;
     }
 }
+
+/// A late start (issue 16, item 3) keeps the node in service, not the pods
+/// in the dark: with a Reboot rule's `drainLeadTimeSeconds: 30` and 50 s of
+/// notice, the notice is stored on the pods that opted in within moments
+/// of the event's first sighting, while the cordon waits until `NotBefore`
+/// minus 30 s; the pod still acknowledges before the approval.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_late_start_sends_the_notice_at_once_and_cordons_later() {
+    let _turn = TURN.lock().await;
+    let (report, client) = play("workloads-reboot-lead.yaml", |o| {
+        with_example_workload(o, &[]);
+        o.policy = Some(
+            "rules:\n- {eventType: Reboot, action: DrainAndApprove, drainLeadTimeSeconds: 30}\n"
+                .into(),
+        );
+    })
+    .await;
+    let ev = sev(&client, REBOOT).await;
+    let status = ev.status.clone().expect("status");
+    let first_seen = status.first_seen.expect("firstSeen");
+    let db = report
+        .notices
+        .iter()
+        .find(|n| n.pod.starts_with("shop/db-") && n.node == "node-000001")
+        .expect("no notice on the StatefulSet's pod on node-000001");
+    // NotBefore as the first notice gave it (the spec drops it once the
+    // event started).
+    let not_before: DateTime<Utc> = db
+        .first_value
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("notBefore="))
+        .and_then(|v| DateTime::parse_from_rfc3339(v).ok())
+        .map(|t| t.with_timezone(&Utc))
+        .unwrap_or_else(|| panic!("no notBefore in the notice {:?}", db.first_value));
+    let cordoned = report
+        .node_changes
+        .iter()
+        .filter(|(_, node, cordoned)| node == "node-000001" && *cordoned)
+        .map(|(at, ..)| *at)
+        .min()
+        .expect("node-000001 was never cordoned");
+    assert!(
+        db.first_seen - first_seen < chrono::TimeDelta::seconds(5),
+        "notice stored at {}, {} after the event was first seen",
+        db.first_seen,
+        db.first_seen - first_seen
+    );
+    assert!(
+        cordoned >= not_before - chrono::TimeDelta::seconds(31),
+        "cordoned at {cordoned}, before NotBefore {not_before} minus the lead time"
+    );
+    assert!(
+        db.first_seen < cordoned - chrono::TimeDelta::seconds(10),
+        "notice at {}, cordon at {cordoned}",
+        db.first_seen
+    );
+    let ack = report
+        .acks
+        .iter()
+        .find(|a| a.pod == db.pod)
+        .expect("the pod did not acknowledge");
+    assert!(ack.at < approved_at(&report, REBOOT));
+    nothing_left_behind(&client).await;
+}
