@@ -224,10 +224,14 @@ fn transient(e: &kube::Error) -> bool {
     !matches!(e, kube::Error::Api(s) if matches!(s.code, 400 | 401 | 403 | 404 | 422))
 }
 
+/// 0.5 s doubling to 2 s (plus backon's jitter): one GET per CRD, cheap to
+/// repeat, and a controller restarted while the API server was away must
+/// not sleep through its return (with a 10 s cap it started up to 20 s
+/// late: `tests/lifecycle.rs`, the API server stopped mid-drain).
 fn backoff() -> ExponentialBuilder {
     ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(500))
-        .with_max_delay(Duration::from_secs(10))
+        .with_max_delay(Duration::from_secs(2))
         .with_jitter()
         .without_max_times()
 }
