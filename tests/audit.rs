@@ -16,10 +16,14 @@
 //!
 //! The product's requests are those whose user is a ServiceAccount that a
 //! Helm release of the chart bound to its roles (the ClusterRoleBindings
-//! and RoleBindings Helm created, read from the log with their subjects)
-//! and whose `User-Agent` is forewarn's own, `forewarn/<version> (<role>;
-//! <identity>)` (src/kubeclient.rs), of the same role. kubectl run with
-//! those tokens to prove denials is not the product and does not count.
+//! and RoleBindings Helm created, read from the log with their subjects;
+//! for the hooks' roles, also those kubectl applied from the rendered
+//! chart, since their Job and Pod cannot run on KWOK) and whose
+//! `User-Agent` is forewarn's own, `forewarn/<version> (<role>;
+//! <identity>)` (src/kubeclient.rs), of the same role. The roles are the
+//! agent, the controller, the CRD hook (`crds`) and the `helm test` Pod
+//! (`check-install`). kubectl run with those tokens to prove denials is not
+//! the product and does not count.
 //!
 //! Run by hack/test-all.sh (`make test`) only: `cargo test --test audit`
 //! alone has no logs to read and fails, saying so; only the matcher's own
@@ -220,7 +224,7 @@ struct Install {
     release: String,
     namespace: String,
     service_account: String,
-    /// `agent` or `controller` (the binding's `app.kubernetes.io/component`).
+    /// One of [`ROLES`] (the binding's `app.kubernetes.io/component`).
     role: String,
 }
 
@@ -233,26 +237,45 @@ impl Install {
     }
 }
 
-/// The chart's ServiceAccounts, from the bindings Helm created (allowed
-/// and answered 201) with the chart's labels.
+/// The chart's roles whose requests are replayed: the agent, the
+/// controller, the CRD hook Job (`forewarn crds apply`) and the `helm test`
+/// Pod (`forewarn check-install`); each is the `app.kubernetes.io/component`
+/// of its RBAC and the role its `User-Agent` names.
+const ROLES: [&str; 4] = ["agent", "controller", "crds", "check-install"];
+
+/// The roles whose RBAC are Helm hooks. Their Job and Pod cannot run on
+/// KWOK's nodes, so tests/chart.rs applies their RBAC as rendered (`kubectl
+/// apply --server-side`, the Helm labels included) and runs the command
+/// with a token of their ServiceAccount; tests/real_node_chart.rs has Helm
+/// run the CRD hook for real.
+const HOOK_ROLES: [&str; 2] = ["crds", "check-install"];
+
+/// The chart's ServiceAccounts, from the bindings with the chart's labels
+/// that Helm created (allowed and answered 201), or for a hook's role,
+/// that kubectl applied from the rendered chart.
 fn installs(cluster: &str, bindings: &[Value]) -> BTreeSet<Install> {
     let mut out = BTreeSet::new();
     for e in bindings {
-        let created = e["verb"] == "create" && e["responseStatus"]["code"] == 201;
-        let by_helm = e["userAgent"]
-            .as_str()
-            .is_some_and(|ua| ua.starts_with("Helm/"));
+        let created = matches!(e["verb"].as_str(), Some("create" | "patch"))
+            && e["responseStatus"]["code"] == 201;
+        let ua = e["userAgent"].as_str().unwrap_or_default();
         let meta = &e["requestObject"]["metadata"];
         let labels = &meta["labels"];
-        let role = labels["app.kubernetes.io/component"].as_str();
-        if !created || !by_helm || labels["app.kubernetes.io/name"] != "forewarn" {
-            continue;
-        }
-        let Some(role) = role.filter(|r| matches!(*r, "agent" | "controller")) else {
+        let Some(role) = labels["app.kubernetes.io/component"]
+            .as_str()
+            .filter(|r| ROLES.contains(r))
+        else {
             continue;
         };
+        let by_helm = ua.starts_with("Helm/") && e["verb"] == "create";
+        let applied_hook = HOOK_ROLES.contains(&role) && ua.starts_with("kubectl/");
+        if !created || !(by_helm || applied_hook) || labels["app.kubernetes.io/name"] != "forewarn"
+        {
+            continue;
+        }
         let release = meta["annotations"]["meta.helm.sh/release-name"]
             .as_str()
+            .or_else(|| labels["app.kubernetes.io/instance"].as_str())
             .unwrap_or_default();
         for s in e["requestObject"]["subjects"]
             .as_array()
@@ -463,6 +486,10 @@ fn render_rbac(helm: &Path, release: &str, values: Option<&Path>) -> Vec<Value> 
             "templates/rbac-agent.yaml",
             "-s",
             "templates/rbac-controller.yaml",
+            "-s",
+            "templates/crds-upgrade-job.yaml",
+            "-s",
+            "templates/tests/check-install.yaml",
         ])
         .env("HELM_CACHE_HOME", home.join("cache"))
         .env("HELM_CONFIG_HOME", home.join("config"))
@@ -584,7 +611,7 @@ fn chart_rbac_is_exactly_what_the_product_uses() {
             perms.extend(permissions(&render_rbac(&helm, release, values)));
         }
     }
-    for role in ["agent", "controller"] {
+    for role in ROLES {
         assert!(
             perms.iter().any(|p| p.role == role),
             "the rendered chart grants the {role} nothing: {perms:?}"
@@ -613,7 +640,7 @@ fn chart_rbac_is_exactly_what_the_product_uses() {
             r.describe()
         );
     }
-    for role in ["agent", "controller"] {
+    for role in ROLES {
         assert!(
             per_role.get(role).is_some_and(|n| *n > 0),
             "no request of the product as the {role} in the logs {names:?}"
