@@ -15,7 +15,6 @@
 //! their own.
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -33,18 +32,10 @@ use serde_json::{Value, json};
 
 /// One cluster for the whole test binary.
 fn cluster() -> Cluster {
-    static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
-    CLUSTER
-        .get_or_init(|| {
-            Cluster::start(
-                &std::env::var("FOREWARN_AGENT_CLUSTER")
-                    .unwrap_or_else(|_| "forewarn-agent".into()),
-                3,
-            )
-            .map_err(|e| format!("{e:#}"))
-        })
-        .clone()
-        .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"))
+    forewarn_harness::cluster::shared(
+        &std::env::var("FOREWARN_AGENT_CLUSTER").unwrap_or_else(|_| "forewarn-agent".into()),
+        3,
+    )
 }
 
 /// The name of the report of `node` about the event `id`: `<event>.<node>`.

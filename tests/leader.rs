@@ -7,7 +7,6 @@
 //! cluster cannot start.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use forewarn_harness::cluster::Cluster;
@@ -16,11 +15,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 
 fn cluster() -> Cluster {
-    static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
-    CLUSTER
-        .get_or_init(|| Cluster::start("forewarn-leader", 1).map_err(|e| format!("{e:#}")))
-        .clone()
-        .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"))
+    forewarn_harness::cluster::shared("forewarn-leader", 1)
 }
 
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -11,7 +11,6 @@
 //! the cluster cannot start.
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -29,18 +28,10 @@ use serde_json::json;
 
 /// One cluster for the whole test binary; tests take turns on it.
 fn cluster() -> Cluster {
-    static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
-    CLUSTER
-        .get_or_init(|| {
-            Cluster::start(
-                &std::env::var("FOREWARN_POLICY_CLUSTER")
-                    .unwrap_or_else(|_| "forewarn-policy".into()),
-                3,
-            )
-            .map_err(|e| format!("{e:#}"))
-        })
-        .clone()
-        .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"))
+    forewarn_harness::cluster::shared(
+        &std::env::var("FOREWARN_POLICY_CLUSTER").unwrap_or_else(|_| "forewarn-policy".into()),
+        3,
+    )
 }
 
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -6,7 +6,7 @@
 //! the cluster cannot start.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Path, State};
@@ -18,18 +18,10 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 fn cluster() -> Cluster {
-    static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
-    CLUSTER
-        .get_or_init(|| {
-            Cluster::start(
-                &std::env::var("FOREWARN_WEBHOOKS_CLUSTER")
-                    .unwrap_or_else(|_| "forewarn-webhooks".into()),
-                3,
-            )
-            .map_err(|e| format!("{e:#}"))
-        })
-        .clone()
-        .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"))
+    forewarn_harness::cluster::shared(
+        &std::env::var("FOREWARN_WEBHOOKS_CLUSTER").unwrap_or_else(|_| "forewarn-webhooks".into()),
+        3,
+    )
 }
 
 const EVENT: &str = "9B4E2D10-3C5A-4F7B-8E61-0A2B3C4D5E71";

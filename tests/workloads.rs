@@ -12,7 +12,6 @@
 //! start.
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -30,11 +29,7 @@ fn cluster_name() -> String {
 }
 
 fn cluster() -> Cluster {
-    static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
-    CLUSTER
-        .get_or_init(|| Cluster::start(&cluster_name(), 3).map_err(|e| format!("{e:#}")))
-        .clone()
-        .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"))
+    forewarn_harness::cluster::shared(&cluster_name(), 3)
 }
 
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

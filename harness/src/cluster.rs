@@ -45,6 +45,31 @@ pub fn helm_bin() -> PathBuf {
     .clone()
 }
 
+/// The cluster `name` of `nodes` KWOK nodes, started once per test
+/// process by the first test that asks and shared by the others (which
+/// take turns on it); later calls wait for the start. Panics, naming why,
+/// when it cannot start: integration tests fail, never skip.
+pub fn shared(name: &str, nodes: usize) -> Cluster {
+    type Cell = std::sync::Arc<std::sync::OnceLock<Result<Cluster, String>>>;
+    static CLUSTERS: std::sync::Mutex<Vec<(String, Cell)>> = std::sync::Mutex::new(Vec::new());
+    let cell = {
+        let mut all = CLUSTERS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match all.iter().find(|(n, _)| n == name) {
+            Some((_, c)) => c.clone(),
+            None => {
+                let c = Cell::default();
+                all.push((name.to_string(), c.clone()));
+                c
+            }
+        }
+    };
+    cell.get_or_init(|| Cluster::start(name, nodes).map_err(|e| format!("{e:#}")))
+        .clone()
+        .unwrap_or_else(|e| panic!("the local cluster {name} could not start: {e}"))
+}
+
 /// A running local cluster.
 #[derive(Debug, Clone)]
 pub struct Cluster {

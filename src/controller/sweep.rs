@@ -64,25 +64,12 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
         if !snapshot.iter().any(|n| !nodes::holds(n).is_empty()) {
             continue;
         }
-        let existing: HashSet<String> = match events.list_metadata(&ListParams::default()).await {
-            Ok(list) => list.items.iter().map(ResourceExt::name_any).collect(),
-            Err(e) => {
-                warn!(error = %e, "Could not list ScheduledEvents to find orphaned holds; will retry");
-                continue;
-            }
+        let Some(existing) = existing_events(&ctx, &events, "holds").await else {
+            continue;
         };
-        // An object deleted by hand while an agent still reports its event
-        // listed is created again (`spec::create_missing`): its holds stay.
-        let reported: HashSet<String> = ctx
-            .reports_by_event()
-            .into_iter()
-            .filter(|(_, rs)| rs.iter().any(|r| r.spec.report.is_listed()))
-            .map(|(name, _)| name)
-            .collect();
         for node in snapshot {
             let holds = nodes::holds(&node);
-            let orphaned =
-                nodes::orphaned_holds(&holds, |h| existing.contains(h) || reported.contains(h));
+            let orphaned = nodes::orphaned_holds(&holds, |h| existing.contains(h));
             if orphaned.is_empty() {
                 continue;
             }
@@ -131,24 +118,37 @@ pub async fn sweep_orphaned_notices(ctx: Arc<Context>) {
         if holders.is_empty() {
             continue;
         }
-        let existing: HashSet<String> = match events.list_metadata(&ListParams::default()).await {
-            Ok(list) => list.items.iter().map(ResourceExt::name_any).collect(),
-            Err(e) => {
-                warn!(error = %e, "Could not list ScheduledEvents to find orphaned notices; will retry");
-                continue;
-            }
+        let Some(existing) = existing_events(&ctx, &events, "notices").await else {
+            continue;
         };
-        let reported: HashSet<String> = ctx
-            .reports_by_event()
+        remove_orphaned_notices(&ctx, &holders, |e| existing.contains(e)).await;
+    }
+}
+
+/// The names of the `ScheduledEvent`s that count as existing for a sweep
+/// of orphaned `what`: those the API server lists now, and those an agent
+/// still reports listed (an object deleted by hand then is created again
+/// by `spec::create_missing`, so what it holds stays). `None`, logged,
+/// when the list fails: the sweep tries again next time.
+async fn existing_events(
+    ctx: &Context,
+    api: &Api<ScheduledEvent>,
+    what: &str,
+) -> Option<HashSet<String>> {
+    let mut names: HashSet<String> = match api.list_metadata(&ListParams::default()).await {
+        Ok(list) => list.items.iter().map(ResourceExt::name_any).collect(),
+        Err(e) => {
+            warn!(error = %e, "Could not list ScheduledEvents to find orphaned {what}; will retry");
+            return None;
+        }
+    };
+    names.extend(
+        ctx.reports_by_event()
             .into_iter()
             .filter(|(_, rs)| rs.iter().any(|r| r.spec.report.is_listed()))
-            .map(|(name, _)| name)
-            .collect();
-        remove_orphaned_notices(&ctx, &holders, |e| {
-            existing.contains(e) || reported.contains(e)
-        })
-        .await;
-    }
+            .map(|(name, _)| name),
+    );
+    Some(names)
 }
 
 /// Removes from `holders` the notices and acknowledgements of events that
