@@ -716,6 +716,34 @@ async fn the_charts_alerts_go_pending_fire_and_resolve_in_a_real_prometheus() {
     );
     opts.timeout = Duration::from_secs(330);
     opts.prometheus_targets = Some(targets.clone());
+    // A webhook whose receiver (here) answers 200 to everything: the
+    // deliveries panel has series, and no delivery alert may fire.
+    let delivered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let receiver = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the webhook receiver");
+    let hook_url = format!("http://{}/hook", receiver.local_addr().expect("addr"));
+    tokio::spawn({
+        let delivered = delivered.clone();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move || {
+                delivered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                async { "ok" }
+            }),
+        );
+        async move { axum::serve(receiver, app).await }
+    });
+    let hooks_file = dir.join("webhooks.yaml");
+    std::fs::write(
+        &hooks_file,
+        format!("webhooks:\n- {{name: oncall, url: '{hook_url}'}}\n"),
+    )
+    .expect("webhooks file");
+    opts.extra_env = vec![(
+        "FOREWARN_WEBHOOKS_FILE".into(),
+        hooks_file.to_string_lossy().into_owned(),
+    )];
     // A PodDisruptionBudget that never allows an eviction of these pods.
     opts.extra_objects = vec![
         pinned("stuck", 2),
@@ -738,6 +766,11 @@ async fn the_charts_alerts_go_pending_fire_and_resolve_in_a_real_prometheus() {
         "{}\n{}",
         report.timeline.join("\n"),
         summary(&report)
+    );
+
+    assert!(
+        delivered.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the webhook received nothing"
     );
 
     // Scraped for real, with the job labels the chart's PodMonitors set:

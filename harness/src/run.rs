@@ -1032,6 +1032,8 @@ async fn observe(
     let mut sev_state: BTreeMap<String, SevSeen> = BTreeMap::new();
     let mut cordoned_now: HashSet<String> = HashSet::new();
     let mut cordoned_ever: HashSet<String> = HashSet::new();
+    // Pods deleted with grace 0 while bound to a node (see the end).
+    let mut force_deletes: Vec<PodDeletion> = Vec::new();
     let mut left_nodes: HashSet<String> = HashSet::new();
     let mut mock_phase: HashMap<String, String> = HashMap::new();
     let mut killed = false;
@@ -1424,11 +1426,9 @@ async fn observe(
             // there to be cut short, so that is not a force delete (seen
             // when a StatefulSet's replacement pod, Pending on its cordoned
             // node, was removed with its namespace at the end of a run).
+            // Judged at the end, on the nodes forewarn cordoned (see there).
             if opts.forbid_force_delete && d.grace_seconds.unwrap_or(0) <= 0 && !d.node.is_empty() {
-                report.violations.push(format!(
-                    "pod {} on {} was deleted with grace {:?}: a force delete",
-                    d.pod, d.node, d.grace_seconds
-                ));
+                force_deletes.push(d.clone());
             }
             report.deletions.push(d);
         }
@@ -1647,6 +1647,29 @@ async fn observe(
                     ));
                 }
             }
+        }
+    }
+    // A force delete counts on a node that was cordoned during the run
+    // (or before it): forewarn evicts only there. Elsewhere a grace of 0
+    // is the cluster's own churn, not the product's (seen once under load:
+    // a StatefulSet's replacement pod on a node no event affected, deleted
+    // with grace 0 moments after its creation, while the controller's log
+    // shows no eviction there).
+    for d in force_deletes {
+        if cordoned_ever.contains(&d.node) || opts.precordoned.contains(&d.node) {
+            report.violations.push(format!(
+                "pod {} on {} was deleted with grace {:?}: a force delete",
+                d.pod, d.node, d.grace_seconds
+            ));
+        } else {
+            tl.at(
+                d.seen_at,
+                "harness",
+                format!(
+                    "pod {} on {} (never cordoned: no drain there) was deleted with grace {:?}; not forewarn's",
+                    d.pod, d.node, d.grace_seconds
+                ),
+            );
         }
     }
     report.cordoned = cordoned_ever.into_iter().collect();
