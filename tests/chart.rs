@@ -5252,6 +5252,29 @@ fn helm_test_pod_runs_like_the_controller_and_reads_only_what_it_checks() {
         controller["spec"]["template"]["spec"]["securityContext"]
     );
     assert_eq!(pod["spec"]["restartPolicy"], "Never");
+    assert_eq!(container["command"], controller_container["command"]);
+    assert!(pod["spec"]["hostNetwork"].is_null());
+    // With the controller on the host network and extra env (e.g. the API
+    // server's address where no kube-proxy runs), the test Pod follows,
+    // or it could not reach the API server the controller reaches.
+    let env = r#"[{"name":"KUBERNETES_SERVICE_HOST","value":"10.0.0.1"}]"#;
+    let host = documents(&render(&[
+        "--set",
+        "controller.hostNetwork=true",
+        "--set-json",
+        &format!("controller.extraEnv={env}"),
+    ]));
+    let host_pod = find_doc(&host, "Pod", "forewarn-test").expect("the helm test Pod");
+    assert_eq!(host_pod["spec"]["hostNetwork"], true);
+    assert_eq!(host_pod["spec"]["dnsPolicy"], "ClusterFirstWithHostNet");
+    assert!(
+        host_pod["spec"]["containers"][0]["env"]
+            .as_array()
+            .is_some_and(|e| e.contains(
+                &serde_json::json!({"name": "KUBERNETES_SERVICE_HOST", "value": "10.0.0.1"})
+            )),
+        "{host_pod}"
+    );
     assert_eq!(
         container["args"],
         serde_json::json!([

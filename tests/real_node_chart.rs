@@ -701,6 +701,32 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
         Some("ClusterFirstWithHostNet")
     );
 
+    // `helm test`: the chart's test Pod runs `forewarn check-install` in a
+    // real container on the real node, with its own get-only
+    // ServiceAccount, and passes (CRDs established, the Lease held and
+    // renewed, every agent Ready): helm exits 0 only then. Helm deletes
+    // the Pod once it passed (so no `--logs`: helm would look for the
+    // deleted Pod's logs and fail, helm/helm#9098).
+    let tested = Instant::now();
+    let out = helm(
+        &[
+            "test",
+            "forewarn",
+            "--namespace",
+            E2E_NS,
+            "--timeout",
+            "120s",
+        ],
+        &env.cluster.kubeconfig,
+        &home,
+    );
+    println!("helm test passed after {:?}:\n{out}", tested.elapsed());
+    assert!(out.contains("Succeeded"), "{out}");
+    assert!(
+        pods.get_opt("forewarn-test").await.expect("pods").is_none(),
+        "the test Pod was not deleted after it passed"
+    );
+
     // The workload: real containers on the real node (one `web` replica,
     // spread with the KWOK ones under a PDB; one `worker`, no PDB), with
     // their own grace, preStop and SIGTERM handling.
