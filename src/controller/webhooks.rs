@@ -26,7 +26,8 @@
 //! reconciles). Each webhook has its own queue ([`QUEUE`] messages; when
 //! full a message is dropped and counted) and its own worker, which sends
 //! in order, one at a time, retrying a connection error, a timeout, a 408,
-//! a 429 or a 5xx with exponential backoff (1 s doubling to 30 s, jittered)
+//! a 429 or a 5xx with exponential backoff (1 s doubling to 30 s, jittered;
+//! never sooner than the answer's `Retry-After` in seconds, up to 60)
 //! up to `maxAttempts` attempts; another 4xx is not retried. Every
 //! outcome is counted in
 //! `forewarn_controller_webhook_deliveries_total{webhook, notification,
@@ -56,6 +57,8 @@ use crate::crd::{ScheduledEvent, ScheduledEventStatus};
 pub const QUEUE: usize = 256;
 /// At most this many webhooks.
 pub const MAX_WEBHOOKS: usize = 16;
+/// The longest `Retry-After` honoured; a longer one waits this long.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 /// Nodes (and blockers) named in a message; the rest are counted.
 pub const NAMED: usize = 20;
 
@@ -770,8 +773,10 @@ struct Worker {
 /// Why an attempt failed.
 #[derive(Debug, thiserror::Error)]
 enum Failure {
+    /// The answer's status, and its `Retry-After` (in seconds: what Slack
+    /// and Teams send with a 429), at most [`MAX_RETRY_AFTER`].
     #[error("the receiver answered {0}")]
-    Status(u16),
+    Status(u16, Option<Duration>),
     #[error("{0}")]
     Transport(String),
 }
@@ -780,7 +785,7 @@ impl Failure {
     /// Worth another attempt: no answer, or 408, 429 or 5xx.
     fn retryable(&self) -> bool {
         match self {
-            Failure::Status(code) => matches!(code, 408 | 429 | 500..=599),
+            Failure::Status(code, _) => matches!(code, 408 | 429 | 500..=599),
             Failure::Transport(_) => true,
         }
     }
@@ -803,6 +808,11 @@ impl Worker {
                         .with_max_times(self.attempts.saturating_sub(1) as usize),
                 )
                 .when(Failure::retryable)
+                // A receiver that says when to come back is not asked sooner.
+                .adjust(|e, d| match (e, d) {
+                    (Failure::Status(_, Some(after)), Some(d)) => Some(d.max(*after)),
+                    _ => d,
+                })
                 .notify(|e, d| {
                     count("retried");
                     warn!(webhook = %self.name, notification = n.as_str(), error = %e, retry_in = ?d, "Webhook delivery failed; will retry");
@@ -836,10 +846,15 @@ impl Worker {
             .map_err(|e| Failure::Transport(error_chain(&e.without_url())))?;
         let status = response.status();
         if status.is_success() {
-            Ok(())
-        } else {
-            Err(Failure::Status(status.as_u16()))
+            return Ok(());
         }
+        let retry_after = response
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|s| Duration::from_secs(s).min(MAX_RETRY_AFTER));
+        Err(Failure::Status(status.as_u16(), retry_after))
     }
 }
 
@@ -1205,14 +1220,75 @@ mod tests {
         let _ = std::fs::remove_dir_all(dir);
     }
 
+    /// A 429 with `Retry-After: 3` is tried again no sooner than 3 s later
+    /// (the backoff alone would be 1 to 2 s), then delivered.
+    #[tokio::test]
+    async fn a_retry_after_is_honoured() {
+        let times: Arc<std::sync::Mutex<Vec<std::time::Instant>>> = Arc::default();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post({
+                let times = times.clone();
+                move || {
+                    let first = {
+                        let mut t = times.lock().unwrap();
+                        t.push(std::time::Instant::now());
+                        t.len() == 1
+                    };
+                    async move {
+                        if first {
+                            (
+                                http::StatusCode::TOO_MANY_REQUESTS,
+                                [(http::header::RETRY_AFTER, "3")],
+                            )
+                        } else {
+                            (http::StatusCode::OK, [(http::header::RETRY_AFTER, "0")])
+                        }
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let config = Config::parse(
+            &format!("webhooks:\n- {{name: slow, url: '{url}', maxAttempts: 2}}\n"),
+            "w.yaml",
+        )
+        .unwrap();
+        let counted = IntCounterVec::new(
+            prometheus::Opts::new("deliveries", "test"),
+            &["webhook", "notification", "result"],
+        )
+        .unwrap();
+        let (hooks, _tasks) = Webhooks::start(config, counted.clone(), false).unwrap();
+        hooks.notify(blocked());
+        let delivered = || {
+            counted
+                .with_label_values(&["slow", "DrainBlocked", "delivered"])
+                .get()
+        };
+        for _ in 0..200 {
+            if delivered() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(delivered(), 1);
+        let t = times.lock().unwrap().clone();
+        assert_eq!(t.len(), 2, "{t:?}");
+        let gap = t[1] - t[0];
+        assert!(gap >= Duration::from_millis(2950), "retried after {gap:?}");
+    }
+
     #[test]
     fn only_no_answer_and_408_429_5xx_are_retried() {
         assert!(Failure::Transport("connection refused".into()).retryable());
         for code in [408, 429, 500, 502, 503] {
-            assert!(Failure::Status(code).retryable(), "{code}");
+            assert!(Failure::Status(code, None).retryable(), "{code}");
         }
         for code in [400, 401, 403, 404, 410] {
-            assert!(!Failure::Status(code).retryable(), "{code}");
+            assert!(!Failure::Status(code, None).retryable(), "{code}");
         }
     }
 }
