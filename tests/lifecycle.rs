@@ -16,12 +16,12 @@ use forewarn::controller::nodes::TAINT_KEY;
 use forewarn::crd::{EventStatus, Phase, ScheduledEvent};
 use forewarn::imds::mock::LogEntry;
 use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::inspect::{condition, event_notes, scheduled_event as sev};
 use forewarn_harness::run::{
     ApiServerOutage, NodeDeletion, Report, RunOptions, run_scenario, summary,
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::events::v1::Event as KubeEvent;
 use kube::api::{Api, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -64,42 +64,6 @@ async fn play_with(file: &str, adjust: impl FnOnce(&mut RunOptions)) -> (Report,
         summary(&report)
     );
     (report, cluster)
-}
-
-async fn sev(client: &Client, id: &str) -> Option<ScheduledEvent> {
-    Api::<ScheduledEvent>::all(client.clone())
-        .get_opt(&id.to_ascii_lowercase())
-        .await
-        .unwrap_or_else(|e| panic!("ScheduledEvent {id}: {e}"))
-}
-
-fn condition(ev: &ScheduledEvent, type_: &str) -> Option<(String, String, String)> {
-    ev.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-}
-
-/// Notes of the Events with `reason` about the `ScheduledEvent` `id`.
-async fn event_notes(client: &Client, id: &str, reason: &str) -> Vec<String> {
-    Api::<KubeEvent>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .expect("list Events")
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .filter(|e| {
-            e.regarding
-                .as_ref()
-                .and_then(|r| r.name.as_deref())
-                .is_some_and(|n| n.eq_ignore_ascii_case(id))
-        })
-        .filter_map(|e| e.note)
-        .collect()
 }
 
 async fn holds_anywhere(client: &Client) -> Vec<String> {
@@ -1270,10 +1234,7 @@ async fn flapping_event_keeps_its_node_cordoned_and_workload_off() {
     // Workload kept off: no pod created after the first cordon landed on
     // the node before it was finally uncordoned.
     let first_cordon = report
-        .node_changes
-        .iter()
-        .find(|(_, n, c)| n == NODE && *c)
-        .map(|(t, _, _)| *t)
+        .first_cordon(NODE)
         .expect("the node was never cordoned");
     let released = report
         .node_changes

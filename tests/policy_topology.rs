@@ -14,14 +14,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use forewarn::crd::{Phase, ScheduledEvent};
+use forewarn::crd::Phase;
 use forewarn::topology::{
     FAULT_DOMAIN_LABEL, UPDATE_DOMAIN_LABEL, VirtualMachineReport, ZONE_LABEL,
 };
 use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::inspect::{condition, event_notes, expect_scheduled_event as sev};
 use forewarn_harness::run::{Report, RunOptions, run_scenario, summary};
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::events::v1::Event as KubeEvent;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -66,53 +66,6 @@ async fn play_with(file: &str, adjust: impl FnOnce(&mut RunOptions)) -> (Report,
         report.min_ready
     );
     (report, cluster)
-}
-
-async fn sev(client: &Client, id: &str) -> ScheduledEvent {
-    Api::<ScheduledEvent>::all(client.clone())
-        .get(&id.to_ascii_lowercase())
-        .await
-        .unwrap_or_else(|e| panic!("ScheduledEvent {id}: {e}"))
-}
-
-/// `(status, reason, message)` of the condition `type_`.
-fn condition(ev: &ScheduledEvent, type_: &str) -> Option<(String, String, String)> {
-    ev.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-}
-
-/// Notes of the Events with `reason` about the `ScheduledEvent` `id`.
-async fn event_notes(client: &Client, id: &str, reason: &str) -> Vec<String> {
-    Api::<KubeEvent>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .expect("list Events")
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .filter(|e| {
-            e.regarding
-                .as_ref()
-                .and_then(|r| r.name.as_deref())
-                .is_some_and(|n| n.eq_ignore_ascii_case(id))
-        })
-        .filter_map(|e| e.note)
-        .collect()
-}
-
-/// When `node` was first seen cordoned (the harness's watch of nodes).
-fn first_cordon(report: &Report, node: &str) -> DateTime<Utc> {
-    report
-        .node_changes
-        .iter()
-        .find(|(_, n, cordoned)| n == node && *cordoned)
-        .map(|(t, _, _)| *t)
-        .unwrap_or_else(|| panic!("{node} was never cordoned: {:?}", report.node_changes))
 }
 
 /// A Deployment of `replicas` pods pinned to `node`.
@@ -180,8 +133,12 @@ async fn a_rules_lead_time_holds_the_cordon_until_not_before_minus_it_while_anot
         .with_timezone(&Utc);
     let start = nb - chrono::Duration::seconds(30);
 
-    let reboot_cordon = first_cordon(&report, "node-000001");
-    let redeploy_cordon = first_cordon(&report, "node-000002");
+    let reboot_cordon = report
+        .first_cordon("node-000001")
+        .expect("node-000001 was never cordoned");
+    let redeploy_cordon = report
+        .first_cordon("node-000002")
+        .expect("node-000002 was never cordoned");
     println!(
         "NotBefore {nb}; Redeploy's node cordoned {:.1}s before it, Reboot's {:.1}s before it",
         (nb - redeploy_cordon).num_milliseconds() as f64 / 1000.0,

@@ -15,11 +15,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use forewarn::crd::ScheduledEvent;
 use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::inspect::{condition, event_notes, expect_scheduled_event as sev};
 use forewarn_harness::run::{Acknowledgers, Report, RunOptions, run_scenario, summary};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::events::v1::Event as KubeEvent;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
@@ -93,42 +92,6 @@ async fn play(file: &str, adjust: impl FnOnce(&mut RunOptions)) -> (Report, Clie
         summary(&report)
     );
     (report, cluster.client().await.expect("client"))
-}
-
-async fn sev(client: &Client, id: &str) -> ScheduledEvent {
-    Api::<ScheduledEvent>::all(client.clone())
-        .get(&id.to_ascii_lowercase())
-        .await
-        .unwrap_or_else(|e| panic!("ScheduledEvent {id}: {e}"))
-}
-
-fn condition(ev: &ScheduledEvent, type_: &str) -> Option<(String, String, String)> {
-    ev.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-}
-
-/// Notes of the Events with `reason` about the `ScheduledEvent` `id`.
-async fn event_notes(client: &Client, id: &str, reason: &str) -> Vec<String> {
-    Api::<KubeEvent>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .expect("list Events")
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .filter(|e| {
-            e.regarding
-                .as_ref()
-                .and_then(|r| r.name.as_deref())
-                .is_some_and(|n| n.eq_ignore_ascii_case(id))
-        })
-        .filter_map(|e| e.note)
-        .collect()
 }
 
 /// When IMDS first received an approval of `id` (the mock's log).
@@ -579,11 +542,7 @@ async fn a_late_start_sends_the_notice_at_once_and_cordons_later() {
         .map(|t| t.with_timezone(&Utc))
         .unwrap_or_else(|| panic!("no notBefore in the notice {:?}", db.first_value));
     let cordoned = report
-        .node_changes
-        .iter()
-        .filter(|(_, node, cordoned)| node == "node-000001" && *cordoned)
-        .map(|(at, ..)| *at)
-        .min()
+        .first_cordon("node-000001")
         .expect("node-000001 was never cordoned");
     assert!(
         db.first_seen - first_seen < chrono::TimeDelta::seconds(5),

@@ -4,5 +4,6 @@
 //! scenario, and check the rules from outside.
 
 pub mod cluster;
+pub mod inspect;
 pub mod procs;
 pub mod run;

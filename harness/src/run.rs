@@ -326,6 +326,16 @@ impl Report {
         self.finished && self.violations.is_empty()
     }
 
+    /// When `node` was first seen cordoned during the run (the harness's
+    /// watch of nodes), if ever.
+    pub fn first_cordon(&self, node: &str) -> Option<DateTime<Utc>> {
+        self.node_changes
+            .iter()
+            .filter(|(_, n, cordoned)| n == node && *cordoned)
+            .map(|(t, ..)| *t)
+            .min()
+    }
+
     /// The value of the sample `series` (its name and labels as exposed,
     /// e.g. `x_total{a="b"}`) in `process`'s `/metrics` at the end of the
     /// run (`controller`, or an agent's name); `None` when not exposed.

@@ -457,13 +457,15 @@ fn report_restart(ctx: &Context, c: &Change) {
         c.node, c.old, c.new
     );
     warn!(node = %c.node, old = %c.old, new = %c.new, "Unexpected node restart: {note}");
-    ctx.webhooks
-        .notify(super::webhooks::Message::unexpected_restart(
-            &c.node,
-            (&c.old, &c.new),
-            affecting.first().map(|e| e.as_ref()),
-            note.clone(),
-        ));
+    if ctx.webhooks.is_enabled() {
+        ctx.webhooks
+            .notify(super::webhooks::Message::unexpected_restart(
+                &c.node,
+                (&c.old, &c.new),
+                affecting.first().map(|e| e.as_ref()),
+                note.clone(),
+            ));
+    }
     if let Some(n) = node {
         ctx.kube_events.post(
             KubeEvent {

@@ -221,6 +221,9 @@ fn notify_webhooks(
     ctx: &Context,
 ) {
     use super::webhooks::{Blocker, Message, Notification};
+    if !ctx.webhooks.is_enabled() {
+        return;
+    }
     let name = ev.name_any();
     let spec = &ev.spec;
     let about = |n: Notification, summary: String| Message::about(n, ev, status, summary);

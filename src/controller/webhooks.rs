@@ -735,6 +735,12 @@ impl Webhooks {
         ))
     }
 
+    /// Whether any webhook is configured: without one, nothing need build
+    /// a [`Message`].
+    pub fn is_enabled(&self) -> bool {
+        self.inner.is_some()
+    }
+
     /// Queues `message` for every webhook that wants its notification; returns
     /// at once (a message that finds a queue full is dropped and counted).
     pub fn notify(&self, mut message: Message) {
