@@ -1001,9 +1001,14 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
                         ));
                     }
                     // Read until the container has exited (its last line).
+                    // A log only grows: a read that does not extend the last
+                    // one is not the container's log (once the container is
+                    // removed, the kubelet answers 200 with its own error,
+                    // `failed to try resolving symlinks in path ...`).
                     if rp.evicted.is_some()
                         && (rp.sigterm.is_none() || !exited_cleanly(&rp.logs))
                         && let Ok(l) = env.cluster.kubectl(&["logs", "-n", E2E_NS, &rp.name])
+                        && l.starts_with(rp.logs.as_str())
                     {
                         rp.logs = l;
                         if rp.sigterm.is_none() && rp.logs.contains("SIGTERM received") {
