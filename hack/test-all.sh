@@ -179,6 +179,19 @@ if ((${#empty[@]})); then
   echo "[test] FAILED: ran no test at all: ${empty[*]}"
 fi
 if ((${#failed[@]})); then
+  # What failed, again at the end: CI keeps only the tail of this output.
+  for s in "${failed[@]}"; do
+    f=$logs/$s.log
+    echo
+    echo "---------------- $s: what failed ----------------"
+    if grep -q '^failures:$' "$f"; then
+      # libtest's account: each failed test's output and panic, then names.
+      sed -n '/^failures:$/,/^test result:/p' "$f" | tail -n 80
+    else
+      tail -n 40 "$f"
+    fi
+  done
+  echo
   echo "[test] FAILED: ${failed[*]}; logs in $logs/"
 fi
 ((${#failed[@]} + ${#empty[@]})) && exit 1
