@@ -185,8 +185,9 @@ if ((${#failed[@]})); then
     echo
     echo "---------------- $s: what failed ----------------"
     if grep -q '^failures:$' "$f"; then
-      # libtest's account: each failed test's output and panic, then names.
-      sed -n '/^failures:$/,/^test result:/p' "$f" | tail -n 80
+      # libtest's account: each failed test's panic, then their names.
+      grep -B2 -A12 "panicked at" "$f" | head -n 120
+      grep -E '^test [a-z_:0-9]+ \.\.\. FAILED$' "$f" || true
     else
       tail -n 40 "$f"
     fi
