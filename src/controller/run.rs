@@ -31,6 +31,10 @@ use crate::topology::VirtualMachineReport;
 /// The longest a failing reconcile waits before it is tried again.
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(60);
 
+/// How long a stopping controller still delivers the webhook notifications
+/// it has queued (well within the pod's 30 s termination grace period).
+const WEBHOOK_FLUSH: Duration = Duration::from_secs(5);
+
 /// How often the controller's runtime beats its liveness.
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 
@@ -394,9 +398,6 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     notice_sweep.abort();
     restart_task.abort();
     heartbeat_task.abort();
-    for t in &webhook_tasks {
-        t.abort();
-    }
     if let Some(reload) = reload_task {
         reload.abort();
     }
@@ -408,6 +409,12 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     }
     // 1 while this replica holds the Lease: until it was released.
     leader_gauge.set(0);
+    // The notifications of what this leader recorded are still sent, after
+    // the Lease is handed over, within a bounded time.
+    let left = webhook_tasks.finish(WEBHOOK_FLUSH).await;
+    if !left.is_empty() {
+        warn!(webhooks = ?left, "Notifications were left unsent at shutdown");
+    }
     info!("Controller stopped");
     outcome
 }

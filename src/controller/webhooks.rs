@@ -667,12 +667,16 @@ impl Webhooks {
         config: Config,
         counted: IntCounterVec,
         dry_run: bool,
-    ) -> anyhow::Result<(Self, Vec<tokio::task::JoinHandle<()>>)> {
+    ) -> anyhow::Result<(Self, Deliveries)> {
+        let (closing, closed) = tokio::sync::watch::channel(false);
+        let mut deliveries = Deliveries {
+            tasks: Vec::new(),
+            closing,
+        };
         if config.webhooks.is_empty() {
-            return Ok((Self::default(), Vec::new()));
+            return Ok((Self::default(), deliveries));
         }
         let mut endpoints = Vec::new();
-        let mut tasks = Vec::new();
         for w in config.webhooks {
             let roots = match &w.ca_file {
                 Some(ca) => read_roots(ca).map_err(anyhow::Error::msg)?,
@@ -709,7 +713,9 @@ impl Webhooks {
                 attempts: w.max_attempts.unwrap_or(5),
                 counted: counted.clone(),
             };
-            tasks.push(tokio::spawn(worker.run(rx)));
+            deliveries
+                .tasks
+                .push((w.name.clone(), tokio::spawn(worker.run(rx, closed.clone()))));
             info!(webhook = %w.name, format = ?w.format, "Webhook configured");
             endpoints.push(Endpoint {
                 name: w.name,
@@ -731,7 +737,7 @@ impl Webhooks {
             Self {
                 inner: Some(Arc::new(inner)),
             },
-            tasks,
+            deliveries,
         ))
     }
 
@@ -755,13 +761,61 @@ impl Webhooks {
             .filter(|e| e.notifications.contains(&n))
         {
             let body = message.body(e.format, inner.cluster.as_deref());
-            if e.queue.try_send((n, body)).is_err() {
-                inner
-                    .counted
-                    .with_label_values(&[&e.name, n.as_str(), "dropped"])
-                    .inc();
-                warn!(webhook = %e.name, notification = n.as_str(), "The webhook's queue is full: a notification was dropped");
+            match e.queue.try_send((n, body)) {
+                Ok(()) => {}
+                Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
+                    inner
+                        .counted
+                        .with_label_values(&[&e.name, n.as_str(), "dropped"])
+                        .inc();
+                    warn!(webhook = %e.name, notification = n.as_str(), "The webhook's queue is full: a notification was dropped");
+                }
+                Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => {
+                    inner
+                        .counted
+                        .with_label_values(&[&e.name, n.as_str(), "dropped"])
+                        .inc();
+                    warn!(webhook = %e.name, notification = n.as_str(), "The controller is stopping: a notification was dropped");
+                }
             }
+        }
+    }
+}
+
+/// The delivery workers of [`Webhooks::start`], one per webhook.
+pub struct Deliveries {
+    tasks: Vec<(String, tokio::task::JoinHandle<()>)>,
+    closing: tokio::sync::watch::Sender<bool>,
+}
+
+impl Deliveries {
+    /// Delivers what is already queued, then stops the workers; waits at
+    /// most `within` (a pod's termination grace period bounds it), then
+    /// stops the rest and names the webhooks left with messages. Messages
+    /// queued after this call are not sent.
+    ///
+    /// Returns the webhooks whose queued messages were not all tried (empty
+    /// when every queue was emptied in time).
+    pub async fn finish(self, within: Duration) -> Vec<String> {
+        // Each worker closes its queue and ends once it has tried what
+        // was in it (retries included).
+        let _ = self.closing.send(true);
+        let deadline = tokio::time::Instant::now() + within;
+        let mut left = Vec::new();
+        for (name, mut task) in self.tasks {
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                task.abort();
+                warn!(webhook = %name, within = ?within, "Stopping with notifications still queued for this webhook: they are not sent");
+                left.push(name);
+            }
+        }
+        left
+    }
+
+    /// Stops every worker at once; queued messages are not sent.
+    pub fn abort(&self) {
+        for (_, t) in &self.tasks {
+            t.abort();
         }
     }
 }
@@ -798,8 +852,34 @@ impl Failure {
 }
 
 impl Worker {
-    async fn run(self, mut rx: tokio::sync::mpsc::Receiver<(Notification, Value)>) {
-        while let Some((n, body)) = rx.recv().await {
+    /// Delivers each message of `rx` in turn; once `closing` turns true,
+    /// delivers what is queued and returns.
+    async fn run(
+        self,
+        mut rx: tokio::sync::mpsc::Receiver<(Notification, Value)>,
+        mut closing: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut watching = true;
+        loop {
+            let next = if watching {
+                tokio::select! {
+                    next = rx.recv() => next,
+                    closed = closing.wait_for(|c| *c) => {
+                        watching = false;
+                        // Closing (not a dropped [`Deliveries`]): take
+                        // nothing more; what is queued is still received.
+                        if closed.is_ok() {
+                            rx.close();
+                        }
+                        continue;
+                    }
+                }
+            } else {
+                rx.recv().await
+            };
+            let Some((n, body)) = next else {
+                return;
+            };
             let count = |result: &str| {
                 self.counted
                     .with_label_values(&[&self.name, n.as_str(), result])
@@ -1285,6 +1365,94 @@ mod tests {
         assert_eq!(t.len(), 2, "{t:?}");
         let gap = t[1] - t[0];
         assert!(gap >= Duration::from_millis(2950), "retried after {gap:?}");
+    }
+
+    /// A receiver on loopback that answers 200 after `delay` (forever when
+    /// `None`) and counts the requests it took.
+    async fn slow_receiver(
+        delay: Option<Duration>,
+    ) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let got = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post({
+                let got = got.clone();
+                move || {
+                    got.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    async move {
+                        match delay {
+                            Some(d) => tokio::time::sleep(d).await,
+                            None => std::future::pending::<()>().await,
+                        }
+                        http::StatusCode::OK
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (url, got)
+    }
+
+    fn deliveries_counter() -> IntCounterVec {
+        IntCounterVec::new(
+            prometheus::Opts::new("deliveries", "test"),
+            &["webhook", "notification", "result"],
+        )
+        .unwrap()
+    }
+
+    /// A stopping controller still delivers what it queued: three messages
+    /// queued just before `finish` all reach a receiver that takes 300 ms
+    /// each; one queued after it is dropped and counted.
+    #[tokio::test]
+    async fn finishing_delivers_what_is_queued_then_takes_no_more() {
+        let (url, got) = slow_receiver(Some(Duration::from_millis(300))).await;
+        let config = Config::parse(
+            &format!("webhooks:\n- {{name: ops, url: '{url}'}}\n"),
+            "w.yaml",
+        )
+        .unwrap();
+        let counted = deliveries_counter();
+        let (hooks, deliveries) = Webhooks::start(config, counted.clone(), false).unwrap();
+        for _ in 0..3 {
+            hooks.notify(blocked());
+        }
+        let started = std::time::Instant::now();
+        let left = deliveries.finish(Duration::from_secs(10)).await;
+        assert!(left.is_empty(), "left: {left:?}");
+        let count = |r: &str| counted.with_label_values(&["ops", "DrainBlocked", r]).get();
+        assert_eq!(count("delivered"), 3);
+        assert_eq!(got.load(std::sync::atomic::Ordering::SeqCst), 3);
+        assert!(
+            started.elapsed() >= Duration::from_millis(850),
+            "finished after {:?}, before the three deliveries could",
+            started.elapsed()
+        );
+        hooks.notify(blocked());
+        assert_eq!(count("dropped"), 1);
+    }
+
+    /// A receiver that never answers does not hold a stopping controller
+    /// beyond `within`: `finish` names the webhook left with messages.
+    #[tokio::test]
+    async fn finishing_is_bounded_by_its_time() {
+        let (url, got) = slow_receiver(None).await;
+        let config = Config::parse(
+            &format!("webhooks:\n- {{name: stuck, url: '{url}', timeoutSeconds: 60}}\n"),
+            "w.yaml",
+        )
+        .unwrap();
+        let (hooks, deliveries) = Webhooks::start(config, deliveries_counter(), false).unwrap();
+        hooks.notify(blocked());
+        hooks.notify(blocked());
+        let started = std::time::Instant::now();
+        let left = deliveries.finish(Duration::from_secs(1)).await;
+        let took = started.elapsed();
+        assert_eq!(left, ["stuck"]);
+        assert!(took < Duration::from_secs(3), "finish took {took:?}");
+        assert_eq!(got.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     #[test]
