@@ -117,18 +117,40 @@ async fn each_step_of_an_event_reaches_the_webhooks_in_order_retried_and_counted
     );
     opts.timeout = Duration::from_secs(150);
     let file = std::env::temp_dir().join(format!("forewarn-webhooks-{}.yaml", std::process::id()));
-    std::fs::write(
-        &file,
-        format!(
-            "cluster: test-cluster\n\
-             webhooks:\n\
-             - {{name: json, url: '{base}/json/{TOKEN}', maxAttempts: 3}}\n\
-             - {{name: slack, url: '{base}/slack/{TOKEN}', format: Slack, notifications: [DrainBlocked, Completed]}}\n\
-             - {{name: teams, url: '{base}/teams/{TOKEN}', format: Teams, notifications: [Approved]}}\n\
-             - {{name: reject, url: '{base}/reject/{TOKEN}', notifications: [Received]}}\n"
-        ),
-    )
-    .expect("write the webhooks file");
+    let webhooks = format!(
+        "cluster: test-cluster\n\
+         webhooks:\n\
+         - {{name: json, url: '{base}/json/{TOKEN}', maxAttempts: 3}}\n\
+         - {{name: slack, url: '{base}/slack/{TOKEN}', format: Slack, notifications: [DrainBlocked, Completed]}}\n\
+         - {{name: teams, url: '{base}/teams/{TOKEN}', format: Teams, notifications: [Approved]}}\n\
+         - {{name: reject, url: '{base}/reject/{TOKEN}', notifications: [Received]}}\n"
+    );
+    std::fs::write(&file, &webhooks).expect("write the webhooks file");
+    // Once the JSON webhook accepted Received (long before the event is
+    // over), the file gains a webhook `late` for
+    // Completed (written whole, then renamed in, as a Secret volume swaps
+    // it): the running controller must put it in force by itself.
+    let rewrite = tokio::spawn({
+        let (receiver, file) = (receiver.clone(), file.clone());
+        let late = format!(
+            "{webhooks}- {{name: late, url: '{base}/late/{TOKEN}', notifications: [Completed]}}\n"
+        );
+        async move {
+            while !receiver
+                .got
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|g| g.path.starts_with("json/") && g.answered == 200)
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let next = file.with_extension("next");
+            std::fs::write(&next, late).expect("write the new webhooks file");
+            std::fs::rename(&next, &file).expect("swap the webhooks file");
+            Utc::now()
+        }
+    });
     opts.extra_env = vec![(
         "FOREWARN_WEBHOOKS_FILE".into(),
         file.to_string_lossy().into_owned(),
@@ -313,6 +335,35 @@ async fn each_step_of_an_event_reaches_the_webhooks_in_order_retried_and_counted
     assert_eq!(card["content"]["type"], "AdaptiveCard");
     // A 400 is not retried.
     assert_eq!(at("reject/").len(), 1, "{:#?}", at("reject/"));
+    // The webhook added to the file mid-run got the event's Completed, and
+    // the reload was counted once, refused never.
+    assert!(
+        rewrite.is_finished(),
+        "the JSON webhook accepted nothing: the file was never rewritten"
+    );
+    let rewritten = rewrite.await.expect("the rewrite");
+    let late: Vec<(String, Value)> = at("late/")
+        .into_iter()
+        .map(|g| {
+            (
+                g.body["notification"].as_str().unwrap_or_default().into(),
+                g.body["event"]["eventId"].clone(),
+            )
+        })
+        .collect();
+    println!("webhooks file rewritten at {rewritten}");
+    assert_eq!(late, [("Completed".to_string(), json!(EVENT))], "{late:#?}");
+    assert_eq!(
+        report.metric(
+            "controller",
+            "forewarn_controller_webhooks_reloads_total{result=\"loaded\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        report.metric("controller", "forewarn_controller_webhooks_file_refused"),
+        Some(0.0)
+    );
 
     // The controller counted each outcome.
     assert_eq!(deliveries(&report, "json", "Received", "retried"), 1.0);

@@ -79,6 +79,11 @@ pub struct ControllerMetrics {
     /// 1 while the policy file holds a policy that was refused (the policy
     /// in force is an older one), 0 once a valid file is loaded.
     pub policy_refused: IntGauge,
+    /// Changes of the webhooks file by `result`: `loaded`, `refused`.
+    pub webhooks_reloads: IntCounterVec,
+    /// 1 while the webhooks file holds a file that was refused (the
+    /// webhooks in force are older ones), 0 once a valid file is loaded.
+    pub webhooks_refused: IntGauge,
     /// Kubernetes Events by `result`: `posted`, `failed` (the API server
     /// refused or did not answer), `dropped` (the queue was full).
     pub kube_events: IntCounterVec,
@@ -192,6 +197,11 @@ impl ControllerMetrics {
                 "Changes of the policy file, by result: loaded, or refused (invalid; the policy in force stays)",
                 &["result"],
             )?,
+            webhooks_reloads: counter(
+                "forewarn_controller_webhooks_reloads_total",
+                "Changes of the webhooks file, by result: loaded, or refused (invalid; the webhooks in force stay)",
+                &["result"],
+            )?,
             kube_events: counter(
                 "forewarn_controller_kube_events_total",
                 "Kubernetes Events, by result: posted, failed (refused or unanswered), dropped (the queue of Events to post was full)",
@@ -226,6 +236,10 @@ impl ControllerMetrics {
                 "forewarn_controller_policy_file_refused",
                 "1 while the policy file holds an invalid policy that was refused (an older policy is in force), else 0",
             )?,
+            webhooks_refused: IntGauge::new(
+                "forewarn_controller_webhooks_file_refused",
+                "1 while the webhooks file holds an invalid file that was refused (older webhooks are in force), else 0",
+            )?,
             leader: IntGauge::new(
                 "forewarn_controller_leader",
                 "1 while this replica holds the leader-election Lease",
@@ -254,6 +268,8 @@ impl ControllerMetrics {
             Box::new(self.acknowledgement_timeouts.clone()),
             Box::new(self.policy_reloads.clone()),
             Box::new(self.policy_refused.clone()),
+            Box::new(self.webhooks_reloads.clone()),
+            Box::new(self.webhooks_refused.clone()),
             Box::new(self.kube_events.clone()),
             Box::new(self.events_observed.clone()),
             Box::new(self.notice.clone()),

@@ -31,12 +31,44 @@ pub enum Reload {
     Refused(policy::Error),
 }
 
-/// The last content looked at, to act once per change.
+/// The last content of a file looked at, to act once per change (of its
+/// content or of its read error).
+#[derive(Debug)]
+pub struct Changes {
+    /// The content last seen, or the read error's text.
+    last: Result<String, String>,
+}
+
+impl Changes {
+    /// Starts from `initial`, the content in force.
+    pub fn new(initial: String) -> Self {
+        Changes { last: Ok(initial) }
+    }
+
+    /// `read` when it differs from the last one looked at, else `None`.
+    pub fn changed(&mut self, read: std::io::Result<String>) -> Option<std::io::Result<String>> {
+        let now = read.as_ref().map(Clone::clone).map_err(ToString::to_string);
+        if now == self.last {
+            return None;
+        }
+        self.last = now;
+        Some(read)
+    }
+}
+
+/// Reads `path` off the runtime's threads.
+pub async fn read(path: &std::path::Path) -> std::io::Result<String> {
+    let file = path.to_path_buf();
+    tokio::task::spawn_blocking(move || std::fs::read_to_string(file))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+}
+
+/// The last policy content looked at, to act once per change.
 #[derive(Debug)]
 pub struct Watch {
     path: String,
-    /// The content last seen, or the read error's text.
-    last: Result<String, String>,
+    changes: Changes,
 }
 
 impl Watch {
@@ -44,17 +76,15 @@ impl Watch {
     pub fn new(path: impl Into<String>, initial: String) -> Self {
         Watch {
             path: path.into(),
-            last: Ok(initial),
+            changes: Changes::new(initial),
         }
     }
 
     /// Looks at what reading the file gave: pure, for tests.
     pub fn check(&mut self, read: std::io::Result<String>) -> Reload {
-        let now = read.as_ref().map(Clone::clone).map_err(ToString::to_string);
-        if now == self.last {
+        let Some(read) = self.changes.changed(read) else {
             return Reload::Unchanged;
-        }
-        self.last = now;
+        };
         match read {
             Err(source) => Reload::Refused(policy::Error::Read {
                 path: self.path.clone(),
@@ -92,11 +122,7 @@ pub async fn watch(
     let mut tick = tokio::time::interval(POLL_INTERVAL);
     loop {
         tick.tick().await;
-        let file = path.clone();
-        let read = tokio::task::spawn_blocking(move || std::fs::read_to_string(file))
-            .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-        match w.check(read) {
+        match w.check(read(&path).await) {
             Reload::Unchanged => {}
             Reload::Loaded(p) => {
                 info!(policy = ?p, "Policy file changed: the new policy is in force");

@@ -64,9 +64,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         }
         None => (Policy::default(), String::new()),
     };
-    let webhooks_config = match &args.webhooks_file {
-        Some(path) => super::webhooks::Config::load(&path.to_string_lossy())?,
-        None => super::webhooks::Config::default(),
+    let (webhooks_config, webhooks_text) = match &args.webhooks_file {
+        Some(path) => super::webhooks::Config::load_text(&path.to_string_lossy())?,
+        None => Default::default(),
     };
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "forewarn".into());
@@ -320,11 +320,19 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         },
         metrics.kube_events.clone(),
     );
-    let (webhooks, webhook_tasks) = super::webhooks::Webhooks::start(
+    let webhooks = super::webhooks::Webhooks::start(
         webhooks_config,
         metrics.webhook_deliveries.clone(),
         args.dry_run,
     )?;
+    let webhooks_task = args.webhooks_file.clone().map(|path| {
+        tokio::spawn(super::webhooks::watch(
+            path,
+            webhooks_text,
+            webhooks.clone(),
+            metrics.clone(),
+        ))
+    });
     let ctx = Arc::new(Context {
         kube_events,
         client: client.clone(),
@@ -345,7 +353,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         heartbeats: super::heartbeats::Heartbeats::new(client.clone(), trigger.clone()),
         node_conditions: super::node_condition::Written::default(),
         trigger,
-        webhooks,
+        webhooks: webhooks.clone(),
     });
     let restart_task = tokio::spawn(super::impact::report_restarts(ctx.clone(), restarts));
     let heartbeat_task = tokio::spawn(ctx.heartbeats.clone().run_expiry());
@@ -401,6 +409,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     if let Some(reload) = reload_task {
         reload.abort();
     }
+    if let Some(reload) = webhooks_task {
+        reload.abort();
+    }
     ready.set(false);
     // Releasing hands the Lease to a standby at once instead of after its
     // duration; only a Lease this replica still holds is released.
@@ -411,7 +422,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     leader_gauge.set(0);
     // The notifications of what this leader recorded are still sent, after
     // the Lease is handed over, within a bounded time.
-    let left = webhook_tasks.finish(WEBHOOK_FLUSH).await;
+    let left = webhooks.finish(WEBHOOK_FLUSH).await;
     if !left.is_empty() {
         warn!(webhooks = ?left, "Notifications were left unsent at shutdown");
     }

@@ -5,7 +5,10 @@
 //!
 //! The endpoints come from a YAML file (`--webhooks-file`; in the chart a
 //! Secret, since a webhook URL is a credential), read at start; a bad file
-//! stops the controller with the file, the webhook and the reason:
+//! stops the controller with the file, the webhook and the reason. The
+//! file is read again when its content changes ([`watch`]): a valid one is
+//! put in force ([`Webhooks::reload`]), an invalid one is refused and the
+//! webhooks in force stay:
 //!
 //! ```yaml
 //! cluster: prod-westeurope-1     # optional: named in every message
@@ -32,9 +35,10 @@
 //! outcome is counted in
 //! `forewarn_controller_webhook_deliveries_total{webhook, notification,
 //! result}` (`delivered`, `retried`: one per retry, `failed`: attempts
-//! exhausted, `rejected`: a 4xx, `dropped`: queue full). Like Kubernetes
-//! Events, notifications are best effort: the `ScheduledEvent` status is
-//! the record, and a notification queued when the leader stops is lost.
+//! exhausted, `rejected`: a 4xx, `dropped`: queue full or stopping). Like
+//! Kubernetes Events, notifications are best effort: the `ScheduledEvent`
+//! status is the record. A stopping leader delivers what it has queued
+//! for a bounded time ([`Webhooks::finish`]); what is left then is lost.
 //! The URL is never logged (it carries the credential): logs name the
 //! webhook.
 
@@ -48,7 +52,7 @@ use prometheus::IntCounterVec;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::crd::{ScheduledEvent, ScheduledEventStatus};
 
@@ -219,11 +223,20 @@ impl Config {
     /// # Errors
     /// [`Error::Read`], [`Error::Parse`] or [`Error::Invalid`].
     pub fn load(path: &str) -> Result<Config, Error> {
+        Ok(Self::load_text(path)?.0)
+    }
+
+    /// Reads and validates the file at `path`; gives its text too (what a
+    /// [`watch`] compares with).
+    ///
+    /// # Errors
+    /// [`Error::Read`], [`Error::Parse`] or [`Error::Invalid`].
+    pub fn load_text(path: &str) -> Result<(Config, String), Error> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
             path: path.into(),
             source,
         })?;
-        Self::parse(&text, path)
+        Ok((Self::parse(&text, path)?, text))
     }
 
     /// Parses and validates `text`, read from `path` (named in errors).
@@ -643,10 +656,23 @@ struct Endpoint {
     queue: tokio::sync::mpsc::Sender<(Notification, Value)>,
 }
 
-/// The configured webhooks; cheap to clone. [`Webhooks::default`] has none.
-#[derive(Clone, Default)]
+/// The configured webhooks; cheap to clone (the clones share them).
+#[derive(Clone)]
 pub struct Webhooks {
-    inner: Option<Arc<Inner>>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// The webhooks in force (none: `None`); [`Webhooks::reload`] swaps it.
+    active: std::sync::RwLock<Option<Arc<Inner>>>,
+    /// Every worker started, those of replaced sets included (each ends
+    /// once its set is dropped and its queue emptied).
+    workers: std::sync::Mutex<Vec<(String, tokio::task::JoinHandle<()>)>>,
+    /// Turns true on [`Webhooks::finish`]: each worker then empties its
+    /// queue and ends, and no set is started any more.
+    closing: tokio::sync::watch::Sender<bool>,
+    counted: IntCounterVec,
+    dry_run: bool,
 }
 
 struct Inner {
@@ -663,23 +689,48 @@ impl Webhooks {
     ///
     /// # Errors
     /// When a webhook's HTTP client cannot be built (its `caFile`).
-    pub fn start(
-        config: Config,
-        counted: IntCounterVec,
-        dry_run: bool,
-    ) -> anyhow::Result<(Self, Deliveries)> {
-        let (closing, closed) = tokio::sync::watch::channel(false);
-        let mut deliveries = Deliveries {
-            tasks: Vec::new(),
-            closing,
+    pub fn start(config: Config, counted: IntCounterVec, dry_run: bool) -> anyhow::Result<Self> {
+        let hooks = Webhooks {
+            shared: Arc::new(Shared {
+                active: std::sync::RwLock::new(None),
+                workers: std::sync::Mutex::new(Vec::new()),
+                closing: tokio::sync::watch::Sender::new(false),
+                counted,
+                dry_run,
+            }),
         };
-        if config.webhooks.is_empty() {
-            return Ok((Self::default(), deliveries));
+        hooks.reload(config)?;
+        Ok(hooks)
+    }
+
+    /// Puts `config` in force: starts its workers, then swaps it for the
+    /// set in force. The replaced set's workers still deliver what was
+    /// queued for them, then end. A `config` whose clients cannot be
+    /// built changes nothing.
+    ///
+    /// # Errors
+    /// When a webhook's HTTP client cannot be built (its `caFile`), or the
+    /// webhooks are finishing ([`Webhooks::finish`]).
+    pub fn reload(&self, config: Config) -> anyhow::Result<()> {
+        let shared = &self.shared;
+        if *shared.closing.borrow() {
+            anyhow::bail!("the webhooks are stopping");
         }
-        let mut endpoints = Vec::new();
+        if config.webhooks.is_empty() {
+            *shared
+                .active
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+            return Ok(());
+        }
+        // Every client first: a webhook that cannot be built leaves the set
+        // in force alone.
+        let mut built = Vec::new();
         for w in config.webhooks {
             let roots = match &w.ca_file {
-                Some(ca) => read_roots(ca).map_err(anyhow::Error::msg)?,
+                Some(ca) => {
+                    read_roots(ca).map_err(|e| anyhow::anyhow!("webhook {}: {e}", w.name))?
+                }
                 None => crate::http::public_roots(),
             };
             let timeout = Duration::from_secs(w.timeout_seconds.unwrap_or(10));
@@ -690,6 +741,12 @@ impl Webhooks {
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .map_err(|e| anyhow::anyhow!("webhook {}: {}", w.name, e.without_url()))?;
+            built.push((w, client));
+        }
+        let counted = &shared.counted;
+        let mut endpoints = Vec::new();
+        let mut started = Vec::new();
+        for (w, client) in built {
             let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
             let mut headers = http::HeaderMap::new();
             for (k, v) in &w.headers {
@@ -713,9 +770,10 @@ impl Webhooks {
                 attempts: w.max_attempts.unwrap_or(5),
                 counted: counted.clone(),
             };
-            deliveries
-                .tasks
-                .push((w.name.clone(), tokio::spawn(worker.run(rx, closed.clone()))));
+            started.push((
+                w.name.clone(),
+                tokio::spawn(worker.run(rx, shared.closing.subscribe())),
+            ));
             info!(webhook = %w.name, format = ?w.format, "Webhook configured");
             endpoints.push(Endpoint {
                 name: w.name,
@@ -727,30 +785,46 @@ impl Webhooks {
                 queue: tx,
             });
         }
-        let inner = Inner {
+        {
+            let mut workers = shared
+                .workers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            workers.retain(|(_, t)| !t.is_finished());
+            workers.extend(started);
+        }
+        *shared
+            .active
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(Inner {
             cluster: config.cluster,
-            dry_run,
+            dry_run: shared.dry_run,
             endpoints,
-            counted,
-        };
-        Ok((
-            Self {
-                inner: Some(Arc::new(inner)),
-            },
-            deliveries,
-        ))
+            counted: counted.clone(),
+        }));
+        Ok(())
+    }
+
+    /// The set in force, if any webhook is configured.
+    fn active(&self) -> Option<Arc<Inner>> {
+        self.shared
+            .active
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Whether any webhook is configured: without one, nothing need build
     /// a [`Message`].
     pub fn is_enabled(&self) -> bool {
-        self.inner.is_some()
+        self.active().is_some()
     }
 
     /// Queues `message` for every webhook that wants its notification; returns
-    /// at once (a message that finds a queue full is dropped and counted).
+    /// at once (a message that finds a queue full, or the webhooks stopping,
+    /// is dropped and counted).
     pub fn notify(&self, mut message: Message) {
-        let Some(inner) = &self.inner else {
+        let Some(inner) = self.active() else {
             return;
         };
         message.dry_run = inner.dry_run;
@@ -761,48 +835,44 @@ impl Webhooks {
             .filter(|e| e.notifications.contains(&n))
         {
             let body = message.body(e.format, inner.cluster.as_deref());
-            match e.queue.try_send((n, body)) {
-                Ok(()) => {}
+            let why = match e.queue.try_send((n, body)) {
+                Ok(()) => continue,
                 Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
-                    inner
-                        .counted
-                        .with_label_values(&[&e.name, n.as_str(), "dropped"])
-                        .inc();
-                    warn!(webhook = %e.name, notification = n.as_str(), "The webhook's queue is full: a notification was dropped");
+                    "The webhook's queue is full: a notification was dropped"
                 }
                 Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => {
-                    inner
-                        .counted
-                        .with_label_values(&[&e.name, n.as_str(), "dropped"])
-                        .inc();
-                    warn!(webhook = %e.name, notification = n.as_str(), "The controller is stopping: a notification was dropped");
+                    "The controller is stopping: a notification was dropped"
                 }
-            }
+            };
+            inner
+                .counted
+                .with_label_values(&[&e.name, n.as_str(), "dropped"])
+                .inc();
+            warn!(webhook = %e.name, notification = n.as_str(), "{why}");
         }
     }
-}
 
-/// The delivery workers of [`Webhooks::start`], one per webhook.
-pub struct Deliveries {
-    tasks: Vec<(String, tokio::task::JoinHandle<()>)>,
-    closing: tokio::sync::watch::Sender<bool>,
-}
-
-impl Deliveries {
     /// Delivers what is already queued, then stops the workers; waits at
     /// most `within` (a pod's termination grace period bounds it), then
-    /// stops the rest and names the webhooks left with messages. Messages
-    /// queued after this call are not sent.
+    /// stops the rest. Messages queued after this call are dropped
+    /// (counted).
     ///
     /// Returns the webhooks whose queued messages were not all tried (empty
     /// when every queue was emptied in time).
-    pub async fn finish(self, within: Duration) -> Vec<String> {
+    pub async fn finish(&self, within: Duration) -> Vec<String> {
         // Each worker closes its queue and ends once it has tried what
         // was in it (retries included).
-        let _ = self.closing.send(true);
+        self.shared.closing.send_replace(true);
+        let workers = std::mem::take(
+            &mut *self
+                .shared
+                .workers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         let deadline = tokio::time::Instant::now() + within;
         let mut left = Vec::new();
-        for (name, mut task) in self.tasks {
+        for (name, mut task) in workers {
             if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
                 task.abort();
                 warn!(webhook = %name, within = ?within, "Stopping with notifications still queued for this webhook: they are not sent");
@@ -811,11 +881,61 @@ impl Deliveries {
         }
         left
     }
+}
 
-    /// Stops every worker at once; queued messages are not sent.
-    pub fn abort(&self) {
-        for (_, t) in &self.tasks {
-            t.abort();
+/// Polls the webhooks file at `path` every
+/// [`super::reload::POLL_INTERVAL`] (a Secret volume swaps a symlink: the
+/// content is compared, from `initial`, the text in force) and puts each
+/// valid new file in force ([`Webhooks::reload`]). A file that cannot be
+/// used (unreadable, invalid, a client that cannot be built) is refused
+/// with an error log, `forewarn_controller_webhooks_reloads_total{result=
+/// "refused"}` and `forewarn_controller_webhooks_file_refused` 1 until a
+/// valid file is loaded; the webhooks in force stay. A change of a
+/// `caFile` alone is not seen: the webhooks file must change too.
+pub async fn watch(
+    path: std::path::PathBuf,
+    initial: String,
+    webhooks: Webhooks,
+    metrics: super::metrics::ControllerMetrics,
+) {
+    let shown = path.to_string_lossy().to_string();
+    let mut changes = super::reload::Changes::new(initial);
+    let mut tick = tokio::time::interval(super::reload::POLL_INTERVAL);
+    loop {
+        tick.tick().await;
+        let Some(read) = changes.changed(super::reload::read(&path).await) else {
+            continue;
+        };
+        let loaded = read
+            .map_err(|source| {
+                anyhow::Error::from(Error::Read {
+                    path: shown.clone(),
+                    source,
+                })
+            })
+            .and_then(|text| Ok(Config::parse(&text, &shown)?))
+            .and_then(|config| {
+                let names: Vec<String> = config.webhooks.iter().map(|w| w.name.clone()).collect();
+                webhooks.reload(config)?;
+                Ok(names)
+            });
+        match loaded {
+            Ok(names) => {
+                info!(webhooks = ?names, "Webhooks file changed: the new webhooks are in force");
+                metrics
+                    .webhooks_reloads
+                    .with_label_values(&["loaded"])
+                    .inc();
+                metrics.webhooks_refused.set(0);
+            }
+            Err(e) => {
+                error!(error = %e, "Refused the changed webhooks file; the webhooks in force stay until the file is fixed");
+                metrics
+                    .webhooks_reloads
+                    .with_label_values(&["refused"])
+                    .inc();
+                metrics.webhooks_refused.set(1);
+            }
         }
     }
 }
@@ -866,7 +986,7 @@ impl Worker {
                     next = rx.recv() => next,
                     closed = closing.wait_for(|c| *c) => {
                         watching = false;
-                        // Closing (not a dropped [`Deliveries`]): take
+                        // Closing (not every `Webhooks` dropped): take
                         // nothing more; what is queued is still received.
                         if closed.is_ok() {
                             rx.close();
@@ -1285,7 +1405,7 @@ mod tests {
             &["webhook", "notification", "result"],
         )
         .unwrap();
-        let (hooks, _tasks) = Webhooks::start(config, counted.clone(), false).expect("start");
+        let hooks = Webhooks::start(config, counted.clone(), false).expect("start");
         hooks.notify(blocked());
         let body = tokio::time::timeout(Duration::from_secs(20), got.recv())
             .await
@@ -1347,7 +1467,7 @@ mod tests {
             &["webhook", "notification", "result"],
         )
         .unwrap();
-        let (hooks, _tasks) = Webhooks::start(config, counted.clone(), false).unwrap();
+        let hooks = Webhooks::start(config, counted.clone(), false).unwrap();
         hooks.notify(blocked());
         let delivered = || {
             counted
@@ -1415,12 +1535,12 @@ mod tests {
         )
         .unwrap();
         let counted = deliveries_counter();
-        let (hooks, deliveries) = Webhooks::start(config, counted.clone(), false).unwrap();
+        let hooks = Webhooks::start(config, counted.clone(), false).unwrap();
         for _ in 0..3 {
             hooks.notify(blocked());
         }
         let started = std::time::Instant::now();
-        let left = deliveries.finish(Duration::from_secs(10)).await;
+        let left = hooks.finish(Duration::from_secs(10)).await;
         assert!(left.is_empty(), "left: {left:?}");
         let count = |r: &str| counted.with_label_values(&["ops", "DrainBlocked", r]).get();
         assert_eq!(count("delivered"), 3);
@@ -1444,15 +1564,138 @@ mod tests {
             "w.yaml",
         )
         .unwrap();
-        let (hooks, deliveries) = Webhooks::start(config, deliveries_counter(), false).unwrap();
+        let hooks = Webhooks::start(config, deliveries_counter(), false).unwrap();
         hooks.notify(blocked());
         hooks.notify(blocked());
         let started = std::time::Instant::now();
-        let left = deliveries.finish(Duration::from_secs(1)).await;
+        let left = hooks.finish(Duration::from_secs(1)).await;
         let took = started.elapsed();
         assert_eq!(left, ["stuck"]);
         assert!(took < Duration::from_secs(3), "finish took {took:?}");
         assert_eq!(got.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    /// Waits up to 10 s for `f` to hold.
+    async fn eventually(what: &str, f: impl Fn() -> bool) {
+        for _ in 0..200 {
+            if f() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("not within 10 s: {what}");
+    }
+
+    /// A reload swaps the set: what was queued for the old webhook is still
+    /// delivered, later messages go to the new one only, and the old
+    /// worker ends once its queue is empty.
+    #[tokio::test]
+    async fn a_reload_swaps_the_webhooks_and_the_old_queue_is_still_delivered() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (old_url, old_got) = slow_receiver(Some(Duration::from_millis(300))).await;
+        let (new_url, new_got) = slow_receiver(Some(Duration::ZERO)).await;
+        let counted = deliveries_counter();
+        let hooks = Webhooks::start(
+            Config::parse(
+                &format!("webhooks:\n- {{name: old, url: '{old_url}'}}\n"),
+                "w.yaml",
+            )
+            .unwrap(),
+            counted.clone(),
+            false,
+        )
+        .unwrap();
+        hooks.notify(blocked());
+        hooks.notify(blocked());
+        hooks
+            .reload(
+                Config::parse(
+                    &format!("webhooks:\n- {{name: new, url: '{new_url}'}}\n"),
+                    "w.yaml",
+                )
+                .unwrap(),
+            )
+            .unwrap();
+        hooks.notify(blocked());
+        let count = |w: &str| {
+            counted
+                .with_label_values(&[w, "DrainBlocked", "delivered"])
+                .get()
+        };
+        eventually("both old and the new delivered", || {
+            count("old") == 2 && count("new") == 1
+        })
+        .await;
+        assert_eq!(old_got.load(SeqCst), 2);
+        assert_eq!(new_got.load(SeqCst), 1);
+        eventually("the old worker ended", || {
+            let workers = hooks.shared.workers.lock().unwrap();
+            workers
+                .iter()
+                .filter(|(n, t)| n == "old" && !t.is_finished())
+                .count()
+                == 0
+        })
+        .await;
+        // An empty file: no webhook any more.
+        hooks.reload(Config::default()).unwrap();
+        assert!(!hooks.is_enabled());
+        hooks.notify(blocked());
+        assert!(hooks.finish(Duration::from_secs(5)).await.is_empty());
+        assert_eq!(new_got.load(SeqCst), 1);
+    }
+
+    /// The file watch: a changed file that is invalid is refused (the
+    /// webhooks in force stay, the gauge says so); a valid one is put in
+    /// force and clears the gauge.
+    #[tokio::test]
+    async fn a_changed_webhooks_file_is_loaded_and_an_invalid_one_refused() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (a_url, a_got) = slow_receiver(Some(Duration::ZERO)).await;
+        let (b_url, b_got) = slow_receiver(Some(Duration::ZERO)).await;
+        let dir =
+            std::env::temp_dir().join(format!("forewarn-webhooks-watch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("webhooks.yaml");
+        let first = format!("webhooks:\n- {{name: a, url: '{a_url}'}}\n");
+        std::fs::write(&path, &first).unwrap();
+        let metrics =
+            super::super::metrics::ControllerMetrics::register(&prometheus::Registry::new())
+                .unwrap();
+        let (config, text) = Config::load_text(&path.to_string_lossy()).unwrap();
+        let hooks = Webhooks::start(config, metrics.webhook_deliveries.clone(), false).unwrap();
+        let task = tokio::spawn(watch(path.clone(), text, hooks.clone(), metrics.clone()));
+        std::fs::write(&path, "webhooks:\n- {name: a, url: 'ftp://x'}\n").unwrap();
+        eventually("the invalid file refused", || {
+            metrics.webhooks_refused.get() == 1
+        })
+        .await;
+        assert_eq!(
+            metrics
+                .webhooks_reloads
+                .with_label_values(&["refused"])
+                .get(),
+            1
+        );
+        hooks.notify(blocked());
+        eventually("delivered to a, still in force", || a_got.load(SeqCst) == 1).await;
+        std::fs::write(&path, format!("webhooks:\n- {{name: b, url: '{b_url}'}}\n")).unwrap();
+        eventually("the valid file loaded", || {
+            metrics.webhooks_refused.get() == 0
+        })
+        .await;
+        assert_eq!(
+            metrics
+                .webhooks_reloads
+                .with_label_values(&["loaded"])
+                .get(),
+            1
+        );
+        hooks.notify(blocked());
+        eventually("delivered to b", || b_got.load(SeqCst) == 1).await;
+        assert_eq!(a_got.load(SeqCst), 1);
+        task.abort();
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
