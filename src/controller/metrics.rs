@@ -1050,7 +1050,8 @@ mod tests {
                 "forewarn_agent_confinement_installed",
                 "forewarn_controller_leader",
                 "forewarn_controller_policy_file_refused",
-                "forewarn_controller_unexpected_restarts_total"
+                "forewarn_controller_unexpected_restarts_total",
+                "forewarn_controller_webhooks_file_refused"
             ]
         );
     }
