@@ -186,7 +186,9 @@ if ((${#failed[@]})); then
     echo "---------------- $s: what failed ----------------"
     if grep -q '^failures:$' "$f"; then
       # libtest's account: each failed test's panic, then their names.
-      grep -B2 -A12 "panicked at" "$f" | head -n 120
+      awk '/panicked at/ { on = 1; n = 0 }
+           on && /^stack backtrace:|^note: run with/ { on = 0 }
+           on { print; if (++n >= 30) on = 0 }' "$f" | head -n 150
       grep -E '^test [a-z_:0-9]+ \.\.\. FAILED$' "$f" || true
     else
       tail -n 40 "$f"

@@ -181,7 +181,13 @@ pub struct AckWritten {
     pub event: String,
     /// The `EventId` written.
     pub event_id: String,
-    /// When the API server answered the PATCH.
+    /// When the PATCH was sent: the acknowledgement cannot have been
+    /// stored before. (Compare what must follow the acknowledgement with
+    /// this: the answer may come late on a loaded machine, after the
+    /// controller already acted on the stored acknowledgement.)
+    pub sent: DateTime<Utc>,
+    /// When the API server's answer to the PATCH was read: it was stored
+    /// before.
     pub at: DateTime<Utc>,
 }
 
@@ -1245,7 +1251,7 @@ async fn observe(
         acks_due.retain(|(at, ..)| *at > now);
         for (_, pod, event, event_id) in due {
             match acknowledge(cluster, opts, &pod, &event, &event_id).await {
-                Ok(at) => {
+                Ok((sent, at)) => {
                     tl.at(
                         at,
                         "workload",
@@ -1260,6 +1266,7 @@ async fn observe(
                         pod: format!("{ns}/{}", pod.name_any()),
                         event,
                         event_id,
+                        sent,
                         at,
                     });
                 }
@@ -1807,15 +1814,15 @@ fn managers_of(pod: &Pod, key: &str) -> Vec<String> {
 
 /// Writes `ack.forewarn.dev/<event>: <event_id>` on `pod` as its container
 /// would: a merge patch of that key, with a TokenRequest token of the
-/// pod's ServiceAccount bound to the pod. Returns when the API server
-/// answered.
+/// pod's ServiceAccount bound to the pod. Returns when the PATCH was sent
+/// and when the API server's answer was read.
 async fn acknowledge(
     cluster: &Cluster,
     opts: &RunOptions,
     pod: &Pod,
     event: &str,
     event_id: &str,
-) -> anyhow::Result<DateTime<Utc>> {
+) -> anyhow::Result<(DateTime<Utc>, DateTime<Utc>)> {
     let sa = opts
         .acknowledgers
         .as_ref()
@@ -1845,10 +1852,11 @@ async fn acknowledge(
         field_manager: Some("workload".into()),
         ..PatchParams::default()
     };
+    let sent = Utc::now();
     Api::<Pod>::namespaced(client, &opts.namespace)
         .patch(&name, &params, &Patch::Merge(&body))
         .await?;
-    Ok(Utc::now())
+    Ok((sent, Utc::now()))
 }
 
 /// Whether the pod `name` is terminating and is the last pod of its
