@@ -1829,21 +1829,29 @@ async fn acknowledge(
         .map(|a| a.service_account.clone())
         .unwrap_or_default();
     let (name, uid) = (pod.name_any(), pod.uid().unwrap_or_default());
-    let token = cluster.kubectl(&[
-        "create",
-        "token",
-        &sa,
-        "-n",
+    // A TokenRequest bound to the pod (as `kubectl create token
+    // --bound-object-kind Pod`), through the API rather than a kubectl
+    // process that would hold up the harness's loop.
+    let request: k8s_openapi::api::authentication::v1::TokenRequest =
+        serde_json::from_value(json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": [],
+                "expirationSeconds": 600,
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid},
+            },
+        }))?;
+    let token = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(
+        cluster.client().await?,
         &opts.namespace,
-        "--duration",
-        "10m",
-        "--bound-object-kind",
-        "Pod",
-        "--bound-object-name",
-        &name,
-        "--bound-object-uid",
-        &uid,
-    ])?;
+    )
+    .create_token_request(&sa, &PostParams::default(), &request)
+    .await
+    .with_context(|| format!("TokenRequest of {}/{sa}", opts.namespace))?
+    .status
+    .and_then(|s| s.token)
+    .context("the TokenRequest came back without a token")?;
     let client = cluster.client_with_token(token.trim()).await?;
     let body = json!({"metadata": {"annotations": {
         forewarn::controller::notice::ack_key(event): event_id,
