@@ -92,7 +92,7 @@ started=$SECONDS
 echo "[test] suites: ${suites[*]}"
 for s in "${suites[@]}"; do
   if [[ $s == lib ]]; then
-    $cargo test --lib >"$logs/$s.log" 2>&1 &
+    $cargo test --workspace --lib >"$logs/$s.log" 2>&1 &
   else
     $cargo test --test "$s" >"$logs/$s.log" 2>&1 &
   fi

@@ -1049,7 +1049,8 @@ async fn observe(
     let mut cordoned_now: HashSet<String> = HashSet::new();
     let mut cordoned_ever: HashSet<String> = HashSet::new();
     // Pods deleted with grace 0 while bound to a node (see the end).
-    let mut force_deletes: Vec<PodDeletion> = Vec::new();
+    // Grace-0 deletions, with their pod's creation time.
+    let mut force_deletes: Vec<(PodDeletion, Option<DateTime<Utc>>)> = Vec::new();
     let mut left_nodes: HashSet<String> = HashSet::new();
     let mut mock_phase: HashMap<String, String> = HashMap::new();
     let mut killed = false;
@@ -1445,7 +1446,12 @@ async fn observe(
             // node, was removed with its namespace at the end of a run).
             // Judged at the end, on the nodes forewarn cordoned (see there).
             if opts.forbid_force_delete && d.grace_seconds.unwrap_or(0) <= 0 && !d.node.is_empty() {
-                force_deletes.push(d.clone());
+                let created = p
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| chrono_time(&t.0));
+                force_deletes.push((d.clone(), created));
             }
             report.deletions.push(d);
         }
@@ -1666,14 +1672,19 @@ async fn observe(
             }
         }
     }
-    // A force delete counts on a node that was cordoned during the run
-    // (or before it): forewarn evicts only there. Elsewhere a grace of 0
-    // is the cluster's own churn, not the product's (seen once under load:
-    // a StatefulSet's replacement pod on a node no event affected, deleted
-    // with grace 0 moments after its creation, while the controller's log
-    // shows no eviction there).
-    for d in force_deletes {
-        if cordoned_ever.contains(&d.node) || opts.precordoned.contains(&d.node) {
+    // A force delete counts on a node that was cordoned during the run (or
+    // before it): forewarn evicts only there. Elsewhere a grace of 0 is
+    // the cluster's own churn, not the product's, and so is the deletion of
+    // a pod created once the node was uncordoned again (forewarn evicts
+    // only pods that were there while it held the node). That churn:
+    // KWOK finishes a graceful deletion by deleting the pod *by name* with
+    // grace 0, at times twice (the audit log shows the second get a 404 a
+    // few ms later); a StatefulSet's replacement pod, which takes the same
+    // name, created in between is force-deleted by KWOK moments after its
+    // creation (seen once under load, on a node no event affected).
+    for (d, created) in force_deletes {
+        let held = cordoned_ever.contains(&d.node) || opts.precordoned.contains(&d.node);
+        if held && !created_after_release(&d, created, &report.node_changes) {
             report.violations.push(format!(
                 "pod {} on {} was deleted with grace {:?}: a force delete",
                 d.pod, d.node, d.grace_seconds
@@ -1683,7 +1694,7 @@ async fn observe(
                 d.seen_at,
                 "harness",
                 format!(
-                    "pod {} on {} (never cordoned: no drain there) was deleted with grace {:?}; not forewarn's",
+                    "pod {} on {} (no drain there, or created after its release) was deleted with grace {:?}; not forewarn's",
                     d.pod, d.node, d.grace_seconds
                 ),
             );
@@ -1692,6 +1703,31 @@ async fn observe(
     report.cordoned = cordoned_ever.into_iter().collect();
     report.cordoned.sort();
     Ok(report)
+}
+
+/// Whether the pod of a grace-0 deletion `d`, created at `created` (whole
+/// seconds, from its `creationTimestamp`), came after its node was last
+/// released: the node's state as last seen before the deletion (in
+/// `node_changes`, `(seen, node, cordoned)` in the order seen) is
+/// uncordoned after a cordon, and the pod was created no earlier than a
+/// second before that. forewarn evicts only pods that were on the node
+/// while it held it.
+fn created_after_release(
+    d: &PodDeletion,
+    created: Option<DateTime<Utc>>,
+    node_changes: &[(DateTime<Utc>, String, bool)],
+) -> bool {
+    let changes: Vec<&(DateTime<Utc>, String, bool)> = node_changes
+        .iter()
+        .filter(|(at, n, _)| *n == d.node && *at <= d.seen_at)
+        .collect();
+    let released_at = match changes.split_last() {
+        Some(((at, _, false), before)) if before.iter().any(|(_, _, c)| *c) => Some(*at),
+        _ => None,
+    };
+    released_at
+        .zip(created)
+        .is_some_and(|(u, c)| c >= u - chrono::TimeDelta::seconds(1))
 }
 
 /// Records the notices on one version of a pod of the workload's
@@ -2063,4 +2099,59 @@ pub fn sibling_forewarn_bin() -> Option<PathBuf> {
     };
     let bin = dir.join("forewarn");
     bin.is_file().then_some(bin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap()
+    }
+
+    fn deletion(seen: i64) -> PodDeletion {
+        PodDeletion {
+            pod: "shop/db-0".into(),
+            node: "node-000001".into(),
+            grace_seconds: Some(0),
+            deletion_timestamp: t(seen),
+            seen_at: t(seen),
+        }
+    }
+
+    /// Only a pod created after its node's release is let off: one that
+    /// was there while the node was held, or deleted while it still is,
+    /// counts as a force delete.
+    #[test]
+    fn a_force_delete_is_let_off_only_for_a_pod_created_after_the_release() {
+        let n = |at, c| (t(at), "node-000001".to_string(), c);
+        let released = [n(0, false), n(10, true), n(30, false)];
+        // Created after the release (KWOK's by-name delete of a
+        // StatefulSet's replacement): not forewarn's.
+        assert!(created_after_release(&deletion(31), Some(t(30)), &released));
+        assert!(created_after_release(&deletion(31), Some(t(29)), &released));
+        // There while the node was held: forewarn's.
+        assert!(!created_after_release(&deletion(31), Some(t(5)), &released));
+        // Deleted while the node is still held, whenever created.
+        assert!(!created_after_release(
+            &deletion(20),
+            Some(t(15)),
+            &released
+        ));
+        // The initial uncordoned state is no release.
+        assert!(!created_after_release(
+            &deletion(5),
+            Some(t(1)),
+            &[n(0, false), n(10, true)]
+        ));
+        // No creation time: counted.
+        assert!(!created_after_release(&deletion(31), None, &released));
+        // Another node's release does not count.
+        let other = [
+            n(0, false),
+            n(10, true),
+            (t(30), "node-000002".into(), false),
+        ];
+        assert!(!created_after_release(&deletion(31), Some(t(30)), &other));
+    }
 }
