@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
+
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 use tracing::{info, warn};
@@ -27,6 +29,11 @@ const RESCAN: Duration = Duration::from_secs(1);
 /// How long an object just created is taken to exist before the cache
 /// shows it.
 const CREATED_GRACE: Duration = Duration::from_secs(5);
+/// At most this many creations in flight at once: a flood of events (issue
+/// 14: 200 in one second) is created in parallel rather than one round
+/// trip after another, which under load left the last events without an
+/// object for a minute.
+const CREATE_CONCURRENCY: usize = 8;
 
 /// Creates the object `name` with `spec` (`stored` is `None`), or writes
 /// `spec` over the stored one.
@@ -114,16 +121,31 @@ pub async fn create_missing(ctx: Arc<Context>, changed: Arc<tokio::sync::Notify>
             .map(|(name, _)| name)
             .collect();
         missing.sort();
-        for name in missing {
-            let (about, _) = reports_about(&facts.reports, name);
-            let judged = trust::judge_reports(&about, |n| facts.provider_vm(n));
-            let Some(built) = trust::build(&judged) else {
-                continue;
-            };
-            if let Err(e) = write(&ctx, name, None, &built.spec).await {
-                warn!(event = %name, error = %e, "Could not create the ScheduledEvent; will retry");
-            } else {
-                created.insert(name.clone(), Instant::now());
+        let specs: Vec<(String, ScheduledEventSpec)> = missing
+            .into_iter()
+            .filter_map(|name| {
+                let (about, _) = reports_about(&facts.reports, name);
+                let judged = trust::judge_reports(&about, |n| facts.provider_vm(n));
+                trust::build(&judged).map(|built| (name.clone(), built.spec))
+            })
+            .collect();
+        let ctx = &ctx;
+        let results: Vec<(String, Result<()>)> = futures::stream::iter(specs)
+            .map(|(name, spec)| async move {
+                let written = write(ctx, &name, None, &spec).await;
+                (name, written)
+            })
+            .buffer_unordered(CREATE_CONCURRENCY)
+            .collect()
+            .await;
+        for (name, written) in results {
+            match written {
+                Ok(()) => {
+                    created.insert(name, Instant::now());
+                }
+                Err(e) => {
+                    warn!(event = %name, error = %e, "Could not create the ScheduledEvent; will retry");
+                }
             }
         }
     }
