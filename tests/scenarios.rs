@@ -375,7 +375,7 @@ async fn event_delivered_only_to_the_vm_it_names_is_handled() {
 /// the first VM's node was ever cordoned.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_flood_of_two_hundred_events_at_once_loses_none_and_leaves_nothing_cordoned() {
-    let r = play_with("flood-200.yaml", |o| o.timeout = Duration::from_secs(240)).await;
+    let r = play_with("flood-200.yaml", |o| o.timeout = Duration::from_secs(480)).await;
     let approved: std::collections::BTreeSet<&str> =
         r.approvals.iter().map(|e| e.event_id.as_str()).collect();
     assert_eq!(approved.len(), 200, "approved: {approved:?}");
