@@ -1048,8 +1048,8 @@ async fn observe(
     let mut sev_state: BTreeMap<String, SevSeen> = BTreeMap::new();
     let mut cordoned_now: HashSet<String> = HashSet::new();
     let mut cordoned_ever: HashSet<String> = HashSet::new();
-    // Pods deleted with grace 0 while bound to a node (see the end).
-    // Grace-0 deletions, with their pod's creation time.
+    // Pods deleted with grace 0 while bound to a node, with their creation
+    // time (judged at the end).
     let mut force_deletes: Vec<(PodDeletion, Option<DateTime<Utc>>)> = Vec::new();
     let mut left_nodes: HashSet<String> = HashSet::new();
     let mut mock_phase: HashMap<String, String> = HashMap::new();
@@ -1888,7 +1888,7 @@ async fn acknowledge(
     .status
     .and_then(|s| s.token)
     .context("the TokenRequest came back without a token")?;
-    let client = cluster.client_with_token(token.trim()).await?;
+    let client = cluster.client_with_token(&token).await?;
     let body = json!({"metadata": {"annotations": {
         forewarn::controller::notice::ack_key(event): event_id,
     }}});

@@ -218,14 +218,6 @@ pub enum Error {
 }
 
 impl Config {
-    /// Reads and validates the file at `path`.
-    ///
-    /// # Errors
-    /// [`Error::Read`], [`Error::Parse`] or [`Error::Invalid`].
-    pub fn load(path: &str) -> Result<Config, Error> {
-        Ok(Self::load_text(path)?.0)
-    }
-
     /// Reads and validates the file at `path`; gives its text too (what a
     /// [`watch`] compares with).
     ///
@@ -675,11 +667,10 @@ struct Shared {
     dry_run: bool,
 }
 
+/// One set of webhooks (a file's), while in force.
 struct Inner {
     cluster: Option<String>,
-    dry_run: bool,
     endpoints: Vec<Endpoint>,
-    counted: IntCounterVec,
 }
 
 impl Webhooks {
@@ -798,9 +789,7 @@ impl Webhooks {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(Inner {
             cluster: config.cluster,
-            dry_run: shared.dry_run,
             endpoints,
-            counted: counted.clone(),
         }));
         Ok(())
     }
@@ -827,7 +816,7 @@ impl Webhooks {
         let Some(inner) = self.active() else {
             return;
         };
-        message.dry_run = inner.dry_run;
+        message.dry_run = self.shared.dry_run;
         let n = message.notification;
         for e in inner
             .endpoints
@@ -844,7 +833,7 @@ impl Webhooks {
                     "The controller is stopping: a notification was dropped"
                 }
             };
-            inner
+            self.shared
                 .counted
                 .with_label_values(&[&e.name, n.as_str(), "dropped"])
                 .inc();
@@ -1400,11 +1389,7 @@ mod tests {
             "w.yaml",
         )
         .expect("config");
-        let counted = IntCounterVec::new(
-            prometheus::Opts::new("deliveries", "test"),
-            &["webhook", "notification", "result"],
-        )
-        .unwrap();
+        let counted = deliveries_counter();
         let hooks = Webhooks::start(config, counted.clone(), false).expect("start");
         hooks.notify(blocked());
         let body = tokio::time::timeout(Duration::from_secs(20), got.recv())
@@ -1413,12 +1398,7 @@ mod tests {
             .expect("receiver gone");
         assert_eq!(body["notification"], "DrainBlocked", "{body}");
         let count = |w: &str, r: &str| counted.with_label_values(&[w, "DrainBlocked", r]).get();
-        for _ in 0..200 {
-            if count("private", "delivered") + count("public", "failed") == 2 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_until(|| count("private", "delivered") + count("public", "failed") == 2).await;
         assert_eq!(count("private", "delivered"), 1);
         assert_eq!(count("public", "failed"), 1);
         assert_eq!(count("public", "delivered"), 0);
@@ -1462,11 +1442,7 @@ mod tests {
             "w.yaml",
         )
         .unwrap();
-        let counted = IntCounterVec::new(
-            prometheus::Opts::new("deliveries", "test"),
-            &["webhook", "notification", "result"],
-        )
-        .unwrap();
+        let counted = deliveries_counter();
         let hooks = Webhooks::start(config, counted.clone(), false).unwrap();
         hooks.notify(blocked());
         let delivered = || {
@@ -1474,12 +1450,7 @@ mod tests {
                 .with_label_values(&["slow", "DrainBlocked", "delivered"])
                 .get()
         };
-        for _ in 0..200 {
-            if delivered() == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_until(|| delivered() == 1).await;
         assert_eq!(delivered(), 1);
         let t = times.lock().unwrap().clone();
         assert_eq!(t.len(), 2, "{t:?}");
@@ -1575,15 +1546,20 @@ mod tests {
         assert_eq!(got.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
-    /// Waits up to 10 s for `f` to hold.
-    async fn eventually(what: &str, f: impl Fn() -> bool) {
+    /// Waits up to 10 s for `f` to hold; whether it did.
+    async fn wait_until(f: impl Fn() -> bool) -> bool {
         for _ in 0..200 {
             if f() {
-                return;
+                return true;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("not within 10 s: {what}");
+        f()
+    }
+
+    /// Waits up to 10 s for `f` to hold, or fails naming `what`.
+    async fn eventually(what: &str, f: impl Fn() -> bool) {
+        assert!(wait_until(f).await, "not within 10 s: {what}");
     }
 
     /// A reload swaps the set: what was queued for the old webhook is still
