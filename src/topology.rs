@@ -27,7 +27,8 @@ pub const BETA_ZONE_LABEL: &str = "failure-domain.beta.kubernetes.io/zone";
 /// One forewarn agent's report of its own VM, from IMDS instance metadata
 /// (`GET /metadata/instance/compute`). Named after the node; only the agent
 /// of `node` may write it (the chart's admission policy). The controller
-/// labels the node from it.
+/// labels the node from it, and takes its `vm` as the VM of a node without
+/// a `providerID`: the API server refuses to change it once written.
 // Its own kind, not a field of the event reports: those exist only while an
 // event does, and the labels are wanted before any event comes.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
@@ -39,6 +40,7 @@ pub const BETA_ZONE_LABEL: &str = "failure-domain.beta.kubernetes.io/zone";
     shortname = "vmr",
     doc = "One forewarn agent's report of its own VM from IMDS instance metadata (written only by that node's agent): the fault and update domain the controller labels the node with.",
     validation = Rule::new("self.metadata.name == self.spec.node").message("the name must be the node's"),
+    validation = Rule::new("self.spec.vm == oldSelf.spec.vm").message("spec.vm is fixed once written: the controller takes it as the node's VM"),
     printcolumn(
         name = "VM",
         type_ = "string",
@@ -68,7 +70,8 @@ pub struct VirtualMachineReportSpec {
     /// The reporting agent's node (the node name its token carries), also
     /// the object's name.
     pub node: String,
-    /// The VM's name (`compute.name`), as in an event's `Resources`.
+    /// The VM's name (`compute.name`), as in an event's `Resources`; fixed
+    /// once written (a change is refused).
     pub vm: String,
     /// `compute.platformFaultDomain`: a decimal number, or empty when IMDS
     /// gave none (or something else, which the agent does not pass on).

@@ -7,13 +7,18 @@
 //! agent with the node. Owned by the agent's pod when the agent knows it
 //! (`--pod-name`, `--pod-uid`), so that it goes with the pod when the node
 //! is deleted.
+//!
+//! The API server keeps `spec.vm` as first written (the controller takes it
+//! as the VM of a node without a `providerID`): a start that finds another
+//! VM name in IMDS is refused, which the agent logs as an error and does
+//! not retry; it goes on polling.
 
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::error_chain;
 use crate::crd::AGENT_MANAGER;
@@ -59,9 +64,16 @@ pub fn object(report: &VirtualMachineReportSpec, owner: Option<(&str, &str)>) ->
     })
 }
 
+/// Whether the API server refused `e` because the report's VM differs
+/// from the one it holds (the CRD's rule: `spec.vm` is fixed once written).
+pub fn is_vm_fixed(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 422 && s.message.contains("spec.vm is fixed"))
+}
+
 /// Writes `report` (see [`object`]) until the API server stores it,
 /// backing off from 1 s to 30 s with jitter; run as a task of its own, so
-/// that it never holds back the polls.
+/// that it never holds back the polls. A refusal to change the VM
+/// ([`is_vm_fixed`]) is logged and not retried.
 pub async fn write(
     api: Api<VirtualMachineReport>,
     report: VirtualMachineReportSpec,
@@ -87,8 +99,18 @@ pub async fn write(
                 .with_jitter()
                 .without_max_times(),
         )
+        .when(|e| !is_vm_fixed(e))
         .notify(|e, d| warn!(error = %error_chain(e), retry_in = ?d, "Could not write this VM's report; will retry"))
         .await;
+    if let Err(e) = &written
+        && is_vm_fixed(e)
+    {
+        error!(vm = %report.vm, node = %report.node, error = %error_chain(e),
+            "The API server refuses this VM's report: this node's VirtualMachineReport already names another VM, \
+             which cannot change. Until that report is deleted, the controller withholds \
+             the events naming either VM on this node. Going on without it");
+        return;
+    }
     if written.is_ok() {
         info!(vm = %report.vm, fault_domain = %report.platform_fault_domain,
             update_domain = %report.platform_update_domain, "Reported this VM's fault and update domain");

@@ -402,9 +402,7 @@ pub async fn report_restarts(ctx: Arc<Context>, mut changes: UnboundedReceiver<C
 fn report_restart(ctx: &Context, c: &Change) {
     let facts = super::reconcile::Facts::read(ctx);
     let node = ctx.nodes.get(&ObjectRef::new(&c.node));
-    let vm = node
-        .as_ref()
-        .and_then(|n| nodes::identity(n, facts.stated.get(&c.node).map(String::as_str)).0);
+    let vm = node.as_ref().and_then(|_| facts.vm_of(&c.node));
     let holds = node.as_deref().map(nodes::holds).unwrap_or_default();
     let events = ctx.events.state();
     let affecting: Vec<&Arc<ScheduledEvent>> = events

@@ -32,7 +32,7 @@ pub mod trust;
 pub mod watch;
 pub mod webhooks;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use governor::DefaultDirectRateLimiter;
@@ -44,6 +44,7 @@ use chrono::{DateTime, Utc};
 
 use crate::crd::{AGENT_MANAGER, Report, ScheduledEvent, ScheduledEventReport};
 use crate::policy::Policy;
+use crate::topology::VirtualMachineReport;
 use metrics::ControllerMetrics;
 
 pub use run::run;
@@ -163,6 +164,7 @@ impl Context {
         let ready = |r: Option<Result<(), _>>| r.is_some_and(|r| r.is_ok());
         ready(self.events.wait_until_ready().now_or_never())
             && ready(self.reports.wait_until_ready().now_or_never())
+            && ready(self.vm_reports.wait_until_ready().now_or_never())
             && self.pods.ready()
     }
 
@@ -218,12 +220,28 @@ fn last_write(r: &ScheduledEventReport) -> Option<DateTime<Utc>> {
         })
 }
 
-/// The VM each node's agent states in its reports, by node name.
-pub fn stated_vms(reports: &ReportsByEvent) -> HashMap<String, String> {
+/// Every VM each node's agent states in its reports, by node name: the
+/// controller never takes one as the node's VM, it compares them with the
+/// node's fixed one (see [`nodes::identities`]).
+pub fn stated_vms(reports: &ReportsByEvent) -> HashMap<String, BTreeSet<String>> {
+    let mut stated: HashMap<String, BTreeSet<String>> = HashMap::new();
+    for r in reports.values().flatten() {
+        let r = &r.spec.report;
+        stated
+            .entry(r.node.clone())
+            .or_default()
+            .insert(r.vm.clone());
+    }
+    stated
+}
+
+/// The VM each node's `VirtualMachineReport` fixed, by node name (a report
+/// whose name is not its node's is left out; the CRD refuses one anyway).
+pub fn fixed_vms(reports: &[Arc<VirtualMachineReport>]) -> HashMap<String, String> {
     reports
-        .values()
-        .flatten()
-        .map(|r| (r.spec.report.node.clone(), r.spec.report.vm.clone()))
+        .iter()
+        .filter(|r| r.metadata.name.as_deref() == Some(r.spec.node.as_str()))
+        .map(|r| (r.spec.node.clone(), r.spec.vm.clone()))
         .collect()
 }
 
@@ -241,6 +259,9 @@ pub struct Context {
     events: Store<ScheduledEvent>,
     /// The agents' `ScheduledEventReport`s (see [`trust`]).
     reports: Store<ScheduledEventReport>,
+    /// The agents' `VirtualMachineReport`s: the VM of a node without a
+    /// `providerID` (see [`nodes::identities`]).
+    vm_reports: Store<VirtualMachineReport>,
     /// The policy in force; replaced whole when the file changes ([`reload`]).
     policy: reload::Shared,
     /// `--dry-run`: decide and record, never write a node, evict or approve.
@@ -319,7 +340,15 @@ mod tests {
         assert_eq!(nodes, ["a", "c"]);
         assert!(reports_about(&all, "none").0.is_empty());
         let vms = stated_vms(&all);
-        assert_eq!(vms.get("d").map(String::as_str), Some("vm-d"));
+        assert_eq!(vms["d"], BTreeSet::from(["vm-d".to_string()]));
         assert_eq!(vms.len(), 3);
+        // An agent stating two VMs: both kept, for the conflict.
+        let mut flip = report("other", "a");
+        Arc::make_mut(&mut flip).spec.report.vm = "vm-b".into();
+        let vms = stated_vms(&group_by_event([report("ev", "a"), flip]));
+        assert_eq!(
+            vms["a"],
+            BTreeSet::from(["vm-a".to_string(), "vm-b".to_string()])
+        );
     }
 }

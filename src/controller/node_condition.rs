@@ -203,7 +203,7 @@ pub async fn sync(ctx: &Context, facts: &Facts, fresh: Option<&ScheduledEvent>, 
         let Some(node) = by_name.get(name) else {
             continue;
         };
-        let vm = nodes::identity(node, facts.stated.get(name).map(String::as_str)).0;
+        let vm = facts.vm_of(name);
         let holds = nodes::holds(node);
         let affecting: Vec<&ScheduledEvent> = live
             .iter()

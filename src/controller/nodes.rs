@@ -7,7 +7,9 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::trust::Identity;
 
 use crate::crd::CORDONED_FOR_ANNOTATION;
 
@@ -151,24 +153,76 @@ pub fn provider_vm(node: &Node) -> Option<String> {
         .and_then(vm_name_from_provider_id)
 }
 
-/// `(VM name, disagreement)` of a node, from its `spec.providerID` and the
-/// VM its own agent states in its reports (`stated`): when both exist they
-/// must agree (ignoring case), else the `providerID` wins and the second
-/// value describes the contradiction (an agent must not be able to
-/// redirect another VM's events to its node); with only one, that one.
-pub fn identity(node: &Node, stated: Option<&str>) -> (Option<String>, Option<String>) {
-    let stated = stated.filter(|v| !v.is_empty()).map(str::to_owned);
-    match (stated, provider_vm(node)) {
-        (Some(a), Some(p)) if !a.eq_ignore_ascii_case(&p) => {
-            let why = format!(
-                "the agent of node {} states VM {a} but its providerID names {p}; using {p}",
-                node.metadata.name.clone().unwrap_or_default()
-            );
-            (Some(p), Some(why))
-        }
-        (Some(a), _) => (Some(a), None),
-        (None, p) => (p, None),
+/// Every node's fixed VM, and the conflicts between it and what its agent
+/// states (see [`identities`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Identities {
+    /// Per node name, its fixed VM.
+    vms: BTreeMap<String, Identity>,
+    /// `(VM name lower-cased, why)`: events naming that VM are withheld.
+    conflicts: Vec<(String, String)>,
+}
+
+impl Identities {
+    /// The fixed VM of `node`, if it has one.
+    pub fn of(&self, node: &str) -> Option<&Identity> {
+        self.vms.get(node)
     }
+}
+
+/// Each node's VM, fixed where its agent cannot rewrite it:
+///
+/// - its `spec.providerID`'s (set by the kubelet or the cloud provider at
+///   registration; see [`provider_vm`]); a VM its agent states otherwise
+///   in its reports (`stated`, by node) is a conflict that withholds the
+///   events naming the providerID's VM;
+/// - else the VM of its `VirtualMachineReport` (`fixed`, by node), which the
+///   CRD keeps from being rewritten; a report stating another VM is a
+///   conflict that withholds the events naming either VM (the controller
+///   cannot tell which statement is true);
+/// - else none: nothing maps to the node, and a VM its reports state is
+///   ignored.
+pub fn identities<'a>(
+    nodes: impl IntoIterator<Item = &'a Node>,
+    fixed: &HashMap<String, String>,
+    stated: &HashMap<String, BTreeSet<String>>,
+) -> Identities {
+    let mut ids = Identities::default();
+    for n in nodes {
+        let Some(name) = n.metadata.name.clone() else {
+            continue;
+        };
+        let (vm, vouches) = match (provider_vm(n), fixed.get(&name).filter(|v| !v.is_empty())) {
+            (Some(p), _) => (p, true),
+            (None, Some(v)) => (v.clone(), false),
+            (None, None) => continue,
+        };
+        let contrary: Vec<&str> = stated
+            .get(&name)
+            .into_iter()
+            .flatten()
+            .filter(|s| !s.is_empty() && !s.eq_ignore_ascii_case(&vm))
+            .map(String::as_str)
+            .collect();
+        if !contrary.is_empty() {
+            let states = contrary.join(", ");
+            if vouches {
+                ids.conflicts.push((
+                    vm.to_ascii_lowercase(),
+                    format!("the agent of node {name} states VM {states} but its providerID names {vm}; using {vm}"),
+                ));
+            } else {
+                let why = format!(
+                    "the agent of node {name} states VM {states} in its reports but its VirtualMachineReport fixed VM {vm}: events naming either are withheld"
+                );
+                for v in std::iter::once(vm.as_str()).chain(contrary.iter().copied()) {
+                    ids.conflicts.push((v.to_ascii_lowercase(), why.clone()));
+                }
+            }
+        }
+        ids.vms.insert(name, Identity { vm, vouches });
+    }
+    ids
 }
 
 /// How the entries of `Resources` map to nodes.
@@ -179,57 +233,41 @@ pub struct Mapping {
     pub mapped: Vec<(String, String)>,
     /// Entries that map to no node.
     pub unmapped: Vec<String>,
-    /// Why the mapping is not to be trusted for an approval: a VM claimed by
-    /// more than one node, a node whose annotation contradicts its providerID.
+    /// Why the mapping is not to be trusted for an approval: a VM fixed for
+    /// more than one node, an agent stating another VM than its node's
+    /// fixed one (see [`identities`]).
     pub doubts: Vec<String>,
 }
 
-/// Maps each entry of `resources` to nodes, comparing ignoring case; a
-/// node's VM is its [`identity`], `stated` giving the VM each node's agent
-/// states in its reports (by node name).
-pub fn map_resources<'a>(
-    resources: &[String],
-    nodes: impl IntoIterator<Item = &'a Node>,
-    stated: &HashMap<String, String>,
-) -> Mapping {
-    let mut known: Vec<(String, String)> = Vec::new();
-    let mut disagreements = Vec::new();
-    for n in nodes {
-        let name = n.metadata.name.as_deref().unwrap_or_default();
-        let (vm, why) = identity(n, stated.get(name).map(String::as_str));
-        if let (Some(vm), Some(name)) = (vm, n.metadata.name.clone()) {
-            if let Some(why) = why {
-                disagreements.push((vm.to_ascii_lowercase(), why));
-            }
-            known.push((vm.to_ascii_lowercase(), name));
-        }
-    }
+/// Maps each entry of `resources` to the nodes whose fixed VM it is
+/// (see [`identities`]), comparing ignoring case.
+pub fn map_resources(resources: &[String], ids: &Identities) -> Mapping {
     let mut m = Mapping::default();
     for vm in resources {
-        let nodes: Vec<&String> = known
+        let nodes: Vec<&str> = ids
+            .vms
             .iter()
-            .filter(|(k, _)| k.eq_ignore_ascii_case(vm))
-            .map(|(_, n)| n)
+            .filter(|(_, id)| id.vm.eq_ignore_ascii_case(vm))
+            .map(|(n, _)| n.as_str())
             .collect();
+        for (k, why) in &ids.conflicts {
+            if k.eq_ignore_ascii_case(vm) && !m.doubts.contains(why) {
+                m.doubts.push(why.clone());
+            }
+        }
         if nodes.is_empty() {
             m.unmapped.push(vm.clone());
             continue;
         }
         if nodes.len() > 1 {
-            let names: Vec<&str> = nodes.iter().map(|n| n.as_str()).collect();
             m.doubts.push(format!(
                 "VM {vm} is claimed by {} nodes ({}): all are drained, approval is withheld",
                 nodes.len(),
-                names.join(", ")
+                nodes.join(", ")
             ));
         }
         for n in nodes {
-            m.mapped.push((vm.clone(), n.clone()));
-        }
-        for (k, why) in &disagreements {
-            if k.eq_ignore_ascii_case(vm) {
-                m.doubts.push(why.clone());
-            }
+            m.mapped.push((vm.clone(), n.to_owned()));
         }
     }
     m
@@ -271,11 +309,11 @@ mod tests {
     use k8s_openapi::api::core::v1::NodeSpec;
     use kube::api::ObjectMeta;
 
-    /// A node, and the VM its agent states (`annotation`), recorded in
-    /// [`STATED`] for [`stated`].
-    fn node(name: &str, annotation: Option<&str>, provider_id: Option<&str>) -> Node {
-        if let Some(a) = annotation {
-            STATED.with(|s| s.borrow_mut().insert(name.to_string(), a.to_string()));
+    /// A node, and the VM its `VirtualMachineReport` fixed (`vmr`),
+    /// recorded in [`FIXED`] for [`fixed`].
+    fn node(name: &str, vmr: Option<&str>, provider_id: Option<&str>) -> Node {
+        if let Some(a) = vmr {
+            FIXED.with(|s| s.borrow_mut().insert(name.to_string(), a.to_string()));
         }
         Node {
             metadata: ObjectMeta {
@@ -291,12 +329,26 @@ mod tests {
     }
 
     thread_local! {
-        static STATED: std::cell::RefCell<HashMap<String, String>> = Default::default();
+        static FIXED: std::cell::RefCell<HashMap<String, String>> = Default::default();
     }
 
-    fn stated() -> HashMap<String, String> {
-        STATED.with(|s| s.borrow().clone())
+    fn fixed() -> HashMap<String, String> {
+        FIXED.with(|s| s.borrow().clone())
     }
+
+    fn stated(pairs: &[(&str, &str)]) -> HashMap<String, BTreeSet<String>> {
+        let mut m: HashMap<String, BTreeSet<String>> = HashMap::new();
+        for (n, vm) in pairs {
+            m.entry(n.to_string()).or_default().insert(vm.to_string());
+        }
+        m
+    }
+
+    fn ids(nodes: &[&Node], stated_vms: &[(&str, &str)]) -> Identities {
+        identities(nodes.iter().copied(), &fixed(), &stated(stated_vms))
+    }
+
+    const OWN_VM: &str = "azure:///subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/own-vm";
 
     #[test]
     fn provider_id_of_scale_set_and_standalone_vm() {
@@ -317,28 +369,78 @@ mod tests {
     }
 
     #[test]
-    fn annotation_contradicting_the_provider_id_is_overruled_and_reported() {
-        let liar = node(
-            "node-a",
-            Some("victim-vm"),
-            Some(
-                "azure:///subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines/own-vm",
-            ),
+    fn a_stated_vm_contradicting_the_provider_id_is_overruled_and_reported() {
+        let liar = node("node-a", Some("victim-vm"), Some(OWN_VM));
+        let ids = ids(&[&liar], &[("node-a", "victim-vm")]);
+        assert_eq!(
+            ids.of("node-a"),
+            Some(&Identity {
+                vm: "own-vm".into(),
+                vouches: true
+            })
         );
-        assert_eq!(identity(&liar, Some("victim-vm")).0, Some("own-vm".into()));
-        let m = map_resources(&["victim-vm".into()], [&liar], &stated());
+        let m = map_resources(&["victim-vm".into()], &ids);
         assert!(m.mapped.is_empty(), "{m:?}");
         assert_eq!(m.unmapped, vec!["victim-vm".to_string()]);
-        let m = map_resources(&["own-vm".into()], [&liar], &stated());
+        let m = map_resources(&["own-vm".into()], &ids);
         assert_eq!(m.mapped, vec![("own-vm".to_string(), "node-a".to_string())]);
         assert!(m.doubts[0].contains("victim-vm"), "{m:?}");
     }
 
+    /// The second hole: without providerIDs, a's agent states b's VM as
+    /// its own (while b's agent restarts, say). a's VM stays the one its
+    /// VirtualMachineReport fixed; the events naming either VM are
+    /// withheld; a vouches for nobody.
     #[test]
-    fn a_vm_claimed_by_two_nodes_maps_to_both_and_is_doubted() {
+    fn a_claimed_vm_without_a_provider_id_maps_nothing_and_withholds_both() {
+        let a = node("node-a", Some("vm-a"), None);
+        // b's VirtualMachineReport is gone with its agent's pod.
+        let b = node("node-b", None, None);
+        let ids = ids(&[&a, &b], &[("node-a", "vm-a"), ("node-a", "vm-b")]);
+        assert_eq!(
+            ids.of("node-a"),
+            Some(&Identity {
+                vm: "vm-a".into(),
+                vouches: false
+            })
+        );
+        assert_eq!(ids.of("node-b"), None, "no VM known for b");
+        let m = map_resources(&["vm-b".into()], &ids);
+        assert!(m.mapped.is_empty(), "b's VM does not map to a: {m:?}");
+        assert!(m.doubts[0].contains("fixed VM vm-a"), "{m:?}");
+        let m = map_resources(&["vm-a".into()], &ids);
+        assert_eq!(m.mapped, vec![("vm-a".to_string(), "node-a".to_string())]);
+        assert!(m.doubts[0].contains("states VM vm-b"), "{m:?}");
+        // Without a VirtualMachineReport, a stated VM is nothing.
+        let c = node("node-c", None, None);
+        let ids = identities([&c], &HashMap::new(), &stated(&[("node-c", "vm-b")]));
+        assert_eq!(ids.of("node-c"), None);
+        assert_eq!(map_resources(&["vm-b".into()], &ids).unmapped, ["vm-b"]);
+    }
+
+    /// An agent that states two VMs in its reports no longer flips its
+    /// node's VM from pass to pass: it is the fixed one, and the conflict
+    /// is the same on every pass.
+    #[test]
+    fn flipping_claims_change_nothing_from_pass_to_pass() {
+        let a = node("node-a", Some("vm-a"), None);
+        let first = ids(&[&a], &[("node-a", "vm-x"), ("node-a", "vm-a")]);
+        let second = ids(&[&a], &[("node-a", "vm-a"), ("node-a", "vm-x")]);
+        assert_eq!(first, second);
+        assert_eq!(first.of("node-a").map(|i| i.vm.as_str()), Some("vm-a"));
+        for vm in ["vm-a", "vm-x"] {
+            assert!(
+                !map_resources(&[vm.into()], &first).doubts.is_empty(),
+                "{vm}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_vm_fixed_for_two_nodes_maps_to_both_and_is_doubted() {
         let a = node("node-a", Some("vm-1"), None);
         let b = node("node-b", Some("VM-1"), None);
-        let m = map_resources(&["vm-1".into()], [&a, &b], &stated());
+        let m = map_resources(&["vm-1".into()], &ids(&[&a, &b], &[]));
         assert_eq!(
             m.mapped,
             vec![
@@ -350,7 +452,7 @@ mod tests {
     }
 
     #[test]
-    fn annotation_agreeing_with_the_provider_id_and_mapping_ignores_case() {
+    fn a_vm_report_agreeing_with_the_provider_id_and_mapping_ignores_case() {
         let nodes = [
             node("aks-pool-00000a", Some("AKS-Pool-vmss_10"), None),
             node(
@@ -372,10 +474,15 @@ mod tests {
                 "worker-1".into(),
                 "other-vm".into(),
             ],
-            &nodes,
-            &stated(),
+            &ids(
+                &nodes.iter().collect::<Vec<_>>(),
+                &[
+                    ("worker-1", "WORKER-1"),
+                    ("aks-pool-00000a", "aks-pool-vmss_10"),
+                ],
+            ),
         );
-        assert!(doubts.is_empty());
+        assert!(doubts.is_empty(), "{doubts:?}");
         assert_eq!(
             mapped,
             vec![

@@ -15,12 +15,17 @@
 //! them, are indexed by node too, each with its notice and acknowledgement
 //! annotations only; a change of a pod's acknowledgements wakes the event
 //! it names ([`PodCache::with_ack_trigger`]).
+//!
+//! The forewarn agent's own pods are indexed by node with whether each is
+//! Ready ([`PodCache::agent_up`]): an agent whose pod on its node is absent
+//! or not Ready is silent (see `trust`). Its readiness is the pod's status,
+//! which only that node's kubelet writes.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus};
 use kube::api::Api;
 use kube::core::{ApiResource, Object};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -46,11 +51,13 @@ pub struct SpecFields {
     termination_grace_period_seconds: Option<i64>,
 }
 
-/// The field of a pod's status the drain reads.
+/// The fields of a pod's status the drain and [`agent_pod`] read.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct StatusFields {
     #[serde(default)]
     phase: Option<String>,
+    #[serde(default)]
+    conditions: Option<Vec<PodCondition>>,
 }
 
 /// A pod as the cache watches it: metadata, and the fields above.
@@ -67,6 +74,7 @@ pub fn as_pod(partial: PartialPod) -> Pod {
         }),
         status: partial.status.map(|s| PodStatus {
             phase: s.phase,
+            conditions: s.conditions,
             ..PodStatus::default()
         }),
     }
@@ -74,6 +82,36 @@ pub fn as_pod(partial: PartialPod) -> Pod {
 
 /// Pods that count for a drain, by node, then by UID.
 type ByNode = HashMap<String, HashMap<String, Arc<PodInfo>>>;
+
+/// The label the chart gives each role's objects (`agent`, `controller`).
+pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+
+/// The label the chart gives every object of forewarn (`forewarn`).
+pub const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
+
+/// Whether `pod` is a forewarn agent's (labels `app.kubernetes.io/part-of:
+/// forewarn` and `app.kubernetes.io/component: agent`, controlled by a
+/// DaemonSet), and if so whether it is up: Ready (its kubelet's word),
+/// running and not being deleted.
+pub fn agent_pod(pod: &Pod) -> Option<bool> {
+    let labels = pod.metadata.labels.as_ref()?;
+    let is = |k: &str, v: &str| labels.get(k).is_some_and(|l| l == v);
+    let by_daemon_set = pod
+        .owner_references()
+        .iter()
+        .any(|o| o.kind == "DaemonSet" && o.controller == Some(true));
+    if !(is(PART_OF_LABEL, "forewarn") && is(COMPONENT_LABEL, "agent") && by_daemon_set) {
+        return None;
+    }
+    let status = pod.status.as_ref();
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
+    Some(ready && running && pod.metadata.deletion_timestamp.is_none())
+}
 
 #[derive(Default)]
 struct State {
@@ -90,6 +128,10 @@ struct State {
     participants: HashMap<String, HashMap<String, Arc<Participant>>>,
     /// The node of each participant cached, by UID.
     participant_node: HashMap<String, String>,
+    /// The agent pods, by node, then by UID: `(namespace, up)`.
+    agents: HashMap<String, HashMap<String, (String, bool)>>,
+    /// The node of each agent pod cached, by UID.
+    agent_node: HashMap<String, String>,
 }
 
 impl State {
@@ -109,6 +151,14 @@ impl State {
 
     /// Forgets the pod `uid`; returns it as a participant, if it was one.
     fn remove(&mut self, uid: &str) -> Option<Arc<Participant>> {
+        if let Some(node) = self.agent_node.remove(uid)
+            && let Some(pods) = self.agents.get_mut(&node)
+        {
+            pods.remove(uid);
+            if pods.is_empty() {
+                self.agents.remove(&node);
+            }
+        }
         if let Some(node) = self.node_of.remove(uid)
             && let Some(pods) = self.by_node.get_mut(&node)
         {
@@ -144,6 +194,14 @@ impl State {
                 .or_default()
                 .insert(uid.clone(), Arc::new(info));
         }
+        if let Some(up) = agent_pod(pod) {
+            let namespace = pod.namespace().unwrap_or_default();
+            self.agent_node.insert(uid.clone(), node.clone());
+            self.agents
+                .entry(node.clone())
+                .or_default()
+                .insert(uid.clone(), (namespace, up));
+        }
         let now = Participant::from_pod(pod).map(Arc::new);
         let changed = acks_changed(before.as_deref(), now.as_deref());
         if let Some(p) = now {
@@ -178,10 +236,10 @@ fn acks_changed(before: Option<&Participant>, now: Option<&Participant>) -> Vec<
     events
 }
 
-/// A cache of the pods the drain considers, by node, and of the pods that
-/// take part.
+/// A cache of the pods the drain considers, by node, of the pods that
+/// take part, and of the agent's pods (of the namespace given, if any).
 #[derive(Clone, Default)]
-pub struct PodCache(Arc<RwLock<State>>, Option<AckTrigger>);
+pub struct PodCache(Arc<RwLock<State>>, Option<AckTrigger>, Option<Arc<str>>);
 
 /// Where the names of events whose acknowledgements changed are sent.
 type AckTrigger = futures::channel::mpsc::UnboundedSender<String>;
@@ -191,7 +249,23 @@ impl PodCache {
     /// acknowledgement names to `trigger` whenever one is written or
     /// removed (the controller reconciles that event at once).
     pub fn with_ack_trigger(self, trigger: AckTrigger) -> Self {
-        PodCache(self.0, Some(trigger))
+        PodCache(self.0, Some(trigger), self.2)
+    }
+
+    /// This cache, taking as the agent's only the pods of `namespace` (the
+    /// controller's own: the chart installs both there), so that a pod
+    /// someone labels alike elsewhere says nothing of an agent.
+    pub fn with_agent_namespace(self, namespace: &str) -> Self {
+        PodCache(self.0, self.1, Some(Arc::from(namespace)))
+    }
+
+    /// Whether the agent of `node` is up: a pod of the agent's DaemonSet on
+    /// it is Ready (see [`agent_pod`]). An agent without one is silent.
+    pub fn agent_up(&self, node: &str) -> bool {
+        self.read().agents.get(node).is_some_and(|pods| {
+            pods.values()
+                .any(|(ns, up)| *up && self.2.as_deref().is_none_or(|want| want == ns))
+        })
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
@@ -391,7 +465,7 @@ mod tests {
         s.apply(&pod("a", Some("n1"), "Running"));
         s.apply(&pod("b", Some("n1"), "Running"));
         s.apply(&pod("c", None, "Pending"));
-        let cache = PodCache(Arc::new(RwLock::new(s)), None);
+        let cache = PodCache(Arc::new(RwLock::new(s)), None, None);
         assert_eq!(cache.on_node("n1").len(), 2);
         assert_eq!(cache.len(), 2, "an unbound pod is on no node");
         {
@@ -441,7 +515,7 @@ mod tests {
                 .is_empty()
         );
         assert!(s.apply(&pod("b", Some("n1"), "Running")).is_empty());
-        let cache = PodCache(Arc::new(RwLock::new(s)), None);
+        let cache = PodCache(Arc::new(RwLock::new(s)), None, None);
         assert_eq!(
             cache.on_node("n1").len(),
             1,
@@ -498,6 +572,54 @@ mod tests {
             s.labels
                 .iter()
                 .any(|l| l.get("app").is_some_and(|a| a == "web"))
+        );
+    }
+
+    /// An agent is up only while its DaemonSet's pod on its node, in the
+    /// controller's namespace, is Ready; absent, not Ready, being deleted,
+    /// or a look-alike (elsewhere, or not a DaemonSet's), it is silent.
+    #[test]
+    fn an_agent_is_up_only_while_its_daemon_set_pod_on_the_node_is_ready() {
+        let agent = |uid: &str, node: &str, ns: &str, kind: &str, ready: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("agent-{uid}"), "namespace": ns, "uid": uid,
+                    "labels": {COMPONENT_LABEL: "agent", PART_OF_LABEL: "forewarn"},
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": kind, "name": "forewarn-agent", "uid": "ds", "controller": true}]},
+                "spec": {"nodeName": node, "containers": []},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": ready}]},
+            }))
+            .expect("pod")
+        };
+        // Read as the cache watches it: the Ready condition is kept.
+        let partial: PartialPod = serde_json::from_value(
+            serde_json::to_value(agent("x", "n1", "forewarn", "DaemonSet", "True")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(agent_pod(&as_pod(partial)), Some(true));
+        assert_eq!(agent_pod(&pod("p", Some("n1"), "Running")), None);
+        let mut s = State::default();
+        s.apply(&agent("a", "n1", "forewarn", "DaemonSet", "True"));
+        s.apply(&agent("b", "n2", "forewarn", "DaemonSet", "False"));
+        s.apply(&agent("c", "n3", "elsewhere", "DaemonSet", "True"));
+        s.apply(&agent("d", "n4", "forewarn", "ReplicaSet", "True"));
+        let cache = PodCache(Arc::new(RwLock::new(s)), None, None).with_agent_namespace("forewarn");
+        assert!(cache.agent_up("n1"));
+        for silent in ["n2", "n3", "n4", "n5"] {
+            assert!(!cache.agent_up(silent), "{silent}");
+        }
+        assert_eq!(cache.on_node("n1").len(), 0, "the agent is never drained");
+        let mut deleting = agent("a", "n1", "forewarn", "DaemonSet", "True");
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        cache.0.write().unwrap().apply(&deleting);
+        assert!(!cache.agent_up("n1"), "being deleted");
+        cache.0.write().unwrap().remove("a");
+        assert!(!cache.agent_up("n1"), "gone");
+        assert!(
+            !cache.0.read().unwrap().agents.contains_key("n1"),
+            "no empty entry kept"
         );
     }
 }

@@ -19,8 +19,8 @@ use super::plan::{self, EvictionOutcome, NodeWrite, Observed, ObservedNode, Plan
 use super::report::{self, Subject};
 use super::status::{self, Outcome};
 use super::{
-    Context, Error, ReportsByEvent, Result, drain, nodes, notice, reports_about, spec, stated_vms,
-    trust,
+    Context, Error, ReportsByEvent, Result, drain, fixed_vms, nodes, notice, reports_about, spec,
+    stated_vms, trust,
 };
 use crate::crd::{
     Report, ScheduledEvent, ScheduledEventReport, ScheduledEventSpec, SentApproval, report_name,
@@ -80,7 +80,7 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
     let facts = Facts::read(&ctx);
     let name = stored.name_any();
     let (reports, last_report) = reports_about(&facts.reports, &name);
-    let judged = trust::judge_reports(&reports, |n| facts.provider_vm(n));
+    let judged = trust::judge_reports(&reports, |n| facts.identity(n));
     let built = match trust::build(&judged) {
         Some(built) => {
             if built.spec != stored.spec {
@@ -155,7 +155,7 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
             ..Observed::default()
         };
         let their_plan = plan::plan(&theirs, &their_seen, &policy, now);
-        if !plan.phase.is_final() {
+        if !their_plan.phase.is_final() {
             notices.extend(notice::desired(
                 &theirs.spec,
                 their_plan.phase,
@@ -170,7 +170,9 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         plan.requeue = plan.requeue.min(their_plan.requeue);
         seen.nodes.extend(their_seen.nodes);
     }
-    if plan.delete {
+    // Never while a node's own agent still lists the event: its report
+    // would go with the object, and its hold with both.
+    if plan.delete && !built.dissent_live() {
         delete(&ev, &reports, &ctx).await?;
         return Ok(Requeue::await_change());
     }
@@ -462,9 +464,8 @@ pub struct Facts {
     pub nodes: Vec<Arc<Node>>,
     /// The reports, by event.
     pub reports: ReportsByEvent,
-    /// The VM each node's agent states.
-    pub stated: HashMap<String, String>,
-    providers: HashMap<String, String>,
+    /// Every node's fixed VM (see [`nodes::identities`]).
+    ids: nodes::Identities,
 }
 
 impl Facts {
@@ -472,31 +473,31 @@ impl Facts {
     pub fn read(ctx: &Context) -> Self {
         let nodes = ctx.nodes.state();
         let reports = ctx.reports_by_event();
-        let stated = stated_vms(&reports);
-        let providers = nodes
-            .iter()
-            .filter_map(|n| Some((n.name_any(), nodes::provider_vm(n)?)))
-            .collect();
+        let ids = nodes::identities(
+            nodes.iter().map(AsRef::as_ref),
+            &fixed_vms(&ctx.vm_reports.state()),
+            &stated_vms(&reports),
+        );
         Facts {
             nodes,
             reports,
-            stated,
-            providers,
+            ids,
         }
     }
 
-    /// The VM of a node's `providerID`, if it has an Azure one.
-    pub fn provider_vm(&self, node: &str) -> Option<String> {
-        self.providers.get(node).cloned()
+    /// The fixed VM of a node, if it has one (see [`nodes::identities`]).
+    pub fn identity(&self, node: &str) -> Option<trust::Identity> {
+        self.ids.of(node).cloned()
+    }
+
+    /// The name of a node's fixed VM, if it has one.
+    pub fn vm_of(&self, node: &str) -> Option<String> {
+        self.ids.of(node).map(|id| id.vm.clone())
     }
 
     /// How `resources` map to nodes.
     fn map(&self, resources: &[String]) -> nodes::Mapping {
-        nodes::map_resources(
-            resources,
-            self.nodes.iter().map(AsRef::as_ref),
-            &self.stated,
-        )
+        nodes::map_resources(resources, &self.ids)
     }
 }
 
@@ -509,22 +510,31 @@ fn contents(built: &trust::Built) -> Vec<(&ScheduledEventSpec, &str)> {
 }
 
 /// The other unfinished events that map to each node and whose policy
-/// cordons it, from the controller's cache of `ScheduledEvent`s.
+/// cordons it, from the controller's cache of `ScheduledEvent`s (an event
+/// whose spec is over still claims the nodes whose own agents report it
+/// live, see [`trust::Dissent`]).
 fn claims(me: &str, ctx: &Context, facts: &Facts) -> HashMap<String, Vec<String>> {
     let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
     let policy = ctx.policy();
     for other in ctx.events.state() {
         let name = other.name_any();
-        if name == me || plan::is_over(&other) {
+        if name == me {
             continue;
         }
         let (reports, _) = reports_about(&facts.reports, &name);
-        let judged = trust::judge_reports(&reports, |n| facts.provider_vm(n));
+        let judged = trust::judge_reports(&reports, |n| facts.identity(n));
         let Some(built) = trust::build(&judged) else {
             continue;
         };
+        let over = plan::is_over(&other);
+        if over && !built.dissent_live() {
+            continue;
+        }
         let mut mapped = Vec::new();
-        for (spec, digest) in contents(&built) {
+        for (i, (spec, digest)) in contents(&built).into_iter().enumerate() {
+            if i == 0 && over {
+                continue;
+            }
             let action = policy.decide(
                 &spec.event_type.as_str().into(),
                 &spec.event_source,
@@ -532,7 +542,7 @@ fn claims(me: &str, ctx: &Context, facts: &Facts) -> HashMap<String, Vec<String>
             );
             if action.cordons() {
                 for (_, node) in facts.map(&spec.resources).mapped {
-                    mapped.push((node, digest.to_owned()));
+                    mapped.push((node, spec.appearance, digest.to_owned()));
                 }
             }
         }
@@ -540,14 +550,15 @@ fn claims(me: &str, ctx: &Context, facts: &Facts) -> HashMap<String, Vec<String>
         let assessment = trust::assess(
             &built,
             &judged,
-            mapped.iter().map(|(n, _)| n.as_str()),
+            mapped.iter().map(|(n, ..)| n.as_str()),
             policy.trust_any_agent,
+            |n| ctx.pods.agent_up(n),
         );
-        for (node, digest) in mapped {
+        for (node, appearance, digest) in mapped {
             if assessment
                 .verdicts
                 .get(&node)
-                .is_some_and(|v| v.is_live_on(&digest))
+                .is_some_and(|v| v.is_live_on(appearance, &digest))
             {
                 let names = by_node.entry(node).or_default();
                 if !names.contains(&name) {
@@ -600,6 +611,7 @@ async fn observe(
             .iter()
             .flat_map(|m| m.mapped.iter().map(|(_, n)| n.as_str())),
         trust_any_agent,
+        |n| ctx.pods.agent_up(n),
     );
     let nodes::Mapping {
         unmapped,
@@ -630,10 +642,10 @@ async fn observe(
     // event's cordon is handled with the event's own content: released
     // after the release delay (`plan::release_ended`).
     let mut wanted: Vec<(String, String, usize, bool)> = Vec::new();
-    for (i, ((_, digest), mapping)) in contents.iter().zip(&mappings).enumerate() {
+    for (i, ((spec, digest), mapping)) in contents.iter().zip(&mappings).enumerate() {
         for (vm, node) in &mapping.mapped {
             let (take, content, ended) = match assessment.verdicts.get(node) {
-                Some(v) if v.is_live_on(digest) => (true, i, false),
+                Some(v) if v.is_live_on(spec.appearance, digest) => (true, i, false),
                 Some(trust::Verdict::Unconfirmed { .. }) => (i == 0 && holds_it(node), 0, false),
                 Some(trust::Verdict::Ended { .. }) => (holds_it(node), 0, true),
                 _ => (false, 0, false),
@@ -645,10 +657,26 @@ async fn observe(
     }
     for n in facts.nodes.iter().filter(|n| nodes::holds(n).contains(&me)) {
         let name = n.name_any();
-        if !wanted.iter().any(|(w, ..)| *w == name) {
-            wanted.push((name, String::new(), 0, false));
+        if wanted.iter().any(|(w, ..)| *w == name) {
+            continue;
         }
+        // A node whose VM the controller no longer knows (no providerID,
+        // its VirtualMachineReport gone with its agent's pod until the new
+        // pod writes it again) while its own agent's last report lists the
+        // event: it stays held as it is, and no approval is decided.
+        let own_live = judged
+            .iter()
+            .any(|j| j.report.node == name && j.report.is_listed());
+        if own_live && facts.identity(&name).is_none() {
+            doubts.push(format!(
+                "node {name} holds the event on its own agent's report, but its VM is unknown (no providerID, no VirtualMachineReport): it stays held"
+            ));
+            continue;
+        }
+        wanted.push((name, String::new(), 0, false));
     }
+    // Only the spec's content can be over: a dissent is handled while its
+    // node's own agent lists it.
     let completed = plan::is_over(ev);
     let recorded = ev
         .status
@@ -681,6 +709,7 @@ async fn observe(
             Some((name, vm, i, ended, node))
         }))
         .map(|(name, vm, i, ended, node)| async move {
+            let completed = completed && i == 0;
             let pods = if drains[i] && !vm.is_empty() && !ended && (!completed || !recorded) {
                 ctx.pods.on_node(&name)
             } else {

@@ -235,27 +235,42 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             }
         },
     );
-    // The agents' reports of their VMs, for the fault-domain labels.
+    // The agents' reports of their VMs, for the fault-domain labels and
+    // the VM of each node without a providerID (see `nodes::identities`):
+    // a change has the events its node reported reconciled at once.
     let (vm_reports, vm_report_stream) =
         cache::<VirtualMachineReport>(clients.watches.clone(), |r: &mut VirtualMachineReport| {
             r.managed_fields_mut().clear()
         });
+    let (vm_changed_tx, vm_changed) = futures::channel::mpsc::unbounded();
     let vm_report_task = tokio::spawn(vm_report_stream.for_each({
         let changed = topology_changed.clone();
+        let reports = reports.clone();
         move |r| {
-            let changed = changed.clone();
-            async move {
-                match r {
-                    Ok(_) => changed.notify_one(),
-                    Err(e) => warn!(error = %e, "VirtualMachineReport watch error (retrying)"),
+            match r {
+                Ok(vmr) => {
+                    changed.notify_one();
+                    for r in reports.state() {
+                        if r.spec.report.node == vmr.spec.node {
+                            let _ = vm_changed_tx.unbounded_send(reflector::ObjectRef::<
+                                ScheduledEvent,
+                            >::new(
+                                &r.spec.scheduled_event
+                            ));
+                        }
+                    }
                 }
+                Err(e) => warn!(error = %e, "VirtualMachineReport watch error (retrying)"),
             }
+            async {}
         }
     }));
     // The drain's pods, from one watch (see `pods`), while this replica leads;
     // a pod's acknowledgement wakes the event it names.
     let (ack_tx, ack_rx) = futures::channel::mpsc::unbounded::<String>();
-    let pods = super::pods::PodCache::default().with_ack_trigger(ack_tx);
+    let pods = super::pods::PodCache::default()
+        .with_ack_trigger(ack_tx)
+        .with_agent_namespace(&args.lease_namespace);
     let pod_task = tokio::spawn(pods.clone().run(clients.watches.clone()));
     // Each report change also wakes the task that creates the objects of
     // events that have reports and no object yet (see `spec`).
@@ -291,6 +306,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     .reconcile_on(triggered)
     .trigger_backoff(watch_backoff())
     .reconcile_on(ack_rx.map(|name| reflector::ObjectRef::new(&name)))
+    .reconcile_on(vm_changed)
     .reconcile_all_on(reload_rx)
     .with_config(controller::Config::default().concurrency(args.reconcile_concurrency));
     let events = controller.store();
@@ -300,7 +316,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         tokio::spawn(super::labels::run(
             client.clone(),
             nodes.clone(),
-            vm_reports,
+            vm_reports.clone(),
             topology_changed,
             metrics.clone(),
         ))
@@ -340,6 +356,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         nodes,
         events,
         reports,
+        vm_reports,
         policy: shared,
         dry_run: args.dry_run,
         metrics: metrics.clone(),

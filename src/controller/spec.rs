@@ -125,7 +125,7 @@ pub async fn create_missing(ctx: Arc<Context>, changed: Arc<tokio::sync::Notify>
             .into_iter()
             .filter_map(|name| {
                 let (about, _) = reports_about(&facts.reports, name);
-                let judged = trust::judge_reports(&about, |n| facts.provider_vm(n));
+                let judged = trust::judge_reports(&about, |n| facts.identity(n));
                 trust::build(&judged).map(|built| (name.clone(), built.spec))
             })
             .collect();
