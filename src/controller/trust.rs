@@ -242,11 +242,16 @@ pub fn build(reports: &[Judged<'_>]) -> Option<Built> {
     // Every other named report, by (appearance, content): of the spec's
     // appearance whatever its status (the node's own word on other
     // content), of another appearance while it lists the event (a node
-    // whose own agent no longer lists it is simply ended, see `judge`).
+    // whose own agent no longer lists it is simply ended, see `judge`),
+    // unless it lists the spec's content while the spec is live (an agent
+    // that missed the event's short absence counts one appearance less:
+    // the same event).
     let mut others: BTreeMap<(u32, &str), Vec<&Judged<'_>>> = BTreeMap::new();
     for j in reports.iter().filter(|j| j.named) {
         let a = j.report.appearance;
-        if (a, j.digest.as_str()) == (appearance, main.as_str()) {
+        if (a, j.digest.as_str()) == (appearance, main.as_str())
+            || with_spec(j.report, &j.digest, &spec, &main)
+        {
             continue;
         }
         if a == appearance || j.report.is_listed() {
@@ -266,6 +271,13 @@ pub fn build(reports: &[Judged<'_>]) -> Option<Built> {
         digest: main,
         dissent,
     })
+}
+
+/// Whether a node's own report that lists the event is handled with the
+/// spec (of identity `digest`): the same content while the spec is live,
+/// whatever the appearance.
+fn with_spec(own: &Report, own_digest: &str, spec: &ScheduledEventSpec, digest: &str) -> bool {
+    own.is_listed() && own_digest == digest && spec.event_status != EventStatus::Completed
 }
 
 /// What the controller may take as the event's state on one node.
@@ -410,10 +422,15 @@ fn judge(node: &str, reports: &[Judged<'_>], built: &Built, up: bool) -> Verdict
         if !up && let Some(ended) = ended_by(&others(None, &own.digest)) {
             return ended;
         }
+        let appearance = if with_spec(own.report, &own.digest, &built.spec, &built.digest) {
+            built.spec.appearance
+        } else {
+            own.report.appearance
+        };
         return Verdict::Live {
             by: "its own agent".into(),
             status: own.report.event_status,
-            appearance: own.report.appearance,
+            appearance,
             digest: own.digest.clone(),
         };
     }
@@ -788,12 +805,18 @@ mod tests {
             "an ended report dissents from nothing"
         );
         assert!(matches!(a.verdicts["b"], Verdict::Ended { .. }));
-        // b's agent still lists appearance 1: held on it.
-        let (_, a) = run(&[at(report("b", Scheduled, "Reboot", r), 1), new], &["b"]);
-        assert!(matches!(
-            a.verdicts["b"],
-            Verdict::Live { appearance: 1, .. }
-        ));
+        // b's agent still lists appearance 1 (it missed the event's short
+        // absence): the same event, b held with the spec.
+        let (built, a) = run(&[at(report("b", Scheduled, "Reboot", r), 1), new], &["b"]);
+        assert!(built.dissent.is_empty());
+        assert!(a.verdicts["b"].is_live_on(2, &built.digest));
+        // Other content in appearance 1: held on it, apart.
+        let freeze = report("b", Scheduled, "Freeze", &["vm-b"]);
+        let (built, a) = run(
+            &[freeze, at(report("a", Scheduled, "Reboot", r), 2)],
+            &["b"],
+        );
+        assert!(a.verdicts["b"].is_live_on(1, &built.dissent[0].digest));
     }
 
     #[test]
