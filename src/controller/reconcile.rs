@@ -663,17 +663,29 @@ async fn observe(
         // A node whose VM the controller no longer knows (no providerID,
         // its VirtualMachineReport gone with its agent's pod until the new
         // pod writes it again) while its own agent's last report lists the
-        // event: it stays held as it is, and no approval is decided.
+        // event: it stays held as it is (and no approval is decided, below).
         let own_live = judged
             .iter()
             .any(|j| j.report.node == name && j.report.is_listed());
         if own_live && facts.identity(&name).is_none() {
-            doubts.push(format!(
-                "node {name} holds the event on its own agent's report, but its VM is unknown (no providerID, no VirtualMachineReport): it stays held"
-            ));
             continue;
         }
         wanted.push((name, String::new(), 0, false));
+    }
+    // A node of the cluster whose agent lists the event while the
+    // controller knows no VM of it may be one the event names: no approval
+    // is decided until its VM is known.
+    let unknown: Vec<&str> = judged
+        .iter()
+        .filter(|j| j.report.is_listed())
+        .map(|j| j.report.node.as_str())
+        .filter(|n| by_name.contains_key(*n) && facts.identity(n).is_none())
+        .collect();
+    if !unknown.is_empty() {
+        doubts.push(format!(
+            "the VM of node {} is unknown (no providerID, no VirtualMachineReport) while its agent lists the event",
+            named(&unknown, UNCONFIRMED_LISTED, ", ")
+        ));
     }
     // Only the spec's content can be over: a dissent is handled while its
     // node's own agent lists it.
