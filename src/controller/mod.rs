@@ -157,8 +157,10 @@ impl Context {
         reload::current(&self.policy)
     }
 
-    /// Whether the caches of `ScheduledEvent`s and of reports hold their
-    /// first full list.
+    /// Whether the caches of `ScheduledEvent`s, of both kinds of reports and
+    /// of pods hold their first full list (before, a missing report would
+    /// read as a silent agent, a missing `VirtualMachineReport` as a node
+    /// of no known VM).
     pub fn caches_synced(&self) -> bool {
         use futures::FutureExt;
         let ready = |r: Option<Result<(), _>>| r.is_some_and(|r| r.is_ok());
