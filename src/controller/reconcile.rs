@@ -460,8 +460,10 @@ fn copy_sent_approval(ev: &mut ScheduledEvent, reports: &[Report]) {
 pub struct Facts {
     /// The node cache.
     pub nodes: Vec<Arc<Node>>,
-    /// The reports, by event.
+    /// The reports taken into account, by event ([`super::intake::admit`]).
     pub reports: ReportsByEvent,
+    /// The reports left out, counted.
+    pub ignored: super::intake::Ignored,
     /// The VM each node's agent states.
     pub stated: HashMap<String, String>,
     providers: HashMap<String, String>,
@@ -471,15 +473,20 @@ impl Facts {
     /// Reads the caches.
     pub fn read(ctx: &Context) -> Self {
         let nodes = ctx.nodes.state();
-        let reports = ctx.reports_by_event();
-        let stated = stated_vms(&reports);
-        let providers = nodes
+        let providers: HashMap<String, String> = nodes
             .iter()
             .filter_map(|n| Some((n.name_any(), nodes::provider_vm(n)?)))
             .collect();
+        let (reports, ignored) = super::intake::admit(
+            ctx.reports.state(),
+            super::intake::MAX_LIVE_REPORTS_PER_NODE,
+            |n| providers.get(n).cloned(),
+        );
+        let stated = stated_vms(&reports);
         Facts {
             nodes,
             reports,
+            ignored,
             stated,
             providers,
         }
@@ -509,13 +516,21 @@ fn contents(built: &trust::Built) -> Vec<(&ScheduledEventSpec, &str)> {
 }
 
 /// The other unfinished events that map to each node and whose policy
-/// cordons it, from the controller's cache of `ScheduledEvent`s.
-fn claims(me: &str, ctx: &Context, facts: &Facts) -> HashMap<String, Vec<String>> {
+/// cordons it, from the controller's cache of `ScheduledEvent`s. Only the
+/// events whose reports name one of `vms` (lower case: the VMs of the nodes
+/// this pass handles) are judged: a pass does not judge every event of the
+/// cluster.
+fn claims(
+    me: &str,
+    vms: &std::collections::HashSet<String>,
+    ctx: &Context,
+    facts: &Facts,
+) -> HashMap<String, Vec<String>> {
     let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
     let policy = ctx.policy();
     for other in ctx.events.state() {
         let name = other.name_any();
-        if name == me || plan::is_over(&other) {
+        if name == me || plan::is_over(&other) || !names_any(&facts.reports, &name, vms) {
             continue;
         }
         let (reports, _) = reports_about(&facts.reports, &name);
@@ -557,6 +572,24 @@ fn claims(me: &str, ctx: &Context, facts: &Facts) -> HashMap<String, Vec<String>
         }
     }
     by_node
+}
+
+/// Whether a report about the event `name` names one of `vms` (lower case)
+/// among its `Resources`: every node an event's content maps to is so named.
+fn names_any(
+    reports: &ReportsByEvent,
+    name: &str,
+    vms: &std::collections::HashSet<String>,
+) -> bool {
+    reports.get(name).is_some_and(|rs| {
+        rs.iter().any(|r| {
+            r.spec
+                .report
+                .resources
+                .iter()
+                .any(|vm| vms.contains(&vm.to_ascii_lowercase()))
+        })
+    })
 }
 
 /// What [`observe`] saw: the event's own view, the dissenting nodes with
@@ -668,7 +701,21 @@ async fn observe(
                 .drains()
         })
         .collect();
-    let claims = claims(&me, ctx, facts);
+    // The VMs a node handled here may go by (mapped, stated, providerID's).
+    let vms: std::collections::HashSet<String> = wanted
+        .iter()
+        .flat_map(|(node, vm, ..)| {
+            [
+                Some(vm.clone()),
+                facts.stated.get(node).cloned(),
+                facts.provider_vm(node),
+            ]
+        })
+        .flatten()
+        .filter(|vm| !vm.is_empty())
+        .map(|vm| vm.to_ascii_lowercase())
+        .collect();
+    let claims = claims(&me, &vms, ctx, facts);
     // A finished event's record is frozen; pods are read only for nodes it
     // never recorded, so that the record says what was there. The lists
     // run side by side (an event may name hundreds of VMs), in order.
