@@ -25,11 +25,13 @@ use crate::crd::{EventStatus, Report, ScheduledEventReport, ScheduledEventReport
 use crate::imds::model::object_name;
 
 /// How many live reports (`Scheduled` or `Started`) of one node the
-/// controller takes into account at a time. Azure lists a handful of events
-/// per VM at once (one per maintenance, each for the VMs of the VM's
-/// availability set or placement group), so an agent over this is
-/// malfunctioning or compromised.
-pub const MAX_LIVE_REPORTS_PER_NODE: usize = 64;
+/// controller takes into account at a time. Azure delivers every event of
+/// an availability set (at most 200 VMs) or a scale-set placement group to
+/// each of its VMs, and each agent reports every event its document lists:
+/// a maintenance wave over a whole set may list a couple of hundred events
+/// on every VM at once. An agent over this is malfunctioning or
+/// compromised.
+pub const MAX_LIVE_REPORTS_PER_NODE: usize = 512;
 
 /// How urgent a report, or an event, is; the lesser the more urgent:
 /// first those about the reporting node's own VM, then by deadline, an
@@ -44,6 +46,11 @@ pub struct Urgency {
 }
 
 impl Urgency {
+    /// Whether the report names its node's own VM.
+    pub fn is_own(&self) -> bool {
+        !self.not_own
+    }
+
     /// The urgency of `report`: `own_vm` is the VM of the reporting node
     /// (its `providerID`'s, else the VM the report states).
     pub fn of(report: &Report, own_vm: &str) -> Self {
@@ -121,20 +128,22 @@ pub fn admit(
 }
 
 /// The urgency of an event from its reports: the most urgent of those that
-/// list it, `None` when none does (nothing to create).
+/// list it, with the node that reports it so (the first by name among
+/// equals); `None` when none lists it (nothing to create).
 pub fn event_urgency(
     reports: &[Arc<ScheduledEventReport>],
     provider_vm: impl Fn(&str) -> Option<String>,
-) -> Option<Urgency> {
+) -> Option<(Urgency, String)> {
     reports
         .iter()
         .map(|r| &r.spec.report)
         .filter(|r| r.is_listed())
         .map(|r| {
             let own = provider_vm(&r.node);
-            Urgency::of(r, own.as_deref().unwrap_or(&r.vm))
+            (Urgency::of(r, own.as_deref().unwrap_or(&r.vm)), &r.node)
         })
         .min()
+        .map(|(u, node)| (u, node.clone()))
 }
 
 #[cfg(test)]
@@ -380,7 +389,7 @@ mod tests {
         ];
         assert_eq!(
             event_urgency(&rs, no_provider),
-            Some(Urgency::of(&rs[1].spec.report, "vm-b"))
+            Some((Urgency::of(&rs[1].spec.report, "vm-b"), "b".to_string()))
         );
         assert_eq!(event_urgency(&rs[2..], no_provider), None);
         assert_eq!(event_urgency(&[], no_provider), None);

@@ -128,8 +128,8 @@ pub async fn create_missing(ctx: Arc<Context>, changed: Arc<tokio::sync::Notify>
             if ctx.events.get(&ObjectRef::new(name)).is_some() || created.contains_key(name) {
                 return None;
             }
-            let urgency = intake::event_urgency(rs, |n| facts.provider_vm(n))?;
-            Some((name.as_str(), urgency))
+            let (urgency, node) = intake::event_urgency(rs, |n| facts.provider_vm(n))?;
+            Some((name.as_str(), urgency, node))
         });
         let mut order = creation_order(missing).into_iter();
         // The first batch of those the reports build a spec of.
@@ -167,16 +167,35 @@ pub async fn create_missing(ctx: Arc<Context>, changed: Arc<tokio::sync::Notify>
     }
 }
 
-/// The names of the events to create, the most urgent first (see
-/// [`intake::Urgency`]: events a node reports about its own VM, then by
-/// deadline), then by name.
+/// The names of the events to create, in turn by reporting node: `missing`
+/// gives each event's name, urgency ([`intake::Urgency`]) and the node that
+/// reports it so. Events nodes report about their own VM come first; among
+/// them, and then among the others, each node's most urgent event, then
+/// each node's second, and so on (by urgency, then name, within a turn).
+/// So one node's flood, however urgent it says it is, puts at most one of
+/// its events before another node's most urgent one.
 pub fn creation_order<'a>(
-    missing: impl IntoIterator<Item = (&'a str, intake::Urgency)>,
+    missing: impl IntoIterator<Item = (&'a str, intake::Urgency, String)>,
 ) -> Vec<&'a str> {
-    let mut missing: Vec<(intake::Urgency, &str)> =
-        missing.into_iter().map(|(name, u)| (u, name)).collect();
+    let mut missing: Vec<(intake::Urgency, &str, String)> = missing
+        .into_iter()
+        .map(|(name, u, node)| (u, name, node))
+        .collect();
     missing.sort_unstable();
-    missing.into_iter().map(|(_, name)| name).collect()
+    // Each event's turn: how many more urgent ones its node reports (of
+    // the same kind: about its own VM or not).
+    let mut turns: HashMap<(bool, String), usize> = HashMap::new();
+    let mut ranked: Vec<(bool, usize, intake::Urgency, &str)> = missing
+        .into_iter()
+        .map(|(u, name, node)| {
+            let turn = turns.entry((u.is_own(), node)).or_default();
+            let key = (!u.is_own(), *turn, u, name);
+            *turn += 1;
+            key
+        })
+        .collect();
+    ranked.sort_unstable();
+    ranked.into_iter().map(|(.., name)| name).collect()
 }
 
 /// Sets the metrics of the reports ignored and says in the log when a node
@@ -233,14 +252,15 @@ mod tests {
     #[test]
     fn the_most_urgent_missing_events_are_created_first() {
         use EventStatus::{Scheduled, Started};
+        let one = |name, u| (name, u, "n".to_string());
         let order = creation_order([
-            ("z-flood", urgency(false, Started, None)),
-            ("b-own-late", urgency(true, Scheduled, at(30))),
-            ("c-own-started", urgency(true, Started, None)),
-            ("a-own-late", urgency(true, Scheduled, at(30))),
-            ("d-own-soon", urgency(true, Scheduled, at(2))),
-            ("e-other-soon", urgency(false, Scheduled, at(1))),
-            ("f-own-unknown", urgency(true, Scheduled, None)),
+            one("z-flood", urgency(false, Started, None)),
+            one("b-own-late", urgency(true, Scheduled, at(30))),
+            one("c-own-started", urgency(true, Started, None)),
+            one("a-own-late", urgency(true, Scheduled, at(30))),
+            one("d-own-soon", urgency(true, Scheduled, at(2))),
+            one("e-other-soon", urgency(false, Scheduled, at(1))),
+            one("f-own-unknown", urgency(true, Scheduled, None)),
         ]);
         assert_eq!(
             order,
@@ -256,12 +276,32 @@ mod tests {
         );
     }
 
-    /// One node floods 5,000 events about its own VM, all `Started`;
-    /// another reports a Reboot of its own VM two minutes ahead: of the
-    /// flood, the controller takes the cap into account, so the other
-    /// node's event is in the first batches whatever the flood.
     #[test]
-    fn a_flood_from_one_node_delays_anothers_event_by_a_few_batches_at_most() {
+    fn nodes_take_turns_own_vms_first() {
+        use EventStatus::{Scheduled, Started};
+        let order = creation_order([
+            ("a1", urgency(true, Started, None), "a".to_string()),
+            ("a2", urgency(true, Started, None), "a".to_string()),
+            ("a3", urgency(true, Scheduled, at(1)), "a".to_string()),
+            ("b1", urgency(true, Scheduled, at(50)), "b".to_string()),
+            ("b2", urgency(true, Scheduled, at(55)), "b".to_string()),
+            ("c1", urgency(true, Scheduled, at(40)), "c".to_string()),
+            ("a-other", urgency(false, Started, None), "a".to_string()),
+            ("b-other", urgency(false, Scheduled, at(2)), "b".to_string()),
+        ]);
+        assert_eq!(
+            order,
+            ["a1", "c1", "b1", "a2", "b2", "a3", "a-other", "b-other"]
+        );
+    }
+
+    /// One node floods 5,000 events about its own VM, all `Started` (the
+    /// most urgent a report can say); another reports a Reboot of its own
+    /// VM two minutes ahead: the controller takes at most the cap of the
+    /// flood into account, and the other node's event is created second,
+    /// in the first batch.
+    #[test]
+    fn a_flood_from_one_node_puts_one_event_before_anothers() {
         use crate::crd::{ScheduledEventReport, ScheduledEventReportSpec};
         use crate::imds::model::object_name;
         use std::sync::Arc;
@@ -301,32 +341,31 @@ mod tests {
             ignored.over_cap.get("a"),
             Some(&(5000 - intake::MAX_LIVE_REPORTS_PER_NODE))
         );
-        let missing = reports
-            .iter()
-            .filter_map(|(name, rs)| Some((name.as_str(), intake::event_urgency(rs, |_| None)?)));
+        let missing = reports.iter().filter_map(|(name, rs)| {
+            let (u, node) = intake::event_urgency(rs, |_| None)?;
+            Some((name.as_str(), u, node))
+        });
         let order = creation_order(missing);
         assert_eq!(order.len(), intake::MAX_LIVE_REPORTS_PER_NODE + 1);
-        let at_batch = order.iter().position(|n| *n == victim).expect("victim") / CREATE_BATCH;
-        assert!(
-            at_batch <= intake::MAX_LIVE_REPORTS_PER_NODE / CREATE_BATCH,
-            "batch {at_batch}"
-        );
+        assert_eq!(order[1], victim);
     }
 
-    /// A flood of a thousand events one node reports about other VMs,
-    /// all `Started` (the most urgent a deadline can be), does not hold up
-    /// another node's event about its own VM: it is in the first batch.
+    /// A flood of a thousand events one node reports about other VMs, all
+    /// `Started`, does not hold up another node's event about its own VM.
     #[test]
     fn a_flood_about_other_vms_waits_behind_a_nodes_own_event() {
         let flood: Vec<String> = (0..1000).map(|i| format!("flood-{i:04}")).collect();
-        let mut missing: Vec<(&str, Urgency)> = flood
+        let mut missing: Vec<(&str, Urgency, String)> = flood
             .iter()
-            .map(|n| (n.as_str(), urgency(false, EventStatus::Started, None)))
+            .map(|n| {
+                let u = urgency(false, EventStatus::Started, None);
+                (n.as_str(), u, "a".to_string())
+            })
             .collect();
-        missing.push(("victim", urgency(true, EventStatus::Scheduled, at(59))));
+        let victim = urgency(true, EventStatus::Scheduled, at(59));
+        missing.push(("victim", victim, "b".to_string()));
         let order = creation_order(missing);
         assert_eq!(order.len(), 1001);
         assert_eq!(order[0], "victim");
-        assert!(order[..CREATE_BATCH].contains(&"victim"));
     }
 }
