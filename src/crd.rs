@@ -19,6 +19,41 @@ pub const CONTROLLER_MANAGER: &str = "forewarn-controller";
 /// forewarn cordoned the node. Present only when forewarn did the cordon.
 pub const CORDONED_FOR_ANNOTATION: &str = "forewarn.dev/cordoned-for";
 
+// Limits of the reports and of the `ScheduledEvent` spec, in the schema so
+// that the API server refuses an oversize object (an agent's reports are
+// its only input to the controller) and so that the CEL rules stay cheap:
+// the API server estimates a rule's cost from these bounds.
+
+/// Most entries of `Resources`: Azure delivers an event to the VMs of one
+/// availability set (at most 200 VMs) or scale-set placement group, and a
+/// scale set holds at most 1,000 VMs. A document naming more is refused
+/// (the agent's write fails and it says so).
+pub const MAX_RESOURCES: usize = 1000;
+/// Longest VM name, in characters: Azure VM and scale-set names have at
+/// most 64, a scale-set instance is `{scale-set}_{instance-id}` (a number,
+/// or 8 characters for a flexible scale set); twice 64 leaves room.
+pub const MAX_VM_NAME: usize = 128;
+/// Longest `EventId`: a GUID has 36 characters; an id of another IMDS
+/// implementation is kept as is up to this length.
+pub const MAX_EVENT_ID: usize = 128;
+/// Longest `EventType`, `EventSource` and `ResourceType`: short words
+/// (`Redeploy`, `Platform`, `VirtualMachine`).
+pub const MAX_WORD: usize = 64;
+/// Longest `Description`, in characters: Azure sends a sentence or two;
+/// an agent keeps the first this many characters of a longer one.
+pub const MAX_DESCRIPTION: usize = 1024;
+/// Longest node name (a DNS subdomain).
+pub const MAX_NODE_NAME: usize = 253;
+/// Longest `ScheduledEvent` name: a GUID (36), or `sev-` and 20 hex digits.
+pub const MAX_EVENT_NAME: usize = 36;
+/// Longest `body` of a sent approval (the agent keeps the first 512 bytes).
+pub const MAX_APPROVAL_BODY: usize = 512;
+
+/// The CEL expression of a GUID in the 8-4-4-4-12 form, either case (what
+/// [`crate::imds::model::is_guid`] accepts).
+const GUID_PATTERN: &str =
+    "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
+
 /// An Azure Scheduled Event as IMDS announces it to the VMs it concerns,
 /// as the controller builds it from the agents' reports (DESIGN.md, Trust).
 ///
@@ -101,8 +136,10 @@ pub const CORDONED_FOR_ANNOTATION: &str = "forewarn.dev/cordoned-for";
 #[serde(rename_all = "camelCase")]
 pub struct ScheduledEventSpec {
     /// `EventId` as IMDS spells it (a GUID, often upper case). Compare ignoring case.
+    #[schemars(length(max = MAX_EVENT_ID))]
     pub event_id: String,
     /// `EventType`: `Freeze`, `Reboot`, `Redeploy`, `Preempt`, `Terminate`, or a newer value kept verbatim.
+    #[schemars(length(max = MAX_WORD))]
     pub event_type: String,
     /// `EventStatus`: `Scheduled`, then `Started`, then `Completed` once IMDS no
     /// longer lists the event (finished or cancelled). Only ever moves forward
@@ -112,13 +149,16 @@ pub struct ScheduledEventSpec {
     pub event_status: EventStatus,
     /// `EventSource`: `Platform` or `User`.
     #[serde(default)]
+    #[schemars(length(max = MAX_WORD))]
     pub event_source: String,
     /// `ResourceType`: `VirtualMachine`.
     #[serde(default)]
+    #[schemars(length(max = MAX_WORD))]
     pub resource_type: String,
     /// `Resources`: names of the VMs the event affects (`compute.name`; for a
-    /// scale set `{scale-set}_{instance-id}`).
+    /// scale set `{scale-set}_{instance-id}`), at most 1,000.
     #[serde(default)]
+    #[schemars(length(max = MAX_RESOURCES), inner(length(max = MAX_VM_NAME)))]
     pub resources: Vec<String>,
     /// `NotBefore` in RFC 3339 (UTC): the platform starts the event at this
     /// time at the latest unless approved earlier. Absent once started.
@@ -129,6 +169,7 @@ pub struct ScheduledEventSpec {
     pub duration_seconds: i64,
     /// `Description`: free text from Azure.
     #[serde(default)]
+    #[schemars(length(max = MAX_DESCRIPTION))]
     pub description: String,
     /// How many times this `EventId` has appeared in IMDS, from 1: the
     /// highest `appearance` of the reports it is built from (an agent counts
@@ -171,6 +212,16 @@ impl ScheduledEventSpec {
     shortname = "sevr",
     doc = "One forewarn agent's view of one ScheduledEvent, from its own node's IMDS document (written only by that node's agent).",
     validation = Rule::new("self.metadata.name == self.spec.scheduledEvent + '.' + self.spec.report.node").message("the name must be <scheduledEvent>.<node>"),
+    // The event's object name from its `EventId` (`object_name`): a GUID in
+    // lower case, else `sev-` and a hash, which CEL cannot compute (the
+    // controller checks it and ignores a report whose name does not
+    // match). A report without an `EventId` is of an earlier version.
+    validation = Rule::new(format!(
+        "!has(self.spec.report.eventId) || self.spec.report.eventId == '' || \
+         (self.spec.report.eventId.matches('{GUID_PATTERN}') \
+          ? self.spec.scheduledEvent == self.spec.report.eventId.lowerAscii() \
+          : self.spec.scheduledEvent.matches('^sev-[0-9a-f]{{20}}$'))"
+    )).message("spec.scheduledEvent must be the EventId in lower case (a GUID), else sev- and 20 hex digits"),
     // Each agent watches only its own reports (`--field-selector spec.report.node=<node>`).
     selectable = ".spec.report.node",
     printcolumn(
@@ -206,6 +257,7 @@ impl ScheduledEventSpec {
 #[serde(rename_all = "camelCase")]
 pub struct ScheduledEventReportSpec {
     /// Name of the `ScheduledEvent` this report is about.
+    #[schemars(length(max = MAX_EVENT_NAME))]
     pub scheduled_event: String,
     /// The agent's view.
     pub report: Report,
@@ -217,8 +269,10 @@ pub struct ScheduledEventReportSpec {
 #[serde(rename_all = "camelCase")]
 pub struct Report {
     /// The reporting agent's node (the node name its token carries).
+    #[schemars(length(max = MAX_NODE_NAME))]
     pub node: String,
     /// The reporting agent's VM (`compute.name`).
+    #[schemars(length(max = MAX_VM_NAME))]
     pub vm: String,
     /// Whether its VM is among the event's `Resources` (the agent's word;
     /// the controller checks it against the node's `providerID`).
@@ -234,18 +288,23 @@ pub struct Report {
     pub appearance: u32,
     /// `EventId` as IMDS spells it.
     #[serde(default)]
+    #[schemars(length(max = MAX_EVENT_ID))]
     pub event_id: String,
     /// `EventType` as IMDS sends it.
     #[serde(default)]
+    #[schemars(length(max = MAX_WORD))]
     pub event_type: String,
     /// `EventSource`: `Platform` or `User`.
     #[serde(default)]
+    #[schemars(length(max = MAX_WORD))]
     pub event_source: String,
     /// `ResourceType`: `VirtualMachine`.
     #[serde(default)]
+    #[schemars(length(max = MAX_WORD))]
     pub resource_type: String,
-    /// `Resources`: the VM names the event affects.
+    /// `Resources`: the VM names the event affects, at most 1,000.
     #[serde(default)]
+    #[schemars(length(max = MAX_RESOURCES), inner(length(max = MAX_VM_NAME)))]
     pub resources: Vec<String>,
     /// `NotBefore` (RFC 3339, UTC), absent when IMDS gives none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -253,8 +312,9 @@ pub struct Report {
     /// `DurationInSeconds`: `0` none, `-1` unknown.
     #[serde(default = "minus_one")]
     pub duration_seconds: i64,
-    /// `Description`: free text from Azure.
+    /// `Description`: free text from Azure (its first 1,024 characters).
     #[serde(default)]
+    #[schemars(length(max = MAX_DESCRIPTION))]
     pub description: String,
     /// The `DocumentIncarnation` of the document this view came in.
     #[serde(default)]
@@ -262,6 +322,7 @@ pub struct Report {
     /// The approvals (`StartRequests` POSTs) this agent sent for the event,
     /// oldest first, at most [`MAX_SENT_APPROVALS`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_SENT_APPROVALS))]
     pub approvals: Vec<SentApproval>,
 }
 
@@ -295,6 +356,7 @@ pub struct SentApproval {
     #[schemars(with = "i32")]
     pub appearance: u32,
     /// The decision it carried out: its identity digest.
+    #[schemars(length(max = MAX_WORD))]
     pub digest: String,
     /// When the agent sent the POST.
     pub sent_at: DateTime<Utc>,
@@ -303,6 +365,7 @@ pub struct SentApproval {
     pub status: u16,
     /// The start of IMDS's answer, or the transport error.
     #[serde(default)]
+    #[schemars(length(max = MAX_APPROVAL_BODY))]
     pub body: String,
 }
 
@@ -998,6 +1061,123 @@ mod tests {
                 "Ignored"
             ]
         );
+    }
+
+    /// Every string and list an agent writes into a report, and every one
+    /// of the `ScheduledEvent` spec, is bounded in the schema (maxLength,
+    /// maxItems; a date-time string or an enum is bounded by its format),
+    /// so that the API server refuses an oversize one and prices the CEL
+    /// rules on small bounds.
+    #[test]
+    fn every_string_and_list_of_the_reports_and_the_spec_is_bounded() {
+        fn unbounded(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+            match v.get("type").and_then(|t| t.as_str()) {
+                Some("string")
+                    if v.get("maxLength").is_none()
+                        && v.get("format").is_none()
+                        && v.get("enum").is_none() =>
+                {
+                    out.push(path.to_string())
+                }
+                Some("array") => {
+                    if v.get("maxItems").is_none() {
+                        out.push(path.to_string());
+                    }
+                    unbounded(&v["items"], &format!("{path}[]"), out);
+                }
+                _ => {}
+            }
+            for (k, p) in v
+                .get("properties")
+                .and_then(|p| p.as_object())
+                .into_iter()
+                .flatten()
+            {
+                unbounded(p, &format!("{path}.{k}"), out);
+            }
+        }
+        let spec_of = |crd: serde_json::Value| {
+            crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"].clone()
+        };
+        let report = spec_of(serde_json::to_value(ScheduledEventReport::crd()).unwrap());
+        let event = spec_of(serde_json::to_value(ScheduledEvent::crd()).unwrap());
+        let mut out = Vec::new();
+        unbounded(&report, "report spec", &mut out);
+        unbounded(&event, "event spec", &mut out);
+        assert!(out.is_empty(), "unbounded: {out:?}");
+        let resources = &report["properties"]["report"]["properties"]["resources"];
+        assert_eq!(resources["maxItems"], MAX_RESOURCES);
+        assert_eq!(resources["items"]["maxLength"], MAX_VM_NAME);
+        assert_eq!(event["properties"]["resources"]["maxItems"], MAX_RESOURCES);
+        assert_eq!(
+            report["properties"]["scheduledEvent"]["maxLength"],
+            MAX_EVENT_NAME
+        );
+        // The object names the rules compare fit their bounds.
+        let odd = crate::imds::model::object_name("not a guid at all");
+        assert!(odd.len() <= MAX_EVENT_NAME);
+        assert!(report_name(&odd, &"n".repeat(MAX_NODE_NAME - MAX_EVENT_NAME - 1)).is_some());
+    }
+
+    /// The report's CEL rules: its name is `<scheduledEvent>.<node>`, and
+    /// `scheduledEvent` is the lower-cased `EventId` when that is a GUID
+    /// (else the `sev-` form); its regular expressions match what
+    /// `is_guid` and `object_name` give.
+    #[test]
+    fn the_report_crd_ties_the_event_name_to_the_event_id() {
+        let crd = serde_json::to_value(ScheduledEventReport::crd()).unwrap();
+        let rules: Vec<String> =
+            crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]
+                .as_array()
+                .expect("rules")
+                .iter()
+                .map(|r| r["rule"].as_str().unwrap_or_default().to_string())
+                .collect();
+        assert_eq!(rules.len(), 2, "{rules:?}");
+        let id_rule = &rules[1];
+        assert!(
+            id_rule.contains(&format!("matches('{GUID_PATTERN}')")),
+            "{id_rule}"
+        );
+        assert!(
+            id_rule.contains("self.spec.scheduledEvent == self.spec.report.eventId.lowerAscii()"),
+            "{id_rule}"
+        );
+        assert!(
+            id_rule.contains("matches('^sev-[0-9a-f]{20}$')"),
+            "{id_rule}"
+        );
+        // The pattern accepts what `is_guid` accepts, and only that.
+        let re = regex::Regex::new(GUID_PATTERN).expect("RE2-compatible pattern");
+        let guid = "0B5E3B25-7A67-4C3E-A7C4-4A4BD34C4A4E";
+        let mut ids = vec![
+            guid.to_string(),
+            guid.to_ascii_lowercase(),
+            format!("{guid}0"),
+            format!(" {guid}"),
+            guid[1..].to_string(),
+            guid.replace('-', ""),
+            guid.replacen('B', "G", 1),
+            "FLEET-10000".into(),
+            String::new(),
+        ];
+        // Each character of a GUID changed to a dash, a hex digit or a letter beyond F.
+        for i in 0..guid.len() {
+            for c in ['-', '0', 'g'] {
+                let mut s = guid.to_string();
+                s.replace_range(i..=i, &c.to_string());
+                ids.push(s);
+            }
+        }
+        for id in &ids {
+            assert_eq!(re.is_match(id), crate::imds::model::is_guid(id), "{id:?}");
+        }
+        let sev = regex::Regex::new("^sev-[0-9a-f]{20}$").expect("pattern");
+        for id in ["FLEET-10000", "", "x"] {
+            let name = crate::imds::model::object_name(id);
+            assert!(sev.is_match(&name), "{name}");
+            assert!(!re.is_match(&name));
+        }
     }
 
     #[test]

@@ -26,8 +26,8 @@ use tracing::{debug, info, warn};
 use super::metrics::AgentMetrics;
 use super::{Error, Result, error_chain};
 use crate::crd::{
-    AGENT_MANAGER, EventStatus as CrdStatus, MAX_SENT_APPROVALS, Report, ScheduledEventReport,
-    SentApproval, report_name,
+    AGENT_MANAGER, EventStatus as CrdStatus, MAX_DESCRIPTION, MAX_SENT_APPROVALS, Report,
+    ScheduledEventReport, SentApproval, report_name,
 };
 use crate::imds::model::{Document, Event, object_name};
 use crate::kubeclient::watch_backoff;
@@ -50,7 +50,8 @@ pub fn view_of(ev: &Event, node: &str, vm: &str, incarnation: i64, appearance: u
         resources: ev.resources.clone(),
         not_before: ev.not_before,
         duration_seconds: ev.duration_seconds,
-        description: ev.description.clone(),
+        // A longer text would have the API server refuse the whole report.
+        description: ev.description.chars().take(MAX_DESCRIPTION).collect(),
         document_incarnation: incarnation,
         approvals: Vec::new(),
     }
@@ -564,6 +565,21 @@ mod tests {
             digest_of(&started.events[0]),
             "status is no part of it"
         );
+    }
+
+    #[test]
+    fn a_long_description_is_reported_clipped_to_what_the_schema_takes() {
+        let long = "é".repeat(MAX_DESCRIPTION + 10);
+        let json = SCHEDULED.replace(
+            "\"Description\":\"d\"",
+            &format!("\"Description\":\"{long}\""),
+        );
+        let d = doc(&json);
+        let r = view_of(&d.events[0], "n1", "vm_1", 2, 1);
+        assert_eq!(r.description.chars().count(), MAX_DESCRIPTION);
+        assert!(long.starts_with(&r.description));
+        // The description is no part of what an approval is bound to.
+        assert_eq!(r.digest(), digest_of(&d.events[0]));
     }
 
     #[test]

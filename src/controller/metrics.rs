@@ -111,6 +111,13 @@ pub struct ControllerMetrics {
     /// `result` and `cached` ([`crate::metrics_auth::outcome_counter`]);
     /// every replica counts its own, leader or not.
     pub metrics_auth: IntCounterVec,
+    /// Reports the controller ignores now, by `reason`: `over_cap` (live
+    /// reports of a node beyond its cap), `misnamed` (not about their
+    /// `EventId`'s object). See [`super::intake`].
+    pub reports_ignored: IntGaugeVec,
+    /// Live reports ignored per `node` over its cap, for at most
+    /// [`OVER_CAP_NODES_LISTED`] nodes (those with the most).
+    pub reports_over_cap: IntGaugeVec,
     caches: Caches,
     /// Objects (UID and appearance) already counted as observed: a
     /// reconcile that runs on a cached copy older than its own status
@@ -249,6 +256,20 @@ impl ControllerMetrics {
                 "1 when the admission policy confining each agent to its own node's reports is installed and denies",
             )?,
             metrics_auth: crate::metrics_auth::outcome_counter("controller")?,
+            reports_ignored: IntGaugeVec::new(
+                Opts::new(
+                    "forewarn_controller_reports_ignored",
+                    "ScheduledEventReports the controller ignores, by reason: over_cap (live reports of a node beyond the most it takes into account), misnamed (scheduledEvent is not the object name of its EventId)",
+                ),
+                &["reason"],
+            )?,
+            reports_over_cap: IntGaugeVec::new(
+                Opts::new(
+                    "forewarn_controller_reports_over_cap",
+                    "Live ScheduledEventReports of a node that the controller ignores because the node has more than it takes into account, by node (at most 20 nodes, those with the most)",
+                ),
+                &["node"],
+            )?,
             caches: Caches::default(),
             counted: std::sync::Arc::default(),
         })
@@ -279,6 +300,8 @@ impl ControllerMetrics {
             Box::new(self.leader.clone()),
             Box::new(self.agent_confinement.clone()),
             Box::new(self.metrics_auth.clone()),
+            Box::new(self.reports_ignored.clone()),
+            Box::new(self.reports_over_cap.clone()),
             Box::new(CacheCollector::new(self.caches.clone())?),
         ])
     }
@@ -301,6 +324,28 @@ impl ControllerMetrics {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         *c = Some((nodes, events));
+    }
+
+    /// Sets the gauges of the reports ignored ([`super::intake::Ignored`]):
+    /// a series per node for the [`OVER_CAP_NODES_LISTED`] nodes with the
+    /// most ignored (then by name); every node counts in the totals.
+    pub fn set_reports_ignored(&self, ignored: &super::intake::Ignored) {
+        let over: usize = ignored.over_cap.values().sum();
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.reports_ignored
+            .with_label_values(&["over_cap"])
+            .set(gauge(over));
+        self.reports_ignored
+            .with_label_values(&["misnamed"])
+            .set(gauge(ignored.misnamed));
+        let mut nodes: Vec<(&String, &usize)> = ignored.over_cap.iter().collect();
+        nodes.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        self.reports_over_cap.reset();
+        for (node, n) in nodes.into_iter().take(OVER_CAP_NODES_LISTED) {
+            self.reports_over_cap
+                .with_label_values(&[node.as_str()])
+                .set(gauge(*n));
+        }
     }
 
     /// Forgets the observed keys of objects whose UID is not in `live`.
@@ -388,6 +433,10 @@ impl ControllerMetrics {
         }
     }
 }
+
+/// How many nodes `forewarn_controller_reports_over_cap` names: a bound on
+/// its series whatever names the reports carry.
+pub const OVER_CAP_NODES_LISTED: usize = 20;
 
 /// `to - from` in seconds, with milliseconds.
 fn seconds_between(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
@@ -1053,6 +1102,38 @@ mod tests {
                 "forewarn_controller_unexpected_restarts_total",
                 "forewarn_controller_webhooks_file_refused"
             ]
+        );
+    }
+
+    #[test]
+    fn reports_over_cap_name_at_most_twenty_nodes_and_count_them_all() {
+        use crate::controller::intake::Ignored;
+        let r = Registry::new();
+        let m = ControllerMetrics::register(&r).expect("register");
+        let over_cap = (0..25).map(|i| (format!("node-{i:02}"), i + 1)).collect();
+        m.set_reports_ignored(&Ignored {
+            over_cap,
+            misnamed: 3,
+        });
+        let total = |reason: &str| m.reports_ignored.with_label_values(&[reason]).get();
+        assert_eq!(total("over_cap"), (1..=25).sum::<i64>());
+        assert_eq!(total("misnamed"), 3);
+        let family = r
+            .gather()
+            .into_iter()
+            .find(|f| f.name() == "forewarn_controller_reports_over_cap")
+            .expect("the per-node gauge");
+        assert_eq!(family.get_metric().len(), OVER_CAP_NODES_LISTED);
+        // Those with the most: node-24 (25) down to node-05 (6).
+        let most = m.reports_over_cap.with_label_values(&["node-24"]).get();
+        assert_eq!(most, 25);
+        // Back under the cap: no node series left, totals 0.
+        m.set_reports_ignored(&Ignored::default());
+        assert_eq!(total("over_cap"), 0);
+        assert!(
+            r.gather()
+                .iter()
+                .all(|f| f.name() != "forewarn_controller_reports_over_cap")
         );
     }
 

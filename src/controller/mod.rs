@@ -12,6 +12,7 @@ pub mod confinement;
 pub mod drain;
 pub mod heartbeats;
 pub mod impact;
+pub mod intake;
 pub mod labels;
 pub mod lease;
 pub mod listing;
@@ -170,9 +171,9 @@ impl Context {
             && self.pods.ready()
     }
 
-    /// The cached reports, by the name of the `ScheduledEvent` they are
-    /// about (read once per reconcile: the event's own and the other
-    /// events' assessments share it).
+    /// Every cached report, by the name of the `ScheduledEvent` it is
+    /// about, none left out (the sweep keeps what any of them names; the
+    /// passes read those taken into account, [`reconcile::Facts`]).
     pub fn reports_by_event(&self) -> ReportsByEvent {
         group_by_event(self.reports.state())
     }

@@ -462,25 +462,38 @@ fn copy_sent_approval(ev: &mut ScheduledEvent, reports: &[Report]) {
 pub struct Facts {
     /// The node cache.
     pub nodes: Vec<Arc<Node>>,
-    /// The reports, by event.
+    /// The reports taken into account, by event ([`super::intake::admit`]).
     pub reports: ReportsByEvent,
     /// Every node's fixed VM (see [`nodes::identities`]).
     ids: nodes::Identities,
+    /// The reports left out, counted.
+    pub ignored: super::intake::Ignored,
 }
 
 impl Facts {
     /// Reads the caches.
     pub fn read(ctx: &Context) -> Self {
         let nodes = ctx.nodes.state();
-        let reports = ctx.reports_by_event();
+        let vm_reports = ctx.vm_reports.state();
+        let fixed = fixed_vms(&vm_reports);
+        // The reports taken into account: a node's reports about its own
+        // fixed VM first (providerID's, else its VirtualMachineReport's).
+        let (reports, ignored) = super::intake::admit(
+            ctx.reports.state(),
+            super::intake::MAX_LIVE_REPORTS_PER_NODE,
+            |n| {
+                nodes.iter().find(|x| x.name_any() == n).and_then(|x| nodes::provider_vm(x)).or_else(|| fixed.get(n).cloned())
+            },
+        );
         let ids = nodes::identities(
             nodes.iter().map(AsRef::as_ref),
-            &fixed_vms(&ctx.vm_reports.state()),
+            &fixed,
             &stated_vms(&reports),
         );
         Facts {
             nodes,
             reports,
+            ignored,
             ids,
         }
     }
@@ -512,13 +525,20 @@ fn contents(built: &trust::Built) -> Vec<(&ScheduledEventSpec, &str)> {
 /// The other unfinished events that map to each node and whose policy
 /// cordons it, from the controller's cache of `ScheduledEvent`s (an event
 /// whose spec is over still claims the nodes whose own agents report it
-/// live, see [`trust::Dissent`]).
-fn claims(me: &str, ctx: &Context, facts: &Facts) -> HashMap<String, Vec<String>> {
+/// live, see [`trust::Dissent`]). Only the events whose reports name one of
+/// `vms` (lower case: the VMs of the nodes this pass handles) are judged: a
+/// pass does not judge every event of the cluster.
+fn claims(
+    me: &str,
+    vms: &std::collections::HashSet<String>,
+    ctx: &Context,
+    facts: &Facts,
+) -> HashMap<String, Vec<String>> {
     let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
     let policy = ctx.policy();
     for other in ctx.events.state() {
         let name = other.name_any();
-        if name == me {
+        if name == me || !names_any(&facts.reports, &name, vms) {
             continue;
         }
         let (reports, _) = reports_about(&facts.reports, &name);
@@ -568,6 +588,24 @@ fn claims(me: &str, ctx: &Context, facts: &Facts) -> HashMap<String, Vec<String>
         }
     }
     by_node
+}
+
+/// Whether a report about the event `name` names one of `vms` (lower case)
+/// among its `Resources`: every node an event's content maps to is so named.
+fn names_any(
+    reports: &ReportsByEvent,
+    name: &str,
+    vms: &std::collections::HashSet<String>,
+) -> bool {
+    reports.get(name).is_some_and(|rs| {
+        rs.iter().any(|r| {
+            r.spec
+                .report
+                .resources
+                .iter()
+                .any(|vm| vms.contains(&vm.to_ascii_lowercase()))
+        })
+    })
 }
 
 /// What [`observe`] saw: the event's own view, the dissenting nodes with
@@ -708,7 +746,20 @@ async fn observe(
                 .drains()
         })
         .collect();
-    let claims = claims(&me, ctx, facts);
+    // The VMs a node handled here may go by (mapped, stated, providerID's).
+    let vms: std::collections::HashSet<String> = wanted
+        .iter()
+        .flat_map(|(node, vm, ..)| {
+            [
+                Some(vm.clone()),
+                facts.vm_of(node),
+            ]
+        })
+        .flatten()
+        .filter(|vm| !vm.is_empty())
+        .map(|vm| vm.to_ascii_lowercase())
+        .collect();
+    let claims = claims(&me, &vms, ctx, facts);
     // A finished event's record is frozen; pods are read only for nodes it
     // never recorded, so that the record says what was there. The lists
     // run side by side (an event may name hundreds of VMs), in order.
