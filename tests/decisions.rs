@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use forewarn::crd::{CONTROLLER_MANAGER, ScheduledEvent};
-use forewarn_harness::cluster::{Cluster, helm_bin, repo_root};
+use forewarn_harness::cluster::{Cluster, helm_bin};
 use serde_json::{Value, json};
 
 const CLUSTER: &str = "forewarn-decisions";
@@ -27,6 +27,10 @@ const CONTROLLER_SA: &str = "forewarn-controller";
 /// The chart's ValidatingAdmissionPolicy confining the agents (the
 /// controller checks it at start, --agent-policy).
 const AGENT_POLICY: &str = "forewarn-agent-reports";
+/// The chart's ValidatingAdmissionPolicy, and its binding (same name), by
+/// which no one but the controller's ServiceAccount writes as its field
+/// manager.
+const DECISIONS_POLICY: &str = "forewarn-controller-decisions";
 /// The event of tests/fixtures/platform-redeploy.yaml, and the node whose
 /// VM it names.
 const REDEPLOY: &str = "0C3B5B7E-2D0B-4D39-9B51-6A1F0E2D7A01";
@@ -130,6 +134,13 @@ impl Kubectl {
     }
 }
 
+/// This repository's root. Not the harness's `repo_root`: that is fixed
+/// when the harness is built, and a target directory shared by several
+/// checkouts may hold one built from another checkout.
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
 /// One cluster for the whole test binary; the tests take turns on it.
 fn cluster() -> (MutexGuard<'static, ()>, Cluster) {
     static TURN: Mutex<()> = Mutex::new(());
@@ -197,6 +208,45 @@ fn install(k: &Kubectl, c: &Cluster) {
         "180s",
     ]);
     assert!(out.ok, "helm install failed:\n{}{}", out.stdout, out.stderr);
+    decisions_policy_in_force(k);
+}
+
+/// Waits until the chart's controller-decisions policy is type-checked,
+/// without warnings, and in force: a server dry run of a create as the
+/// controller's field manager by the administrator is refused. The API
+/// server loads a new policy a moment after helm created it.
+fn decisions_policy_in_force(k: &Kubectl) {
+    let status = eventually("the policy type-checked", Duration::from_secs(60), || {
+        let p = k.json(&["get", "validatingadmissionpolicy", DECISIONS_POLICY]);
+        (p["status"]["observedGeneration"] == p["metadata"]["generation"])
+            .then(|| p["status"].clone())
+    });
+    assert!(
+        status["typeChecking"]["expressionWarnings"].is_null(),
+        "{DECISIONS_POLICY}: type-checking warnings: {}",
+        status["typeChecking"]
+    );
+    let probe = json!({
+        "apiVersion": "forewarn.dev/v1alpha1", "kind": "ScheduledEvent",
+        "metadata": {"name": "d0000000-0000-4000-8000-0000000000ff"},
+        "spec": {"eventId": "D0000000-0000-4000-8000-0000000000FF", "eventType": "Reboot",
+                 "eventStatus": "Scheduled", "resources": ["vm_0"]},
+    })
+    .to_string();
+    eventually("the policy in force", Duration::from_secs(60), || {
+        let out = k.run(
+            &[
+                "create",
+                "--dry-run=server",
+                "--field-manager",
+                CONTROLLER_MANAGER,
+                "-f",
+                "-",
+            ],
+            Some(&probe),
+        );
+        (!out.ok && out.stderr.contains(REFUSAL)).then_some(())
+    });
 }
 
 /// A kubeconfig that authenticates with `token` only.
@@ -412,7 +462,17 @@ fn write(
 
 /// The `ScheduledEvent` `name` as JSON, if it exists.
 fn get(k: &Kubectl, name: &str) -> Option<Value> {
-    let out = k.run(&["get", "scheduledevent", name, "-o", "json"], None);
+    let out = k.run(
+        &[
+            "get",
+            "scheduledevent",
+            name,
+            "-o",
+            "json",
+            "--show-managed-fields",
+        ],
+        None,
+    );
     out.ok
         .then(|| serde_json::from_str(&out.stdout).expect("kubectl printed JSON"))
 }
@@ -708,6 +768,11 @@ fn only_the_controller_may_write_as_its_field_manager() {
     .expect("the controller writes the status");
     let before = get(&k, &name).expect("the event");
     let entries = controller_entries(&before);
+    assert_eq!(
+        entries.len(),
+        2,
+        "the controller's create and status apply: {entries:?}"
+    );
     // The same second as the controller's own write, or not: the time of
     // its entry is not what refuses (below).
     let decision = json!({"approval": {"decidedAt": rfc3339(Utc::now()), "reason": "forged",
