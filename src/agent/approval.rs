@@ -22,13 +22,21 @@
 //! The fallback delay runs on the agent's own clock, from when it first saw
 //! the decision, never from the controller's `decidedAt`: two machines'
 //! clocks may disagree by more than the delay.
+//!
+//! Only the controller's decision is sent: anyone with write on the status
+//! can write an approval, so the object's `metadata.managedFields` must
+//! show that the controller's own status apply wrote every field of it
+//! and no one else any ([`author`]). The chart's admission policy keeps
+//! anyone but the controller's ServiceAccount from writing as the
+//! controller's field manager, which the managed fields alone cannot tell.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{Notify, mpsc, watch};
@@ -37,7 +45,7 @@ use tracing::{debug, info, warn};
 
 use super::metrics::AgentMetrics;
 use super::{error_chain, reports, truncate};
-use crate::crd::{Approval, Report, ScheduledEvent, SentApproval};
+use crate::crd::{Approval, CONTROLLER_MANAGER, Report, ScheduledEvent, SentApproval};
 use crate::imds::client::Client as ImdsClient;
 use crate::imds::model::{Document, Event, EventStatus, EventType};
 use crate::kubeclient::watch_backoff;
@@ -50,6 +58,90 @@ pub fn decision(approval: Option<&Approval>) -> Option<(u32, &str)> {
     let a = approval?;
     a.decided_at?;
     Some((a.appearance?, a.digest.as_deref()?))
+}
+
+/// Who wrote a `ScheduledEvent`'s `status.approval`, as its
+/// `metadata.managedFields` record it ([`author`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Author {
+    /// No approval, or one without a field.
+    Nobody,
+    /// The controller's own status apply, alone.
+    Controller,
+    /// Someone else, in whole or in part: each writer as `manager
+    /// (operation, subresource)`, or `no field manager` when no entry owns
+    /// a field the approval holds (`managedFields` cleared or rewritten).
+    Foreign(Vec<String>),
+}
+
+impl Author {
+    /// The writers named in one line, for logs, Events and conditions.
+    pub fn describe(&self) -> String {
+        match self {
+            Author::Nobody => "nobody".into(),
+            Author::Controller => format!("{CONTROLLER_MANAGER} (Apply, status)"),
+            Author::Foreign(who) => who.join(", "),
+        }
+    }
+}
+
+/// Who wrote `approval`, the `status.approval` of an object whose
+/// `metadata.managedFields` are `managed`: [`Author::Controller`] only when
+/// the entry of manager `forewarn-controller`, operation `Apply`,
+/// subresource `status` (the controller's status write) owns every field
+/// the approval holds (`f:status` → `f:approval` → `f:<field>`) and no
+/// other entry owns any field of it (a `kubectl patch --subresource status`
+/// takes the fields it changes, a forced apply those it sets). An entry's
+/// `.` (it made the approval exist) is not a field.
+///
+/// The managed fields name the manager a client chose: a write made as
+/// `forewarn-controller` by someone else reads as the controller's, which
+/// the chart's admission policy refuses.
+pub fn author(managed: &[ManagedFieldsEntry], approval: Option<&Approval>) -> Author {
+    let held: BTreeSet<String> = approval
+        .and_then(|a| serde_json::to_value(a).ok())
+        .and_then(|v| {
+            v.as_object()
+                .map(|m| m.keys().map(|k| format!("f:{k}")).collect())
+        })
+        .unwrap_or_default();
+    if held.is_empty() {
+        return Author::Nobody;
+    }
+    let mut by_controller: BTreeSet<&str> = BTreeSet::new();
+    let mut foreign: BTreeSet<String> = BTreeSet::new();
+    for entry in managed {
+        let Some(fields) = entry
+            .fields_v1
+            .as_ref()
+            .and_then(|f| f.0.get("f:status"))
+            .and_then(|s| s.get("f:approval"))
+            .and_then(serde_json::Value::as_object)
+        else {
+            continue;
+        };
+        let owned = fields.keys().filter(|k| k.as_str() != ".");
+        let manager = entry.manager.as_deref().unwrap_or_default();
+        let operation = entry.operation.as_deref().unwrap_or_default();
+        let subresource = entry.subresource.as_deref().unwrap_or_default();
+        if manager == CONTROLLER_MANAGER && operation == "Apply" && subresource == "status" {
+            by_controller.extend(owned.map(String::as_str));
+        } else if owned.count() > 0 {
+            let subresource = if subresource.is_empty() {
+                "main resource"
+            } else {
+                subresource
+            };
+            foreign.insert(format!("{manager} ({operation}, {subresource})"));
+        }
+    }
+    if foreign.is_empty() && held.iter().all(|f| by_controller.contains(f.as_str())) {
+        return Author::Controller;
+    }
+    if foreign.is_empty() {
+        foreign.insert("no field manager".into());
+    }
+    Author::Foreign(foreign.into_iter().collect())
 }
 
 /// Whether the agent of VM `my_vm`, whose own report about `event` is
@@ -153,6 +245,10 @@ pub struct Approver {
     /// appearance (its own monotonic clock, for the fallback delay; only
     /// events listed `Scheduled`).
     decisions: HashMap<(String, u32), Instant>,
+    /// The object versions (name, resourceVersion) whose approval was
+    /// refused as not the controller's, each logged and counted once (only
+    /// events listed `Scheduled`).
+    refused: HashSet<(String, String)>,
 }
 
 impl Approver {
@@ -184,6 +280,7 @@ impl Approver {
             watches: Watches::Named(HashMap::new()),
             attempts: HashMap::new(),
             decisions: HashMap::new(),
+            refused: HashSet::new(),
         }
     }
 
@@ -223,6 +320,7 @@ impl Approver {
         self.watch_only(&names);
         self.attempts.retain(|n, _| names.contains(n));
         self.decisions.retain(|(n, _), _| names.contains(n));
+        self.refused.retain(|(n, _)| names.contains(n));
         for ev in scheduled {
             let name = ev.object_name();
             // Only what this agent has reported of this very listing: the
@@ -238,6 +336,9 @@ impl Approver {
             let key = (name.clone(), mine.appearance);
             if decision(approval).is_none() {
                 self.decisions.remove(&key);
+                continue;
+            }
+            if let Author::Foreign(_) = self.refuse_foreign(&name, &obj, approval) {
                 continue;
             }
             let first_seen = *self.decisions.entry(key).or_insert_with(|| {
@@ -292,6 +393,33 @@ impl Approver {
                 },
             ));
         }
+    }
+
+    /// Who wrote the approval of `obj` ([`author`]); a decision someone
+    /// other than the controller wrote is refused, logged and counted once
+    /// per version of the object.
+    fn refuse_foreign(
+        &mut self,
+        name: &str,
+        obj: &ScheduledEvent,
+        approval: Option<&Approval>,
+    ) -> Author {
+        let by = author(
+            obj.metadata.managed_fields.as_deref().unwrap_or_default(),
+            approval,
+        );
+        if let Author::Foreign(_) = &by {
+            let version = obj.metadata.resource_version.clone().unwrap_or_default();
+            if self.refused.insert((name.to_owned(), version)) {
+                self.metrics.foreign_decisions.inc();
+                warn!(
+                    event = %name,
+                    written_by = %by.describe(),
+                    "Refusing to send an approval the controller did not write (status.approval is not its field manager's alone)"
+                );
+            }
+        }
+        by
     }
 
     fn object(&self, name: &str) -> Option<Arc<ScheduledEvent>> {
@@ -490,6 +618,148 @@ mod tests {
     const FALLBACK: Duration = Duration::from_secs(5);
 
     const JUST_SEEN: Duration = Duration::ZERO;
+
+    /// `metadata.managedFields` as the API server writes them.
+    fn managed(entries: serde_json::Value) -> Vec<ManagedFieldsEntry> {
+        serde_json::from_value(entries).expect("managedFields")
+    }
+
+    fn decision_fields() -> Approval {
+        Approval {
+            decided_at: Some(Utc::now()),
+            reason: Some("all 1 affected nodes drained".into()),
+            appearance: Some(1),
+            digest: Some("d".into()),
+            ..Default::default()
+        }
+    }
+
+    /// The controller's writes: its spec apply (main resource) and its
+    /// status apply (subresource `status`), the latter owning the approval.
+    fn controller_entries() -> serde_json::Value {
+        serde_json::json!([
+            {"manager": "forewarn-controller", "operation": "Apply",
+             "apiVersion": "forewarn.dev/v1alpha1", "time": "2026-01-01T00:00:00Z",
+             "fieldsType": "FieldsV1",
+             "fieldsV1": {"f:spec": {"f:eventId": {}, "f:eventType": {}, "f:resources": {}}}},
+            {"manager": "forewarn-controller", "operation": "Apply",
+             "apiVersion": "forewarn.dev/v1alpha1", "time": "2026-01-01T00:00:05Z",
+             "fieldsType": "FieldsV1", "subresource": "status",
+             "fieldsV1": {"f:status": {"f:phase": {}, "f:approval": {
+                 "f:appearance": {}, "f:decidedAt": {}, "f:digest": {}, "f:reason": {}}}}},
+        ])
+    }
+
+    #[test]
+    fn the_controllers_status_apply_is_its_decision() {
+        let a = decision_fields();
+        let m = managed(controller_entries());
+        assert_eq!(author(&m, Some(&a)), Author::Controller);
+        // No approval, or an empty one: nobody's decision.
+        assert_eq!(author(&m, None), Author::Nobody);
+        assert_eq!(author(&m, Some(&Approval::default())), Author::Nobody);
+        // The controller's entry must own every field held: one it does
+        // not own (sentBy) makes the approval not its own.
+        let mut more = a.clone();
+        more.sent_by = Some("node-0".into());
+        assert_eq!(
+            author(&m, Some(&more)),
+            Author::Foreign(vec!["no field manager".into()])
+        );
+        // managedFields cleared by someone: no proof of the writer.
+        assert_eq!(
+            author(&[], Some(&a)),
+            Author::Foreign(vec!["no field manager".into()])
+        );
+    }
+
+    #[test]
+    fn a_status_patch_by_hand_is_not_the_controllers_decision() {
+        let a = decision_fields();
+        // `kubectl patch --subresource status --type merge` of a whole
+        // approval on a status the controller wrote without one.
+        let mut entries = controller_entries();
+        entries[1]["fieldsV1"] = serde_json::json!({"f:status": {"f:phase": {}}});
+        entries.as_array_mut().unwrap().push(serde_json::json!(
+            {"manager": "kubectl-patch", "operation": "Update",
+             "apiVersion": "forewarn.dev/v1alpha1", "time": "2026-01-01T00:00:07Z",
+             "fieldsType": "FieldsV1", "subresource": "status",
+             "fieldsV1": {"f:status": {"f:approval": {
+                 ".": {}, "f:appearance": {}, "f:decidedAt": {}, "f:digest": {}, "f:reason": {}}}}}
+        ));
+        assert_eq!(
+            author(&managed(entries), Some(&a)),
+            Author::Foreign(vec!["kubectl-patch (Update, status)".into()])
+        );
+        // The same patch of one field of the controller's decision (its
+        // digest): the patch takes that field, the rest stays the
+        // controller's; still not its decision.
+        let mut entries = controller_entries();
+        entries[1]["fieldsV1"]["f:status"]["f:approval"]
+            .as_object_mut()
+            .unwrap()
+            .remove("f:digest");
+        entries.as_array_mut().unwrap().push(serde_json::json!(
+            {"manager": "kubectl-patch", "operation": "Update",
+             "apiVersion": "forewarn.dev/v1alpha1", "time": "2026-01-01T00:00:07Z",
+             "fieldsType": "FieldsV1", "subresource": "status",
+             "fieldsV1": {"f:status": {"f:approval": {"f:digest": {}}}}}
+        ));
+        assert_eq!(
+            author(&managed(entries), Some(&a)),
+            Author::Foreign(vec!["kubectl-patch (Update, status)".into()])
+        );
+        // A patch as `--field-manager forewarn-controller`: an Update, not
+        // the controller's apply.
+        let mut entries = controller_entries();
+        entries[1]["fieldsV1"] = serde_json::json!({"f:status": {"f:phase": {}}});
+        entries.as_array_mut().unwrap().push(serde_json::json!(
+            {"manager": "forewarn-controller", "operation": "Update",
+             "apiVersion": "forewarn.dev/v1alpha1", "time": "2026-01-01T00:00:07Z",
+             "fieldsType": "FieldsV1", "subresource": "status",
+             "fieldsV1": {"f:status": {"f:approval": {
+                 ".": {}, "f:appearance": {}, "f:decidedAt": {}, "f:digest": {}, "f:reason": {}}}}}
+        ));
+        assert_eq!(
+            author(&managed(entries), Some(&a)),
+            Author::Foreign(vec!["forewarn-controller (Update, status)".into()])
+        );
+        // A forced apply by another manager of one field: co-owned, not the
+        // controller's alone.
+        let mut entries = controller_entries();
+        entries.as_array_mut().unwrap().push(serde_json::json!(
+            {"manager": "mallory", "operation": "Apply",
+             "apiVersion": "forewarn.dev/v1alpha1", "time": "2026-01-01T00:00:07Z",
+             "fieldsType": "FieldsV1", "subresource": "status",
+             "fieldsV1": {"f:status": {"f:approval": {"f:reason": {}}}}}
+        ));
+        assert_eq!(
+            author(&managed(entries), Some(&a)),
+            Author::Foreign(vec!["mallory (Apply, status)".into()])
+        );
+        // Another manager that made the approval exist (`.`) and owns none
+        // of its fields any more does not taint it.
+        let mut entries = controller_entries();
+        entries.as_array_mut().unwrap().push(serde_json::json!(
+            {"manager": "kubectl-patch", "operation": "Update",
+             "apiVersion": "forewarn.dev/v1alpha1", "time": "2026-01-01T00:00:07Z",
+             "fieldsType": "FieldsV1", "subresource": "status",
+             "fieldsV1": {"f:status": {"f:approval": {".": {}}}}}
+        ));
+        assert_eq!(author(&managed(entries), Some(&a)), Author::Controller);
+    }
+
+    #[test]
+    fn an_apply_as_the_controllers_field_manager_cannot_be_told_apart() {
+        // `kubectl apply --server-side --subresource status --field-manager
+        // forewarn-controller --force-conflicts` by someone else merges into
+        // the controller's own entry: the managed fields read as the
+        // controller's decision. The chart's admission policy refuses such
+        // a write from anyone but the controller's ServiceAccount.
+        let a = decision_fields();
+        let entries = controller_entries();
+        assert_eq!(author(&managed(entries), Some(&a)), Author::Controller);
+    }
 
     #[test]
     fn fallback_delays_are_spread_over_one_to_two_times_the_base() {

@@ -30,6 +30,9 @@ pub struct AgentMetrics {
     pub mirror_writes: IntCounterVec,
     /// Approval (`StartRequests`) POSTs by `result`: `ok`, `error`.
     pub approvals: IntCounterVec,
+    /// Approval decisions refused because the controller did not write
+    /// them (see [`super::approval::author`]), once per object version.
+    pub foreign_decisions: IntCounter,
     /// Events in the last good IMDS document.
     pub events: IntGauge,
     /// Entries of `Events` rejected as malformed, counted once per document change.
@@ -89,6 +92,10 @@ impl AgentMetrics {
                 ),
                 &["result"],
             )?,
+            foreign_decisions: IntCounter::new(
+                "forewarn_agent_foreign_decisions_total",
+                "Approval decisions in a ScheduledEvent's status that the controller did not write, refused (once per object version)",
+            )?,
             events: IntGauge::new(
                 "forewarn_agent_imds_events",
                 "Events in the last good IMDS document",
@@ -112,6 +119,7 @@ impl AgentMetrics {
             Box::new(self.imds_last_success.clone()),
             Box::new(self.mirror_writes.clone()),
             Box::new(self.approvals.clone()),
+            Box::new(self.foreign_decisions.clone()),
             Box::new(self.events.clone()),
             Box::new(self.events_rejected.clone()),
             Box::new(self.backoffs.clone()),

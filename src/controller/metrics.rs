@@ -60,6 +60,9 @@ pub struct ControllerMetrics {
     /// Restarts of nodes (a change of their `bootID`) that no event in its
     /// impact window announced, seen by the leader.
     pub unexpected_restarts: IntCounter,
+    /// Approvals found in a `ScheduledEvent`'s status that the controller
+    /// did not write, ignored and cleared (see [`super::foreign`]).
+    pub foreign_decisions: IntCounter,
     /// Webhook deliveries by `webhook` (its name in the webhooks file),
     /// `notification` and `result`: `delivered`, `retried`, `failed`,
     /// `rejected`, `dropped` (see [`super::webhooks`]).
@@ -174,6 +177,10 @@ impl ControllerMetrics {
                 "forewarn_controller_unexpected_restarts_total",
                 "Node restarts (a change of the Node's bootID) outside the impact window of any event that announces one",
             )?,
+            foreign_decisions: IntCounter::new(
+                "forewarn_controller_foreign_decisions_total",
+                "Approvals in a ScheduledEvent's status that the controller did not write, ignored and cleared",
+            )?,
             webhook_deliveries: counter(
                 "forewarn_controller_webhook_deliveries_total",
                 "Webhook deliveries, by webhook, notification and result: delivered, retried (one per retry), failed (every attempt failed), rejected (a 4xx), dropped (queue full)",
@@ -282,6 +289,7 @@ impl ControllerMetrics {
             Box::new(self.evictions.clone()),
             Box::new(self.node_writes.clone()),
             Box::new(self.unexpected_restarts.clone()),
+            Box::new(self.foreign_decisions.clone()),
             Box::new(self.webhook_deliveries.clone()),
             Box::new(self.approvals_decided.clone()),
             Box::new(self.drains_incomplete.clone()),

@@ -106,6 +106,13 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         );
         report::clear_approval(&ev, &ctx).await?;
     }
+    // An approval the controller did not write is no decision of its own:
+    // never carried on from, removed and reported.
+    let foreign = if anew {
+        None
+    } else {
+        super::foreign::ignore(&stored, &mut ev, &ctx).await?
+    };
     copy_sent_approval(&mut ev, &reports);
     let last_report = last_report.or_else(|| {
         ev.metadata
@@ -220,6 +227,13 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
     {
         a.decided_at = Some(Utc::now());
     }
+    super::foreign::record(
+        &mut status,
+        ev.status.as_ref(),
+        foreign.as_deref(),
+        ev.metadata.generation,
+        now,
+    );
     // What happened to the nodes: restarts, and a freeze's heartbeat gap.
     super::impact::observe_and_record(&ev, &mut status, &snapshots, &ctx, now);
     if ctx.dry_run {

@@ -80,6 +80,15 @@ nothing on a pod but its notice annotations.
 {{- end }}
 
 {{/*
+The ValidatingAdmissionPolicy (and binding) that lets no one but the
+controller's ServiceAccount write as the controller's field manager on a
+ScheduledEvent.
+*/}}
+{{- define "forewarn.controllerDecisionPolicyName" -}}
+{{- printf "%s-controller-decisions" (include "forewarn.fullname" .) }}
+{{- end }}
+
+{{/*
 "true" when the cluster serves admissionregistration.k8s.io/v1
 ValidatingAdmissionPolicy (Kubernetes >= 1.30), else empty. `helm install`
 and `helm upgrade` ask the cluster; `helm template` and `helm lint` know only
