@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use forewarn::crd::{AGENT_MANAGER, ScheduledEvent, ScheduledEventReport};
 use forewarn::imds::mock::LogEntry;
-use forewarn_harness::cluster::{Cluster, client_for, helm_bin, repo_root};
+use forewarn_harness::cluster::{Cluster, client_for, helm_bin};
 use forewarn_harness::procs::{Credentials, Fleet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
@@ -105,8 +105,11 @@ pub fn helm(args: &[&str]) -> Out {
     run(&helm_bin(), args, &env, None)
 }
 
+/// The chart of this checkout (the test crate's own, not the harness's
+/// `repo_root`, which a target directory shared between checkouts may have
+/// built from another).
 pub fn chart_dir() -> String {
-    repo_root()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("charts/forewarn")
         .to_string_lossy()
         .into_owned()
@@ -352,13 +355,12 @@ impl Rig {
             .build()
             .expect("runtime");
         let client = rt.block_on(c.client()).expect("admin client");
-        let dir = repo_root().join("target/adversary").join(name);
+        let dir = out_dir().join(name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("log dir");
 
-        for kind in ["scheduledevents", "scheduledeventreports"] {
-            k.ok(&["delete", kind, "--all", "--wait=true", "--timeout=60s"]);
-        }
+        rt.block_on(delete_all::<ScheduledEvent>(&client));
+        rt.block_on(delete_all::<ScheduledEventReport>(&client));
         k.run(
             &["delete", "lease", "-n", NS, LEASE, "--ignore-not-found"],
             None,
@@ -610,6 +612,38 @@ impl Drop for Rig {
     }
 }
 
+/// Deletes every object of kind `K` (one collection delete: a flood's
+/// thousand reports one by one would take kubectl minutes) and waits until
+/// none is left.
+async fn delete_all<K>(client: &Client)
+where
+    K: kube::Resource<Scope = kube::core::ClusterResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let kind = K::kind(&());
+    api.delete_collection(&kube::api::DeleteParams::default(), &ListParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete every {kind}: {e}"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = api
+            .list_metadata(&ListParams::default().limit(1))
+            .await
+            .unwrap_or_else(|e| panic!("list {kind}: {e}"));
+        if left.items.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{kind}s left 60 s after their deletion"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// The mock's scenario: the VMs of `agents` and `events`.
 fn scenario_yaml(agents: &[(String, String)], events: &[MockEvent<'_>]) -> String {
     let mut s = String::from("description: adversary suite\nvms:\n");
@@ -658,14 +692,20 @@ impl Attacker {
         .map_err(refusal)
     }
 
-    /// Writes `obj` (a `VirtualMachineReport`) as this node's agent does.
-    pub fn apply_vm_report(&self, rt: &tokio::runtime::Runtime, obj: &Value) -> Result<(), String> {
+    /// Writes this node's `VirtualMachineReport` stating `vm`, as its
+    /// agent does at start.
+    pub fn state_vm(&self, rt: &tokio::runtime::Runtime, vm: &str) -> Result<(), String> {
         let api: Api<forewarn::topology::VirtualMachineReport> = Api::all(self.client.clone());
-        let name = obj["metadata"]["name"].as_str().expect("a named report");
+        let obj = serde_json::json!({
+            "apiVersion": "forewarn.dev/v1alpha1",
+            "kind": "VirtualMachineReport",
+            "metadata": {"name": self.node},
+            "spec": {"node": self.node, "vm": vm, "platformFaultDomain": "0", "platformUpdateDomain": "0"},
+        });
         rt.block_on(api.patch(
-            name,
+            &self.node,
             &PatchParams::apply(AGENT_MANAGER).force(),
-            &Patch::Apply(obj),
+            &Patch::Apply(&obj),
         ))
         .map(|_| ())
         .map_err(refusal)
