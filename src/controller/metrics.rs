@@ -1105,6 +1105,7 @@ mod tests {
             names,
             [
                 "forewarn_agent_confinement_installed",
+                "forewarn_controller_foreign_decisions_total",
                 "forewarn_controller_leader",
                 "forewarn_controller_policy_file_refused",
                 "forewarn_controller_unexpected_restarts_total",
