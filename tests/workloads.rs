@@ -476,7 +476,7 @@ async fn a_freeze_approved_at_once_is_noticed_before_its_approval() {
 /// short that the wait (300 s by default) ends at the drain deadline
 /// (`NotBefore` minus the policy's `drainMarginSeconds`, 30 s here: what an
 /// approval at the deadline has to reach IMDS before `NotBefore`) instead:
-/// there the policy's `onDeadline` decides (issue 16, item 4). `Approve`: the approval reaches IMDS at the
+/// there the policy's `onDeadline` decides. `Approve`: the approval reaches IMDS at the
 /// deadline, not before, and `DrainIncomplete` (`ApprovedIncomplete`)
 /// names the pod. `Hold`: no approval reaches IMDS at all, and the
 /// condition says the deadline passed with the pod unacknowledged.
