@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Runs forewarn's test suites side by side: the unit tests and every
-# end-to-end test binary it finds in tests/*.rs (each starts a local cluster
-# of its own name), plus the real-node binaries (those whose [[test]] entry in
-# Cargo.toml requires the feature `real-node`) when the machine allows it.
-# Each suite's output goes to target/test-logs/<suite>.log and is printed
-# whole when the suite ends. At the end it prints one table (suite, passed,
-# failed, seconds) and fails if any suite failed, or ran no test at all (a
-# suite that runs 0 tests proves nothing), naming them.
+# Runs forewarn's test suites, a few at a time (FOREWARN_TEST_JOBS), longest
+# first: the unit tests and every end-to-end test binary it finds in
+# tests/*.rs (each starts a local cluster of its own name), plus the
+# real-node binaries (those whose [[test]] entry in Cargo.toml requires the
+# feature `real-node`) when the machine allows it. Each suite's output goes
+# to target/test-logs/<suite>.log and is printed whole when the suite ends.
+# At the end it prints one table (suite, passed, failed, when it started,
+# seconds) with the run's peak load, and fails if any suite failed, or ran no
+# test at all (a suite that runs 0 tests proves nothing), naming them.
 #
 # Every cluster's API server writes an audit log by hack/audit-policy.yaml
 # (a suite may set its own policy, as tests/faults.rs does). When the other
@@ -21,6 +22,8 @@
 #   FOREWARN_SKIP_REAL_NODE=1  skip the real-node binaries (machines without
 #                              root or unshare); without it, a machine that
 #                              cannot run them fails loudly.
+#   FOREWARN_TEST_JOBS=N       suites run at once (default 4, measured on 2
+#                              cores: see the comment above the slots)
 #   CARGO                      cargo binary (default: cargo)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -69,7 +72,6 @@ teardown() {
     bash hack/cluster.sh down --name "$c" >>"$logs/teardown.log" 2>&1 || true
   done
 }
-trap teardown EXIT
 
 echo "[test] building the tests"
 $cargo build --bin forewarn || exit 1
@@ -87,27 +89,55 @@ if [[ "${FOREWARN_SKIP_REAL_NODE:-}" != 1 && -n $real_tests ]]; then
     { cat "$logs/real_node-build.log"; echo "[test] FAILED: the real node cannot be built here (FOREWARN_SKIP_REAL_NODE=1 skips it on machines without root or unshare)"; exit 1; }
 fi
 
-declare -A pid took
-started=$SECONDS
-echo "[test] suites: ${suites[*]}"
-for s in "${suites[@]}"; do
-  if [[ $s == lib ]]; then
-    $cargo test --workspace --lib >"$logs/$s.log" 2>&1 &
-  else
-    $cargo test --test "$s" >"$logs/$s.log" 2>&1 &
-  fi
-  pid[$s]=$!
-done
+# Bounded parallelism, longest first. Every end-to-end suite runs a control
+# plane of its own (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kwok) plus forewarn's processes, so each adds about one
+# runnable process to the load; running all at once put the 1-minute load
+# near 14 on 2 cores and stretched every wait in every test. The slots
+# (FOREWARN_TEST_JOBS) are chosen from measured runs so that the load stays
+# near the core count; the longest suites start first so that the short ones
+# fill the gaps at the end instead of one long suite running on its own.
+# The order comes from hack/test-durations.tsv (seconds each suite took in a
+# measured run); a suite missing from it goes first, as if it were the
+# longest, since nothing says it is short.
+jobs=${FOREWARN_TEST_JOBS:-4}
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "[test] FOREWARN_TEST_JOBS must be a positive integer, not '$jobs'"; exit 1; }
+declare -A expected
+if [[ -f hack/test-durations.tsv ]]; then
+  while read -r name secs; do
+    [[ -z $name || $name == \#* ]] && continue
+    expected[$name]=$secs
+  done <hack/test-durations.tsv
+fi
 
 real_node=skip
 if [[ "${FOREWARN_SKIP_REAL_NODE:-}" == 1 ]]; then
   echo "[test] FOREWARN_SKIP_REAL_NODE=1: the real-node binaries ($real_tests) are skipped"
 elif [[ -n $real_tests ]]; then
   real_node=run
-  FOREWARN_REAL_TESTS="$real_tests" bash hack/real-node.sh test >"$logs/real_node.log" 2>&1 &
-  pid[real_node]=$!
   suites+=(real_node)
 fi
+mapfile -t queue < <(for s in "${suites[@]}"; do echo "${expected[$s]:-999999} $s"; done | sort -k1,1nr -k2 | awk '{ print $2 }')
+
+start_suite() {
+  local s=$1
+  case $s in
+    lib) $cargo test --workspace --lib >"$logs/$s.log" 2>&1 & ;;
+    real_node) FOREWARN_REAL_TESTS="$real_tests" bash hack/real-node.sh test >"$logs/real_node.log" 2>&1 & ;;
+    *) $cargo test --test "$s" >"$logs/$s.log" 2>&1 & ;;
+  esac
+  pid[$s]=$!
+  began[$s]=$SECONDS
+}
+
+# The load, sampled every 2 s for the table's peak.
+( while :; do read -r l1 _ </proc/loadavg; echo "$SECONDS $l1"; sleep 2; done ) >"$logs/load.log" 2>/dev/null &
+sampler=$!
+trap 'kill $sampler 2>/dev/null; teardown' EXIT
+
+declare -A pid took began
+started=$SECONDS
+echo "[test] suites, longest first, $jobs at a time: ${queue[*]}"
 
 # passed and failed test counts of one libtest output (every "test result:"
 # line in it summed).
@@ -117,35 +147,42 @@ counts() {
 }
 
 failed=()
-remaining=("${suites[@]}")
-while ((${#remaining[@]})); do
+running=()
+while ((${#queue[@]} + ${#running[@]})); do
+  while ((${#running[@]} < jobs && ${#queue[@]})); do
+    start_suite "${queue[0]}"
+    running+=("${queue[0]}")
+    queue=("${queue[@]:1}")
+  done
   next=()
-  for s in "${remaining[@]}"; do
+  for s in "${running[@]}"; do
     if kill -0 "${pid[$s]}" 2>/dev/null; then
       next+=("$s")
       continue
     fi
     wait "${pid[$s]}"
     rc=$?
-    took[$s]=$((SECONDS - started))
+    took[$s]=$((SECONDS - began[$s]))
     echo
-    echo "================ $s (exit $rc, ${took[$s]} s) ================"
+    echo "================ $s (exit $rc, ${took[$s]} s, started at +$((began[$s] - started)) s) ================"
     cat "$logs/$s.log"
     ((rc == 0)) || failed+=("$s")
   done
-  remaining=("${next[@]}")
-  ((${#remaining[@]})) && sleep 1
+  running=("${next[@]}")
+  ((${#running[@]})) && sleep 1
 done
 
 # The audit suite, alone, once every other suite has ended and every
 # cluster of this run is down (its log kept).
 teardown
 echo "[test] audit logs kept: $(cd "$audit_dir" && ls -- *.audit.log 2>/dev/null | tr '\n' ' ')"
+began[audit]=$SECONDS
 $cargo test --test audit >"$logs/audit.log" 2>&1
 rc=$?
-took[audit]=$((SECONDS - started))
+took[audit]=$((SECONDS - began[audit]))
+kill $sampler 2>/dev/null
 echo
-echo "================ audit (exit $rc, ${took[audit]} s) ================"
+echo "================ audit (exit $rc, ${took[audit]} s, started at +$((began[audit] - started)) s) ================"
 cat "$logs/audit.log"
 ((rc == 0)) || failed+=(audit)
 suites+=(audit)
@@ -158,19 +195,20 @@ for s in "${suites[@]}"; do
     for t in $real_tests; do
       awk -v t="$t" '/ running [a-z_]+-[0-9a-f]+$/ { on = ($NF ~ "^" t "-[0-9a-f]+$") } on' \
         "$logs/real_node.log" >"$logs/real_node.$t.part"
-      rows+=("$t $(counts "$logs/real_node.$t.part") ${took[$s]}")
+      rows+=("$t $(counts "$logs/real_node.$t.part") $((began[$s] - started)) ${took[$s]}")
     done
   else
-    rows+=("$s $(counts "$logs/$s.log") ${took[$s]}")
+    rows+=("$s $(counts "$logs/$s.log") $((began[$s] - started)) ${took[$s]}")
   fi
 done
 empty=()
 echo
-echo "[test] all suites ended in $((SECONDS - started)) s"
-printf '%-22s %7s %7s %8s\n' suite passed failed seconds
+peak=$(awk -v s="$started" 'BEGIN { m = 0 } $2 > m { m = $2; at = $1 - s } END { printf "%.2f at +%d s", m, at }' "$logs/load.log")
+echo "[test] all suites ended in $((SECONDS - started)) s, $jobs at a time on $(nproc) cores; peak load (1-minute average) $peak"
+printf '%-22s %7s %7s %8s %8s\n' suite passed failed started seconds
 for r in "${rows[@]}"; do
-  read -r name p f secs <<<"$r"
-  printf '%-22s %7s %7s %8s\n' "$name" "$p" "$f" "$secs"
+  read -r name p f at secs <<<"$r"
+  printf '%-22s %7s %7s %8s %8s\n' "$name" "$p" "$f" "+$at" "$secs"
   if ((p + f == 0)); then
     empty+=("$name")
   fi

@@ -249,8 +249,14 @@ mod tests {
 
     #[test]
     fn a_loop_is_overdue_only_past_what_it_allowed_itself() {
-        let l = Liveness::new(Duration::from_millis(50));
+        // Within what it allowed itself: 60 s, which no pause of this
+        // thread reaches (a 50 ms allowance could be, on a loaded machine,
+        // between `new` and `overdue`).
+        let l = Liveness::new(Duration::from_secs(60));
         assert_eq!(l.overdue(), None);
+        // Past it: silent at least 80 ms with 50 ms allowed (a longer
+        // pause only makes it more overdue).
+        let l = Liveness::new(Duration::from_millis(50));
         std::thread::sleep(Duration::from_millis(80));
         assert!(l.overdue().is_some_and(|o| o >= Duration::from_millis(20)));
         l.beat(Duration::from_secs(60));

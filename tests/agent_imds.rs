@@ -30,6 +30,18 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
+/// The bound on every wait for something that happens within a few
+/// seconds (a report written, an approval sent, a process started): a hang
+/// bound. Each wait ends as soon as its condition holds, so a healthy run is
+/// not slowed; only an agent or mock that stopped working waits this long,
+/// whatever the load on the machine.
+const HANG: Duration = Duration::from_secs(120);
+
+/// How long a process may take to exit on SIGTERM: a hang bound too (they
+/// exit within a second or two); only one that ignores SIGTERM or hangs in
+/// its shutdown takes this long.
+const STOP: Duration = Duration::from_secs(60);
+
 /// One cluster for the whole test binary.
 fn cluster() -> Cluster {
     forewarn_harness::cluster::shared(
@@ -91,7 +103,7 @@ impl Rig {
                     .await;
             }
         }
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + HANG;
         loop {
             let left = stale().await;
             if left.is_empty() {
@@ -135,9 +147,10 @@ impl Rig {
             agents: Vec::new(),
             events,
             reports,
+            // Loopback calls answered at once; the timeout only ends a hang.
             http: forewarn::http::client_builder()
                 .no_proxy()
-                .timeout(Duration::from_secs(5))
+                .timeout(Duration::from_secs(30))
                 .build()
                 .unwrap(),
         }
@@ -182,7 +195,7 @@ impl Rig {
         )
         .unwrap();
         let port = p
-            .metrics_port(Duration::from_secs(30))
+            .metrics_port(HANG)
             .await
             .unwrap_or_else(|e| panic!("{e:#}"));
         self.agents.push((p, port));
@@ -191,7 +204,7 @@ impl Rig {
 
     async fn ready(&self) {
         for (p, port) in &self.agents {
-            if let Err(e) = wait_ready(*port, Duration::from_secs(60)).await {
+            if let Err(e) = wait_ready(*port, HANG).await {
                 panic!("{} not ready: {e}\n{}", p.name, p.log_tail(30));
             }
         }
@@ -359,10 +372,10 @@ impl Rig {
     /// Stops every process; each must exit cleanly on SIGTERM.
     async fn stop(mut self) {
         for (p, _) in &mut self.agents {
-            let status = p.terminate(Duration::from_secs(15)).await.unwrap();
+            let status = p.terminate(STOP).await.unwrap();
             assert!(status.success(), "{} exited with {status}", p.name);
         }
-        self.mock.terminate(Duration::from_secs(15)).await.unwrap();
+        self.mock.terminate(STOP).await.unwrap();
     }
 }
 
@@ -410,21 +423,22 @@ async fn started_event_keeps_no_not_before_and_no_stale_owner_of_it() {
     let mut rig = Rig::start(
         "not-before",
         &format!(
-            "vms: [{{name: nb_0}}, {{name: nb_1}}]\nevents:\n  - {{id: {ID}, type: Reboot, resources: [nb_0], at: 0s, notice: 10s, runFor: 1h}}\n"
+            "vms: [{{name: nb_0}}, {{name: nb_1}}]\nevents:\n  - {{id: {ID}, type: Reboot, resources: [nb_0], at: 0s, notice: 20s, runFor: 1h}}\n"
         ),
         &[ID],
     )
     .await;
-    // Two agents see the event at once; each writes its own report.
+    // Two agents see the event at once; each writes its own report. The
+    // 20 s notice is the window in which the agents must see it Scheduled
+    // (they poll every second, so within a second or two): only an agent
+    // stalled for the whole notice misses it.
     rig.agent(NODES[0], "nb_0", &[]).await;
     rig.agent(NODES[1], "nb_1", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
 
     for node in NODES {
-        let scheduled = rig
-            .wait_report(ID, node, "Scheduled", Duration::from_secs(20))
-            .await;
+        let scheduled = rig.wait_report(ID, node, "Scheduled", HANG).await;
         assert!(
             scheduled.not_before.is_some(),
             "{node}: Scheduled without NotBefore"
@@ -439,8 +453,7 @@ async fn started_event_keeps_no_not_before_and_no_stale_owner_of_it() {
     }
 
     for node in NODES {
-        rig.wait_report(ID, node, "Started", Duration::from_secs(30))
-            .await;
+        rig.wait_report(ID, node, "Started", HANG).await;
         let raw = rig.raw_report(ID, node);
         assert!(
             raw["spec"]["report"].get("notBefore").is_none(),
@@ -551,12 +564,10 @@ async fn first_imds_call_slower_than_the_short_timeout_succeeds() {
     )
     .await;
     // Only the patient agent sees this event.
-    let report = rig
-        .wait_report(ID, PATIENT, "Scheduled", Duration::from_secs(40))
-        .await;
+    let report = rig.wait_report(ID, PATIENT, "Scheduled", HANG).await;
     assert_eq!(report.event_id, ID);
     assert!(report.named);
-    rig.wait_report(CONTROL_ID, CONTROL, "Scheduled", Duration::from_secs(20))
+    rig.wait_report(CONTROL_ID, CONTROL, "Scheduled", HANG)
         .await;
     let about: Vec<String> = rig
         .reports_about(ID)
@@ -618,11 +629,10 @@ async fn one_malformed_event_does_not_block_the_good_ones() {
     let a = rig.agent(NODE, "mf_0", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
-    rig.wait_report(GOOD1, NODE, "Scheduled", Duration::from_secs(20))
-        .await;
-    rig.wait_report(GOOD2, NODE, "Scheduled", Duration::from_secs(20))
-        .await;
-    // Still no report on the malformed one a few polls later.
+    rig.wait_report(GOOD1, NODE, "Scheduled", HANG).await;
+    rig.wait_report(GOOD2, NODE, "Scheduled", HANG).await;
+    // Still no report on the malformed one a few seconds later (a window of
+    // observation: load only lengthens it).
     tokio::time::sleep(Duration::from_secs(3)).await;
     let bad = rig.reports_about(BAD).await;
     assert!(bad.is_empty(), "malformed event reported: {bad:?}");
@@ -669,29 +679,25 @@ async fn incarnation_going_down_after_a_redeploy_is_handled() {
     let mut rig = Rig::start(
         "incarnation",
         &format!(
-            "vms: [{{name: inc_0, redeployAt: 8s}}]\nevents:\n  - {{id: {A}, type: Redeploy, resources: [inc_0], at: 0s, notice: 1h, cancelAt: 8s}}\n  - {{id: {C}, type: Freeze, resources: [inc_0], at: 2s, notice: 1h, cancelAt: 4s}}\n  - {{id: {B}, type: Reboot, resources: [inc_0], at: 10s, notice: 1h}}\n"
+            "vms: [{{name: inc_0, redeployAt: 14s}}]\nevents:\n  - {{id: {A}, type: Redeploy, resources: [inc_0], at: 0s, notice: 1h, cancelAt: 14s}}\n  - {{id: {C}, type: Freeze, resources: [inc_0], at: 2s, notice: 1h, cancelAt: 8s}}\n  - {{id: {B}, type: Reboot, resources: [inc_0], at: 16s, notice: 1h}}\n"
         ),
         &[A, B, C],
     )
     .await;
+    // Each state of the document lasts at least 6 s, so that the agent
+    // (polling every second) sees every one: only an agent stalled for 6 s
+    // skips a state, which the incarnations below would show.
     let a = rig.agent(NODE, "inc_0", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
-    rig.wait_report(A, NODE, "Scheduled", Duration::from_secs(20))
-        .await;
+    rig.wait_report(A, NODE, "Scheduled", HANG).await;
     // The document went 1 -> 2 (A) -> 3 (C) -> 4 (C cancelled), then the
     // redeploy restarts it at 1, and B makes it 2: lower than 4.
-    let b = rig
-        .wait_report(B, NODE, "Scheduled", Duration::from_secs(30))
-        .await;
+    let b = rig.wait_report(B, NODE, "Scheduled", HANG).await;
     assert_eq!(b.appearance, 1);
-    let a_gone = rig
-        .wait_report(A, NODE, "Completed", Duration::from_secs(5))
-        .await;
+    let a_gone = rig.wait_report(A, NODE, "Completed", HANG).await;
     assert_eq!(a_gone.appearance, 1);
-    let c_gone = rig
-        .wait_report(C, NODE, "Completed", Duration::from_secs(5))
-        .await;
+    let c_gone = rig.wait_report(C, NODE, "Completed", HANG).await;
     assert_eq!(c_gone.appearance, 1);
     let log = rig.log().await;
     assert!(
@@ -721,32 +727,38 @@ async fn flapping_event_returns_to_scheduled_with_appearance_two() {
     let mut rig = Rig::start(
         "flap",
         &format!(
-            "vms: [{{name: fl_0}}, {{name: fl_1}}]\nevents:\n  - {{id: {F}, type: Reboot, resources: [fl_0], at: 0s, notice: 1h, gone: [{{at: 5s, for: 3s}}]}}\n"
+            "vms: [{{name: fl_0}}, {{name: fl_1}}]\nevents:\n  - {{id: {F}, type: Reboot, resources: [fl_0], at: 0s, notice: 1h, gone: [{{at: 8s, for: 6s}}]}}\n"
         ),
         &[F],
     )
     .await;
+    // Listed for 8 s, gone for 6 s, then back: each state lasts long enough
+    // for the agents (polling every second) and this test (reading every
+    // 200 ms) to see it; only a process stalled for 6 s misses one.
     rig.agent(NODES[0], "fl_0", &[]).await;
     rig.agent(NODES[1], "fl_1", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
-    let first = rig
-        .wait_report(F, NODES[0], "Scheduled", Duration::from_secs(20))
-        .await;
+    let first = rig.wait_report(F, NODES[0], "Scheduled", HANG).await;
     assert_eq!(first.appearance, 1);
-    let gone = rig
-        .wait_report(F, NODES[0], "Completed", Duration::from_secs(20))
-        .await;
+    let gone = rig.wait_report(F, NODES[0], "Completed", HANG).await;
     assert_eq!(gone.appearance, 1);
     // Gone from the document: reported Completed with the content it had.
     assert_eq!(gone.event_id, F);
     assert!(gone.named);
-    let back = rig
-        .wait_report(F, NODES[0], "Scheduled", Duration::from_secs(20))
-        .await;
+    let back = rig.wait_report(F, NODES[0], "Scheduled", HANG).await;
     assert_eq!(back.appearance, 2, "{back:?}");
     assert!(back.not_before.is_some());
-    // Both agents saw it go and come back; neither counts a third appearance.
+    // Both agents saw it go and come back (waited for, not assumed after a
+    // sleep)...
+    for node in NODES {
+        rig.wait_report_where(F, node, "back in its second appearance", HANG, |r| {
+            r.appearance >= 2 && r.event_status == "Scheduled"
+        })
+        .await;
+    }
+    // ...and neither counts a third appearance in the seconds after (a
+    // window of observation: load only lengthens it).
     tokio::time::sleep(Duration::from_secs(4)).await;
     for node in NODES {
         let settled = rig.report(F, node).await.unwrap().spec.report;
@@ -783,15 +795,11 @@ async fn event_id_that_is_no_valid_name_gets_a_hashed_name_and_keeps_the_id() {
     let by_id = |id: &'static str| {
         let rig = &rig;
         async move {
-            rig.wait_for(
-                &format!("a report of {id}"),
-                Duration::from_secs(20),
-                || async {
-                    rig.reports_of(NODE).await.into_iter().find(|r| {
-                        r.spec.report.event_id == id && r.spec.report.event_status == "Scheduled"
-                    })
-                },
-            )
+            rig.wait_for(&format!("a report of {id}"), HANG, || async {
+                rig.reports_of(NODE).await.into_iter().find(|r| {
+                    r.spec.report.event_id == id && r.spec.report.event_status == "Scheduled"
+                })
+            })
             .await
         }
     };
@@ -837,7 +845,10 @@ async fn create_event(rig: &Rig, r: &Report) {
 }
 
 /// Writes the controller's approval decision on the event `id` through the
-/// status subresource; returns when it was written.
+/// status subresource; returns the time just before the write was sent: no
+/// agent can have seen the decision earlier, whatever the load (a time
+/// taken after the API server's answer may be later than an agent's
+/// sighting by however long that answer took).
 async fn decide(
     rig: &Rig,
     id: &str,
@@ -845,6 +856,7 @@ async fn decide(
     appearance: u32,
     digest: &str,
 ) -> DateTime<Utc> {
+    let before = Utc::now();
     let body = json!({
         "apiVersion": "forewarn.dev/v1alpha1",
         "kind": "ScheduledEvent",
@@ -864,7 +876,7 @@ async fn decide(
         )
         .await
         .unwrap();
-    Utc::now()
+    before
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -897,9 +909,7 @@ async fn fallback_agent_waits_its_own_delay_whatever_the_decision_time() {
     // The controller's part: each ScheduledEvent from the agent's report.
     let mut reports = std::collections::HashMap::new();
     for id in [PAST, FUTURE, OTHER_DIGEST, OTHER_APPEARANCE] {
-        let r = rig
-            .wait_report(id, NODE, "Scheduled", Duration::from_secs(20))
-            .await;
+        let r = rig.wait_report(id, NODE, "Scheduled", HANG).await;
         assert!(!r.named, "{r:?}");
         assert!(r.approvals.is_empty(), "{r:?}");
         create_event(&rig, &r).await;
@@ -954,61 +964,76 @@ async fn fallback_agent_waits_its_own_delay_whatever_the_decision_time() {
     let approved = |id: &'static str| {
         let rig = &rig;
         async move {
-            rig.wait_for(
-                &format!("approval of {id}"),
-                Duration::from_secs(30),
-                || async {
-                    rig.log()
-                        .await
-                        .into_iter()
-                        .find(|e| e.event_id == id && e.what == "Approved")
-                },
-            )
+            rig.wait_for(&format!("approval of {id}"), HANG, || async {
+                rig.log()
+                    .await
+                    .into_iter()
+                    .find(|e| e.event_id == id && e.what == "Approved")
+            })
             .await
         }
     };
-    // The node's own share of the spread: between 8 and 16 s.
+    // The node's own share of the spread: between 8 and 16 s (a pure
+    // function of the node's name, no measured time).
     let fallback = forewarn::agent::approval::fallback_for(NODE, Duration::from_secs(8));
     assert!(fallback >= Duration::from_secs(8) && fallback <= Duration::from_secs(16));
-    for (id, decided) in [(PAST, past_at), (FUTURE, future_at)] {
+    // Two clocks are read (this test's, before each write; the mock's, when
+    // the POST came): they may disagree by milliseconds, never by more, and
+    // load only widens the gap measured.
+    let clocks = chrono::TimeDelta::milliseconds(200);
+    for (id, decided_at) in [(PAST, past_at), (FUTURE, future_at)] {
         let entry = approved(id).await;
         assert_eq!(entry.vm.as_deref(), Some("sk_0"));
-        let waited = (entry.time - decided).to_std().unwrap_or_default();
+        let waited = (entry.time - decided_at).to_std().unwrap_or_default();
         println!(
             "{id}: approval sent {waited:?} after the skewed decision was written (fallback {fallback:?})"
         );
+        // Never before the node's fallback delay on its own clock: `decided`
+        // precedes the agent's sighting, so load cannot make this fail.
+        let fallback_delta = chrono::TimeDelta::from_std(fallback).unwrap();
         assert!(
-            waited + Duration::from_millis(500) >= fallback
-                && waited <= fallback + Duration::from_secs(5),
+            entry.time + clocks >= decided_at + fallback_delta,
+            "{id}: sent {waited:?} after the decision, before the node's fallback {fallback:?}"
+        );
+        // Not held back by the skewed `decidedAt`: an agent counting from it
+        // would send the FUTURE one an hour late. A hang bound, far from
+        // that hour, that only a stuck approver reaches (nominally the
+        // fallback plus up to a poll interval).
+        assert!(
+            waited < fallback + HANG,
             "{id}: sent {waited:?} after the decision, expected the node's fallback {fallback:?}"
         );
         // The agent records the POST in its own report once IMDS has
         // answered: a moment after the mock logged the request.
         let decided = &reports[id];
         let mine = rig
-            .wait_report_where(
-                id,
-                NODE,
-                "with the approval it sent",
-                Duration::from_secs(10),
-                |r| !r.approvals.is_empty(),
-            )
+            .wait_report_where(id, NODE, "with the approval it sent", HANG, |r| {
+                !r.approvals.is_empty()
+            })
             .await;
         assert_eq!(mine.approvals.len(), 1, "{mine:?}");
         let sent = &mine.approvals[0];
         assert_eq!(sent.status, 200, "{sent:?}");
         assert_eq!(sent.appearance, decided.appearance, "{sent:?}");
         assert_eq!(sent.digest, decided.digest(), "{sent:?}");
+        // The report's time is the POST the mock logged: stamped by the
+        // agent just before it sent it, after the fallback had passed since
+        // the decision was written. Order only: load can delay the POST's
+        // arrival, never move it before its stamp.
         assert!(
-            (entry.time - sent.sent_at).num_milliseconds().abs() < 2000,
-            "sent at {} by the report, received at {} by the mock",
+            sent.sent_at <= entry.time + clocks
+                && sent.sent_at + clocks >= decided_at + fallback_delta,
+            "sent at {} by the report, received at {} by the mock, decided at {decided_at}",
             sent.sent_at,
             entry.time
         );
     }
 
-    // Well past the fallback since the wrong decisions were written.
-    let until = wrong_at + Duration::from_secs(12);
+    // Well past the fallback since the wrong decisions were written (a
+    // window of observation: load only lengthens it). They were written
+    // before the good ones, which were sent after their own fallback: the
+    // agent has had them past their fallback for some time already.
+    let until = wrong_at + fallback + Duration::from_secs(4);
     tokio::time::sleep(until.saturating_duration_since(Instant::now())).await;
     let log = rig.log().await;
     let wrong: Vec<&LogEntry> = log
@@ -1050,10 +1075,9 @@ async fn imds_429_is_backed_off_and_polling_resumes() {
     let a = rig.agent(NODE, "th_0", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
-    rig.wait_report(EARLY, NODE, "Scheduled", Duration::from_secs(10))
-        .await;
-    rig.wait_report(LATE, NODE, "Scheduled", Duration::from_secs(45))
-        .await;
+    rig.wait_report(EARLY, NODE, "Scheduled", HANG).await;
+    // Polling resumed after the fault: LATE, listed only from 22 s on.
+    rig.wait_report(LATE, NODE, "Scheduled", HANG).await;
     // The last good document was kept through the fault: EARLY never
     // reported gone.
     let early = rig.report(EARLY, NODE).await.unwrap().spec.report;
@@ -1068,7 +1092,11 @@ async fn imds_429_is_backed_off_and_polling_resumes() {
         "{} requests answered 429 in the 20 s fault",
         throttled.len()
     );
-    // One poll a second would have asked about 20 times in the window.
+    // One poll a second would have asked about 20 times in the window; the
+    // backoff (doubling from 1 s, at most 10 s) asks about 4 times. The
+    // upper bound is safe under load (a slower agent asks less often); the
+    // lower one, two requests in 20 s, is a hang bound: the second comes
+    // some 2 s after the first.
     assert!(
         (2..=8).contains(&throttled.len()),
         "{} requests answered 429 in 20 s: {throttled:?}",
@@ -1112,18 +1140,14 @@ async fn a_report_deleted_by_hand_is_written_again_by_its_agent() {
         .await
         .expect("delete the report");
     let deleted = Instant::now();
-    let again = loop {
-        if let Some(r) = rig.report(ID, NODE).await
-            && r.metadata.uid != old.metadata.uid
-        {
-            break r;
-        }
-        assert!(
-            deleted.elapsed() < Duration::from_secs(10),
-            "the deleted report was not written again within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let old_uid = &old.metadata.uid;
+    let again = rig
+        .wait_for("the deleted report written again", HANG, || async {
+            rig.report(ID, NODE)
+                .await
+                .filter(|r| r.metadata.uid != *old_uid)
+        })
+        .await;
     println!(
         "report written again {:.2} s after it was deleted",
         deleted.elapsed().as_secs_f64()
@@ -1150,12 +1174,24 @@ async fn a_document_with_null_events_is_a_parse_error_not_no_events() {
     let a = rig.agent(NODE, "ne_0", &[]).await;
     rig.ready().await;
     rig.start_clock().await;
-    rig.wait_report(ID, NODE, "Scheduled", Duration::from_secs(10))
-        .await;
+    // The mock's clock started before this reading, so its fault (3 s to
+    // 9 s) is over by then.
+    let fault_over = Utc::now() + chrono::TimeDelta::seconds(9);
+    rig.wait_report(ID, NODE, "Scheduled", HANG).await;
     // Through the fault and past it, the report stays Scheduled in its
     // first appearance (a "no events" reading would report it Completed,
-    // and its return a second appearance).
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // and its return a second appearance). Past it: the agent has polled
+    // twice since the fault ended (waited for, not assumed after a sleep).
+    rig.wait_for("two polls after the fault", HANG, || async {
+        let after = rig
+            .requests("ne_0")
+            .await
+            .iter()
+            .filter(|r| r.arrived >= fault_over && r.answered.is_some())
+            .count();
+        (after >= 2).then_some(())
+    })
+    .await;
     let report = rig.report(ID, NODE).await.unwrap().spec.report;
     assert_eq!(
         (report.event_status, report.appearance),
@@ -1168,7 +1204,9 @@ async fn a_document_with_null_events_is_a_parse_error_not_no_events() {
         .filter(|l| l.starts_with("forewarn_agent_imds_polls_total") && l.contains("parse_error"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
-    assert!(parse_errors >= 3.0, "{m}");
+    // The fault was read and counted: at least once (how many of its
+    // 6 s of polls the agent made depends on the load, not on the product).
+    assert!(parse_errors >= 1.0, "{m}");
     let log = rig.agent_log(a);
     assert!(
         log.contains("`Events` is missing or null") && log.contains("\\\"Events\\\": null"),
@@ -1186,16 +1224,12 @@ async fn connection_refused_is_kept_in_the_log() {
     let a = rig
         .agent_at(NODE, &format!("http://127.0.0.1:{port}/vm/rf_0"), &[])
         .await;
-    rig.wait_for(
-        "the refusal in the log",
-        Duration::from_secs(20),
-        || async {
-            rig.agent_log(a)
-                .to_lowercase()
-                .contains("connection refused")
-                .then_some(())
-        },
-    )
+    rig.wait_for("the refusal in the log", HANG, || async {
+        rig.agent_log(a)
+            .to_lowercase()
+            .contains("connection refused")
+            .then_some(())
+    })
     .await;
     // Without IMDS, nothing to report.
     let mine = rig.reports_of(NODE).await;
@@ -1204,10 +1238,12 @@ async fn connection_refused_is_kept_in_the_log() {
 }
 
 /// IMDS answering 10 s late on one node (fault `slow` for its VM) holds
-/// back only that node's agent: the other agent reports its event within
-/// seconds and polls on at its interval; the slow one, whose IMDS timeout
-/// is above the delay, reports its event once IMDS answers, and its
-/// `/healthz` stays 200 all along (its poll loop is slow, not stuck).
+/// back only that node's agent: the other agent reports its event first
+/// and polls on while the slow node's requests are outstanding; the slow
+/// one, whose IMDS timeout is above the delay, reports its event once IMDS
+/// answers, and its `/healthz` stays 200 all along (its poll loop is slow,
+/// not stuck). Judged by order (the API server's creation times, the
+/// mock's request log), not by how many seconds anything took.
 #[tokio::test(flavor = "multi_thread")]
 async fn imds_answering_after_ten_seconds_on_one_node_leaves_the_others_unaffected() {
     const SLOW: &str = "A9000000-0000-4000-8000-000000000031";
@@ -1228,7 +1264,7 @@ async fn imds_answering_after_ten_seconds_on_one_node_leaves_the_others_unaffect
     let started = rig.start_clock().await;
     let mut health = Vec::new();
     let mut fast_at = None;
-    while started.elapsed() < Duration::from_secs(30) {
+    while started.elapsed() < HANG {
         let h = rig
             .http
             .get(format!("http://127.0.0.1:{}/healthz", rig.agents[slow].1))
@@ -1247,14 +1283,31 @@ async fn imds_answering_after_ten_seconds_on_one_node_leaves_the_others_unaffect
     }
     let fast_at = fast_at.expect("the fast node's event was never reported");
     println!("fast node's event reported {fast_at:?} after the start (listed at 2 s)");
-    assert!(
-        fast_at < Duration::from_secs(8),
-        "the fast node's report waited for the slow IMDS: {fast_at:?}"
-    );
-    let r = rig
-        .wait_report(SLOW, "sl-node-0", "Scheduled", Duration::from_secs(30))
-        .await;
+    let r = rig.wait_report(SLOW, "sl-node-0", "Scheduled", HANG).await;
     assert_eq!(r.vm, "sl_0");
+    // The fast node's report was created first, by the API server's clock:
+    // the slow node's first answer listing its event comes some 10 s after
+    // the fast node's (the delay), so only a fast agent held back by the
+    // slow IMDS, or stalled for those 10 s, is not first. Whole seconds:
+    // strictly earlier.
+    let created = |id: &'static str, node: &'static str| {
+        let rig = &rig;
+        async move {
+            rig.report(id, node)
+                .await
+                .and_then(|r| r.metadata.creation_timestamp)
+                .expect("the report")
+                .0
+        }
+    };
+    let (fast_created, slow_created) = (
+        created(FAST, "sl-node-1").await,
+        created(SLOW, "sl-node-0").await,
+    );
+    assert!(
+        fast_created < slow_created,
+        "the fast node's report (created {fast_created}) waited for the slow IMDS (created {slow_created})"
+    );
     println!(
         "slow node's event reported {:?} after the start",
         started.elapsed()
@@ -1263,26 +1316,30 @@ async fn imds_answering_after_ten_seconds_on_one_node_leaves_the_others_unaffect
         health.iter().all(|h| *h == Some(200)),
         "the slow agent's /healthz: {health:?}"
     );
-    // The fast agent polled at its interval meanwhile.
+    // The fast agent polled on meanwhile: while one of the slow VM's
+    // requests was outstanding (10 s), the fast VM's IMDS got several of
+    // its polls (nominally ten; two is a bound only an agent stalled for
+    // 5 s of the 10 misses). The interval itself is a speed figure, not
+    // checked here.
     let polls: Vec<DateTime<Utc>> = rig
         .requests("sl_1")
         .await
         .into_iter()
         .map(|r| r.arrived)
         .collect();
-    let longest = polls
-        .windows(2)
-        .map(|w| (w[1] - w[0]).num_milliseconds())
+    let slow_polls = rig.requests("sl_0").await;
+    let during = slow_polls
+        .iter()
+        .filter_map(|s| Some((s.arrived, s.answered?)))
+        .map(|(from, to)| polls.iter().filter(|t| **t > from && **t < to).count())
         .max()
-        .unwrap_or(i64::MAX);
+        .unwrap_or(0);
     assert!(
-        polls.len() >= 10 && longest < 2500,
-        "fast agent: {} polls, longest gap {longest} ms",
-        polls.len()
+        during >= 2,
+        "fast agent: {during} polls during the slow VM's longest outstanding request; all polls: {polls:?}\nslow: {slow_polls:?}"
     );
     // The slow VM's requests were answered 10 s late, so its agent polled
     // rarely (it waits for each answer); none was abandoned.
-    let slow_polls = rig.requests("sl_0").await;
     assert!(
         slow_polls
             .iter()

@@ -172,7 +172,7 @@ impl Kubectl {
     fn wait_established(&self, crds: &[&str]) {
         let mut args = vec!["wait", "--for=condition=Established", "--timeout=60s"];
         args.extend(crds.iter().copied());
-        eventually("CRDs established", Duration::from_secs(60), || {
+        eventually("CRDs established", Duration::from_secs(120), || {
             let out = self.run(&args, None);
             out.ok.then_some(())
         });
@@ -244,6 +244,9 @@ fn out_dir() -> PathBuf {
 }
 
 /// Polls `check` every 250 ms until it returns `Some` or `within` passes.
+/// `within` is a hang bound, never a speed requirement: the callers give
+/// 120 s (180 s for a rollout) for what takes a few seconds even on a loaded
+/// machine, and the loop returns as soon as `check` holds.
 fn eventually<T>(what: &str, within: Duration, mut check: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
     loop {
@@ -1703,7 +1706,7 @@ fn crd_upgrade_step_serves_the_new_schema() {
     k.wait_established(&["crd/scheduledevents.forewarn.dev"]);
     let event = r#"{"apiVersion":"forewarn.dev/v1alpha1","kind":"ScheduledEvent","metadata":{"name":"crd-upgrade-probe"},
         "spec":{"eventId":"crd-upgrade-probe","eventStatus":"Scheduled","eventType":"Reboot","resourceType":"VirtualMachine"}}"#;
-    let before = eventually("old schema served", Duration::from_secs(30), || {
+    let before = eventually("old schema served", Duration::from_secs(120), || {
         let out = k.run(
             &["create", "--dry-run=server", "--validate=strict", "-f", "-"],
             Some(event),
@@ -1754,7 +1757,7 @@ fn crd_upgrade_step_serves_the_new_schema() {
         new["spec"]["versions"][0]["additionalPrinterColumns"]
     );
     // ... and the served schema (OpenAPI v3 and validation) is the new one.
-    eventually("new schema served", Duration::from_secs(30), || {
+    eventually("new schema served", Duration::from_secs(120), || {
         let openapi = k.run(
             &["get", "--raw", "/openapi/v3/apis/forewarn.dev/v1alpha1"],
             None,
@@ -1900,7 +1903,7 @@ fn processes_facing_older_crds_exit_naming_the_missing_field_and_the_command() {
     );
     let mut ctl = ControllerProc::start(&controller.kubeconfig, "crd-check-controller-older");
     let status = ctl
-        .exit_within(Duration::from_secs(60))
+        .exit_within(Duration::from_secs(120))
         .unwrap_or_else(|| panic!("the controller runs on older CRDs:\n{}", ctl.log()));
     let log = ctl.log();
     println!("controller on older CRDs ({status}):\n{log}");
@@ -1918,7 +1921,7 @@ fn processes_facing_older_crds_exit_naming_the_missing_field_and_the_command() {
     assert!(!log.contains("Lease"), "it went on to the Lease:\n{log}");
     let mut ag = ControllerProc::spawn(&agent.kubeconfig, "crd-check-agent-older", &agent_args);
     let status = ag
-        .exit_within(Duration::from_secs(60))
+        .exit_within(Duration::from_secs(120))
         .unwrap_or_else(|| panic!("the agent runs on an older CRD:\n{}", ag.log()));
     let log = ag.log();
     println!("agent on older CRDs ({status}):\n{log}");
@@ -1944,7 +1947,7 @@ fn processes_facing_older_crds_exit_naming_the_missing_field_and_the_command() {
     let passed = "The installed CRD has every field this version needs";
     eventually(
         "the controller passes the check",
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         || {
             (ctl.log().matches(passed).count() == 3 && ctl.log().contains("Waiting for leadership"))
                 .then_some(())
@@ -1952,7 +1955,7 @@ fn processes_facing_older_crds_exit_naming_the_missing_field_and_the_command() {
     );
     eventually(
         "the agent passes the check",
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         || ag.log().contains(passed).then_some(()),
     );
     std::thread::sleep(Duration::from_secs(2));
@@ -1973,7 +1976,7 @@ fn processes_facing_older_crds_exit_naming_the_missing_field_and_the_command() {
     let mut ag = ControllerProc::spawn(&bare.kubeconfig, "crd-check-agent-no-rbac", &agent_args);
     eventually(
         "the agent warns that it cannot check",
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         || {
             ag.log()
                 .contains("Cannot check the installed CRD")
@@ -2163,7 +2166,7 @@ fn crds_apply_with_the_hook_credentials_installs_the_new_crds() {
     }
     // The new fields work: a report is accepted, a status with
     // nodesNotListed is stored as written.
-    eventually("the new schema served", Duration::from_secs(30), || {
+    eventually("the new schema served", Duration::from_secs(120), || {
         let report = report_yaml(
             "crd-apply-probe",
             "node-000000",
@@ -2495,7 +2498,7 @@ fn upgrade_from_the_previous_release_with_an_event_in_progress() {
     // The new agents' pods (their tokens are bound to them) are the only ones.
     eventually(
         "one agent pod per node, none terminating",
-        Duration::from_secs(90),
+        Duration::from_secs(180),
         || {
             let pods = k.json(&[
                 "get",
@@ -2959,7 +2962,7 @@ fn installed_chart_confines_each_service_account() {
     // The API server type-checked each policy's CEL against the real
     // schema (the CRD, the Pod) and found nothing to warn about.
     for policy in [AGENT_POLICY, CONTROLLER_POD_POLICY] {
-        let status = eventually("policy type-checked", Duration::from_secs(30), || {
+        let status = eventually("policy type-checked", Duration::from_secs(120), || {
             let p = k.json(&["get", "validatingadmissionpolicy", policy]);
             (p["status"]["observedGeneration"] == p["metadata"]["generation"])
                 .then(|| p["status"].clone())
@@ -4033,7 +4036,10 @@ fn chart_run_options(
         PathBuf::from(env!("CARGO_BIN_EXE_forewarn")),
     );
     opts.log_dir = repo_root().join("target/forewarn-runs").join(run);
-    opts.timeout = Duration::from_secs(150);
+    // A hang bound: these scenarios end within about 20 s (an approval
+    // starts the event; at worst NotBefore, 90 s after the start, does);
+    // the run returns as soon as they are over.
+    opts.timeout = Duration::from_secs(300);
     // As the chart runs the controller (--agent-policy).
     opts.extra_env
         .push(("FOREWARN_AGENT_POLICY".into(), AGENT_POLICY.into()));
@@ -4107,7 +4113,8 @@ fn swapped_agent_tokens_are_refused_during_a_scenario() {
             {
                 break Some(l.to_string());
             }
-            if start.elapsed() > Duration::from_secs(30) {
+            // A hang bound: the first report is refused within seconds.
+            if start.elapsed() > Duration::from_secs(120) {
                 break None;
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -4595,7 +4602,7 @@ impl ControllerProc {
     fn metrics_port(&self) -> u16 {
         eventually(
             "the metrics server's address",
-            Duration::from_secs(30),
+            Duration::from_secs(120),
             || {
                 self.log()
                     .lines()
@@ -4693,7 +4700,7 @@ fn metrics_auth_reviews_scrapers_tokens_with_the_chart_rbac() {
     // The chart's own scraper token, which kube-controller-manager fills in.
     let chart_scraper_token = eventually(
         "the token Secret forewarn-metrics-scraper-token filled in",
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         || {
             let out = k.run(
                 &[
@@ -4768,9 +4775,11 @@ fn metrics_auth_reviews_scrapers_tokens_with_the_chart_rbac() {
         .enable_all()
         .build()
         .expect("runtime");
+    // A hang bound: a TokenReview or SubjectAccessReview takes
+    // milliseconds; only a process that stopped answering takes a minute.
     let http = forewarn::http::client_builder()
         .no_proxy()
-        .timeout(Duration::from_secs(20))
+        .timeout(Duration::from_secs(60))
         .build()
         .expect("HTTP client");
     let get = |port: u16, path: &str, auth: Option<&str>| {
@@ -5002,7 +5011,7 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
     };
     clean();
     let ctl = ControllerProc::start(&controller.kubeconfig, "trust-controller");
-    eventually("the controller leads", Duration::from_secs(60), || {
+    eventually("the controller leads", Duration::from_secs(120), || {
         ctl.log().contains("Leading: reconciling").then_some(())
     });
 
@@ -5027,7 +5036,7 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
     assert!(out.ok, "agent B may write its own report: {}", out.stderr);
     eventually(
         "node B cordoned on its own agent's report",
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         || unschedulable(&k, b).then_some(()),
     );
     let ev = k.json(&["get", "scheduledevent", live]);
@@ -5068,7 +5077,7 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
     }
     let why = eventually(
         "ReportsDisagree on the live event",
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         || condition(&k, live, "ReportsDisagree").filter(|c| c["status"] == "True"),
     );
     println!("disagreement: {why}");
@@ -5076,7 +5085,7 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
         why["message"].as_str().unwrap_or_default().contains(b),
         "{why}"
     );
-    let recorded = eventually("a ReportsDisagree Event", Duration::from_secs(15), || {
+    let recorded = eventually("a ReportsDisagree Event", Duration::from_secs(120), || {
         let events = k.json(&[
             "get",
             "events.events.k8s.io",
@@ -5131,7 +5140,7 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
     assert!(out.ok, "agent A may write its own report: {}", out.stderr);
     let unconfirmed = eventually(
         "NodesUnconfirmed on the forged event",
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         || condition(&k, forged, "NodesUnconfirmed").filter(|c| c["status"] == "True"),
     );
     println!("forged event: {unconfirmed}");
@@ -5202,7 +5211,7 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
     assert!(out.ok, "agent B may write its own report: {}", out.stderr);
     eventually(
         "node B released on its own agent's report",
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         || (!unschedulable(&k, b)).then_some(()),
     );
     drop(ctl);
@@ -5398,7 +5407,7 @@ fn check_install_passes_only_with_a_leader_and_every_agent_ready() {
         &token(&k, CONTROLLER_SA, None),
     );
     let proc = ControllerProc::start(&controller.kubeconfig, "check-install-leader");
-    let out = eventually("check-install passes", Duration::from_secs(60), || {
+    let out = eventually("check-install passes", Duration::from_secs(120), || {
         let (ok, out) = check();
         ok.then_some(out)
     });
@@ -5524,7 +5533,7 @@ fn a_standby_with_the_chart_token_takes_over_the_released_lease() {
     let leader = ControllerProc::start(&controller.kubeconfig, "lease-leader");
     eventually(
         "the first controller leads",
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         || leader.log().contains("Leading: reconciling").then_some(()),
     );
     let standby = ControllerProc::start(&controller.kubeconfig, "lease-standby");
@@ -5541,7 +5550,7 @@ fn a_standby_with_the_chart_token_takes_over_the_released_lease() {
     let stopped = Instant::now();
     drop(leader);
     let took = stopped.elapsed();
-    eventually("the standby leads", Duration::from_secs(10), || {
+    eventually("the standby leads", Duration::from_secs(120), || {
         standby.log().contains("Leading: reconciling").then_some(())
     });
     println!(
@@ -5555,6 +5564,31 @@ fn a_standby_with_the_chart_token_takes_over_the_released_lease() {
     assert!(
         leader_log.contains("Released the leader-election Lease"),
         "the leader did not release the Lease on SIGTERM:\n{leader_log}"
+    );
+    // Taken over because of the release, not on the Lease's expiry: by the
+    // two processes' own log times (RFC 3339, first on each line), the
+    // standby acquired it less than 12 s after the leader released it. The
+    // Lease's duration is 15 s and the leader renewed it every 2 s, so a
+    // standby that missed the release could take it no sooner than 13 s
+    // after; one that saw it (by its watch, or its next try 2 s later at
+    // most) takes it within about a second. This is the one bound that
+    // tells the two apart.
+    let logged = |log: &str, what: &str| -> chrono::DateTime<chrono::Utc> {
+        log.lines()
+            .find(|l| l.contains(what))
+            .and_then(|l| l.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no timed {what:?} in:\n{log}"))
+    };
+    let released = logged(&leader_log, "Released the leader-election Lease");
+    let acquired = logged(&standby.log(), "Acquired the leader-election Lease");
+    println!(
+        "the standby acquired the Lease {:.2} s after the leader released it",
+        (acquired - released).as_seconds_f64()
+    );
+    assert!(
+        acquired - released < chrono::Duration::seconds(12),
+        "the standby acquired the Lease {:.1} s after its release: on its expiry, not the release",
+        (acquired - released).as_seconds_f64()
     );
     for (name, log) in [("leader", leader_log), ("standby", standby.log())] {
         assert!(
@@ -5630,7 +5664,7 @@ fn chart_controller_waits_on_a_budget_and_deletes_the_event_past_retention() {
     );
     eventually(
         "the blocker runs on B and its budget allows no disruption",
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         || {
             let pdb = k.json(&["get", "pdb", "-n", ns, "blocker"]);
             (pdb["status"]["currentHealthy"] == 1 && pdb["status"]["disruptionsAllowed"] == 0)
@@ -5643,7 +5677,7 @@ fn chart_controller_waits_on_a_budget_and_deletes_the_event_past_retention() {
     let controller = token_kubeconfig(&k, "budget-controller", &token(&k, CONTROLLER_SA, None));
     let ctl =
         ControllerProc::start_with(&controller.kubeconfig, "budget-controller", &[&policy_arg]);
-    eventually("the controller leads", Duration::from_secs(60), || {
+    eventually("the controller leads", Duration::from_secs(120), || {
         ctl.log().contains("Leading: reconciling").then_some(())
     });
     let (pod, uid) = agent_pod_on(&k, b);
@@ -5662,7 +5696,7 @@ fn chart_controller_waits_on_a_budget_and_deletes_the_event_past_retention() {
     assert!(out.ok, "agent B may write its own report: {}", out.stderr);
     let blocked = eventually(
         "an EvictionBlocked Event of the event seen twice (its series patched)",
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         || {
             let events = k.json(&[
                 "get",
@@ -5705,13 +5739,13 @@ fn chart_controller_waits_on_a_budget_and_deletes_the_event_past_retention() {
     assert!(out.ok, "agent B may write its own report: {}", out.stderr);
     eventually(
         "the ScheduledEvent deleted past its retention",
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         || {
             let out = k.run(&["get", "scheduledevent", sev], None);
             (!out.ok && out.stderr.contains("NotFound")).then_some(())
         },
     );
-    eventually("its report deleted", Duration::from_secs(15), || {
+    eventually("its report deleted", Duration::from_secs(120), || {
         let out = k.run(
             &["get", "scheduledeventreport", &format!("{sev}.{b}")],
             None,

@@ -28,6 +28,17 @@ events:
     deliverTo: resources
 "#;
 
+/// The client timeout of the tests that do not test timeouts: the mock on
+/// loopback answers at once, so it only ends a hang, however loaded the
+/// machine.
+const PATIENT: Duration = Duration::from_secs(30);
+
+/// The client timeout of the tests that do: long enough that an in-process
+/// answer with no delay beats it even on a loaded machine (it comes within
+/// milliseconds; only a stall of seconds misses it), short enough to keep
+/// the tests quick.
+const SHORT: Duration = Duration::from_secs(5);
+
 async fn serve(scenario: &str) -> String {
     let mock = Mock::new(Scenario::parse(scenario).unwrap(), false);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -39,8 +50,8 @@ async fn serve(scenario: &str) -> String {
 #[tokio::test]
 async fn client_reads_the_placement_groups_events_per_vm() {
     let base = serve(SCENARIO).await;
-    let vm0 = Client::new(&format!("{base}/vm/vmss_0"), Duration::from_secs(2)).unwrap();
-    let vm1 = Client::new(&format!("{base}/vm/vmss_1"), Duration::from_secs(2)).unwrap();
+    let vm0 = Client::new(&format!("{base}/vm/vmss_0"), PATIENT).unwrap();
+    let vm1 = Client::new(&format!("{base}/vm/vmss_1"), PATIENT).unwrap();
     let d0 = vm0.fetch_events().await.unwrap();
     let d1 = vm1.fetch_events().await.unwrap();
     assert_eq!(d0.events.len(), 1, "vmss_0 sees only the group-wide event");
@@ -58,7 +69,7 @@ async fn client_reads_the_placement_groups_events_per_vm() {
 #[tokio::test]
 async fn approval_starts_the_event_and_bumps_the_incarnation() {
     let base = serve(SCENARIO).await;
-    let vm0 = Client::new(&format!("{base}/vm/vmss_0"), Duration::from_secs(2)).unwrap();
+    let vm0 = Client::new(&format!("{base}/vm/vmss_0"), PATIENT).unwrap();
     let before = vm0.fetch_events().await.unwrap();
     let unchanged = vm0.fetch_events().await.unwrap();
     assert_eq!(before.incarnation, unchanged.incarnation);
@@ -83,7 +94,7 @@ async fn approval_starts_the_event_and_bumps_the_incarnation() {
 #[tokio::test]
 async fn approval_of_an_unknown_event_is_refused() {
     let base = serve(SCENARIO).await;
-    let vm0 = Client::new(&format!("{base}/vm/vmss_0"), Duration::from_secs(2)).unwrap();
+    let vm0 = Client::new(&format!("{base}/vm/vmss_0"), PATIENT).unwrap();
     let err = vm0.approve(&["not-an-event".into()]).await.unwrap_err();
     assert!(err.to_string().contains("400"), "{err}");
 }
@@ -135,18 +146,23 @@ faults:
 "#,
     )
     .await;
-    let client =
-        |vm: &str| Client::new(&format!("{base}/vm/{vm}"), Duration::from_millis(500)).unwrap();
-    let garbage = client("a").fetch_events().await.unwrap_err();
+    let client = |vm: &str, timeout| Client::new(&format!("{base}/vm/{vm}"), timeout).unwrap();
+    // Garbage and 500 come at once: a patient client, so that a loaded
+    // machine cannot turn them into timeouts.
+    let garbage = client("a", PATIENT).fetch_events().await.unwrap_err();
     assert!(garbage.to_string().contains("failed to parse"), "{garbage}");
-    let status = client("b").fetch_events().await.unwrap_err();
+    let status = client("b", PATIENT).fetch_events().await.unwrap_err();
     assert!(status.to_string().contains("500"), "{status}");
-    let started = std::time::Instant::now();
-    let hang = client("c").fetch_events().await.unwrap_err();
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "timeout not honoured"
-    );
+    // The hang lasts an hour: a client that honours its 500 ms timeout
+    // gives up within it; 60 s is a hang bound, reached only when the
+    // timeout is not applied.
+    let hang = tokio::time::timeout(
+        Duration::from_secs(60),
+        client("c", Duration::from_millis(500)).fetch_events(),
+    )
+    .await
+    .expect("timeout not honoured: still waiting for the hung IMDS after 60 s")
+    .unwrap_err();
     assert!(hang.to_string().contains("failed to fetch"), "{hang}");
 }
 
@@ -177,11 +193,15 @@ async fn serve_raw(body: Vec<u8>, delays: Vec<Duration>) -> String {
 #[tokio::test]
 async fn the_first_call_may_be_slow_but_later_ones_may_not() {
     let doc = br#"{"DocumentIncarnation":1,"Events":[]}"#.to_vec();
-    let slow = Duration::from_millis(1500);
-    let base = serve_raw(doc, vec![slow, Duration::ZERO, slow]).await;
-    let client = Client::new(&base, Duration::from_millis(500))
+    // The first answer comes after the short timeout (never before it,
+    // whatever the load), well within the first call's (a hang bound); the
+    // second at once; the third never (an hour).
+    let first = SHORT + Duration::from_secs(1);
+    let never = Duration::from_secs(3600);
+    let base = serve_raw(doc, vec![first, Duration::ZERO, never]).await;
+    let client = Client::new(&base, SHORT)
         .unwrap()
-        .with_first_timeout(Duration::from_secs(10));
+        .with_first_timeout(Duration::from_secs(120));
     client
         .fetch_events()
         .await
@@ -190,8 +210,8 @@ async fn the_first_call_may_be_slow_but_later_ones_may_not() {
     let err = client.fetch_events().await.unwrap_err();
     assert!(err.wants_backoff(), "{err}");
     // Without the long first timeout the first slow call fails.
-    let base = serve_raw(br#"{"DocumentIncarnation":1}"#.to_vec(), vec![slow]).await;
-    let impatient = Client::new(&base, Duration::from_millis(500)).unwrap();
+    let base = serve_raw(br#"{"DocumentIncarnation":1}"#.to_vec(), vec![never]).await;
+    let impatient = Client::new(&base, SHORT).unwrap();
     assert!(impatient.fetch_events().await.is_err());
 }
 
@@ -204,7 +224,7 @@ async fn an_oversized_answer_is_refused() {
     ));
     big.extend(br#""}"#);
     let base = serve_raw(big, vec![Duration::ZERO]).await;
-    let client = Client::new(&base, Duration::from_secs(2)).unwrap();
+    let client = Client::new(&base, PATIENT).unwrap();
     let err = client.fetch_events().await.unwrap_err();
     assert!(err.to_string().contains("exceeds"), "{err}");
 }
@@ -218,7 +238,7 @@ async fn root_vm_is_served_at_the_imds_root_paths() {
     tokio::spawn(async move { axum::serve(listener, mock.router()).await.unwrap() });
     let base = format!("http://{addr}");
     // The base URL an agent uses against real IMDS: no /vm/<name> prefix.
-    let root = Client::new(&base, Duration::from_secs(2)).unwrap();
+    let root = Client::new(&base, PATIENT).unwrap();
     assert_eq!(root.fetch_compute().await.unwrap().name, "vmss_1");
     let doc = root.fetch_events().await.unwrap();
     assert_eq!(doc.events.len(), 2, "vmss_1's document");
@@ -237,7 +257,7 @@ async fn root_vm_is_served_at_the_imds_root_paths() {
     );
     // Without a root VM there are no root paths.
     let plain = serve(SCENARIO).await;
-    let none = Client::new(&plain, Duration::from_secs(2)).unwrap();
+    let none = Client::new(&plain, PATIENT).unwrap();
     assert!(none.fetch_compute().await.is_err());
 }
 
@@ -265,7 +285,7 @@ async fn compute_document_serves_each_vms_fault_and_update_domain_as_strings() {
     assert_eq!(raw["platformUpdateDomain"], "7", "{raw}");
     let bare = http.get(url("vmss_0")).send().await.unwrap();
     assert_eq!(bare.status(), reqwest::StatusCode::BAD_REQUEST);
-    let vm1 = Client::new(&format!("{base}/vm/vmss_1"), Duration::from_secs(2)).unwrap();
+    let vm1 = Client::new(&format!("{base}/vm/vmss_1"), PATIENT).unwrap();
     let c = vm1.fetch_compute().await.unwrap();
     assert_eq!(
         (

@@ -11,8 +11,24 @@ use std::time::{Duration, Instant};
 
 use forewarn_harness::cluster::Cluster;
 use forewarn_harness::procs::Proc;
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use kube::ResourceExt;
 use kube::api::Api;
+
+/// The bound on every wait for something that happens within seconds (a
+/// process started, a replica leading, a hand-over): a hang bound. Each
+/// wait ends as soon as its condition holds; only a process that stopped
+/// working waits this long, whatever the load on the machine.
+const HANG: Duration = Duration::from_secs(120);
+
+/// How long a controller may take to exit on SIGTERM: a hang bound too
+/// (it exits within a second or two); only one that ignores SIGTERM or
+/// hangs in its shutdown takes this long.
+const STOP: Duration = Duration::from_secs(60);
+
+/// The Lease's duration, `leaseDurationSeconds` as the controller writes
+/// it (the product's default).
+const LEASE_DURATION: Duration = Duration::from_secs(15);
 
 fn cluster() -> Cluster {
     forewarn_harness::cluster::shared("forewarn-leader", 1)
@@ -69,17 +85,19 @@ async fn start_controller(
     )
     .expect("start controller");
     let port = proc
-        .metrics_port(Duration::from_secs(30))
+        .metrics_port(HANG)
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
     Controller { proc, port }
 }
 
-/// An HTTP client for the processes' `/metrics` on loopback.
+/// An HTTP client for the processes' `/metrics` on loopback. They answer
+/// at once; the timeout only ends a hang (a sample that timed out would
+/// read as "not leading" or fail a probe check on a loaded machine).
 fn metrics_client() -> reqwest::Client {
     forewarn::http::client_builder()
         .no_proxy()
-        .timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(10))
         .build()
         .expect("HTTP client")
 }
@@ -98,6 +116,60 @@ async fn leads(http: &reqwest::Client, port: u16) -> Option<bool> {
     text.lines()
         .find(|l| l.starts_with("forewarn_controller_leader "))
         .map(|l| l.ends_with(" 1"))
+}
+
+/// Every holder record the API server stored for the Lease `name`, in
+/// order, from the version after `from` on, until one held by `until`
+/// (the last one returned). A watch from a `resourceVersion` delivers every
+/// write since it, whenever it is opened: nothing is missed, however late
+/// this runs. Fails after [`HANG`].
+async fn records_until(
+    leases: Api<Lease>,
+    name: String,
+    from: String,
+    until: String,
+) -> Vec<LeaseSpec> {
+    use futures::{StreamExt, TryStreamExt};
+    use kube::api::{WatchEvent, WatchParams};
+    let mut seen = Vec::new();
+    let follow = async {
+        let params = WatchParams::default().fields(&format!("metadata.name={name}"));
+        let mut stream = leases
+            .watch(&params, &from)
+            .await
+            .expect("watch the Lease")
+            .boxed();
+        while let Some(event) = stream.try_next().await.expect("the Lease's watch") {
+            match event {
+                WatchEvent::Added(l) | WatchEvent::Modified(l) => {
+                    let spec = l.spec.unwrap_or_default();
+                    let done = spec.holder_identity.as_deref() == Some(until.as_str());
+                    seen.push(spec);
+                    if done {
+                        return;
+                    }
+                }
+                WatchEvent::Error(e) => panic!("the Lease's watch: {e:?}"),
+                WatchEvent::Deleted(_) | WatchEvent::Bookmark(_) => {}
+            }
+        }
+        panic!("the Lease's watch ended before {until} held it");
+    };
+    tokio::time::timeout(HANG, follow)
+        .await
+        .unwrap_or_else(|_| panic!("{until} did not take the Lease {name} within {HANG:?}"));
+    seen
+}
+
+/// `later - earlier`, two `MicroTime`s of a Lease, as a signed duration.
+fn between(
+    earlier: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime>,
+    later: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime>,
+) -> k8s_openapi::jiff::SignedDuration {
+    let (Some(a), Some(b)) = (earlier, later) else {
+        panic!("a Lease record without its time: {earlier:?} {later:?}");
+    };
+    b.0.duration_since(a.0)
 }
 
 fn count_in_log(p: &Proc, needle: &str) -> usize {
@@ -119,10 +191,17 @@ async fn two_controllers_started_together_never_lead_at_once_and_hand_over_on_si
         let dir = log_dir(&lease);
         let mut a = start_controller(&cluster.kubeconfig, &lease, "replica-a", &dir).await;
         let mut b = start_controller(&cluster.kubeconfig, &lease, "replica-b", &dir).await;
-        // 3 s of samples every 50 ms: never both leading, and one leads.
+        // Samples every 50 ms for at least 3 s (a window of observation:
+        // load only lengthens it) and until one leads: never both leading.
+        // One leads within a second or two; HANG is only a hang bound.
         let mut someone = false;
-        let end = Instant::now() + Duration::from_secs(3);
-        while Instant::now() < end {
+        let began = Instant::now();
+        while began.elapsed() < Duration::from_secs(3) || !someone {
+            assert!(
+                began.elapsed() < HANG,
+                "round {round}: no replica leads after {HANG:?} (logs in {})",
+                dir.display()
+            );
             let (la, lb) = (leads(&http, a.port).await, leads(&http, b.port).await);
             assert!(
                 !(la == Some(true) && lb == Some(true)),
@@ -132,22 +211,16 @@ async fn two_controllers_started_together_never_lead_at_once_and_hand_over_on_si
             someone |= la == Some(true) || lb == Some(true);
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert!(
-            someone,
-            "round {round}: no replica leads after 3 s (logs in {})",
-            dir.display()
-        );
         let leading = count_in_log(&a.proc, "Leading: reconciling")
             + count_in_log(&b.proc, "Leading: reconciling");
         assert_eq!(
             leading, 1,
             "round {round}: {leading} replicas logged that they lead"
         );
-        let holder = leases
-            .get(&lease)
-            .await
-            .unwrap()
+        let held = leases.get(&lease).await.unwrap();
+        let holder = held
             .spec
+            .clone()
             .unwrap()
             .holder_identity
             .unwrap_or_default();
@@ -161,29 +234,76 @@ async fn two_controllers_started_together_never_lead_at_once_and_hand_over_on_si
             "round {round}: the Lease names another holder"
         );
         // SIGTERM: the Lease is handed over at once, not after its 15 s.
-        let stopped = Instant::now();
+        // Judged from the Lease's records as the API server stored them
+        // (followed from the version read above), not from this test's
+        // clock: the leader released it (no holder, a 1 s duration), and
+        // the standby took it from that released record.
+        let follow = tokio::spawn(records_until(
+            leases.clone(),
+            lease.clone(),
+            held.resource_version().expect("resourceVersion"),
+            standby.proc.name.clone(),
+        ));
         leader
             .proc
-            .terminate(Duration::from_secs(10))
+            .terminate(STOP)
             .await
             .expect("leader stops on SIGTERM");
+        let records = follow.await.expect("the Lease's watch");
+        let (taken, before) = records.split_last().expect("a record");
+        let released = before.last().unwrap_or_else(|| {
+            panic!(
+                "round {round}: the standby took the Lease from no released record: {records:#?}"
+            )
+        });
+        assert!(
+            released
+                .holder_identity
+                .as_deref()
+                .unwrap_or_default()
+                .is_empty()
+                && released.lease_duration_seconds == Some(1),
+            "round {round}: the standby did not take a released Lease: {records:#?}"
+        );
+        // Before the release, only the old leader (its renewals) held it.
+        assert!(
+            before[..before.len() - 1]
+                .iter()
+                .all(|r| r.holder_identity.as_deref() == Some(leader.proc.name.as_str())),
+            "round {round}: another holder between the leader and the standby: {records:#?}"
+        );
+        assert_eq!(
+            count_in_log(&leader.proc, "Released the leader-election Lease"),
+            1,
+            "round {round}: the leader did not log its release (logs in {})",
+            dir.display()
+        );
+        // Taken at once from the released record, by the two processes'
+        // own stamps: the standby acts on the release within its retry
+        // period (2 s) or at once from its watch. An expired Lease could
+        // not be taken before the 15 s duration; only a standby stalled
+        // for most of those 15 s reaches it with the release.
+        let gap = between(released.renew_time.as_ref(), taken.acquire_time.as_ref());
+        assert!(
+            gap < k8s_openapi::jiff::SignedDuration::try_from(LEASE_DURATION).unwrap(),
+            "round {round}: the standby took the Lease {gap:?} after its release, as if it had waited for it to expire"
+        );
+        handovers.push(gap.as_secs_f64());
+        // The standby says so too (a hang bound: it follows its write).
+        let t = Instant::now();
         while leads(&http, standby.port).await != Some(true) {
             assert!(
-                stopped.elapsed() < Duration::from_secs(8),
-                "round {round}: the standby did not take over within 8 s of the leader's SIGTERM"
+                t.elapsed() < HANG,
+                "round {round}: the standby holds the Lease but does not lead (logs in {})",
+                dir.display()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        handovers.push(stopped.elapsed().as_secs_f64());
-        standby
-            .proc
-            .terminate(Duration::from_secs(10))
-            .await
-            .expect("standby stops");
+        standby.proc.terminate(STOP).await.expect("standby stops");
     }
     handovers.sort_by(f64::total_cmp);
     println!(
-        "20 rounds, never two leaders; hand-over after SIGTERM: median {:.2} s, max {:.2} s",
+        "20 rounds, never two leaders; the Lease taken after its release: median {:.2} s, max {:.2} s",
         handovers[handovers.len() / 2],
         handovers[handovers.len() - 1]
     );
@@ -241,12 +361,13 @@ async fn leader_cut_off_from_the_api_server_stops_before_a_standby_may_lead() {
     .unwrap();
     let lease = "cut-off";
     let mut leader = start_controller(&proxied, lease, "replica-far", &dir).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + HANG;
     while leads(&http, leader.port).await != Some(true) {
         assert!(Instant::now() < deadline, "the proxied replica never led");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut standby = start_controller(&cluster.kubeconfig, lease, "replica-near", &dir).await;
+    // A window of observation (load only lengthens it).
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         leads(&http, standby.port).await,
@@ -254,42 +375,76 @@ async fn leader_cut_off_from_the_api_server_stops_before_a_standby_may_lead() {
         "the standby leads while the leader is healthy"
     );
 
+    // Every record of the Lease from here on, as the API server stores it.
+    let held = leases_of(&cluster).await.get(lease).await.unwrap();
+    let follow = tokio::spawn(records_until(
+        leases_of(&cluster).await,
+        lease.to_string(),
+        held.resource_version().expect("resourceVersion"),
+        standby.proc.name.clone(),
+    ));
     cut.send(()).unwrap();
     let cut_at = Instant::now();
-    let mut leader_stopped = None;
-    let mut standby_led = None;
-    while leader_stopped.is_none() || standby_led.is_none() {
+    // The first time the standby is seen leading, the cut-off leader has
+    // already exited: it stops at its renew deadline (10 s after its last
+    // renewal), the standby may take over only after the Lease's 15 s.
+    // Checked at that sighting, which comes after the standby led, so this
+    // test's own pace cannot order the two wrongly; the 5 s between them is
+    // the product's margin (only a leader whose exit stalled for 5 s past
+    // its deadline, a malfunction, fails it). HANG is only a hang bound.
+    let mut stopped = None;
+    let led = loop {
         assert!(
-            cut_at.elapsed() < Duration::from_secs(60),
-            "no resolution within 60 s (logs in {})",
+            cut_at.elapsed() < HANG,
+            "no resolution within {HANG:?} (logs in {})",
             dir.display()
         );
-        if leader_stopped.is_none() && leader.proc.exited().is_some() {
-            leader_stopped = Some(cut_at.elapsed());
+        if stopped.is_none() && leader.proc.exited().is_some() {
+            stopped = Some(cut_at.elapsed());
         }
-        if standby_led.is_none() && leads(&http, standby.port).await == Some(true) {
-            standby_led = Some(cut_at.elapsed());
+        if leads(&http, standby.port).await == Some(true) {
+            let led = cut_at.elapsed();
+            assert!(
+                leader.proc.exited().is_some(),
+                "the standby led at {led:?}, while the cut-off leader still ran (logs in {})",
+                dir.display()
+            );
+            break led;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let (stopped, led) = (leader_stopped.unwrap(), standby_led.unwrap());
+    };
     println!(
-        "cut off at 0 s: the old leader stopped acting at {stopped:?}, the standby led at {led:?}"
+        "cut off at 0 s: the old leader was seen stopped at {stopped:?}, the standby led at {led:?}"
     );
+    // The Lease: the standby's acquiring record directly follows the cut-off
+    // leader's last renewal, and was stamped at least the Lease's duration
+    // after it (both processes' own clocks, as stored): a lower bound, which
+    // load can only widen.
+    let records = follow.await.expect("the Lease's watch");
+    let (taken, before) = records.split_last().expect("a record");
+    let last = before.last().expect("the leader's last renewal");
+    assert_eq!(
+        last.holder_identity.as_deref(),
+        Some("replica-far"),
+        "{records:#?}"
+    );
+    let gap = between(last.renew_time.as_ref(), taken.acquire_time.as_ref());
+    println!("the standby took the Lease {gap:?} after the cut-off leader's last renewal");
     assert!(
-        stopped < led,
-        "the standby led at {led:?}, before the cut-off leader stopped at {stopped:?}"
+        gap >= k8s_openapi::jiff::SignedDuration::try_from(LEASE_DURATION).unwrap(),
+        "the standby took the Lease {gap:?} after the leader's last renewal, within its duration: {records:#?}"
     );
     assert!(
         count_in_log(&leader.proc, "renew deadline") >= 1,
         "the old leader did not stop for its renew deadline:\n{}",
         leader.proc.log_tail(10)
     );
-    standby
-        .proc
-        .terminate(Duration::from_secs(10))
-        .await
-        .expect("standby stops");
+    standby.proc.terminate(STOP).await.expect("standby stops");
+}
+
+/// The Leases of `default` on `cluster`.
+async fn leases_of(cluster: &Cluster) -> Api<Lease> {
+    Api::namespaced(cluster.client().await.unwrap(), "default")
 }
 
 /// Writes the Lease `name` as held by `holder`, renewed at `renew`.
@@ -356,7 +511,10 @@ async fn a_leader_with_a_skewed_clock_keeps_the_lease_while_it_renews_and_loses_
     )
     .await;
     let mut standby = start_controller(&cluster.kubeconfig, lease, "replica-honest", &dir).await;
-    // 20 s of renewals from a clock an hour behind: the standby never leads.
+    // 20 s of renewals from a clock an hour behind: the standby never leads
+    // (a window of observation: load only lengthens it). The renewals come
+    // every 2 s against the Lease's 15 s: only this test stalling for some
+    // 13 s would let the Lease expire.
     let end = Instant::now() + Duration::from_secs(20);
     let mut next_renewal = Instant::now();
     while Instant::now() < end {
@@ -391,6 +549,10 @@ async fn a_leader_with_a_skewed_clock_keeps_the_lease_while_it_renews_and_loses_
         "the Lease was taken over"
     );
     // The holder's last renewal, stamped an hour ahead, then silence.
+    // `silent` is read before the write is sent: the standby cannot see the
+    // record earlier, so its 15 s on its own clock end after `silent` +
+    // 15 s, whatever the load (a lower bound with no tolerance).
+    let silent = Instant::now();
     write_holder(
         &leases,
         lease,
@@ -398,11 +560,13 @@ async fn a_leader_with_a_skewed_clock_keeps_the_lease_while_it_renews_and_loses_
         k8s_openapi::jiff::Timestamp::now() + hour,
     )
     .await;
-    let silent = Instant::now();
+    // A standby trusting the skewed `renewTime` would wait an hour; HANG
+    // is a hang bound far below that hour (it takes over some 15 to 17 s
+    // after the write).
     while leads(&http, standby.port).await != Some(true) {
         assert!(
-            silent.elapsed() < Duration::from_secs(25),
-            "the standby did not take over within 25 s of the holder's last renewal (logs in {})",
+            silent.elapsed() < HANG,
+            "the standby did not take over within {HANG:?} of the holder's last renewal (logs in {})",
             dir.display()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -410,7 +574,7 @@ async fn a_leader_with_a_skewed_clock_keeps_the_lease_while_it_renews_and_loses_
     let took = silent.elapsed();
     println!("holder silent at 0 s (renewTime an hour ahead): the standby led at {took:?}");
     assert!(
-        took >= Duration::from_secs(14),
+        took >= LEASE_DURATION,
         "the standby took over {took:?} after the last renewal, before the Lease's 15 s had passed"
     );
     let holder = leases
@@ -421,11 +585,7 @@ async fn a_leader_with_a_skewed_clock_keeps_the_lease_while_it_renews_and_loses_
         .unwrap()
         .holder_identity;
     assert_eq!(holder.as_deref(), Some("replica-honest"));
-    standby
-        .proc
-        .terminate(Duration::from_secs(10))
-        .await
-        .expect("standby stops");
+    standby.proc.terminate(STOP).await.expect("standby stops");
 }
 
 /// A kubeconfig for `cluster` that impersonates `user` (in no group but
@@ -507,21 +667,21 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{user}"}}]
             break;
         }
         assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "a leader with every permission was not Ready within 60 s:\n{}",
+            t.elapsed() < HANG,
+            "a leader with every permission was not Ready within {HANG:?}:\n{}",
             full.proc.log_tail(20)
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let took = t.elapsed();
-    full.proc.terminate(Duration::from_secs(10)).await.ok();
+    full.proc.terminate(STOP).await.ok();
 
     let kubeconfig = impersonating(&cluster, &dir, user);
     let mut lame = start_controller(&kubeconfig, "ready-no-pods", "no-pods-0", &dir).await;
     let t = Instant::now();
     while leads(&http, lame.port).await != Some(true) {
         assert!(
-            t.elapsed() < Duration::from_secs(60),
+            t.elapsed() < HANG,
             "the controller without pods never led:\n{}",
             lame.proc.log_tail(20)
         );
@@ -540,7 +700,7 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{user}"}}]
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     assert_eq!(leads(&http, lame.port).await, Some(true), "still leading");
-    lame.proc.terminate(Duration::from_secs(10)).await.ok();
+    lame.proc.terminate(STOP).await.ok();
     cluster
         .kubectl(&["delete", "-f", &file.to_string_lossy()])
         .expect("delete rbac");

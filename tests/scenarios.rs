@@ -73,7 +73,9 @@ async fn play_with(file: &str, adjust: impl FnOnce(&mut RunOptions)) -> Report {
         repo_root().join("tests/fixtures").join(file),
         PathBuf::from(env!("CARGO_BIN_EXE_forewarn")),
     );
-    opts.timeout = Duration::from_secs(150);
+    // A hang bound: these scenarios are over in 15 to 60 s; a healthy run
+    // ends as soon as its events are over and its nodes released.
+    opts.timeout = Duration::from_secs(240);
     // Runs of one fixture may overlap on the two clusters: a log dir each.
     static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -226,11 +228,22 @@ async fn hardware_failure_cordons_at_once_with_no_approval() {
     assert!(r.approvals.is_empty(), "approved: {:?}", r.approvals);
 }
 
+/// The 30 s notice is the point: the node is drained, and what happens at
+/// the drain deadline (NotBefore minus 5 s) depends on whether the drain
+/// beat it, which depends on the machine's load: approved once drained
+/// (the harness checks that nothing was left on the node when IMDS got
+/// the approval, and that it was decided after the drain), or held with
+/// the drain recorded incomplete (a `DrainIncomplete` Event).
 #[tokio::test(flavor = "multi_thread")]
-async fn spot_preempt_with_thirty_seconds_notice_is_drained_and_approved() {
+async fn spot_preempt_with_thirty_seconds_notice_is_drained_then_approved_or_held_at_the_deadline()
+{
     let r = play("spot-preempt.yaml").await;
     assert_eq!(r.cordoned, ["node-000000"]);
-    assert!(!r.approvals.is_empty());
+    assert!(
+        !r.approvals.is_empty() || r.timeline.iter().any(|l| l.contains("DrainIncomplete")),
+        "neither approved nor recorded DrainIncomplete:\n{}",
+        r.timeline.join("\n")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

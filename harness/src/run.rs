@@ -36,7 +36,8 @@ pub struct RunOptions {
     pub scenario: PathBuf,
     /// The `forewarn` binary.
     pub forewarn_bin: PathBuf,
-    /// Give up (and fail) after this long.
+    /// Give up (and fail) after this long: a hang bound, to be set well
+    /// beyond the scenario's own length (its notices, run times, delays).
     pub timeout: Duration,
     /// Print timeline lines as they happen.
     pub live: bool,
@@ -764,7 +765,8 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         opts.credentials.clone(),
     )
     .await?;
-    fleet.wait_ready(Duration::from_secs(60)).await?;
+    // A hang bound: every process is ready within seconds of starting.
+    fleet.wait_ready(Duration::from_secs(120)).await?;
     if let Some(path) = &opts.prometheus_targets {
         write_prometheus_targets(path, &fleet.metrics_ports())?;
     }
@@ -817,8 +819,11 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         .all_mut()
         .filter(|p| !gone.contains(&p.name))
         .collect();
+    // The chart's terminationGracePeriodSeconds (30 s): the kubelet would
+    // SIGKILL a process still running then. A healthy one exits within a
+    // second or two of SIGTERM, loaded or not.
     for p in procs.into_iter().rev() {
-        match p.terminate(Duration::from_secs(15)).await {
+        match p.terminate(Duration::from_secs(30)).await {
             Ok(s) if s.success() => {}
             Ok(s) => stop_problems.push(format!(
                 "{} exited with {s} on SIGTERM (log: {})",
@@ -919,7 +924,16 @@ struct SevSeen {
     decided: bool,
     sent: Option<String>,
     drained_nodes: HashSet<String>,
+    /// The nodes its status lists.
+    nodes: HashSet<String>,
 }
+
+/// How long the end of a run waits, once everything else is over, for the
+/// controller's Event of each release it made (Events are posted by a
+/// queue of their own, after the node writes). A hang bound: they come
+/// within a second or so; a run with one missing ends after this with a
+/// timeline line saying so (a test that needs the Event then fails on it).
+const RELEASE_EVENT_WAIT: Duration = Duration::from_secs(60);
 
 #[allow(clippy::too_many_lines)]
 async fn observe(
@@ -1001,6 +1015,11 @@ async fn observe(
     }));
     let mut acks_due: Vec<(Instant, Pod, String, String)> = Vec::new();
     let mut settling = false;
+    let mut settle_since: Option<Instant> = None;
+    // ScheduledEvents the controller posted a cordon Event about, and those
+    // it posted a release Event about (this run's Events).
+    let mut cordon_events: HashSet<String> = HashSet::new();
+    let mut release_events: HashSet<String> = HashSet::new();
     let mut deleted: HashSet<String> = HashSet::new();
     let mut unschedulable: HashMap<String, bool> = HashMap::new();
     let mut timed: Vec<(Duration, Vec<String>)> = opts.timed_kubectl.clone();
@@ -1089,13 +1108,33 @@ async fn observe(
                         .is_some_and(|x| x.drained == Some(true));
                     if expect_drained {
                         for node in affected(&entry.event_id) {
+                            // Pods there at the approval: this pass may read
+                            // the mock's log late, after the event ended and
+                            // the node was released, when new pods may have
+                            // come (created after the approval; whole
+                            // seconds, so one of the approval's own second
+                            // still counts). One whose containers have all
+                            // exited is gone, for the drain as for the
+                            // kubelet.
                             let on_node = pods_api
                                 .list(
                                     &ListParams::default().fields(&format!("spec.nodeName={node}")),
                                 )
                                 .await?
                                 .items
-                                .len();
+                                .iter()
+                                .filter(|p| {
+                                    p.metadata
+                                        .creation_timestamp
+                                        .as_ref()
+                                        .is_none_or(|t| chrono_time(&t.0) <= entry.time)
+                                })
+                                .filter(|p| {
+                                    !p.status.as_ref().is_some_and(|s| {
+                                        matches!(s.phase.as_deref(), Some("Succeeded" | "Failed"))
+                                    })
+                                })
+                                .count();
                             if on_node > 0 {
                                 report.violations.push(format!(
                                     "rule 2: {ty} {id} was approved while {node} still had {on_node} workload pods"
@@ -1179,6 +1218,8 @@ async fn observe(
                 st.drained = drained;
             }
             let approval = status.approval.clone().unwrap_or_default();
+            st.nodes
+                .extend(status.nodes.iter().flatten().map(|n| n.name.clone()));
             for n in status.nodes.iter().flatten() {
                 if let Some(at) = n.drained_at
                     && st.drained_nodes.insert(n.name.clone())
@@ -1301,6 +1342,20 @@ async fn observe(
             .collect();
         for e in fresh {
             let reason = e.reason.clone().unwrap_or_default();
+            let about = e
+                .regarding
+                .as_ref()
+                .and_then(|r| r.name.clone())
+                .unwrap_or_default();
+            match reason.as_str() {
+                "Cordoned" | "CordonShared" => {
+                    cordon_events.insert(about);
+                }
+                "Uncordoned" | "CordonReleased" => {
+                    release_events.insert(about);
+                }
+                _ => {}
+            }
             // Drained and ApprovalDecided come from the status timestamps above.
             if matches!(
                 reason.as_str(),
@@ -1537,8 +1592,36 @@ async fn observe(
                 .items
                 .is_empty();
         if events_over && sevs_over && nodes_released && sevs_deleted {
-            // One more pass after a moment: the Events that mark the last
-            // steps are posted just after the writes this pass saw.
+            // The Events that mark the last steps are posted just after the
+            // writes this pass saw: wait for the release Event of each
+            // ScheduledEvent that cordoned a node seen released (the
+            // observable fact, however late the queue posts it)...
+            let unreleased: Vec<&String> = cordon_events
+                .iter()
+                .filter(|name| !release_events.contains(*name))
+                .filter(|name| {
+                    sev_state
+                        .get(*name)
+                        .is_some_and(|st| st.nodes.iter().any(|n| left_nodes.contains(n)))
+                })
+                .collect();
+            let since = *settle_since.get_or_insert_with(Instant::now);
+            if !unreleased.is_empty() {
+                if since.elapsed() < RELEASE_EVENT_WAIT {
+                    tl.flush(false);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                tl.say(
+                    "harness",
+                    format!(
+                        "no Uncordoned or CordonReleased Event about {unreleased:?} within {RELEASE_EVENT_WAIT:?} of the end"
+                    ),
+                );
+                cordon_events.clear();
+            }
+            // ...then one more pass after a moment, for any other Event of
+            // the last pass (nothing waits on it).
             if settling {
                 report.finished = true;
                 break;
@@ -1548,6 +1631,7 @@ async fn observe(
             continue;
         }
         settling = false;
+        settle_since = None;
         if Instant::now() > deadline {
             report.violations.push(format!(
                 "time bound of {:?} reached: events over {events_over}, ScheduledEvents final {sevs_over}, nodes released {nodes_released}, ScheduledEvents deleted (if asked) {sevs_deleted}",

@@ -182,3 +182,90 @@ pub async fn start_mock_with(env: &Env, events: &str, hold: bool, name: &str) ->
     assert_eq!(base, format!("http://{}:80", env.imds_ip));
     mock
 }
+
+/// `kubectl logs -f` of a pod's container, read line by line on a thread
+/// of its own: started while the container runs, it sees every line the
+/// container writes until it exits (the stream ends then), however late
+/// the test looks and however soon the pod object goes.
+pub struct LogFollow {
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+    child: std::process::Child,
+    text: String,
+}
+
+impl LogFollow {
+    pub fn start(env: &Env, ns: &str, pod: &str) -> Self {
+        use std::io::BufRead as _;
+        let mut child = std::process::Command::new(env.cluster.kubectl_path())
+            .args(["logs", "-f", "-n", ns, pod])
+            .env("KUBECONFIG", &env.cluster.kubeconfig)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start kubectl logs -f");
+        let out = child.stdout.take().expect("kubectl stdout");
+        let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        LogFollow {
+            lines,
+            child,
+            text: String::new(),
+        }
+    }
+
+    /// Waits for the first line (the stream is attached and the container
+    /// has written); panics after `within`, a hang bound.
+    pub async fn attached(&mut self, within: Duration) {
+        let line = tokio::time::timeout(within, self.lines.recv())
+            .await
+            .unwrap_or_else(|_| panic!("kubectl logs -f printed nothing within {within:?}"))
+            .expect("kubectl logs -f ended without a line");
+        self.text.push_str(&line);
+        self.text.push('\n');
+    }
+
+    /// Everything read until the stream ended (the container exited), or
+    /// until `within` (a hang bound) if it did not.
+    pub async fn finish(mut self, within: Duration) -> String {
+        let deadline = tokio::time::Instant::now() + within;
+        while let Ok(Some(line)) = tokio::time::timeout_at(deadline, self.lines.recv()).await {
+            self.text.push_str(&line);
+            self.text.push('\n');
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.text
+    }
+}
+
+/// The RFC 3339 stamp of the first line of `logs` (the workload's own
+/// log, every line stamped) that contains `what`.
+pub fn log_stamp(logs: &str, what: &str) -> chrono::DateTime<chrono::Utc> {
+    let line = logs
+        .lines()
+        .find(|l| l.contains(what))
+        .unwrap_or_else(|| panic!("{what:?} not in the log:\n{logs}"));
+    line_stamp(line)
+}
+
+/// The stamp of the workload's `exiting` line, its last (written after its
+/// term delay, just before it exits 0), if it wrote one: a container the
+/// kubelet killed at the end of its grace never does.
+pub fn exit_stamp(logs: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    logs.lines()
+        .find(|l| l.ends_with(" exiting"))
+        .map(line_stamp)
+}
+
+fn line_stamp(line: &str) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::parse_from_rfc3339(line.split_whitespace().next().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("no stamp on {line:?}: {e}"))
+        .with_timezone(&chrono::Utc)
+}
