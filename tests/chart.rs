@@ -35,6 +35,9 @@ const AGENT_POLICY: &str = "forewarn-agent-reports";
 /// The chart's ValidatingAdmissionPolicy, and its binding (same name), by
 /// which the controller changes nothing on a pod but its notices.
 const CONTROLLER_POD_POLICY: &str = "forewarn-controller-pod-notices";
+/// The admission policy that lets only the controller write as its field
+/// manager on `ScheduledEvent`s (their approval decisions).
+const DECISIONS_POLICY: &str = "forewarn-controller-decisions";
 /// What `helm template` must be told the cluster serves for the chart to
 /// render the admission policy (`helm install` asks the cluster).
 const VAP_API: &str = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy";
@@ -222,7 +225,12 @@ fn cluster() -> (MutexGuard<'static, ()>, Cluster) {
     static STARTED: OnceLock<Result<Cluster, String>> = OnceLock::new();
     let turn = turn();
     let cluster = STARTED
-        .get_or_init(|| Cluster::start(CLUSTER, 3).map_err(|e| format!("{e:#}")))
+        .get_or_init(|| {
+            // FOREWARN_CHART_CLUSTER: another name, to run beside a
+            // `make test` that uses the default one.
+            let name = std::env::var("FOREWARN_CHART_CLUSTER").unwrap_or_else(|_| CLUSTER.into());
+            Cluster::start(&name, 3).map_err(|e| format!("{e:#}"))
+        })
         .clone()
         .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"));
     (turn, cluster)
@@ -1234,7 +1242,7 @@ fn chart_refuses_unconfined_agents_unless_acknowledged() {
             ["args"]
             .to_string();
         if what == "validationActions without Deny" {
-            assert_eq!(vaps, 4, "{what}: the two policies and their bindings");
+            assert_eq!(vaps, 6, "{what}: the three policies and their bindings");
             assert!(
                 controller_args.contains("--agent-policy="),
                 "{what}: {controller_args}"
@@ -1275,12 +1283,26 @@ fn chart_refuses_unconfined_agents_unless_acknowledged() {
     };
     assert_eq!(
         named("ValidatingAdmissionPolicy"),
-        [AGENT_POLICY, CONTROLLER_POD_POLICY]
+        [AGENT_POLICY, CONTROLLER_POD_POLICY, DECISIONS_POLICY]
     );
     assert_eq!(
         named("ValidatingAdmissionPolicyBinding"),
-        [AGENT_POLICY, CONTROLLER_POD_POLICY]
+        [AGENT_POLICY, CONTROLLER_POD_POLICY, DECISIONS_POLICY]
     );
+    // The decisions policy spares exactly the controller's ServiceAccount
+    // and covers the objects and their status.
+    let decisions = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"] == DECISIONS_POLICY
+        })
+        .expect("the decisions policy")
+        .to_string();
+    assert!(
+        decisions.contains("system:serviceaccount:forewarn:forewarn-controller"),
+        "{decisions}"
+    );
+    assert!(decisions.contains("scheduledevents/status"), "{decisions}");
     let binding = docs
         .iter()
         .find(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
@@ -2934,6 +2956,8 @@ fn installed_chart_confines_each_service_account() {
         ("validatingadmissionpolicybinding", AGENT_POLICY),
         ("validatingadmissionpolicy", CONTROLLER_POD_POLICY),
         ("validatingadmissionpolicybinding", CONTROLLER_POD_POLICY),
+        ("validatingadmissionpolicy", DECISIONS_POLICY),
+        ("validatingadmissionpolicybinding", DECISIONS_POLICY),
         ("crd", "scheduledevents.forewarn.dev"),
         ("crd", "scheduledeventreports.forewarn.dev"),
         ("crd", "virtualmachinereports.forewarn.dev"),
@@ -2956,12 +2980,12 @@ fn installed_chart_confines_each_service_account() {
         .collect();
     assert_eq!(
         names,
-        [AGENT_POLICY, CONTROLLER_POD_POLICY],
+        [AGENT_POLICY, DECISIONS_POLICY, CONTROLLER_POD_POLICY],
         "the release's admission policies"
     );
     // The API server type-checked each policy's CEL against the real
     // schema (the CRD, the Pod) and found nothing to warn about.
-    for policy in [AGENT_POLICY, CONTROLLER_POD_POLICY] {
+    for policy in [AGENT_POLICY, CONTROLLER_POD_POLICY, DECISIONS_POLICY] {
         let status = eventually("policy type-checked", Duration::from_secs(120), || {
             let p = k.json(&["get", "validatingadmissionpolicy", policy]);
             (p["status"]["observedGeneration"] == p["metadata"]["generation"])
@@ -5010,6 +5034,33 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
         }
     };
     clean();
+    // The nodes have no providerID: each node's VM is the one its agent
+    // stated first in its VirtualMachineReport (fixed once written), as an
+    // agent does at start.
+    k.run(
+        &[
+            "delete",
+            "virtualmachinereport",
+            a,
+            b,
+            cc,
+            "--ignore-not-found",
+        ],
+        None,
+    );
+    for (agent, node, vm) in [
+        (&agent_a, a, vm_a),
+        (&agent_b, b, vm_b),
+        (&agent_c, cc, vm_c),
+    ] {
+        let out = apply_report(
+            agent,
+            &format!(
+                "apiVersion: forewarn.dev/v1alpha1\nkind: VirtualMachineReport\nmetadata:\n  name: {node}\nspec:\n  node: {node}\n  vm: {vm}\n"
+            ),
+        );
+        assert!(out.ok, "agent on {node} may state its VM: {}", out.stderr);
+    }
     let ctl = ControllerProc::start(&controller.kubeconfig, "trust-controller");
     eventually("the controller leads", Duration::from_secs(120), || {
         ctl.log().contains("Leading: reconciling").then_some(())

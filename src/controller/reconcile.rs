@@ -496,7 +496,11 @@ impl Facts {
             ctx.reports.state(),
             super::intake::MAX_LIVE_REPORTS_PER_NODE,
             |n| {
-                nodes.iter().find(|x| x.name_any() == n).and_then(|x| nodes::provider_vm(x)).or_else(|| fixed.get(n).cloned())
+                nodes
+                    .iter()
+                    .find(|x| x.name_any() == n)
+                    .and_then(|x| nodes::provider_vm(x))
+                    .or_else(|| fixed.get(n).cloned())
             },
         );
         let ids = nodes::identities(
@@ -763,12 +767,7 @@ async fn observe(
     // The VMs a node handled here may go by (mapped, stated, providerID's).
     let vms: std::collections::HashSet<String> = wanted
         .iter()
-        .flat_map(|(node, vm, ..)| {
-            [
-                Some(vm.clone()),
-                facts.vm_of(node),
-            ]
-        })
+        .flat_map(|(node, vm, ..)| [Some(vm.clone()), facts.vm_of(node)])
         .flatten()
         .filter(|vm| !vm.is_empty())
         .map(|vm| vm.to_ascii_lowercase())
