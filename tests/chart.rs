@@ -2190,7 +2190,7 @@ fn crds_apply_with_the_hook_credentials_installs_the_new_crds() {
     // nodesNotListed is stored as written.
     eventually("the new schema served", Duration::from_secs(120), || {
         let report = report_yaml(
-            "crd-apply-probe",
+            "c0000000-0000-4000-8000-00000000c0de",
             "node-000000",
             "vm-0",
             "Reboot",
@@ -2207,30 +2207,38 @@ fn crds_apply_with_the_hook_credentials_installs_the_new_crds() {
         &[
             "delete",
             "scheduledevent",
-            "crd-apply-probe",
+            "c0000000-0000-4000-8000-00000000c0de",
             "--ignore-not-found",
         ],
         None,
     );
     k.ok_stdin(
         &["create", "-f", "-"],
-        &sev_yaml("crd-apply-probe", "Scheduled", "vm-0"),
+        &sev_yaml("c0000000-0000-4000-8000-00000000c0de", "Scheduled", "vm-0"),
     );
     apply_status(
         &c.kubeconfig,
-        "crd-apply-probe",
+        "c0000000-0000-4000-8000-00000000c0de",
         serde_json::json!({"phase": "Draining", "nodesNotListed": {"count": 7, "drained": 2}}),
         "chart-test",
     )
     .expect("status with nodesNotListed");
-    let ev = k.json(&["get", "scheduledevent", "crd-apply-probe"]);
+    let ev = k.json(&[
+        "get",
+        "scheduledevent",
+        "c0000000-0000-4000-8000-00000000c0de",
+    ]);
     assert_eq!(
         ev["status"]["nodesNotListed"],
         serde_json::json!({"count": 7, "drained": 2}),
         "{}",
         ev["status"]
     );
-    k.ok(&["delete", "scheduledevent", "crd-apply-probe"]);
+    k.ok(&[
+        "delete",
+        "scheduledevent",
+        "c0000000-0000-4000-8000-00000000c0de",
+    ]);
 
     // Again: nothing to do.
     let out = crds_apply(&hook);
@@ -3241,7 +3249,7 @@ fn installed_chart_confines_each_service_account() {
     );
 
     // A ScheduledEvent with the controller's status.
-    let sev = "chart-trust-probe";
+    let sev = "c0000000-0000-4000-8000-0000000000c7";
     k.run(
         &["delete", "scheduledevent", sev, "--ignore-not-found"],
         None,
@@ -5020,7 +5028,10 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
         ],
         None,
     );
-    let (forged, live) = ("forged-event", "live-event");
+    let (forged, live) = (
+        "f0000000-0000-4000-8000-0000000000fe",
+        "e0000000-0000-4000-8000-0000000000e1",
+    );
     let clean = || {
         k.run(
             &["delete", "scheduledeventreports", "--all", "--wait=false"],

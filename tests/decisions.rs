@@ -8,25 +8,23 @@
 //! On a cluster of its own. Fails, never skips, when the cluster cannot
 //! start.
 
-use std::io::Write as _;
+#[path = "support/trust_env.rs"]
+mod trust_env;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
+
+use trust_env::{
+    AGENT_POLICY, AGENT_SA, CONTROLLER_SA, Kubectl, NS, admin, agent_pod_on, eventually,
+    install_with, token, token_kubeconfig,
+};
 
 use chrono::{DateTime, Utc};
 use forewarn::crd::{CONTROLLER_MANAGER, ScheduledEvent};
-use forewarn_harness::cluster::{Cluster, helm_bin};
+use forewarn_harness::cluster::Cluster;
 use serde_json::{Value, json};
 
-const CLUSTER: &str = "forewarn-decisions";
-const NS: &str = "forewarn";
-const RELEASE: &str = "forewarn";
-const AGENT_SA: &str = "forewarn-agent";
-const CONTROLLER_SA: &str = "forewarn-controller";
-/// The chart's ValidatingAdmissionPolicy confining the agents (the
-/// controller checks it at start, --agent-policy).
-const AGENT_POLICY: &str = "forewarn-agent-reports";
 /// The chart's ValidatingAdmissionPolicy, and its binding (same name), by
 /// which no one but the controller's ServiceAccount writes as its field
 /// manager.
@@ -42,172 +40,21 @@ const REFUSAL: &str = "only the forewarn controller (its ServiceAccount) may";
 // ---------------------------------------------------------------------------
 // Tools (the minimum of tests/chart.rs's)
 
-#[derive(Debug)]
-struct Out {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
+const CLUSTER: &str = "forewarn-decisions";
 
-fn run(bin: &Path, args: &[&str], env: &[(&str, &Path)], stdin: Option<&str>) -> Out {
-    let mut cmd = Command::new(bin);
-    cmd.args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("failed to start {}: {e}", bin.display()));
-    if let Some(text) = stdin {
-        child
-            .stdin
-            .take()
-            .expect("stdin is piped")
-            .write_all(text.as_bytes())
-            .expect("failed to write stdin");
-    }
-    let out = child.wait_with_output().expect("failed to wait");
-    Out {
-        ok: out.status.success(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-/// Runs helm with its caches and config inside target/, never in ~.
-fn helm(args: &[&str]) -> Out {
-    let home = out_dir().join("helm-home");
-    std::fs::create_dir_all(&home).expect("helm home");
-    let env: Vec<(&str, PathBuf)> = vec![
-        ("HELM_CACHE_HOME", home.join("cache")),
-        ("HELM_CONFIG_HOME", home.join("config")),
-        ("HELM_DATA_HOME", home.join("data")),
-    ];
-    let env: Vec<(&str, &Path)> = env.iter().map(|(k, v)| (*k, v.as_path())).collect();
-    run(&helm_bin(), args, &env, None)
-}
-
-/// kubectl with a given kubeconfig.
-#[derive(Clone)]
-struct Kubectl {
-    bin: PathBuf,
-    kubeconfig: PathBuf,
-}
-
-impl Kubectl {
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> Out {
-        let cache = self.bin.join("../kubectl-cache");
-        run(
-            &self.bin,
-            args,
-            &[
-                ("KUBECONFIG", self.kubeconfig.as_path()),
-                ("KUBECACHEDIR", cache.as_path()),
-            ],
-            stdin,
-        )
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args, None);
-        assert!(out.ok, "kubectl {args:?} failed: {}", out.stderr.trim());
-        out.stdout
-    }
-
-    fn ok_stdin(&self, args: &[&str], stdin: &str) -> String {
-        let out = self.run(args, Some(stdin));
-        assert!(out.ok, "kubectl {args:?} failed: {}", out.stderr.trim());
-        out.stdout
-    }
-
-    fn json(&self, args: &[&str]) -> Value {
-        let mut a = args.to_vec();
-        a.extend_from_slice(&["-o", "json"]);
-        serde_json::from_str(&self.ok(&a)).expect("kubectl printed JSON")
-    }
-}
-
-/// This repository's root. Not the harness's `repo_root`: that is fixed
-/// when the harness is built, and a target directory shared by several
-/// checkouts may hold one built from another checkout.
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// One cluster for the whole test binary; the tests take turns on it.
 fn cluster() -> (MutexGuard<'static, ()>, Cluster) {
-    static TURN: Mutex<()> = Mutex::new(());
-    static STARTED: OnceLock<Result<Cluster, String>> = OnceLock::new();
-    let turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
-    let cluster = STARTED
-        .get_or_init(|| Cluster::start(CLUSTER, 3).map_err(|e| format!("{e:#}")))
-        .clone()
-        .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"));
-    (turn, cluster)
+    trust_env::cluster(CLUSTER, 3)
 }
 
-fn admin(c: &Cluster) -> Kubectl {
-    Kubectl {
-        bin: c.kubectl_path(),
-        kubeconfig: c.kubeconfig.clone(),
-    }
-}
-
-fn out_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("decisions-test");
-    std::fs::create_dir_all(&dir).expect("the tests' directory");
-    dir
-}
-
-/// Polls `check` every 250 ms until it returns `Some` or `within` passes.
-fn eventually<T>(what: &str, within: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(start.elapsed() < within, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
-/// Installs (or upgrades) the release with default values and waits for it
-/// (without the CRD hook Job, which KWOK would fake: see tests/chart.rs).
+/// Installs (or upgrades) the release with default values, waits for it,
+/// and waits for the decisions policy to be in force.
 fn install(k: &Kubectl, c: &Cluster) {
-    k.ok_stdin(
-        &["apply", "--server-side", "-f", "-"],
-        &format!(
-            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n  labels:\n    pod-security.kubernetes.io/enforce: privileged\n"
-        ),
-    );
-    let chart = repo_root()
-        .join("charts/forewarn")
-        .to_string_lossy()
-        .into_owned();
-    let kubeconfig = c.kubeconfig.to_string_lossy().into_owned();
-    let out = helm(&[
-        "upgrade",
-        "--install",
-        RELEASE,
-        &chart,
-        "--namespace",
-        NS,
-        "--kubeconfig",
-        &kubeconfig,
-        "--set",
-        "crds.upgradeJob.enabled=false",
-        "--wait",
-        "--timeout",
-        "180s",
-    ]);
-    assert!(out.ok, "helm install failed:\n{}{}", out.stdout, out.stderr);
+    install_with(k, c, &[]);
     decisions_policy_in_force(k);
 }
 
@@ -247,65 +94,6 @@ fn decisions_policy_in_force(k: &Kubectl) {
         );
         (!out.ok && out.stderr.contains(REFUSAL)).then_some(())
     });
-}
-
-/// A kubeconfig that authenticates with `token` only.
-fn token_kubeconfig(admin: &Kubectl, name: &str, token: &str) -> Kubectl {
-    let cfg = admin.json(&["config", "view", "--raw", "--minify", "--flatten"]);
-    let cluster = &cfg["clusters"][0]["cluster"];
-    let server = cluster["server"].as_str().expect("server");
-    let ca = cluster["certificate-authority-data"]
-        .as_str()
-        .expect("certificate-authority-data");
-    let path = out_dir().join(format!("{name}.kubeconfig"));
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
-         users:\n- name: {name}\n  user:\n    token: {token}\ncontexts:\n- name: {name}\n  context:\n    cluster: local\n    user: {name}\n    namespace: {NS}\n\
-         current-context: {name}\n"
-    );
-    std::fs::write(&path, text).expect("write kubeconfig");
-    Kubectl {
-        bin: admin.bin.clone(),
-        kubeconfig: path,
-    }
-}
-
-/// A TokenRequest token of `sa`, bound to `pod` when given.
-fn token(k: &Kubectl, sa: &str, pod: Option<(&str, &str)>) -> String {
-    let mut args = vec!["create", "token", sa, "-n", NS, "--duration", "1h"];
-    if let Some((name, uid)) = pod {
-        args.extend_from_slice(&[
-            "--bound-object-kind",
-            "Pod",
-            "--bound-object-name",
-            name,
-            "--bound-object-uid",
-            uid,
-        ]);
-    }
-    k.ok(&args).trim().to_string()
-}
-
-/// The agent pod the DaemonSet put on `node`: (name, uid).
-fn agent_pod_on(k: &Kubectl, node: &str) -> (String, String) {
-    let pods = k.json(&[
-        "get",
-        "pods",
-        "-n",
-        NS,
-        "-l",
-        "app.kubernetes.io/component=agent",
-        "--field-selector",
-        &format!("spec.nodeName={node}"),
-    ]);
-    let p = &pods["items"][0];
-    (
-        p["metadata"]["name"]
-            .as_str()
-            .expect("agent pod on the node")
-            .to_string(),
-        p["metadata"]["uid"].as_str().expect("uid").to_string(),
-    )
 }
 
 /// Options to play platform-redeploy.yaml with TokenRequest tokens of the
