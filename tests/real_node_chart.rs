@@ -341,7 +341,7 @@ async fn chart_agent_runs_on_the_real_node() {
         .expect("a KWOK node");
     let report = |node: &str| {
         format!(
-            "apiVersion: forewarn.dev/v1alpha1\nkind: ScheduledEventReport\nmetadata:\n  name: real-node-check.{node}\nspec:\n  scheduledEvent: real-node-check\n  report:\n    node: {node}\n    vm: {VM}\n    named: false\n    eventStatus: Completed\n    eventId: real-node-check\n    eventType: Reboot\n    resources: [elsewhere]\n"
+            "apiVersion: forewarn.dev/v1alpha1\nkind: ScheduledEventReport\nmetadata:\n  name: d1000000-0000-4000-8000-0000000000d1.{node}\nspec:\n  scheduledEvent: d1000000-0000-4000-8000-0000000000d1\n  report:\n    node: {node}\n    vm: {VM}\n    named: false\n    eventStatus: Completed\n    eventId: d1000000-0000-4000-8000-0000000000d1\n    eventType: Reboot\n    resources: [elsewhere]\n"
         )
     };
     let apply = |yaml: String| {
@@ -389,7 +389,7 @@ async fn chart_agent_runs_on_the_real_node() {
         .kubectl(&[
             "delete",
             "scheduledeventreport",
-            &format!("real-node-check.{}", env.node),
+            &format!("d1000000-0000-4000-8000-0000000000d1.{}", env.node),
             "--ignore-not-found",
         ])
         .expect("delete the check's report");
