@@ -5682,7 +5682,7 @@ fn chart_controller_waits_on_a_budget_and_deletes_the_event_past_retention() {
     let k = admin(&c);
     install(&k, &c);
     let (b, vm_b) = ("node-000001", "vm-budget-1");
-    let (ns, sev) = ("budget-blocked", "budget-event");
+    let (ns, sev) = ("budget-blocked", "b0000000-0000-4000-8000-0000000000be");
     for n in ["node-000000", b, "node-000002"] {
         k.run(&["uncordon", n], None);
     }
