@@ -420,7 +420,11 @@ async fn leader_cut_off_from_the_api_server_stops_before_a_standby_may_lead() {
     // leader's last renewal, and was stamped at least the Lease's duration
     // after it (both processes' own clocks, as stored): a lower bound, which
     // load can only widen.
-    let records = follow.await.expect("the Lease's watch");
+    // The record read before the cut comes first: the leader may have
+    // renewed no more between that read and the cut.
+    let records: Vec<LeaseSpec> = std::iter::once(held.spec.clone().unwrap_or_default())
+        .chain(follow.await.expect("the Lease's watch"))
+        .collect();
     let (taken, before) = records.split_last().expect("a record");
     let last = before.last().expect("the leader's last renewal");
     assert_eq!(
