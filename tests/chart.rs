@@ -4964,6 +4964,33 @@ fn report_yaml_named(
 }
 
 /// Applies a report as the agent does (server-side apply, its field manager).
+/// Makes each `(node, vm)` the node's VM as its agent states it at start:
+/// the node's `VirtualMachineReport` (whose `vm` the API server keeps as
+/// first written) deleted as admin, then written with the agent token bound
+/// to the chart's agent pod on the node. The KWOK nodes have no providerID,
+/// so this is how the controller knows their VMs.
+fn state_vms(k: &Kubectl, vms: &[(&str, &str)]) {
+    for (node, vm) in vms {
+        k.run(
+            &["delete", "virtualmachinereport", node, "--ignore-not-found"],
+            None,
+        );
+        let (pod, uid) = agent_pod_on(k, node);
+        let agent = token_kubeconfig(
+            k,
+            &format!("vm-report-{node}"),
+            &token(k, AGENT_SA, Some((&pod, &uid))),
+        );
+        let out = apply_report(
+            &agent,
+            &format!(
+                "apiVersion: forewarn.dev/v1alpha1\nkind: VirtualMachineReport\nmetadata:\n  name: {node}\nspec:\n  node: {node}\n  vm: {vm}\n"
+            ),
+        );
+        assert!(out.ok, "agent on {node} may state its VM: {}", out.stderr);
+    }
+}
+
 fn apply_report(who: &Kubectl, yaml: &str) -> Out {
     who.run(
         &[
@@ -5046,32 +5073,8 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
     };
     clean();
     // The nodes have no providerID: each node's VM is the one its agent
-    // stated first in its VirtualMachineReport (fixed once written), as an
-    // agent does at start.
-    k.run(
-        &[
-            "delete",
-            "virtualmachinereport",
-            a,
-            b,
-            cc,
-            "--ignore-not-found",
-        ],
-        None,
-    );
-    for (agent, node, vm) in [
-        (&agent_a, a, vm_a),
-        (&agent_b, b, vm_b),
-        (&agent_c, cc, vm_c),
-    ] {
-        let out = apply_report(
-            agent,
-            &format!(
-                "apiVersion: forewarn.dev/v1alpha1\nkind: VirtualMachineReport\nmetadata:\n  name: {node}\nspec:\n  node: {node}\n  vm: {vm}\n"
-            ),
-        );
-        assert!(out.ok, "agent on {node} may state its VM: {}", out.stderr);
-    }
+    // stated first in its VirtualMachineReport.
+    state_vms(&k, &[(a, vm_a), (b, vm_b), (cc, vm_c)]);
     let ctl = ControllerProc::start(&controller.kubeconfig, "trust-controller");
     eventually("the controller leads", Duration::from_secs(120), || {
         ctl.log().contains("Leading: reconciling").then_some(())
@@ -5742,6 +5745,7 @@ fn chart_controller_waits_on_a_budget_and_deletes_the_event_past_retention() {
     eventually("the controller leads", Duration::from_secs(120), || {
         ctl.log().contains("Leading: reconciling").then_some(())
     });
+    state_vms(&k, &[(b, vm_b)]);
     let (pod, uid) = agent_pod_on(&k, b);
     let agent_b = token_kubeconfig(
         &k,
