@@ -104,7 +104,7 @@ fn alert_names() -> Vec<String> {
         .flat_map(|g| g["rules"].as_sequence().cloned().unwrap_or_default())
         .filter_map(|r| r["alert"].as_str().map(String::from))
         .collect();
-    assert_eq!(names.len(), 17, "{names:?}");
+    assert_eq!(names.len(), 18, "{names:?}");
     names
 }
 
