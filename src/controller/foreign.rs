@@ -57,7 +57,18 @@ pub async fn ignore(
         s.approval = None;
     }
     // A merge patch removes the approval whoever owns its fields (the
-    // controller's own apply would leave another manager's fields).
+    // controller's own apply would leave another manager's fields). The
+    // same write records the condition, so that it stays on record even if
+    // this pass ends before its status write: the next pass no longer sees
+    // the approval, only the condition it keeps.
+    let mut recorded = stored.status.clone().unwrap_or_default();
+    record(
+        &mut recorded,
+        stored.status.as_ref(),
+        Some(&by),
+        stored.metadata.generation,
+        chrono::Utc::now(),
+    );
     Api::<ScheduledEvent>::all(ctx.client.clone())
         .patch_status(
             &name,
@@ -65,7 +76,9 @@ pub async fn ignore(
                 field_manager: Some(CONTROLLER_MANAGER.into()),
                 ..PatchParams::default()
             },
-            &Patch::Merge(&json!({"status": {"approval": null}})),
+            &Patch::Merge(
+                &json!({"status": {"approval": null, "conditions": recorded.conditions}}),
+            ),
         )
         .await
         .map_err(|source| Error::PatchStatus {
