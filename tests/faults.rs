@@ -54,8 +54,12 @@ fn cluster() -> Cluster {
             std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
             let policy = dir.join("audit-policy.yaml");
             std::fs::write(&policy, AUDIT_POLICY).map_err(|e| e.to_string())?;
+            // FOREWARN_FAULTS_CLUSTER: another name, to run beside a
+            // `make test` that uses the default one.
+            let name = std::env::var("FOREWARN_FAULTS_CLUSTER")
+                .unwrap_or_else(|_| "forewarn-faults".into());
             Cluster::start_with(
-                "forewarn-faults",
+                &name,
                 NODES,
                 &[("FOREWARN_KUBE_AUDIT_POLICY", policy.as_path())],
             )
@@ -542,8 +546,37 @@ fn deployment(app: &str, replicas: usize, placement: Value) -> Value {
 }
 
 /// Applies `doc`, a `ScheduledEventReport`, as its node's agent would
-/// (server-side apply, written here by the test).
+/// (server-side apply, written here by the test), after stating the
+/// report's VM as the node's in its `VirtualMachineReport`, as the agent
+/// does at start (the test's nodes have no providerID; the report's `vm`
+/// alone is never taken as the node's).
 async fn apply_report(client: &kube::Client, doc: Value) {
+    use forewarn::topology::VirtualMachineReport;
+    let node = doc["spec"]["report"]["node"].as_str().expect("node");
+    let vm = doc["spec"]["report"]["vm"].as_str().expect("vm");
+    let vm_reports = Api::<VirtualMachineReport>::all(client.clone());
+    let stated = vm_reports.get_opt(node).await.expect("read the VM report");
+    if stated.as_ref().map(|r| r.spec.vm.as_str()) != Some(vm) {
+        // Its `vm` is kept as first written: another VM means a new report.
+        if stated.is_some() {
+            vm_reports
+                .delete(node, &DeleteParams::default())
+                .await
+                .expect("delete the VM report");
+        }
+        vm_reports
+            .patch(
+                node,
+                &PatchParams::apply("fault-test").force(),
+                &Patch::Apply(json!({
+                    "apiVersion": "forewarn.dev/v1alpha1", "kind": "VirtualMachineReport",
+                    "metadata": {"name": node},
+                    "spec": {"node": node, "vm": vm},
+                })),
+            )
+            .await
+            .expect("state the node's VM");
+    }
     let name = doc["metadata"]["name"]
         .as_str()
         .expect("report name")
