@@ -810,6 +810,12 @@ async fn an_agent_killed_between_sending_an_approval_and_recording_it_loses_noth
     )
     .await;
     let (mut controller, _) = start_controller(&cluster, &dir, LEASE, "kill-controller").await;
+    // A new agent pod states its VM afresh: the node's VirtualMachineReport
+    // (owned by the agent's pod, which this test's agent has none of) left
+    // by an earlier test goes first.
+    let _ = Api::<forewarn::topology::VirtualMachineReport>::all(client.clone())
+        .delete(NODE, &DeleteParams::default())
+        .await;
     // The window between IMDS receiving the approval and the agent
     // recording it is the answer's delay (60 s), which the agent waits for
     // (its IMDS timeout is longer): this test kills it within that window
