@@ -716,14 +716,17 @@ async fn observe(
         if wanted.iter().any(|(w, ..)| *w == name) {
             continue;
         }
-        // A node whose VM the controller no longer knows (no providerID,
-        // its VirtualMachineReport gone with its agent's pod until the new
-        // pod writes it again) while its own agent's last report lists the
-        // event: it stays held as it is (and no approval is decided, below).
+        // A node whose VM the controller does not know (no providerID, and
+        // its VirtualMachineReport not written yet, or gone with its agent's
+        // pod until the new pod writes it again) while the event is live or
+        // its own agent's last report lists it: it stays held as it is (and
+        // no approval is decided, below). Without evidence either way, a
+        // hold taken earlier (by an earlier version too) is kept, not
+        // dropped for a moment; once the event is over it is released.
         let own_live = judged
             .iter()
             .any(|j| j.report.node == name && j.report.is_listed());
-        if own_live && facts.identity(&name).is_none() {
+        if (own_live || !plan::is_over(ev)) && facts.identity(&name).is_none() {
             continue;
         }
         wanted.push((name, String::new(), 0, false));
