@@ -55,7 +55,7 @@ const GUID_PATTERN: &str =
     "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
 
 /// An Azure Scheduled Event as IMDS announces it to the VMs it concerns,
-/// as the controller builds it from the agents' reports (DESIGN.md, Trust).
+/// as the controller builds it from the agents' reports (README, "The trust model").
 ///
 /// The object name is the `EventId` in lower case when it is a GUID, else
 /// `sev-` and a hash of it; `spec.eventId` keeps the id as IMDS spells it.
@@ -384,7 +384,7 @@ pub fn reports_of_node(node: &str) -> String {
 }
 
 /// A short, stable digest of an event's identity, what an approval decision
-/// is bound to (DESIGN.md rule 3): SHA-256 over the `EventId` (lower case),
+/// is bound to (an approval is bound to the event it was decided on): SHA-256 over the `EventId` (lower case),
 /// `EventType`, `EventSource`, `ResourceType`, the `Resources` (lower case,
 /// sorted, deduplicated) and `DurationInSeconds`, one per line; 16 hex
 /// digits. Status, `NotBefore` and description are not part of it: they
@@ -734,8 +734,7 @@ pub struct NodeProgress {
     pub impact: Option<NodeImpact>,
 }
 
-/// The impact observed on one node during an event (issue 16, "confirmed
-/// impact"). The event's impact window opens when forewarn decides the
+/// The impact observed on one node during an event. The event's impact window opens when forewarn decides the
 /// approval, when the event is seen `Started`, or when `NotBefore` passes,
 /// whichever comes first, and closes 60 s after the event left IMDS (a
 /// kubelet reports its new `bootID`, and renews its Lease, a little after
@@ -779,8 +778,8 @@ pub struct NodeImpact {
 }
 
 /// The approval ("start the event now") of a `Scheduled` event: the
-/// controller's decision, bound to the event it was made on (DESIGN.md rule
-/// 3), and what the sending agent reported of its POST.
+/// controller's decision, bound to the event it was made on (an approval is bound to
+/// the event it was decided on), and what the sending agent reported of its POST.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Approval {

@@ -1,4 +1,4 @@
-//! Fault domains (issue 16, item 6): each agent reports its VM's
+//! Fault domains: each agent reports its VM's
 //! `platformFaultDomain` and `platformUpdateDomain` from IMDS instance
 //! metadata in its own [`VirtualMachineReport`] (one per node, whether or
 //! not an event is under way); the controller labels the Node with them

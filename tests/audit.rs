@@ -1,5 +1,4 @@
-//! Least privilege, proven both ways from what the API server saw (issue 15,
-//! item 7). Every cluster of `make test` runs its API server with an audit
+//! Least privilege, proven both ways from what the API server saw. Every cluster of `make test` runs its API server with an audit
 //! policy (`hack/audit-policy.yaml`: every request of a ServiceAccount at
 //! level `Metadata`, RBAC bindings written with their bodies); when the
 //! other suites have ended, `hack/test-all.sh` runs this one on the logs

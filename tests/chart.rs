@@ -147,7 +147,7 @@ fn documents(yaml: &str) -> Vec<Value> {
         .collect()
 }
 
-/// kubectl with a given kubeconfig.
+/// Kubectl with a given kubeconfig.
 #[derive(Clone)]
 struct Kubectl {
     bin: PathBuf,
@@ -948,7 +948,7 @@ fn find_doc<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> 
         .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
 }
 
-/// `metrics.auth.enabled` (issue 15 item 5): on, both workloads run with
+/// `metrics.auth.enabled`: on, both workloads run with
 /// `--metrics-auth=kubernetes`, both roles may create TokenReviews and
 /// SubjectAccessReviews, the ClusterRole `forewarn-metrics-reader` allows
 /// `get` on `/metrics` (bound to the scraper's ServiceAccount when named),
@@ -1412,8 +1412,7 @@ fn workloads_run_the_documented_flags_and_security_context() {
         .iter()
         .filter_map(Value::as_str)
         .collect();
-    // The agent serves its metrics on the node's own IP only (issue 15
-    // item 5): the port from --metrics-addr, the IP from the downward API.
+    // The agent serves its metrics on the node's own IP only: the port from --metrics-addr, the IP from the downward API.
     assert!(
         args.contains(&"agent")
             && args.contains(&"--metrics-addr=0.0.0.0:9101")
@@ -2277,7 +2276,7 @@ fn previous_chart_dir() -> String {
         .into_owned()
 }
 
-/// Issue 15 item 2: an upgrade from the previous release with an event in
+/// An upgrade from the previous release with an event in
 /// progress. The previous chart is installed (its `crds/`: the events CRD
 /// of that version, no reports CRD); a platform Redeploy of node-000001's
 /// VM is in progress as that version left it (the object its agent
@@ -4679,7 +4678,7 @@ impl Drop for ControllerProc {
     }
 }
 
-/// `metrics.auth.enabled` on a real API server (issue 15 item 5): the
+/// `metrics.auth.enabled` on a real API server: the
 /// chart installed with it (and the PodMonitor, so with the chart's
 /// scraper token Secret), a real controller and a real agent run with
 /// `--metrics-auth kubernetes` and TokenRequest tokens of the chart's
@@ -5018,7 +5017,7 @@ fn condition(k: &Kubectl, sev: &str, type_: &str) -> Option<Value> {
         .cloned()
 }
 
-/// The trust model (DESIGN.md, Trust) with the chart's own tokens (each
+/// The trust model (README, "The trust model") with the chart's own tokens (each
 /// agent's bound to the chart's agent pod on its node) and a real
 /// controller process holding the controller's token: an agent may write no
 /// `ScheduledEvent` and no other node's report; two other agents agreeing
@@ -5283,7 +5282,7 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
     clean();
 }
 
-/// The `helm test` Pod (issue 15 item 8): rendered only with
+/// The `helm test` Pod: rendered only with
 /// `helmTest.enabled`, as a `test` hook, with the controller's image
 /// (pinned by `image.digest` like every workload), security context and
 /// placement, and RBAC that can only `get` the objects it checks.
@@ -5489,8 +5488,7 @@ fn check_install_passes_only_with_a_leader_and_every_agent_ready() {
     );
 }
 
-/// `make image`'s packer (hack/oci-image.py) is reproducible (issue 15
-/// item 8): the same binary and SOURCE_DATE_EPOCH give the same archive
+/// `make image`'s packer (hack/oci-image.py) is reproducible: the same binary and SOURCE_DATE_EPOCH give the same archive
 /// byte for byte whenever it is packed; every file of the archive and of
 /// the layer, and the config's `created`, carry the epoch; another epoch
 /// gives another digest.
@@ -5958,7 +5956,7 @@ fn webhooks_come_from_a_secret_the_controller_mounts() {
     assert!(!plain.contains("webhooks"), "{plain}");
 }
 
-/// values.schema.json types `controller.webhooks.config` as the controller
+/// Values.schema.json types `controller.webhooks.config` as the controller
 /// reads the file: an unknown format or key fails `helm template`.
 #[test]
 fn a_misspelt_webhook_fails_the_install() {

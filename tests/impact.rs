@@ -1,5 +1,5 @@
 //! End-to-end tests of what the controller records of the impact and tells
-//! operators (issue 16, items 5 and 7) on a real local control plane: a
+//! operators on a real local control plane: a
 //! node's restart inside a Reboot's window recorded on the event with its
 //! time; a restart outside any event reported once (a Kubernetes Event on
 //! the Node and the controller's metric), also across a controller

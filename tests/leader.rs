@@ -618,7 +618,7 @@ async fn probes(http: &reqwest::Client, port: u16) -> (Option<u16>, Option<u16>)
     (status("readyz").await, status("healthz").await)
 }
 
-/// Issue 15 item 6: readiness says whether the controller could act. A
+/// Readiness says whether the controller could act. A
 /// leader with the controller's permissions turns Ready; one whose RBAC
 /// lacks pods leads (its metric) but, unable to sync its pod cache, stays
 /// not Ready for three times as long as the first took, while `/healthz`

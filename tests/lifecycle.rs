@@ -1,4 +1,4 @@
-//! End-to-end tests of the event lifecycle (issue 6) on a real local control
+//! End-to-end tests of the event lifecycle on a real local control
 //! plane: events whose only observers vanish still end; a predicted failure
 //! days ahead is not drained early; `--dry-run` touches nothing; the policy
 //! file is re-read mid-run; the API server itself refuses nonsense in a
@@ -80,7 +80,7 @@ async fn holds_anywhere(client: &Client) -> Vec<String> {
         .collect()
 }
 
-/// Item 2 of issue 6: the scale set's last VM is deleted by its own
+/// The scale set's last VM is deleted by its own
 /// `Terminate`; its agent (the only one IMDS told) dies with it. The event
 /// must still end `Completed` (condition `EndedWithoutObserver`, an Event
 /// saying why), be deleted after its retention, and leave no hold behind.
@@ -120,7 +120,7 @@ async fn last_vms_terminate_with_its_agent_gone_ends_completed_and_leaves_nothin
     );
 }
 
-/// Issue 13, item 6: a node whose own part of a multi-VM event ends (its
+/// A node whose own part of a multi-VM event ends (its
 /// VM's IMDS no longer lists it) while the event goes on for another node
 /// keeps its cordon for `releaseDelaySeconds` after its part ended, not a
 /// moment less (it was released at once as a stray), and keeps its record.
@@ -208,7 +208,7 @@ async fn a_node_whose_own_part_ends_is_released_after_the_release_delay() {
     );
 }
 
-/// Issue 13, item 6: a `ScheduledEvent` deleted by hand while IMDS still
+/// A `ScheduledEvent` deleted by hand while IMDS still
 /// lists its event is created again from the agents' reports, and its
 /// node stays cordoned throughout, until the event leaves IMDS. (How fast
 /// it comes back is a speed figure, for `make bench`.)
@@ -293,7 +293,7 @@ async fn a_scheduled_event_deleted_by_hand_is_created_again_and_its_node_stays_h
     );
 }
 
-/// Issue 13, item 6: an event that reached its `NotBefore`, ran and left
+/// An event that reached its `NotBefore`, ran and left
 /// IMDS while IMDS throttled every agent (429s), with no approval, is
 /// recorded as ended (`Completed`, `CompletedUnobserved`), not `Cancelled`;
 /// `ApprovalPending` never reads `Accepted` for it.
@@ -354,7 +354,7 @@ async fn event_that_ran_while_imds_throttled_the_agents_is_completed_not_cancell
     );
 }
 
-/// Issue 13, item 10: an upgrade from the version whose agents wrote
+/// An upgrade from the version whose agents wrote
 /// `ScheduledEvent`s, with an event in progress and a node held. The
 /// earlier version's object, its report (node, VM, status: no `EventId`)
 /// and its hold are in place when the new processes start: the new
@@ -452,7 +452,7 @@ async fn upgrade_with_an_event_in_progress_adopts_it_and_keeps_the_node_held() {
     );
 }
 
-/// Item 2 of issue 6: a GPU VM's own event (delivered to it alone) whose
+/// A GPU VM's own event (delivered to it alone) whose
 /// VM and node are deleted while it is still `Scheduled`: it ends once
 /// `NotBefore` passed, with the reason recorded.
 #[tokio::test(flavor = "multi_thread")]
@@ -502,7 +502,7 @@ async fn gpu_only_event_whose_vm_is_deleted_ends_with_its_reason() {
     assert!(holds_anywhere(&client).await.is_empty());
 }
 
-/// Item 4 of issue 6: a predicted-failure `Redeploy` with `NotBefore` a
+/// A predicted-failure `Redeploy` with `NotBefore` a
 /// week ahead: nothing is cordoned (the default drain lead time is an
 /// hour); the status and an Event say when the drain would start.
 #[tokio::test(flavor = "multi_thread")]
@@ -541,7 +541,7 @@ async fn predicted_failure_days_ahead_is_not_drained_early() {
     );
 }
 
-/// Item 7 of issue 6: `forewarn controller --dry-run` cordons nothing,
+/// `forewarn controller --dry-run` cordons nothing,
 /// evicts nothing and approves nothing, and says what it would have done.
 #[tokio::test(flavor = "multi_thread")]
 async fn dry_run_touches_nothing_and_records_what_it_would_do() {
@@ -612,7 +612,7 @@ async fn dry_run_touches_nothing_and_records_what_it_would_do() {
     );
 }
 
-/// Item 8 of issue 6: the policy file is re-read mid-run. An invalid new
+/// The policy file is re-read mid-run. An invalid new
 /// file is refused (logged, counted) and the policy in force stays; a valid
 /// one takes over and the waiting event is drained and approved.
 #[tokio::test(flavor = "multi_thread")]
@@ -677,7 +677,7 @@ async fn policy_file_changes_are_picked_up_and_an_invalid_one_is_refused() {
     );
 }
 
-/// Item 6 of issue 6: the schema lists the values, so the real API server
+/// The schema lists the values, so the real API server
 /// refuses a bogus `eventStatus` on create and on patch, and a bogus phase.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_api_server_refuses_a_bogus_event_status_or_phase() {
@@ -862,7 +862,7 @@ async fn the_api_server_refuses_an_oversize_or_misnamed_report() {
     }
 }
 
-/// Item 4 of issue 14: the status of an event of 10,000 nodes, every node
+/// The status of an event of 10,000 nodes, every node
 /// draining with terminating pods, is accepted by the real API server
 /// (applied as the controller applies it) and stored far under etcd's
 /// 1.5 MiB: 500 records listed, the rest counted in `nodesNotListed`,
@@ -1142,7 +1142,7 @@ fn secs(d: chrono::TimeDelta) -> f64 {
     d.as_seconds_f64()
 }
 
-/// Item 4 of issue 6: kube-apiserver really stopped (its process ended,
+/// Kube-apiserver really stopped (its process ended,
 /// its port refusing connections) for 20 s while a drain is in progress (a
 /// pod held by a finalizer is terminating), then started again. Once it is
 /// ready, the pod is finished as its kubelet would. After the return, in
@@ -1330,7 +1330,7 @@ async fn with_the_api_server_stopped_mid_drain_work_resumes_after_its_return() {
     );
 }
 
-/// Items 4 and the tests of issue 6: an `EventId` gone from the document
+/// An `EventId` gone from the document
 /// for 3 s and back (a flap), with the controller in the loop. The second
 /// appearance is handled afresh (`spec.appearance` 2, the first recorded in
 /// `status.previousAppearances`); the node is cordoned and tainted
@@ -1541,7 +1541,7 @@ async fn flapping_event_keeps_its_node_cordoned_and_workload_off() {
     );
 }
 
-/// Item 4 of issue 6: an approved event that starts and leaves IMDS while
+/// An approved event that starts and leaves IMDS while
 /// IMDS answers only 500s (25 s). Nobody saw it run; IMDS had accepted the
 /// approval, so it is `Completed` with the condition `CompletedUnobserved`,
 /// not `Cancelled`, and its node is released.

@@ -1,4 +1,4 @@
-//! End-to-end tests of issue 16, items 3, 4 and 6, on a real local control
+//! End-to-end tests of the drain lead time, the deadline policy and the fault domains, on a real local control
 //! plane: a rule's drain lead time holds one event's cordon until
 //! `NotBefore` minus it while another type drains at once; the deadline
 //! policy `Hold` never approves a drain a PodDisruptionBudget blocks, while

@@ -34,7 +34,7 @@ const NS: &str = "forewarn-real";
 const WORKLOAD_IMAGE: &str = "forewarn.local/workload:dev";
 
 /// The namespace, the CRD, and the agent's ServiceAccount with the rights
-/// the agent uses (issue 7's list).
+/// the agent uses.
 async fn setup(env: &Env, client: &Client) {
     env.cluster
         .kubectl(&[
@@ -927,7 +927,7 @@ async fn redeploy_drains_the_real_node_with_real_grace() {
     }
 }
 
-/// Issue 16, item 8, with the real container: the example workload
+/// With the real container: the example workload
 /// (`examples/notice-workload.yaml`, one replica on the real node) reads
 /// its notice from the downward-API file the kubelet keeps up to date,
 /// prepares, and acknowledges with its own ServiceAccount token; IMDS

@@ -111,8 +111,7 @@ const FINAL: [Phase; 3] = [Phase::Completed, Phase::Cancelled, Phase::Ignored];
 /// After a scenario, with its processes stopped and before the next one on
 /// the cluster (which deletes them): `kubectl get sev -o wide` is printed,
 /// and every `ScheduledEvent` on the cluster must be in a final phase, in
-/// the table's PHASE column and in the stored `status.phase` (issue 6:
-/// every object reaches a final phase).
+/// the table's PHASE column and in the stored `status.phase`.
 async fn every_object_is_final(cluster: &Cluster, file: &str) {
     let table = cluster
         .kubectl(&["get", "scheduledevents", "-o", "wide"])
@@ -381,7 +380,7 @@ async fn event_delivered_only_to_the_vm_it_names_is_handled() {
     assert_eq!(approved_via(&r), ["aks-gpupool-41220931-vmss_1"]);
 }
 
-/// A flood of 200 events in the same second (issue 14): every one is
+/// A flood of 200 events in the same second: every one is
 /// approved once drained (the 190 short Freezes at once, the 10 Reboots of
 /// the first VM once it is drained) and reaches Completed (`play` checks
 /// each event's expectations and that no node is left cordoned), and only

@@ -1,4 +1,4 @@
-//! End-to-end test of the operators' webhooks (issue 16, item 7) on a real
+//! End-to-end test of the operators' webhooks on a real
 //! local control plane: the real controller, given a webhooks file, POSTs
 //! to receivers this test serves on loopback. Checked is what the
 //! receivers got (bodies, order, retries), against the IMDS mock's log and

@@ -1,4 +1,4 @@
-//! Workloads take part (issue 16, items 1, 2 and 8), end to end on a real
+//! Workloads take part, end to end on a real
 //! local control plane: the pods that opt in get each event as a notice
 //! annotation, the approval waits for the pods that ask for it to
 //! acknowledge (up to a timeout), and the notices are gone once the event
@@ -541,7 +541,7 @@ async fn a_silent_pod_at_the_drain_deadline_is_left_to_on_deadline() {
     }
 }
 
-/// A late start (issue 16, item 3) keeps the node in service, not the pods
+/// A late start keeps the node in service, not the pods
 /// in the dark: with a Reboot rule's `drainLeadTimeSeconds: 30` and 80 s of
 /// notice, the notice is stored on the pods that opted in before the lead
 /// time begins (it does not wait for the drain), while the cordon waits

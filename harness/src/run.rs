@@ -1,6 +1,6 @@
 //! Plays one scenario end to end on a local cluster: a Deployment with a
 //! PodDisruptionBudget, the IMDS mock, one agent per node and the
-//! controller; prints a timeline; checks the rules of DESIGN.md from the
+//! controller; prints a timeline; checks the rules in README, "How it works", from the
 //! outside (nodes, pods and the mock's own log, never forewarn's word).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -50,7 +50,7 @@ pub struct RunOptions {
     /// The PodDisruptionBudget's `minAvailable`.
     pub min_available: i32,
     /// Nodes an "administrator" cordons before the scenario starts; forewarn
-    /// must leave them cordoned (DESIGN.md rule 4).
+    /// must leave them cordoned (forewarn undoes only what it did).
     pub precordoned: Vec<String>,
     /// Nodes left cordoned by forewarn for a `ScheduledEvent` that was then
     /// deleted by hand; forewarn must release them.
@@ -67,7 +67,7 @@ pub struct RunOptions {
     /// it upgrades them and the new processes start.
     pub keep_objects: bool,
     /// SIGKILL the controller as soon as an event is seen `Started`, and
-    /// start a new one (DESIGN.md: any process may die at any moment).
+    /// start a new one (any process may die at any moment).
     pub kill_controller_on_start: bool,
     /// SIGKILL this node's agent as soon as an event is seen `Started`, and
     /// start it again once every event has left IMDS: the new agent must

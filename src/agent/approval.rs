@@ -1,5 +1,5 @@
-//! Whether an agent sends an approval the controller decided (DESIGN.md
-//! rule 3).
+//! Whether an agent sends an approval the controller decided (an approval
+//! is bound to the event it was decided on).
 //!
 //! A decision is bound to the event it was made on: its appearance and the
 //! identity digest of the event ([`crate::crd::identity_digest`]). An agent
@@ -300,7 +300,7 @@ impl Approver {
         }
     }
 
-    /// Carries out the approvals the controller decided (DESIGN.md rule 3;
+    /// Carries out the approvals the controller decided (an approval is bound to the event it was decided on;
     /// see [`should_send`]): only for events this VM's document lists as
     /// `Scheduled`, with this agent's own report of the same appearance
     /// written, and the decision bound to the same content.

@@ -1,4 +1,4 @@
-//! Confirmed impact (issue 16, item 5): what actually happened to each
+//! Confirmed impact: what actually happened to each
 //! node. A change of a Node's `bootID` inside an event's impact window is
 //! recorded on the event (`status.nodes[].impact`), and is the expected
 //! impact of a `Reboot`, `Redeploy` or `Preempt`; any other change is an

@@ -1,4 +1,4 @@
-//! The fault-domain labels on Nodes (issue 16, item 6): from each agent's
+//! The fault-domain labels on Nodes: from each agent's
 //! `VirtualMachineReport`, the controller (the leader) labels that
 //! report's node with the VM's platform fault and update domain, where no
 //! cloud provider label already gives its fault domain; the decision is

@@ -1,4 +1,4 @@
-//! The Node condition `ForewarnScheduledEvent` (issue 16, item 7): `True`
+//! The Node condition `ForewarnScheduledEvent`: `True`
 //! while a live Azure Scheduled Event affects the node (reason its
 //! `EventType`; the message names each event, its status and `NotBefore`),
 //! `False` once none does, as node-problem-detector's `VMEventScheduled`

@@ -1,4 +1,4 @@
-//! Notices: the pods that take part (DESIGN.md, "Workloads take part")
+//! Notices: the pods that take part (README, "For workload authors")
 //! receive each event that affects their node as an annotation on
 //! themselves, which the kubelet projects into a downward-API file, so a
 //! container learns of the maintenance without any Kubernetes access.
@@ -172,7 +172,7 @@ pub struct Notice {
     pub not_before: Option<DateTime<Utc>>,
     /// `DurationInSeconds`: `0` none, `-1` unknown.
     pub duration_seconds: i64,
-    /// forewarn's phase.
+    /// Forewarn's phase.
     pub phase: Phase,
     /// The policy's action.
     pub action: Action,

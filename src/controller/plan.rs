@@ -1,5 +1,5 @@
 //! The pure heart of the controller: given an event and what the cluster
-//! looks like, what to do next. No I/O here, so every rule of DESIGN.md is
+//! looks like, what to do next. No I/O here, so every rule in README, "How it works", is
 //! tested without a cluster; [`super::status`] then says what the status
 //! should record.
 
@@ -324,7 +324,7 @@ pub enum Gate {
     AtDeadline,
 }
 
-/// The deadline decision (issue 16, item 4): given what is `left` of
+/// The deadline decision: given what is `left` of
 /// everything that must be done before the approval (nodes not drained,
 /// pods kept, and the acknowledgements awaited: [`awaited`]),
 /// the drain `deadline` (`NotBefore` minus `drainMarginSeconds`) and the
@@ -405,7 +405,7 @@ fn final_phase(ev: &ScheduledEvent) -> Option<Phase> {
     s.phase.filter(|p| p.is_final())
 }
 
-/// Whether the controller ends a live event itself (DESIGN.md: every object
+/// Whether the controller ends a live event itself (every object
 /// reaches a final phase), with the condition's reason and message:
 ///
 /// - `NoNodeLeft`: the event had mapped nodes (recorded in `status.nodes`),
@@ -486,7 +486,7 @@ pub(crate) fn name_of(ev: &ScheduledEvent) -> String {
     ev.metadata.name.clone().unwrap_or_default()
 }
 
-/// Releases `me`'s hold on every node that has it (DESIGN.md rules 4 and 5):
+/// Releases `me`'s hold on every node that has it (forewarn undoes only what it did, and a node is released only when its last event is over):
 /// the node stays cordoned while another event holds or claims it.
 fn release(me: &str, nodes: &[ObservedNode]) -> Vec<NodeWrite> {
     nodes
@@ -669,7 +669,7 @@ struct Known {
     on_deadline: DeadlineAction,
 }
 
-/// Plans the next step for `ev` (DESIGN.md, "Policy" and "Rules"), in
+/// Plans the next step for `ev` (README, "Policy"), in
 /// order: an event that is over releases its nodes ([`plan_finished`]); one
 /// no agent can see end any more is ended ([`unobserved_end`]); else the
 /// policy's action decides: [`plan_ignored`], [`plan_approve_only`] or

@@ -1,5 +1,5 @@
 //! What a `ScheduledEvent`'s status says after a reconcile: pure, like
-//! [`super::plan`]. The record stays honest (DESIGN.md): a node counts as
+//! [`super::plan`]. The record stays honest (README, "What `kubectl get sev` shows"): a node counts as
 //! drained only when it really emptied, and once the event is over its
 //! per-node record is frozen as it was, not recomputed from nothing.
 
@@ -805,7 +805,7 @@ fn conditions(
         c.out.retain(|x| x.type_ != "DrainScheduled");
         c.out.push(ended.clone());
     }
-    // Trust (DESIGN.md): nodes left alone for want of a trusted report, and
+    // Trust (README, "The trust model"): nodes left alone for want of a trusted report, and
     // a completion no trusted report confirms.
     c.set_while(
         "NodesUnconfirmed",

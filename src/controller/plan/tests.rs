@@ -1465,7 +1465,7 @@ fn fleet(n: usize, pods: usize, drained: impl Fn(usize) -> bool) -> (ScheduledEv
     (ev, seen(nodes, &[]))
 }
 
-/// Item 4 of issue 14: an event naming 10,000 VMs, every node with
+/// An event naming 10,000 VMs, every node with
 /// terminating pods, gives an object (spec and status) far under etcd's
 /// 1.5 MiB (under 600 KiB): 500 records listed, the rest counted, every
 /// message bounded.

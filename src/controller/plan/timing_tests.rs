@@ -1,5 +1,4 @@
-//! The per-rule drain lead time and the deadline policy (issue 16, items
-//! 3 and 4), and what the acknowledgements do at the deadline.
+//! The per-rule drain lead time and the deadline policy, and what the acknowledgements do at the deadline.
 
 use super::*;
 use crate::controller::status::next_status;
