@@ -469,6 +469,33 @@ impl Rig {
         self.rt.block_on(fleet.kill_agent(node));
     }
 
+    /// Stops (SIGKILL) the controller; it stays down until
+    /// [`Rig::start_controller`].
+    pub fn kill_controller(&mut self) {
+        let fleet = self.fleet.as_mut().expect("running");
+        self.rt.block_on(fleet.controller.kill());
+    }
+
+    /// Starts the controller again after [`Rig::kill_controller`], as its
+    /// kubelet restarts the container (the same Lease identity, so it leads
+    /// again at once), and waits until it leads (120 s: a hang bound, a
+    /// start takes seconds even on a loaded machine).
+    pub fn start_controller(&mut self) {
+        let fleet = self.fleet.as_mut().expect("running");
+        self.rt
+            .block_on(fleet.restart_controller_container())
+            .expect("the controller starts again");
+        eventually(
+            "the controller leads again",
+            Duration::from_secs(120),
+            || {
+                self.controller_log()
+                    .contains("Leading: reconciling")
+                    .then_some(())
+            },
+        );
+    }
+
     /// The controller's `/metrics` text.
     pub fn controller_metrics(&self) -> String {
         let (_, port) = self.fleet().metrics_ports()[0].clone();
@@ -591,6 +618,51 @@ impl Rig {
             seen,
             task,
         }
+    }
+
+    /// Starts recording, from now, the order in which objects of kind `K`
+    /// are created, as the API server stored them: each name with the
+    /// resourceVersion of the first state the watch delivered (for an
+    /// object created after the watch started, its creation's). The
+    /// resourceVersions of one etcd are one sequence, so two kinds' records
+    /// can be compared.
+    pub fn watch_creations<K>(&self) -> CreationWatch
+    where
+        K: kube::Resource<DynamicType = ()>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned
+            + Send
+            + 'static,
+    {
+        let seen: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+        let api: Api<K> = Api::all(self.client.clone());
+        let record = seen.clone();
+        let task = self.rt.spawn(async move {
+            use futures::StreamExt as _;
+            use kube::runtime::watcher;
+            let mut stream = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
+            while let Some(ev) = stream.next().await {
+                let obj = match ev {
+                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => o,
+                    _ => continue,
+                };
+                let meta = obj.meta();
+                let (Some(name), Some(rv)) = (
+                    meta.name.clone(),
+                    meta.resource_version
+                        .as_deref()
+                        .and_then(|v| v.parse().ok()),
+                ) else {
+                    continue;
+                };
+                let mut seen = record.lock().unwrap_or_else(|p| p.into_inner());
+                if !seen.iter().any(|(n, _)| *n == name) {
+                    seen.push((name, rv));
+                }
+            }
+        });
+        CreationWatch { seen, task }
     }
 
     /// Stops the processes (SIGTERM, so that the controller gives up its
@@ -717,6 +789,31 @@ pub fn refusal(e: kube::Error) -> String {
     match e {
         kube::Error::Api(s) => format!("{} ({}): {}", s.reason, s.code, s.message),
         e => e.to_string(),
+    }
+}
+
+/// The creations of one kind since [`Rig::watch_creations`].
+pub struct CreationWatch {
+    seen: Arc<Mutex<Vec<(String, u64)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CreationWatch {
+    /// The resourceVersion at which `name` was first seen, if it was.
+    pub fn created(&self, name: &str) -> Option<u64> {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.iter().find(|(n, _)| n == name).map(|(_, rv)| *rv)
+    }
+
+    /// Every name seen, with its first resourceVersion.
+    pub fn all(&self) -> Vec<(String, u64)> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl Drop for CreationWatch {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
