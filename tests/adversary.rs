@@ -39,7 +39,7 @@ use std::sync::{MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use forewarn::crd::{Phase, ScheduledEvent, ScheduledEventReport};
+use forewarn::crd::{Phase, ScheduledEvent};
 use forewarn::imds::model::object_name;
 use forewarn_harness::cluster::{Cluster, client_for};
 use serde_json::{Value, json};
