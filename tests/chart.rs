@@ -875,8 +875,11 @@ fn alerts_render_only_where_scraped_and_follow_the_release_name() {
     ])
     .expect("a rule");
     let text = serde_json::to_string(&rule["spec"]).expect("json");
-    assert!(text.contains(r#"daemonset=\"edge-agent\""#), "{text}");
-    assert!(!text.contains(r#"daemonset=\"forewarn-agent\""#), "{text}");
+    assert!(
+        text.contains(r#"daemonset=~\"edge-agent|edge-agent-windows\""#),
+        "{text}"
+    );
+    assert!(!text.contains(r#"daemonset=~\"forewarn-agent"#), "{text}");
     assert_eq!(
         text.replace("edge-agent", "forewarn-agent"),
         serde_json::to_string(&file).expect("json")
