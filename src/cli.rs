@@ -94,9 +94,10 @@ pub struct CheckInstallArgs {
     /// Name of the controller's leader-election Lease.
     #[arg(long, default_value = "forewarn-controller")]
     pub lease_name: String,
-    /// Name of the agents' DaemonSet.
-    #[arg(long, default_value = "forewarn-agent")]
-    pub agent_daemonset: String,
+    /// Name of an agents' DaemonSet; repeated for each (the Linux agents',
+    /// and the Windows agents' when the chart runs them).
+    #[arg(long, default_value = "forewarn-agent", num_args = 1)]
+    pub agent_daemonset: Vec<String>,
 }
 
 /// Subcommands of `forewarn crds`.

@@ -2,7 +2,7 @@
 //! checks, with the test's own read-only credentials, that an installed
 //! release works: its CRDs are installed and `Established` and serve the
 //! version this binary writes, a controller holds the leader-election Lease
-//! and renews it, and every agent the DaemonSet should run is Ready (an
+//! and renews it, and every agent the DaemonSets should run is Ready (an
 //! agent turns Ready once it has read its VM's IMDS document and listed its
 //! own reports: `src/agent/reports.rs`). It prints one line per check and
 //! fails when any check fails.
@@ -80,14 +80,18 @@ pub async fn check(client: &Client, args: &CheckInstallArgs, now: DateTime<Utc>)
         ),
     });
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &args.namespace);
-    checks.push(match daemonsets.get(&args.agent_daemonset).await {
-        Ok(ds) => agents_check(&args.agent_daemonset, &ds),
-        Err(e) => Check::new(
-            format!("agents (DaemonSet {})", args.agent_daemonset),
-            false,
-            error_detail(&e),
-        ),
-    });
+    // The first DaemonSet (the Linux agents') must run somewhere; another
+    // (the Windows agents') may have no node to run on.
+    for (i, name) in args.agent_daemonset.iter().enumerate() {
+        checks.push(match daemonsets.get(name).await {
+            Ok(ds) => agents_check(name, &ds, i > 0),
+            Err(e) => Check::new(
+                format!("agents (DaemonSet {name})"),
+                false,
+                error_detail(&e),
+            ),
+        });
+    }
     checks
 }
 
@@ -183,8 +187,10 @@ pub fn lease_check(name: &str, lease: &Lease, now: DateTime<Utc>) -> Check {
     }
 }
 
-/// Every agent the DaemonSet should run is up to date and Ready.
-pub fn agents_check(name: &str, ds: &DaemonSet) -> Check {
+/// Every agent the DaemonSet should run is up to date and Ready. A
+/// DaemonSet that should run on no node fails, unless `may_run_nowhere`
+/// (the Windows agents' on a cluster without Windows nodes).
+pub fn agents_check(name: &str, ds: &DaemonSet, may_run_nowhere: bool) -> Check {
     let name = format!("agents (DaemonSet {name})");
     let Some(s) = ds.status.as_ref() else {
         return Check::new(name, false, "no status yet");
@@ -198,6 +204,13 @@ pub fn agents_check(name: &str, ds: &DaemonSet) -> Check {
         "{ready} of {desired} Ready (each has read its VM's IMDS document and listed its own reports), {updated} up to date"
     );
     let ok = desired > 0 && ready == desired && updated == desired && current;
+    if desired == 0 && may_run_nowhere && current {
+        return Check::new(
+            name,
+            true,
+            "no node to run on (no node matches its nodeSelector)",
+        );
+    }
     if desired == 0 {
         return Check::new(
             name,
@@ -260,10 +273,13 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert!(agents_check("a", &ds(3, 3, 3)).ok);
-        assert!(!agents_check("a", &ds(3, 2, 3)).ok);
-        assert!(!agents_check("a", &ds(3, 3, 2)).ok);
-        assert!(!agents_check("a", &ds(0, 0, 0)).ok);
+        assert!(agents_check("a", &ds(3, 3, 3), false).ok);
+        assert!(!agents_check("a", &ds(3, 2, 3), false).ok);
+        assert!(!agents_check("a", &ds(3, 3, 2), false).ok);
+        assert!(!agents_check("a", &ds(0, 0, 0), false).ok);
+        // The Windows agents' DaemonSet on a cluster without Windows nodes.
+        assert!(agents_check("a", &ds(0, 0, 0), true).ok);
+        assert!(!agents_check("a", &ds(3, 2, 3), true).ok);
     }
 
     #[test]

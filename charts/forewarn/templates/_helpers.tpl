@@ -157,3 +157,70 @@ configured: controller.webhooks.existingSecret, else the chart's own
 {{- include "forewarn.fullname" . }}-webhooks
 {{- end -}}
 {{- end -}}
+
+{{/*
+The agent container's args, env, ports and probes: the same in the Linux
+agents' DaemonSet and the Windows agents' (agent.windows).
+*/}}
+{{- define "forewarn.agent.containerCommon" -}}
+args:
+  - --log-format={{ .Values.logFormat }}
+  - --log-level={{ .Values.logLevel }}
+  - agent
+  {{- if .Values.agent.metrics.bindAddress }}
+  - --metrics-addr={{ .Values.agent.metrics.bindAddress }}:{{ .Values.agent.metrics.port }}
+  {{- else }}
+  {{- /* The node's own IP (downward API): not every address of the node. */}}
+  - --metrics-addr=0.0.0.0:{{ .Values.agent.metrics.port }}
+  - --metrics-host=$(HOST_IP)
+  {{- end }}
+  {{- with .Values.agent.imdsUrl }}
+  - --imds-url={{ . }}
+  {{- end }}
+  - --poll-interval={{ .Values.agent.pollInterval }}
+  - --imds-timeout={{ .Values.agent.imdsTimeout }}
+  - --approval-fallback={{ .Values.agent.approvalFallback }}
+  {{- if .Values.metrics.auth.enabled }}
+  - --metrics-auth=kubernetes
+  {{- end }}
+  {{- range .Values.agent.extraArgs }}
+  - {{ . | quote }}
+  {{- end }}
+env:
+  - name: NODE_NAME
+    valueFrom:
+      fieldRef:
+        fieldPath: spec.nodeName
+  {{- if not .Values.agent.metrics.bindAddress }}
+  - name: HOST_IP
+    valueFrom:
+      fieldRef:
+        fieldPath: status.hostIP
+  {{- end }}
+  # Its VirtualMachineReport is owned by its pod (goes with it).
+  - name: POD_NAME
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.name
+  - name: POD_UID
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.uid
+  {{- with .Values.agent.extraEnv }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+ports:
+  - name: metrics
+    containerPort: {{ .Values.agent.metrics.port }}
+    protocol: TCP
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  {{- toYaml .Values.agent.livenessProbe | nindent 2 }}
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: metrics
+  {{- toYaml .Values.agent.readinessProbe | nindent 2 }}
+{{- end }}
