@@ -2,7 +2,7 @@
 CARGO ?= cargo
 SCENARIO ?= tests/fixtures/platform-redeploy.yaml
 
-.PHONY: demo test test-real test-real-chart real-node-down image lint unit generate manifests bench bench-drain cluster-up cluster-down
+.PHONY: demo test test-real test-real-chart real-node-down image release lint unit generate manifests bench bench-drain cluster-up cluster-down
 
 ## demo: local cluster + Azure scenario + agents + controller, with a live timeline (SCENARIO=path to pick another)
 demo:
@@ -43,6 +43,13 @@ real-node-down:
 ## image: the static binary as a reproducible OCI image archive (no docker, no registry); prints its path and digest
 image:
 	bash hack/build-image.sh
+
+## release: build the image (as `make image`), push it to REGISTRY/forewarn:VERSION and the chart, pinned to its
+## digest, to oci://REGISTRY/charts; prints the `helm install` command and the digest to pin (log in first: README)
+## (plain HTTP for a loopback REGISTRY only, or with PLAIN_HTTP=1)
+release:
+	@test -n "$(REGISTRY)" -a -n "$(VERSION)" || { echo "usage: make release REGISTRY=host[:port][/path] VERSION=x.y.z" >&2; exit 2; }
+	PLAIN_HTTP=$(PLAIN_HTTP) CARGO=$(CARGO) bash hack/release.sh "$(REGISTRY)" "$(VERSION)"
 
 ## lint: cargo fmt --check and clippy with warnings as errors
 lint:

@@ -40,6 +40,15 @@
 # so a connection to the `kubernetes` Service IP fails at once. Pods reach the
 # API server through KUBERNETES_SERVICE_HOST=127.0.0.1 with hostNetwork.
 #
+# With real_node_chart among the tests, the namespace also holds an OCI
+# registry (CNCF distribution, hack/build-registry.sh) on 127.0.0.1:<free
+# port>, storage under the run dir; `make release`'s script (hack/release.sh)
+# pushes the image and the chart there before the tests, and containerd pulls
+# from it over plain HTTP (a hosts.toml for that address only). The test
+# installs the chart from oci://127.0.0.1:<port>/... and containerd pulls the
+# image by digest: the copy of forewarn's image imported for
+# tests/real_node.rs is removed by the chart test first.
+#
 # One real node per machine: the kubelet's ports 10250/10248 and some of its
 # paths are fixed. Facts this relies on: /work/shared/REAL-NODE.md (not read
 # at run time).
@@ -149,13 +158,18 @@ for line in sys.stdin:
     fi
     TEST_BINS="$TEST_BINS $bin"
   done
-  # The chart test installs charts/forewarn with helm, built outside the
-  # namespace (it needs the Go module proxy).
+  # The chart test installs the chart with helm from a registry on
+  # loopback (CNCF distribution) that hack/release.sh pushes to with crane:
+  # all built outside the namespace (they need the Go module proxy).
   FOREWARN_HELM=""
+  REGISTRY_BIN=""
   if [[ " $REAL_TESTS " == *" real_node_chart "* ]]; then
     [[ -x "$here/build-helm.sh" || -f "$here/build-helm.sh" ]] || die "tests/real_node_chart.rs needs hack/build-helm.sh (the chart's helm build)"
     FOREWARN_HELM="$(bash "$here/build-helm.sh" | tail -n 1)/helm"
     [[ -x "$FOREWARN_HELM" ]] || die "hack/build-helm.sh built no helm"
+    REGISTRY_BIN=$(bash "$here/build-registry.sh" | tail -n 1)
+    [[ -x "$REGISTRY_BIN/registry" && -x "$REGISTRY_BIN/crane" ]] ||
+      die "hack/build-registry.sh built no registry or crane (tests/real_node_chart.rs needs both)"
   fi
   FOREWARN_BIN="$root/target/debug/forewarn"
   [[ -x "$FOREWARN_BIN" ]] || die "cargo did not build $FOREWARN_BIN"
@@ -248,12 +262,14 @@ cmd_down() {
     ns_kubectl delete node "$NODE" --wait=false >/dev/null 2>&1 || true
   fi
   # 2. kubelet, then every container and pause process, then containerd and
-  #    its shims.
+  #    its shims, then the registry.
   p=$(pid_of kubelet)
   [[ -z "$p" ]] || kill_wait TERM 10 "$p" || kill_wait KILL 5 "$p" || true
   # shellcheck disable=SC2046 # one PID per word
   kill_wait KILL 10 $(cgroup_pids) || true
   p=$(pid_of containerd)
+  [[ -z "$p" ]] || kill_wait TERM 10 "$p" || kill_wait KILL 5 "$p" || true
+  p=$(pid_of registry)
   [[ -z "$p" ]] || kill_wait TERM 10 "$p" || kill_wait KILL 5 "$p" || true
   # 3. The control plane (kwokctl's pid files), then anything else still in
   #    the namespace (shims, the IMDS mock, a test).
@@ -357,7 +373,7 @@ verify_down() {
 # Inside the namespace
 
 write_configs() {
-  mkdir -p "$W"/{run,containerd/root,containerd/state,containerd/opt,runc,cni/conf,cni/ipam,kubelet/root,kubelet/pki,pod-logs,kubectl-cache}
+  mkdir -p "$W"/{run,containerd/certs.d,containerd/root,containerd/state,containerd/opt,runc,cni/conf,cni/ipam,kubelet/root,kubelet/pki,pod-logs,kubectl-cache}
   cat >"$W/containerd/config.toml" <<EOF
 version = 2
 root = "$W/containerd/root"
@@ -389,6 +405,10 @@ oom_score = 0
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
         Root = "$W/runc"
+  # Per-registry hosts (hosts.toml): plain HTTP for the loopback registry
+  # only (release_to_registry writes it).
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$W/containerd/certs.d"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$W/cni/conf"
@@ -501,6 +521,72 @@ node_up() {
   log "node $NODE Ready in $((SECONDS - started))s"
 }
 
+# Starts the OCI registry on 127.0.0.1:<a free port> (the namespace's own
+# loopback), tells containerd to reach it over plain HTTP, and runs `make
+# release`'s script against it. Exports what the chart test reads:
+# FOREWARN_REAL_REGISTRY (host:port), FOREWARN_REAL_REGISTRY_LOG (its log,
+# with one access-log line per request), FOREWARN_REAL_RELEASE_{IMAGE,CHART,
+# VERSION} (what hack/release.sh printed), FOREWARN_REAL_IMAGE_ARCHIVE
+# (forewarn's archive as `make image` wrote it) and
+# FOREWARN_REAL_CONTAINERD_SOCK.
+release_to_registry() {
+  local port addr out archive version started=$SECONDS
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  addr="127.0.0.1:$port"
+  mkdir -p "$W/registry/storage"
+  cat >"$W/registry/config.yml" <<EOF
+version: 0.1
+log:
+  level: info
+  formatter: text
+storage:
+  filesystem:
+    rootdirectory: $W/registry/storage
+  delete:
+    enabled: false
+http:
+  addr: $addr
+EOF
+  log "starting the OCI registry on $addr"
+  OTEL_TRACES_EXPORTER=none "$REGISTRY_BIN/registry" serve "$W/registry/config.yml" >"$LOGS/registry.log" 2>&1 &
+  echo $! >"$STATE/registry.pid"
+  # (No proxy, whatever the environment says: the registry is on loopback.)
+  wait_for 30 "the registry answering on http://$addr/v2/" python3 -c \
+    'import sys, urllib.request as u; u.build_opener(u.ProxyHandler({})).open(sys.argv[1], timeout=2)' "http://$addr/v2/"
+  mkdir -p "$W/containerd/certs.d/$addr"
+  cat >"$W/containerd/certs.d/$addr/hosts.toml" <<EOF
+server = "http://$addr"
+
+[host."http://$addr"]
+  capabilities = ["pull", "resolve"]
+EOF
+  # forewarn's archive, as `make image` wrote it (cmd_build).
+  archive=$(awk '$1 ~ /\/forewarn:/ { print $2; exit }' <<<"$IMAGES")
+  [[ -f "$archive" ]] || die "no forewarn archive among the images: $IMAGES"
+  version="$(sed -n 's/^version: *//p' "$root/charts/forewarn/Chart.yaml")-real-node"
+  log "make release REGISTRY=$addr/forewarn-test VERSION=$version (hack/release.sh)"
+  # Offline here: every build it runs is cached (cmd_build), and cargo must
+  # not look for the network. helm and crane keep their config in the run dir.
+  out=$(CARGO_NET_OFFLINE=true HELM_CONFIG_HOME="$W/helm/config" HELM_CACHE_HOME="$W/helm/cache" \
+    DOCKER_CONFIG="$W/docker" bash "$here/release.sh" "$addr/forewarn-test" "$version" 2>"$LOGS/release.log") ||
+    die "hack/release.sh failed (log: $LOGS/release.log)"
+  echo "$out" >>"$LOGS/release.log"
+  FOREWARN_REAL_RELEASE_IMAGE=$(sed -n 's/^image: //p' <<<"$out")
+  FOREWARN_REAL_RELEASE_CHART=$(sed -n 's/^chart: //p' <<<"$out")
+  [[ -n "$FOREWARN_REAL_RELEASE_IMAGE" && -n "$FOREWARN_REAL_RELEASE_CHART" ]] ||
+    die "hack/release.sh printed no image: or chart: line (log: $LOGS/release.log)"
+  [[ "$(sed -n 's/^archive: //p' <<<"$out")" == "$archive" ]] ||
+    die "hack/release.sh pushed $(sed -n 's/^archive: //p' <<<"$out"), not the archive make image wrote ($archive)"
+  FOREWARN_REAL_REGISTRY=$addr
+  FOREWARN_REAL_REGISTRY_LOG="$LOGS/registry.log"
+  FOREWARN_REAL_RELEASE_VERSION=$version
+  FOREWARN_REAL_IMAGE_ARCHIVE=$archive
+  FOREWARN_REAL_CONTAINERD_SOCK=$SOCK
+  export FOREWARN_REAL_REGISTRY FOREWARN_REAL_REGISTRY_LOG FOREWARN_REAL_RELEASE_IMAGE FOREWARN_REAL_RELEASE_CHART \
+    FOREWARN_REAL_RELEASE_VERSION FOREWARN_REAL_IMAGE_ARCHIVE FOREWARN_REAL_CONTAINERD_SOCK
+  log "released to $addr in $((SECONDS - started))s: $FOREWARN_REAL_RELEASE_IMAGE"
+}
+
 cmd_inner() {
   local status=0 kubeconfig started=$SECONDS
   # (PID 1's namespaces are not readable on every machine: compare with the
@@ -545,6 +631,7 @@ cmd_inner() {
   [[ -f "$kubeconfig" ]] || die "hack/cluster.sh up gave no kubeconfig"
   KUBECONFIG_PATH=$kubeconfig
   node_up
+  [[ -z "$REGISTRY_BIN" ]] || release_to_registry
   log "real-node cluster ready in $((SECONDS - started))s; running the test"
   local t0=$SECONDS
   export FOREWARN_REAL_KUBECONFIG=$kubeconfig FOREWARN_REAL_K8S_BIN=$K8S_BIN FOREWARN_REAL_NODE=$NODE \
@@ -580,7 +667,7 @@ cmd_test() {
   mkdir -p "$LOGS" "$STATE"
   echo "$K8S_BIN" >"$STATE/k8s_bin"
   HOST_NETNS=$(readlink /proc/$$/ns/net)
-  export K8S_BIN IMAGES TEST_BINS FOREWARN_BIN FOREWARN_HELM HOST_NETNS RUN_MODE
+  export K8S_BIN IMAGES TEST_BINS FOREWARN_BIN FOREWARN_HELM REGISTRY_BIN HOST_NETNS RUN_MODE
   unshare --net --mount --propagation private -- bash "${BASH_SOURCE[0]}" __inner "$@" || status=$?
   # Whatever happened inside, nothing may be left outside.
   cmd_down || status=1

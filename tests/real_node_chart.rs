@@ -38,7 +38,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use forewarn::crd::AGENT_MANAGER;
-use forewarn_harness::cluster::repo_root;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -158,14 +157,7 @@ fn kubectl_as(env: &support::Env, token: &str, args: &[&str]) -> (bool, String) 
 async fn chart_agent_runs_on_the_real_node() {
     let env = env();
     let client = client(&env).await;
-    let chart = std::env::var("FOREWARN_REAL_CHART")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| repo_root().join("charts/forewarn"));
-    assert!(
-        chart.join("Chart.yaml").is_file(),
-        "no chart at {}",
-        chart.display()
-    );
+    let release = release();
     let mut mock = start_mock(&env).await;
     env.cluster
         .kubectl(&["create", "namespace", NS])
@@ -183,22 +175,21 @@ async fn chart_agent_runs_on_the_real_node() {
     let api_env = format!(
         r#"[{{"name":"KUBERNETES_SERVICE_HOST","value":"127.0.0.1"}},{{"name":"KUBERNETES_SERVICE_PORT","value":"{port}"}}]"#
     );
-    let (repo, tag) = AGENT_IMAGE.rsplit_once(':').unwrap();
     let home = env.logs.join("helm");
+    let from = forget_forewarn_image(&release);
     let started = Instant::now();
+    // The chart as `make release` published it: from the registry, its
+    // image pinned by digest in its own values (pulled IfNotPresent).
     helm(
         &[
             "install",
             "forewarn",
-            &chart.to_string_lossy(),
+            &release.chart,
+            "--version",
+            &release.version,
+            "--plain-http",
             "--namespace",
             NS,
-            "--set",
-            &format!("image.repository={repo}"),
-            "--set",
-            &format!("image.tag={tag}"),
-            "--set",
-            "image.pullPolicy=Never",
             "--set-json",
             &format!("agent.extraEnv={api_env}"),
             "--set-json",
@@ -258,7 +249,8 @@ async fn chart_agent_runs_on_the_real_node() {
     let spec = pod.spec.clone().expect("pod spec");
     assert_eq!(spec.host_network, Some(true));
     let container = &spec.containers[0];
-    assert_eq!(container.image.as_deref(), Some(AGENT_IMAGE));
+    assert_eq!(container.image.as_deref(), Some(release.image.as_str()));
+    assert_pulled_from_registry(&release, &pod, from);
     assert!(
         !container
             .args
@@ -521,7 +513,7 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
 
     let env = env();
     let client = client(&env).await;
-    let chart = repo_root().join("charts/forewarn");
+    let release = release();
     let pods: Api<Pod> = Api::namespaced(client.clone(), E2E_NS);
     let nodes: Api<Node> = Api::all(client.clone());
     let sevs: Api<ScheduledEvent> = Api::all(client.clone());
@@ -570,23 +562,22 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
     let api_env = format!(
         r#"[{{"name":"KUBERNETES_SERVICE_HOST","value":"127.0.0.1"}},{{"name":"KUBERNETES_SERVICE_PORT","value":"{port}"}}]"#
     );
-    let (repo, tag) = AGENT_IMAGE.rsplit_once(':').unwrap();
     let real = r#"{"forewarn.dev/real-node":"true"}"#;
     let home = env.logs.join("helm-e2e");
+    let from = forget_forewarn_image(&release);
     let started = Instant::now();
+    // The chart as `make release` published it, from the registry, with
+    // its image pinned by digest in its own values.
     helm(
         &[
             "install",
             "forewarn",
-            &chart.to_string_lossy(),
+            &release.chart,
+            "--version",
+            &release.version,
+            "--plain-http",
             "--namespace",
             E2E_NS,
-            "--set",
-            &format!("image.repository={repo}"),
-            "--set",
-            &format!("image.tag={tag}"),
-            "--set",
-            "image.pullPolicy=Never",
             "--set",
             "logFormat=plain",
             "--set-json",
@@ -701,9 +692,12 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
             probe.http_get.as_ref().and_then(|h| h.path.as_deref()),
             Some(path)
         );
-        assert_eq!(c.image.as_deref(), Some(AGENT_IMAGE));
+        assert_eq!(c.image.as_deref(), Some(release.image.as_str()));
         assert_eq!(p.spec.as_ref().unwrap().host_network, Some(true));
     }
+    // The first of these pods made containerd pull the image (the
+    // pre-install CRD Job's pod ran from it before them).
+    assert_pulled_from_registry(&release, &agent, from);
     assert_eq!(
         leader.spec.as_ref().unwrap().dns_policy.as_deref(),
         Some("ClusterFirstWithHostNet")
@@ -1244,4 +1238,582 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
         deployments.delete(d, &DeleteParams::default()).await.ok();
     }
     uninstall(&env, E2E_NS, &home);
+}
+
+// ---------------------------------------------------------------------------
+// `make release` on the real node: hack/real-node.sh serves an OCI registry
+// (CNCF distribution) on the namespace's 127.0.0.1 and runs hack/release.sh
+// against it before these tests; the chart tests above install from it.
+
+/// What hack/real-node.sh passes in about the registry and what
+/// hack/release.sh published there.
+struct Release {
+    /// `127.0.0.1:<port>`
+    registry: String,
+    /// The image reference the chart pins: `<registry>/<repository>:<tag>@<digest>`.
+    image: String,
+    /// The image's path in the registry (`forewarn-test/forewarn`).
+    repository: String,
+    tag: String,
+    digest: String,
+    /// `oci://<registry>/<path>/charts/forewarn`, for `helm install`.
+    chart: String,
+    /// The chart's path in the registry (`forewarn-test/charts/forewarn`).
+    chart_repository: String,
+    /// The chart digest `helm push` printed.
+    chart_digest: String,
+    version: String,
+    /// forewarn's OCI archive as `make image` wrote it.
+    archive: PathBuf,
+    /// The registry's log: one access-log line per request it served.
+    registry_log: PathBuf,
+    /// The real node's containerd socket.
+    containerd: PathBuf,
+}
+
+fn release() -> Release {
+    let var = |k: &str| {
+        std::env::var(k).unwrap_or_else(|_| {
+            panic!(
+                "{k} is not set: run through FOREWARN_REAL_TESTS=\"real_node real_node_chart\" \
+                 hack/real-node.sh test, which starts the registry and runs hack/release.sh"
+            )
+        })
+    };
+    let registry = var("FOREWARN_REAL_REGISTRY");
+    let image = var("FOREWARN_REAL_RELEASE_IMAGE");
+    let (name, digest) = image
+        .split_once('@')
+        .unwrap_or_else(|| panic!("the released image is not pinned by digest: {image}"));
+    let (path, tag) = name.rsplit_once(':').expect("the released image's tag");
+    let repository = path
+        .strip_prefix(&format!("{registry}/"))
+        .unwrap_or_else(|| panic!("{image} is not in the registry {registry}"))
+        .to_string();
+    // oci://<registry>/<path>/charts/forewarn:<tag>@sha256:...
+    let chart_ref = var("FOREWARN_REAL_RELEASE_CHART");
+    let (chart_name, chart_digest) = chart_ref.split_once('@').expect("the chart's digest");
+    let chart = chart_name
+        .rsplit_once(':')
+        .expect("the chart's tag")
+        .0
+        .to_string();
+    let chart_repository = chart
+        .strip_prefix(&format!("oci://{registry}/"))
+        .unwrap_or_else(|| panic!("{chart} is not in the registry {registry}"))
+        .to_string();
+    Release {
+        image: image.clone(),
+        repository,
+        tag: tag.to_string(),
+        digest: digest.to_string(),
+        chart,
+        chart_repository,
+        chart_digest: chart_digest.to_string(),
+        version: var("FOREWARN_REAL_RELEASE_VERSION"),
+        archive: var("FOREWARN_REAL_IMAGE_ARCHIVE").into(),
+        registry_log: var("FOREWARN_REAL_REGISTRY_LOG").into(),
+        containerd: var("FOREWARN_REAL_CONTAINERD_SOCK").into(),
+        registry,
+    }
+}
+
+const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+
+fn sha256(bytes: &[u8]) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let hex: String = d.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// One file of an OCI archive (a tar of an image layout), by `tar`.
+fn archive_file(archive: &std::path::Path, name: &str) -> Vec<u8> {
+    for member in [name.to_string(), format!("./{name}")] {
+        let out = Command::new("tar")
+            .arg("-xOf")
+            .arg(archive)
+            .arg(&member)
+            .output()
+            .expect("run tar");
+        if out.status.success() {
+            return out.stdout;
+        }
+    }
+    panic!("{} holds no {name}", archive.display())
+}
+
+/// A blob of the archive, checked against its digest.
+fn archive_blob(archive: &std::path::Path, digest: &str) -> Vec<u8> {
+    let blob = archive_file(archive, &format!("blobs/{}", digest.replacen(':', "/", 1)));
+    assert_eq!(sha256(&blob), digest, "a blob of the archive");
+    blob
+}
+
+/// A manifest of the archive with its digest and media type.
+struct Manifest {
+    digest: String,
+    media_type: String,
+    bytes: Vec<u8>,
+    json: serde_json::Value,
+}
+
+/// What the archive `make image` wrote holds: what its tag must name (the
+/// one entry of index.json, or index.json itself when it lists several
+/// manifests), and the linux/amd64 image manifest the real node runs.
+struct Archive {
+    top: Manifest,
+    /// The image manifests under `top` (`top` itself for a single image),
+    /// each with its platform as `os/architecture`.
+    images: Vec<(String, Manifest)>,
+}
+
+impl Archive {
+    fn amd64(&self) -> &Manifest {
+        &self
+            .images
+            .iter()
+            .find(|(p, _)| p == "linux/amd64")
+            .unwrap_or_else(|| panic!("the archive has no linux/amd64 image"))
+            .1
+    }
+}
+
+fn read_archive(archive: &std::path::Path) -> Archive {
+    let index_json = archive_file(archive, "index.json");
+    let index: serde_json::Value = serde_json::from_slice(&index_json).expect("index.json");
+    let entries = index["manifests"]
+        .as_array()
+        .expect("index.json's manifests");
+    let manifest = |digest: &str, media_type: &str| {
+        let bytes = archive_blob(archive, digest);
+        Manifest {
+            digest: digest.to_string(),
+            media_type: media_type.to_string(),
+            json: serde_json::from_slice(&bytes).expect("a manifest"),
+            bytes,
+        }
+    };
+    let top = if entries.len() == 1 {
+        manifest(
+            entries[0]["digest"].as_str().expect("digest"),
+            entries[0]["mediaType"].as_str().expect("mediaType"),
+        )
+    } else {
+        Manifest {
+            digest: sha256(&index_json),
+            media_type: OCI_INDEX.to_string(),
+            json: index.clone(),
+            bytes: index_json,
+        }
+    };
+    let images = if top.media_type == OCI_INDEX {
+        top.json["manifests"]
+            .as_array()
+            .expect("the index's manifests")
+            .iter()
+            .map(|m| {
+                let platform = format!(
+                    "{}/{}",
+                    m["platform"]["os"].as_str().unwrap_or("?"),
+                    m["platform"]["architecture"].as_str().unwrap_or("?")
+                );
+                let digest = m["digest"].as_str().expect("digest");
+                (
+                    platform,
+                    manifest(digest, m["mediaType"].as_str().expect("mediaType")),
+                )
+            })
+            .collect()
+    } else {
+        // One image: its platform is in its config.
+        let config = archive_blob(
+            archive,
+            top.json["config"]["digest"].as_str().expect("config"),
+        );
+        let config: serde_json::Value = serde_json::from_slice(&config).expect("config");
+        let platform = format!(
+            "{}/{}",
+            config["os"].as_str().unwrap_or("?"),
+            config["architecture"].as_str().unwrap_or("?")
+        );
+        vec![(
+            platform,
+            Manifest {
+                digest: top.digest.clone(),
+                media_type: top.media_type.clone(),
+                bytes: top.bytes.clone(),
+                json: top.json.clone(),
+            },
+        )]
+    };
+    Archive { top, images }
+}
+
+/// The blobs (config, layers) of an image manifest, with their sizes.
+fn blobs(m: &Manifest) -> Vec<(String, u64)> {
+    std::iter::once(&m.json["config"])
+        .chain(m.json["layers"].as_array().expect("layers"))
+        .map(|d| {
+            (
+                d["digest"].as_str().expect("digest").to_string(),
+                d["size"].as_u64().expect("size"),
+            )
+        })
+        .collect()
+}
+
+/// `ctr` against the real node's containerd, in the CRI's namespace.
+fn ctr(r: &Release, args: &[&str]) -> String {
+    let out = Command::new("ctr")
+        .arg("-a")
+        .arg(&r.containerd)
+        .args(["-n", "k8s.io"])
+        .args(args)
+        .output()
+        .expect("run ctr");
+    assert!(
+        out.status.success(),
+        "ctr {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Removes every copy of forewarn's image from the real node's containerd
+/// (the one hack/real-node.sh imported for tests/real_node.rs, and one an
+/// earlier test pulled from the registry) with a synchronous garbage
+/// collection, and checks that the content store no longer holds the
+/// linux/amd64 image's config and layers: the chart's pods can then only
+/// run once containerd has pulled them from the registry. Returns the
+/// length of the registry's log so far (the pull is read after it).
+fn forget_forewarn_image(r: &Release) -> u64 {
+    let a = read_archive(&r.archive);
+    let amd64 = a.amd64();
+    let config = blobs(amd64)[0].0.clone();
+    let pulled = format!("{}/{}", r.registry, r.repository);
+    let refs: Vec<String> = ctr(r, &["images", "ls", "-q"])
+        .lines()
+        .map(str::trim)
+        .filter(|l| *l == AGENT_IMAGE || l.starts_with(&pulled) || *l == config)
+        .map(String::from)
+        .collect();
+    if !refs.is_empty() {
+        let mut args = vec!["images", "rm", "--sync"];
+        args.extend(refs.iter().map(String::as_str));
+        ctr(r, &args);
+        println!("removed from containerd: {}", refs.join(" "));
+    }
+    let content = ctr(r, &["content", "ls", "-q"]);
+    for (d, _) in blobs(amd64) {
+        assert!(
+            !content.lines().any(|l| l.trim() == d),
+            "containerd still holds {d} of forewarn's image after removing it"
+        );
+    }
+    std::fs::metadata(&r.registry_log)
+        .expect("the registry's log")
+        .len()
+}
+
+/// One request of the registry's access log (combined log format:
+/// `host - - [date] "METHOD PATH PROTO" STATUS SIZE "REFERER" "USER AGENT"`):
+/// method, path, status, user agent.
+fn access(line: &str) -> Option<(String, String, u16, String)> {
+    let q: Vec<&str> = line.split('"').collect();
+    if q.len() < 7 {
+        return None;
+    }
+    let mut req = q[1].split_whitespace();
+    let (method, path) = (req.next()?, req.next()?);
+    let status = q[2].split_whitespace().next()?.parse().ok()?;
+    Some((method.into(), path.into(), status, q[5].into()))
+}
+
+/// Checks that containerd pulled forewarn's image from the registry, by
+/// digest, for `pod` (which runs it): the pod's image ID, containerd's image
+/// list, its content store, and the requests the registry served since
+/// `from` (forget_forewarn_image).
+fn assert_pulled_from_registry(r: &Release, pod: &Pod, from: u64) {
+    let a = read_archive(&r.archive);
+    let amd64 = a.amd64();
+    let repo = format!("{}/{}", r.registry, r.repository);
+    assert_eq!(
+        r.digest, a.top.digest,
+        "the chart pins another digest than the archive's"
+    );
+
+    // The kubelet's view: the image ID the runtime reported for the pod's
+    // container.
+    let status = pod.status.as_ref().expect("pod status");
+    let image_id = &status.container_statuses.as_ref().expect("statuses")[0].image_id;
+    println!("{}: imageID {image_id}", pod.name_any());
+    assert!(
+        *image_id == format!("{repo}@{}", a.top.digest)
+            || *image_id == format!("{repo}@{}", amd64.digest),
+        "the pod's imageID {image_id} is not {repo}@{} (or its linux/amd64 manifest {})",
+        a.top.digest,
+        amd64.digest
+    );
+
+    // containerd's image list: the image under the registry's name, by the
+    // digest the registry serves; the imported copy is not back.
+    let list = ctr(r, &["images", "ls"]);
+    let want = format!("{repo}@{}", a.top.digest);
+    let line = list
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(want.as_str()))
+        .unwrap_or_else(|| panic!("containerd lists no {want}:\n{list}"));
+    println!("containerd: {line}");
+    assert_eq!(line.split_whitespace().nth(2), Some(a.top.digest.as_str()));
+    assert!(
+        !list
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(AGENT_IMAGE)),
+        "the imported {AGENT_IMAGE} is back in containerd:\n{list}"
+    );
+    let content = ctr(r, &["content", "ls", "-q"]);
+    for (d, _) in blobs(amd64) {
+        assert!(
+            content.lines().any(|l| l.trim() == d),
+            "containerd's content store lacks {d}"
+        );
+    }
+
+    // The registry's side: what containerd asked it for since the image
+    // was removed. Every manifest by digest (none by tag), the linux/amd64
+    // image's config and layers fetched, and no blob of another platform.
+    let log = std::fs::read(&r.registry_log).expect("the registry's log");
+    let log = String::from_utf8_lossy(&log[from as usize..]).into_owned();
+    let served: Vec<(String, String, u16, String)> = log
+        .lines()
+        .filter_map(access)
+        .filter(|(_, p, _, ua)| {
+            p.starts_with(&format!("/v2/{}/", r.repository)) && ua.contains("containerd")
+        })
+        .collect();
+    for (m, p, s, ua) in &served {
+        println!("registry served containerd: {m} {p} {s} ({ua})");
+    }
+    let got = |method: &str, path: &str| {
+        served
+            .iter()
+            .any(|(m, p, s, _)| m == method && p == path && *s == 200)
+    };
+    let manifests = format!("/v2/{}/manifests/", r.repository);
+    let blob_path = |d: &str| format!("/v2/{}/blobs/{d}", r.repository);
+    assert!(
+        served
+            .iter()
+            .filter(|(_, p, _, _)| p.starts_with(&manifests))
+            .all(|(_, p, _, _)| p[manifests.len()..].starts_with("sha256:")),
+        "containerd asked for a manifest by tag, not by digest"
+    );
+    for d in [&a.top.digest, &amd64.digest] {
+        assert!(
+            got("GET", &format!("{manifests}{d}")),
+            "containerd did not GET the manifest {d} from the registry"
+        );
+    }
+    for (d, _) in blobs(amd64) {
+        assert!(
+            got("GET", &blob_path(&d)),
+            "containerd did not GET the blob {d} from the registry"
+        );
+    }
+    let ours: Vec<String> = blobs(amd64).into_iter().map(|(d, _)| d).collect();
+    for (platform, m) in &a.images {
+        for (d, _) in blobs(m) {
+            if !ours.contains(&d) {
+                assert!(
+                    !served.iter().any(|(_, p, _, _)| *p == blob_path(&d)),
+                    "containerd fetched {d} of the {platform} image"
+                );
+            }
+        }
+    }
+}
+
+/// `make release`'s push keeps every digest: what the registry serves for
+/// the released tag, asked over its /v2/ API with OCI Accept headers, is
+/// byte for byte what the archive `make image` wrote holds (the index and
+/// each platform's manifest), every blob is there at its size, and the
+/// chart pushed next to it pins that digest.
+#[tokio::test]
+async fn release_push_preserves_digests() {
+    use reqwest::header::{ACCEPT, CONTENT_TYPE};
+    let r = release();
+    let a = read_archive(&r.archive);
+    let http = forewarn::http::client_builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("HTTP client");
+    let base = format!("http://{}/v2", r.registry);
+    let accept = format!("{OCI_INDEX}, {OCI_MANIFEST}");
+    println!(
+        "archive {}: {} {} ({} image(s): {})",
+        r.archive.display(),
+        a.top.media_type,
+        a.top.digest,
+        a.images.len(),
+        a.images
+            .iter()
+            .map(|(p, m)| format!("{p} {}", m.digest))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    assert_eq!(
+        r.digest, a.top.digest,
+        "hack/release.sh pinned another digest than the archive's"
+    );
+
+    // The tag: HEAD gives the digest and media type, GET the same bytes.
+    let url = format!("{base}/{}/manifests/{}", r.repository, r.tag);
+    let head = http
+        .head(&url)
+        .header(ACCEPT, &accept)
+        .send()
+        .await
+        .expect("HEAD the tag");
+    assert_eq!(head.status(), 200, "HEAD {url}");
+    let header = |resp: &reqwest::Response, h: &str| {
+        resp.headers()
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(
+        header(&head, "docker-content-digest"),
+        a.top.digest,
+        "HEAD {url}"
+    );
+    assert_eq!(
+        header(&head, CONTENT_TYPE.as_str()),
+        a.top.media_type,
+        "HEAD {url}"
+    );
+    let get = http
+        .get(&url)
+        .header(ACCEPT, &accept)
+        .send()
+        .await
+        .expect("GET the tag");
+    assert_eq!(get.status(), 200, "GET {url}");
+    assert_eq!(header(&get, "docker-content-digest"), a.top.digest);
+    let body = get.bytes().await.expect("the manifest");
+    assert_eq!(sha256(&body), a.top.digest, "GET {url}: the bytes' digest");
+    assert_eq!(
+        body.as_ref(),
+        a.top.bytes.as_slice(),
+        "GET {url}: the bytes"
+    );
+    println!("registry: {} {url} -> {}", a.top.media_type, a.top.digest);
+
+    // Each platform's manifest by digest, and its blobs.
+    for (platform, m) in &a.images {
+        let url = format!("{base}/{}/manifests/{}", r.repository, m.digest);
+        let get = http
+            .get(&url)
+            .header(ACCEPT, &accept)
+            .send()
+            .await
+            .expect("GET a manifest");
+        assert_eq!(get.status(), 200, "GET {url}");
+        let body = get.bytes().await.expect("the manifest");
+        assert_eq!(body.as_ref(), m.bytes.as_slice(), "{platform}: GET {url}");
+        for (d, size) in blobs(m) {
+            let url = format!("{base}/{}/blobs/{d}", r.repository);
+            let head = http.head(&url).send().await.expect("HEAD a blob");
+            assert_eq!(head.status(), 200, "{platform}: HEAD {url}");
+            assert_eq!(
+                header(&head, "content-length"),
+                size.to_string(),
+                "{platform}: HEAD {url}"
+            );
+        }
+        println!(
+            "registry: {platform} {} and its {} blobs",
+            m.digest,
+            blobs(m).len()
+        );
+    }
+
+    // The chart: an OCI artifact whose values pin that image by digest.
+    let url = format!("{base}/{}/manifests/{}", r.chart_repository, r.version);
+    let get = http
+        .get(&url)
+        .header(ACCEPT, OCI_MANIFEST)
+        .send()
+        .await
+        .expect("GET the chart");
+    assert_eq!(get.status(), 200, "GET {url}");
+    assert_eq!(header(&get, "docker-content-digest"), r.chart_digest);
+    let manifest: serde_json::Value = get.json().await.expect("the chart's manifest");
+    assert_eq!(
+        manifest["config"]["mediaType"],
+        "application/vnd.cncf.helm.config.v1+json"
+    );
+    let layer = manifest["layers"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .find(|l| l["mediaType"] == "application/vnd.cncf.helm.chart.content.v1.tar+gzip")
+        .expect("the chart's content layer");
+    let url = format!(
+        "{base}/{}/blobs/{}",
+        r.chart_repository,
+        layer["digest"].as_str().unwrap()
+    );
+    let tgz = http
+        .get(&url)
+        .send()
+        .await
+        .expect("GET the chart")
+        .bytes()
+        .await
+        .expect("the chart");
+    assert_eq!(sha256(&tgz), layer["digest"].as_str().unwrap());
+    let file = r_logs_file("released-chart.tgz");
+    std::fs::write(&file, &tgz).expect("write the chart");
+    let read = |name: &str| {
+        let out = Command::new("tar")
+            .arg("-xzOf")
+            .arg(&file)
+            .arg(name)
+            .output()
+            .expect("run tar");
+        assert!(out.status.success(), "the chart has no {name}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let values = read("forewarn/values.yaml");
+    let chart_yaml = read("forewarn/Chart.yaml");
+    for want in [
+        format!("  repository: {}/{}\n", r.registry, r.repository),
+        format!("  digest: \"{}\"\n", a.top.digest),
+    ] {
+        assert!(
+            values.contains(&want),
+            "the chart's values.yaml lacks {want:?}"
+        );
+    }
+    for key in ["version", "appVersion"] {
+        let value = chart_yaml
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}: ")))
+            .map(|v| v.trim().trim_matches('"'));
+        assert_eq!(
+            value,
+            Some(r.version.as_str()),
+            "the chart's {key}:\n{chart_yaml}"
+        );
+    }
+    println!("registry: chart {} {} pins {}", r.chart, r.version, r.image);
+}
+
+/// A file in the real-node run's log dir.
+fn r_logs_file(name: &str) -> PathBuf {
+    PathBuf::from(std::env::var("FOREWARN_REAL_LOGS").expect("FOREWARN_REAL_LOGS")).join(name)
 }
