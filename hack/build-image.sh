@@ -52,6 +52,10 @@ version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n 1)
 log "building static release binaries (target/static)"
 (
   cd "$root"
+  # SOURCE_DATE_EPOCH dates the image, not the binary: some build scripts
+  # (ring's, psm's) rerun when it changes, and with it the whole fat-LTO
+  # link, at every commit.
+  unset SOURCE_DATE_EPOCH
   RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$root=/forewarn --remap-path-prefix=$cargo_home=/cargo" \
     "${CARGO:-cargo}" build --release --locked \
     --target "$target" --target-dir target/static \
