@@ -637,9 +637,10 @@ fn readme_policy_settings_and_install_values_are_accepted() {
             }
         }
     }
+    // And the digest pin its prose suggests (`--set image.digest=sha256:...`).
+    sets.push(format!("image.digest={digest}"));
     for key in [
-        "image.tag=",
-        "image.digest=",
+        "crds.upgradeJob.enabled=",
         "metrics.serviceMonitor.enabled=",
     ] {
         assert!(
