@@ -265,7 +265,12 @@ pub struct ImdsMockArgs {
     pub root_vm: Option<String>,
 }
 
-/// Resolves on SIGTERM or SIGINT (Ctrl-C).
+/// Resolves when the process is asked to stop: on Unix, SIGTERM (the
+/// kubelet's stop) or SIGINT (Ctrl-C); on Windows, any console control
+/// event: CTRL_C, CTRL_BREAK, CTRL_CLOSE, CTRL_LOGOFF or CTRL_SHUTDOWN
+/// (which one a Windows node sends on a container's stop depends on its
+/// runtime: all are taken, since none is proven here; tests/platforms.rs
+/// sends CTRL_C under Wine).
 pub async fn shutdown_signal() {
     #[cfg(unix)]
     {
@@ -282,11 +287,48 @@ pub async fn shutdown_signal() {
             }
         }
     }
-    #[cfg(not(unix))]
+    #[cfg(windows)]
+    {
+        windows_stop().await;
+    }
+    #[cfg(not(any(unix, windows)))]
     {
         let _ = tokio::signal::ctrl_c().await;
     }
     tracing::info!("Shutdown signal received");
+}
+
+/// The first console control event of any kind, by name. A listener that
+/// cannot be installed is logged and left out. Windows ends the process
+/// soon after the handler of a close, logoff or shutdown event returns (and
+/// tokio's returns at once): the agent keeps nothing that needs flushing
+/// (its reports are on the API server), so that is harmless.
+#[cfg(windows)]
+async fn windows_stop() {
+    use tokio::signal::windows;
+    macro_rules! on {
+        ($kind:literal, $listener:expr) => {
+            async {
+                match $listener {
+                    Ok(mut l) => {
+                        l.recv().await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(event = $kind, error = %e, "Cannot listen for this console control event");
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        };
+    }
+    let kind = tokio::select! {
+        () = on!("CTRL_C", windows::ctrl_c()) => "CTRL_C",
+        () = on!("CTRL_BREAK", windows::ctrl_break()) => "CTRL_BREAK",
+        () = on!("CTRL_CLOSE", windows::ctrl_close()) => "CTRL_CLOSE",
+        () = on!("CTRL_LOGOFF", windows::ctrl_logoff()) => "CTRL_LOGOFF",
+        () = on!("CTRL_SHUTDOWN", windows::ctrl_shutdown()) => "CTRL_SHUTDOWN",
+    };
+    tracing::info!(event = kind, "Console control event received");
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use anyhow::Context as _;
 use backon::ExponentialBuilder;
 use kube::runtime::watcher;
 use kube::{Client, Config};
@@ -63,7 +64,7 @@ impl Clients {
     /// # Errors
     /// No Kubernetes configuration, or a client that cannot be built.
     pub async fn infer(role: &str, identity: &str) -> anyhow::Result<Self> {
-        let config = request_config(Config::infer().await?, role, identity)?;
+        let config = request_config(infer_config().await?, role, identity)?;
         Self::from_request_config(config)
     }
 
@@ -82,6 +83,103 @@ impl Clients {
     }
 }
 
+/// The ServiceAccount directory of a pod, as a Linux container sees it
+/// (kube's in-cluster configuration reads it at this absolute path).
+pub const SERVICE_ACCOUNT_DIR: &str = "var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The environment variable a Windows HostProcess container's runtime sets
+/// to the directory where the container's volumes are mounted (e.g.
+/// `C:\C\<container id>\`): its ServiceAccount files are under
+/// `$CONTAINER_SANDBOX_MOUNT_POINT\var\run\secrets\...`, not at the path
+/// kube reads. (Runtimes that bind-mount the volumes at their container
+/// paths instead, containerd 1.7 and later, set it too, and the files are
+/// then found there as well.)
+pub const SANDBOX_MOUNT_POINT_ENV: &str = "CONTAINER_SANDBOX_MOUNT_POINT";
+
+/// The process's Kubernetes configuration: kube's inference (`KUBECONFIG`
+/// or `~/.kube/config`, else in-cluster), except in a Windows HostProcess
+/// container with no `KUBECONFIG`, where the in-cluster files are read
+/// under `$CONTAINER_SANDBOX_MOUNT_POINT` ([`in_cluster_under`]) when they
+/// are there.
+///
+/// # Errors
+/// No configuration found, or one that cannot be read.
+pub async fn infer_config() -> anyhow::Result<Config> {
+    #[cfg(windows)]
+    {
+        if std::env::var_os("KUBECONFIG").is_none()
+            && let Some(root) = std::env::var_os(SANDBOX_MOUNT_POINT_ENV)
+        {
+            let root = std::path::PathBuf::from(root);
+            if root.join(SERVICE_ACCOUNT_DIR).join("token").is_file() {
+                tracing::info!(root = %root.display(), "In-cluster configuration under the container's sandbox mount point");
+                let var = |name: &str| {
+                    std::env::var(name)
+                        .with_context(|| format!("{name} is not set: not in a cluster"))
+                };
+                let (host, port) = (
+                    var("KUBERNETES_SERVICE_HOST")?,
+                    var("KUBERNETES_SERVICE_PORT")?,
+                );
+                return in_cluster_under(&root, &host, &port).await;
+            }
+        }
+    }
+    Ok(Config::infer().await?)
+}
+
+/// The in-cluster configuration with the ServiceAccount's files (`token`,
+/// `ca.crt`, `namespace`) read from `root/var/run/secrets/kubernetes.io/
+/// serviceaccount/` instead of the absolute path, and the API server from
+/// `host` and `port` (the values of `KUBERNETES_SERVICE_HOST` and
+/// `KUBERNETES_SERVICE_PORT`), as kube's [`Config::incluster`] does. The token is read again from its file as
+/// kube does for in-cluster tokens (they are rotated).
+///
+/// # Errors
+/// A port that is not one, a file missing, or a CA that is not PEM.
+pub async fn in_cluster_under(
+    root: &std::path::Path,
+    host: &str,
+    port: &str,
+) -> anyhow::Result<Config> {
+    let dir = root.join(SERVICE_ACCOUNT_DIR);
+    let port: u16 = port
+        .parse()
+        .with_context(|| format!("KUBERNETES_SERVICE_PORT {port:?} is not a port"))?;
+    let server = match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => format!("https://{}", std::net::SocketAddr::new(ip, port)),
+        Err(_) => format!("https://{host}:{port}"),
+    };
+    let namespace = std::fs::read_to_string(dir.join("namespace"))
+        .with_context(|| format!("failed to read {}", dir.join("namespace").display()))?;
+    let ca = dir.join("ca.crt");
+    let token = dir.join("token");
+    for f in [&ca, &token] {
+        anyhow::ensure!(f.is_file(), "{} is missing", f.display());
+    }
+    let kubeconfig: kube::config::Kubeconfig = serde_json::from_value(serde_json::json!({
+        "clusters": [{"name": "in-cluster", "cluster": {
+            "server": server,
+            "certificate-authority": ca.to_string_lossy(),
+        }}],
+        "users": [{"name": "service-account", "user": {"tokenFile": token.to_string_lossy()}}],
+        "contexts": [{"name": "in-cluster", "context": {
+            "cluster": "in-cluster",
+            "user": "service-account",
+            "namespace": namespace.trim(),
+        }}],
+        "current-context": "in-cluster",
+    }))?;
+    let mut config =
+        Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .with_context(|| format!("in-cluster configuration from {}", dir.display()))?;
+    // As kube's in-cluster configuration: the CA is read again when it
+    // changes (rotation).
+    config.root_cert_file = Some(ca);
+    Ok(config)
+}
+
 /// Watches resume quickly after an API server outage: from their
 /// `resourceVersion` (kube's watcher relists only after `410 Gone`), after a
 /// bounded backoff (0.5 s doubling to 2.5 s, plus backon's jitter of up to
@@ -95,4 +193,46 @@ pub fn watch_backoff() -> watcher::ExponentialBackoff {
         .with_jitter()
         .without_max_times()
         .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SERVICE_ACCOUNT_DIR, in_cluster_under};
+
+    /// A HostProcess container's layout: the ServiceAccount's files under
+    /// the sandbox mount point are what the configuration uses.
+    #[tokio::test]
+    async fn the_in_cluster_configuration_is_read_under_a_sandbox_mount_point() {
+        let root = std::env::temp_dir().join(format!("forewarn-sandbox-{}", std::process::id()));
+        let dir = root.join(SERVICE_ACCOUNT_DIR);
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = rcgen::generate_simple_self_signed(vec!["kubernetes".into()]).unwrap();
+        std::fs::write(dir.join("ca.crt"), ca.cert.pem()).unwrap();
+        std::fs::write(dir.join("token"), "the-token").unwrap();
+        std::fs::write(dir.join("namespace"), "forewarn\n").unwrap();
+
+        let config = in_cluster_under(&root, "fd00::1", "6443").await.unwrap();
+        assert_eq!(config.cluster_url.to_string(), "https://[fd00::1]:6443/");
+        assert_eq!(config.default_namespace, "forewarn");
+        assert_eq!(config.root_cert.as_ref().map(Vec::len), Some(1));
+        assert_eq!(
+            config.root_cert_file.as_deref(),
+            Some(dir.join("ca.crt").as_path())
+        );
+        let token_file = dir.join("token").to_string_lossy().into_owned();
+        assert_eq!(
+            config.auth_info.token_file.as_deref(),
+            Some(token_file.as_str())
+        );
+        let v4 = in_cluster_under(&root, "10.0.0.1", "443").await.unwrap();
+        assert_eq!(v4.cluster_url.host(), Some("10.0.0.1"));
+
+        assert!(in_cluster_under(&root, "10.0.0.1", "https").await.is_err());
+        std::fs::remove_file(dir.join("token")).unwrap();
+        let missing = in_cluster_under(&root, "10.0.0.1", "443")
+            .await
+            .unwrap_err();
+        assert!(format!("{missing:#}").contains("token"), "{missing:#}");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }

@@ -19,6 +19,8 @@ pub struct Proc {
     /// Its stderr (and extra stdout) log.
     pub log: PathBuf,
     child: Child,
+    /// The signal [`Proc::terminate`] sends (a name `kill` knows).
+    stop_signal: String,
 }
 
 /// A free TCP port on 127.0.0.1, bound and released: another process may
@@ -70,19 +72,31 @@ impl Proc {
                 name: name.into(),
                 log,
                 child,
+                stop_signal: "TERM".into(),
             },
             stdout,
         ))
     }
 
-    /// Sends SIGTERM and waits up to `within` for the process to exit.
+    /// The process stopped by `signal` (a name `kill` knows, e.g. `INT`)
+    /// instead of SIGTERM in [`Proc::terminate`]: under Wine, SIGINT is
+    /// the Windows process's CTRL_C console control event, while SIGTERM
+    /// ends it at once.
+    #[must_use]
+    pub fn with_stop_signal(mut self, signal: &str) -> Self {
+        self.stop_signal = signal.into();
+        self
+    }
+
+    /// Sends SIGTERM (or the signal of [`Proc::with_stop_signal`]) and
+    /// waits up to `within` for the process to exit.
     ///
     /// # Errors
     /// When it is still running after `within` (it is then killed).
     pub async fn terminate(&mut self, within: Duration) -> anyhow::Result<ExitStatus> {
         if let Some(pid) = self.child.id() {
             let _ = Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
+                .args([format!("-{}", self.stop_signal), pid.to_string()])
                 .status()
                 .await;
         }
@@ -90,7 +104,11 @@ impl Proc {
             Ok(status) => Ok(status?),
             Err(_) => {
                 let _ = self.child.kill().await;
-                bail!("{} did not stop within {within:?} of SIGTERM", self.name)
+                bail!(
+                    "{} did not stop within {within:?} of SIG{}",
+                    self.name,
+                    self.stop_signal
+                )
             }
         }
     }
@@ -249,6 +267,41 @@ pub struct Credentials {
 /// second; the wait ends as soon as the line is there.
 const PORT_WITHIN: Duration = Duration::from_secs(120);
 
+/// How one node's agent is run instead of with the fleet's binary: a
+/// binary of another platform, through a command that runs it here (an
+/// emulator), e.g. `qemu-aarch64-static` with an arm64 binary or `wine64`
+/// with a Windows one. Its arguments and environment are the other
+/// agents'; its paths (kubeconfig, IMDS URL) too, so the emulator must map
+/// this machine's paths (qemu-user and Wine's `Z:` drive do).
+#[derive(Debug, Clone)]
+pub struct AgentRunner {
+    /// The command and its arguments, before the binary (not empty).
+    pub prefix: Vec<String>,
+    /// The agent's binary.
+    pub bin: PathBuf,
+    /// More environment for it (e.g. `WINEPREFIX`, `WINEDEBUG`), after the
+    /// fleet's.
+    pub env: Vec<(String, String)>,
+    /// The signal that stops it cleanly, a name `kill` knows: `TERM`
+    /// (qemu-user passes it on), `INT` under Wine (see
+    /// [`Proc::with_stop_signal`]).
+    pub stop_signal: String,
+}
+
+impl AgentRunner {
+    /// `prefix bin args` as a program and its arguments.
+    fn command(&self, args: &[String]) -> anyhow::Result<(PathBuf, Vec<String>)> {
+        let (program, rest) = self
+            .prefix
+            .split_first()
+            .context("an agent runner needs a command")?;
+        let mut all = rest.to_vec();
+        all.push(self.bin.to_string_lossy().into_owned());
+        all.extend_from_slice(args);
+        Ok((PathBuf::from(program), all))
+    }
+}
+
 /// What it takes to start forewarn processes for one run.
 struct Launch {
     bin: PathBuf,
@@ -257,16 +310,20 @@ struct Launch {
     imds_base: String,
     lease: String,
     credentials: Option<Credentials>,
+    /// Agents run otherwise, by node name.
+    runners: BTreeMap<String, AgentRunner>,
 }
 
 impl Launch {
-    /// Starts `args`; `kubeconfig`, when given, replaces `KUBECONFIG`.
+    /// Starts `args` (through `runner` when given); `kubeconfig`, when
+    /// given, replaces `KUBECONFIG`.
     fn spawn(
         &self,
         name: &str,
         args: &[String],
         file: &str,
         kubeconfig: Option<&Path>,
+        runner: Option<&AgentRunner>,
     ) -> anyhow::Result<Proc> {
         let kubeconfig = kubeconfig.map(|p| p.to_string_lossy().into_owned());
         let mut env: Vec<(&str, &str)> = self
@@ -278,7 +335,16 @@ impl Launch {
         if let Some(k) = &kubeconfig {
             env.push(("KUBECONFIG", k));
         }
-        Ok(Proc::spawn(name, &self.bin, args, &env, &self.log_dir, file)?.0)
+        let Some(runner) = runner else {
+            return Ok(Proc::spawn(name, &self.bin, args, &env, &self.log_dir, file)?.0);
+        };
+        env.extend(runner.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let (program, args) = runner.command(args)?;
+        Ok(
+            Proc::spawn(name, &program, &args, &env, &self.log_dir, file)?
+                .0
+                .with_stop_signal(&runner.stop_signal),
+        )
     }
 
     /// Starts a controller with Lease identity `identity` (as a pod's name
@@ -301,7 +367,7 @@ impl Launch {
             identity.into(),
         ];
         let kubeconfig = self.credentials.as_ref().map(|c| c.controller.as_path());
-        let mut proc = self.spawn("controller", &args, file, kubeconfig)?;
+        let mut proc = self.spawn("controller", &args, file, kubeconfig, None)?;
         let port = proc.metrics_port(PORT_WITHIN).await?;
         Ok((proc, port))
     }
@@ -327,7 +393,13 @@ impl Launch {
             ),
             None => None,
         };
-        self.spawn(&format!("agent {node}"), &args, file, kubeconfig)
+        self.spawn(
+            &format!("agent {node}"),
+            &args,
+            file,
+            kubeconfig,
+            self.runners.get(node),
+        )
     }
 }
 
@@ -394,6 +466,40 @@ impl Fleet {
         vms: &[(String, String)],
         credentials: Option<Credentials>,
     ) -> anyhow::Result<Self> {
+        Self::start_with_runners(
+            bin,
+            env,
+            log_dir,
+            scenario,
+            listen,
+            lease,
+            vms,
+            credentials,
+            BTreeMap::new(),
+        )
+        .await
+    }
+
+    /// As [`Fleet::start_as`], with the agents of the nodes in `runners`
+    /// run by their [`AgentRunner`] (another platform's binary).
+    ///
+    /// # Errors
+    /// As [`Fleet::start_as`], or a runner for a node without a VM.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start_with_runners(
+        bin: &Path,
+        env: &[(&str, &str)],
+        log_dir: &Path,
+        scenario: &Path,
+        listen: &str,
+        lease: &str,
+        vms: &[(String, String)],
+        credentials: Option<Credentials>,
+        runners: BTreeMap<String, AgentRunner>,
+    ) -> anyhow::Result<Self> {
+        if let Some(node) = runners.keys().find(|n| !vms.iter().any(|(v, _)| v == *n)) {
+            bail!("an agent runner for {node}, which has no VM in the scenario");
+        }
         let (mock, stdout) = Proc::spawn(
             "imds-mock",
             bin,
@@ -420,6 +526,7 @@ impl Fleet {
             imds_base,
             lease: lease.into(),
             credentials,
+            runners,
         };
         let controller_identity = "controller-0".to_string();
         let (controller, controller_port) = launch

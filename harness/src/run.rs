@@ -20,7 +20,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::cluster::Cluster;
-use super::procs::{Credentials, Fleet, Proc};
+use super::procs::{AgentRunner, Credentials, Fleet, Proc};
 use forewarn::controller::nodes::{holds, is_cordoned};
 use forewarn::crd::{
     CONTROLLER_MANAGER, CORDONED_FOR_ANNOTATION, ScheduledEvent, ScheduledEventReport,
@@ -124,6 +124,9 @@ pub struct RunOptions {
     /// Pods whose container the harness plays (KWOK runs no container):
     /// each reads its notice and acknowledges it (see [`Acknowledgers`]).
     pub acknowledgers: Option<Acknowledgers>,
+    /// Agents run otherwise, by node name: another platform's binary through
+    /// an emulator (see [`AgentRunner`]).
+    pub agent_runners: BTreeMap<String, AgentRunner>,
 }
 
 /// The part of a workload's containers the harness plays where KWOK runs
@@ -258,6 +261,7 @@ impl RunOptions {
             api_server_outage: None,
             extra_manifests: Vec::new(),
             acknowledgers: None,
+            agent_runners: BTreeMap::new(),
         }
     }
 }
@@ -754,7 +758,7 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         .iter()
         .filter_map(|v| Some((v.node.clone()?, v.name.clone())))
         .collect();
-    let mut fleet = Fleet::start_as(
+    let mut fleet = Fleet::start_with_runners(
         &opts.forewarn_bin,
         &env,
         &opts.log_dir,
@@ -763,6 +767,7 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         &lease,
         &vms,
         opts.credentials.clone(),
+        opts.agent_runners.clone(),
     )
     .await?;
     // A hang bound: every process is ready within seconds of starting.
