@@ -401,12 +401,6 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
                 let gate = gate.clone();
                 async move {
                     let _permit = gate.acquire(super::gate::deadline_of(&event)).await;
-                    // The object as the cache holds it now: its status may
-                    // have changed while this reconcile waited its turn.
-                    let event = ctx
-                        .events
-                        .get(&reflector::ObjectRef::from_obj(&*event))
-                        .unwrap_or(event);
                     reconcile(event, ctx).await
                 }
             },
