@@ -11,7 +11,6 @@ pub mod acknowledge;
 pub mod confinement;
 pub mod drain;
 pub mod foreign;
-pub mod gate;
 pub mod heartbeats;
 pub mod impact;
 pub mod intake;

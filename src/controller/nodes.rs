@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -126,87 +126,6 @@ pub async fn write_holds(
     )
     .await
     .map(|_| ())
-}
-
-/// How many times [`write_holds_rebased`] reads a node afresh after a
-/// 409 before it gives the conflict back: each round is lost only to
-/// another writer's success, so this many rounds lost in a row take that
-/// many events writing one node at once.
-const CONFLICT_ROUNDS: usize = 8;
-
-/// A node write planned on `planned_from` (the hold list `planned`, the
-/// cordon change `unschedulable`), carried over to `fresh`, the node as
-/// another writer left it: the holds the plan added are added and those it
-/// removed are removed, and every other hold in `fresh` is kept. An
-/// uncordon stays only while no hold is left (another event may hold the
-/// node now); a write that adds a hold cordons the node if another writer
-/// uncordoned it meanwhile (a node forewarn holds is cordoned).
-pub fn rebase_holds(
-    planned_from: &Node,
-    planned: &[String],
-    unschedulable: Option<bool>,
-    fresh: &Node,
-) -> (Vec<String>, Option<bool>) {
-    let before = holds(planned_from);
-    let mut merged: Vec<String> = holds(fresh)
-        .into_iter()
-        // Every hold but those the plan removed.
-        .filter(|h| !before.contains(h) || planned.contains(h))
-        .collect();
-    for h in planned {
-        if !before.contains(h) && !merged.contains(h) {
-            merged.push(h.clone());
-        }
-    }
-    let adds = planned.iter().any(|h| !before.contains(h));
-    let unschedulable = match unschedulable {
-        Some(false) if !merged.is_empty() => None,
-        None if adds && !is_cordoned(fresh) => Some(true),
-        other => other,
-    };
-    (merged, unschedulable)
-}
-
-/// [`write_holds`] on `node` as read, and when another writer changed the
-/// node since (409), the same change re-applied to the node read afresh
-/// ([`rebase_holds`]), up to [`CONFLICT_ROUNDS`] times. Many events holding
-/// one node (a flood of events naming one VM) each write its hold list at
-/// once; without this the losers would wait for a reconcile's backoff and
-/// a cache that may lag.
-///
-/// Returns what was written: the hold list and the cordon change (the
-/// plan's own unless it was re-applied).
-///
-/// # Errors
-/// The API error of the last attempt (a 409 after every round lost).
-pub async fn write_holds_rebased(
-    api: &Api<Node>,
-    node: &Node,
-    holds: &[String],
-    unschedulable: Option<bool>,
-    exclude_lb: bool,
-) -> Result<(Vec<String>, Option<bool>), kube::Error> {
-    let mut written = (holds.to_vec(), unschedulable);
-    let mut result = write_holds(api, node, holds, unschedulable, exclude_lb).await;
-    for _ in 0..CONFLICT_ROUNDS {
-        match &result {
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            _ => break,
-        }
-        // A list by name, not a get: the controller's RBAC lists nodes and
-        // grants no get (a list without a resourceVersion reads the latest).
-        let name = node.name_any();
-        let listed = api
-            .list(&ListParams::default().fields(&format!("metadata.name={name}")))
-            .await?;
-        let Some(fresh) = listed.items.into_iter().next() else {
-            // Deleted meanwhile: the 409 stands, and the next pass sees it gone.
-            break;
-        };
-        written = rebase_holds(node, holds, unschedulable, &fresh);
-        result = write_holds(api, &fresh, &written.0, written.1, exclude_lb).await;
-    }
-    result.map(|()| written)
 }
 
 /// The VM name an Azure `providerID` stands for, as it appears in `Resources`.
@@ -646,67 +565,6 @@ mod tests {
             lb_exclusion_for(&n, false, true),
             Some((json!(null), json!(null)))
         );
-    }
-
-    fn held(holds: &[&str]) -> Node {
-        let mut n = node("n", None, None);
-        if !holds.is_empty() {
-            n.metadata
-                .annotations
-                .get_or_insert_with(Default::default)
-                .insert(CORDONED_FOR_ANNOTATION.into(), holds.join(","));
-        }
-        n
-    }
-
-    fn v(s: &[&str]) -> Vec<String> {
-        s.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn a_hold_added_on_a_stale_read_keeps_the_holds_added_since() {
-        // Planned on [a]: add b. Meanwhile c was added.
-        let cordoned = |mut n: Node| {
-            n.spec.get_or_insert_with(Default::default).unschedulable = Some(true);
-            n
-        };
-        let (h, u) = rebase_holds(
-            &cordoned(held(&["a"])),
-            &v(&["a", "b"]),
-            None,
-            &cordoned(held(&["a", "c"])),
-        );
-        assert_eq!(h, ["a", "c", "b"]);
-        assert_eq!(u, None);
-        // Planned as a hold added to a cordoned node; meanwhile a's release
-        // uncordoned it: b's hold cordons it again.
-        let (h, u) = rebase_holds(&cordoned(held(&["a"])), &v(&["a", "b"]), None, &held(&[]));
-        assert_eq!(h, ["b"]);
-        assert_eq!(u, Some(true));
-        // Planned on an unheld node: add a and cordon. Meanwhile b cordoned it.
-        let (h, u) = rebase_holds(&held(&[]), &v(&["a"]), Some(true), &held(&["b"]));
-        assert_eq!(h, ["b", "a"]);
-        assert_eq!(u, Some(true));
-        // Already there: nothing twice.
-        let (h, _) = rebase_holds(&held(&[]), &v(&["a"]), Some(true), &held(&["a"]));
-        assert_eq!(h, ["a"]);
-    }
-
-    #[test]
-    fn a_release_on_a_stale_read_uncordons_only_if_no_hold_is_left() {
-        // Planned on [a]: release a and uncordon. Meanwhile b took a hold.
-        let (h, u) = rebase_holds(&held(&["a"]), &v(&[]), Some(false), &held(&["a", "b"]));
-        assert_eq!(h, ["b"]);
-        assert_eq!(u, None, "b holds the node: it stays cordoned");
-        // Meanwhile nothing else: the uncordon stands.
-        let (h, u) = rebase_holds(&held(&["a"]), &v(&[]), Some(false), &held(&["a"]));
-        assert!(h.is_empty());
-        assert_eq!(u, Some(false));
-        // Planned on [a, b]: release a. Meanwhile b was released: the
-        // plan's "keep b" does not bring b back.
-        let (h, u) = rebase_holds(&held(&["a", "b"]), &v(&["b"]), None, &held(&["a"]));
-        assert!(h.is_empty(), "{h:?}");
-        assert_eq!(u, None);
     }
 
     #[test]

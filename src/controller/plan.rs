@@ -155,22 +155,6 @@ pub enum NodeWrite {
 }
 
 impl NodeWrite {
-    /// This write as it was carried out on a node another writer had
-    /// changed (see `nodes::rebase_holds`): the hold list `holds` written,
-    /// and the cordon change `unschedulable`. A release whose uncordon was
-    /// dropped (another event holds the node now) is a release without one.
-    pub fn rebased(self, holds: Vec<String>, unschedulable: Option<bool>) -> NodeWrite {
-        match self {
-            NodeWrite::Cordon { node, .. } => NodeWrite::Cordon { node, holds },
-            NodeWrite::AddHold { node, .. } => NodeWrite::AddHold { node, holds },
-            NodeWrite::Release { node, uncordon, .. } => NodeWrite::Release {
-                node,
-                holds,
-                uncordon: uncordon && unschedulable == Some(false),
-            },
-        }
-    }
-
     /// The node written.
     pub fn node(&self) -> &str {
         match self {

@@ -929,14 +929,11 @@ async fn write_nodes(
         };
         let (api, w) = (api.clone(), w.clone());
         writes.push(async move {
-            let r =
-                nodes::write_holds_rebased(&api, &node, w.holds(), w.unschedulable(), exclude_lb)
-                    .await
-                    .map(|(holds, unschedulable)| w.clone().rebased(holds, unschedulable));
+            let r = nodes::write_holds(&api, &node, w.holds(), w.unschedulable(), exclude_lb).await;
             (w, r)
         });
     }
-    let results: Vec<(NodeWrite, std::result::Result<NodeWrite, kube::Error>)> =
+    let results: Vec<(NodeWrite, std::result::Result<(), kube::Error>)> =
         futures::stream::iter(writes)
             .buffer_unordered(NODE_WRITE_CONCURRENCY)
             .collect()
@@ -945,7 +942,7 @@ async fn write_nodes(
     let mut written = Vec::new();
     for (w, r) in results {
         match r {
-            Ok(w) => written.push(w),
+            Ok(()) => written.push(w),
             Err(source) => {
                 first_error.get_or_insert(Error::PatchNode {
                     node: w.node().into(),

@@ -308,12 +308,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     .reconcile_on(ack_rx.map(|name| reflector::ObjectRef::new(&name)))
     .reconcile_on(vm_changed)
     .reconcile_all_on(reload_rx)
-    // No limit of kube-runtime's own: every due reconcile waits at the
-    // deadline-ordered gate instead (see `gate`), which lets
-    // --reconcile-concurrency run at once, nearest `NotBefore` of the
-    // events not yet approved first.
-    .with_config(controller::Config::default().concurrency(0));
-    let gate = super::gate::Gate::new(usize::from(args.reconcile_concurrency));
+    .with_config(controller::Config::default().concurrency(args.reconcile_concurrency));
     let events = controller.store();
     metrics.watch_caches(nodes.clone(), events.clone());
     // Dry run: decide and record only; no node is labelled either.
@@ -396,17 +391,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let notice_sweep = tokio::spawn(sweep::sweep_orphaned_notices(ctx.clone()));
     let creator = tokio::spawn(spec::create_missing(ctx.clone(), report_changed));
     let controller = controller
-        .run(
-            move |event: Arc<ScheduledEvent>, ctx| {
-                let gate = gate.clone();
-                async move {
-                    let _permit = gate.acquire(super::gate::deadline_of(&event)).await;
-                    reconcile(event, ctx).await
-                }
-            },
-            error_policy,
-            ctx,
-        )
+        .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {
             if let Err(e) = r {
                 warn!(error = %e, "Reconcile failed");
