@@ -2,7 +2,7 @@
 CARGO ?= cargo
 SCENARIO ?= tests/fixtures/platform-redeploy.yaml
 
-.PHONY: demo test test-real test-real-chart real-node-down image release lint unit generate manifests bench bench-drain cluster-up cluster-down
+.PHONY: demo test test-real test-real-chart real-node-down image image-repro release lint unit generate manifests bench bench-drain cluster-up cluster-down
 
 ## demo: local cluster + Azure scenario + agents + controller, with a live timeline (SCENARIO=path to pick another)
 demo:
@@ -40,9 +40,15 @@ test-real-chart:
 real-node-down:
 	bash hack/real-node.sh down
 
-## image: the static binary as a reproducible OCI image archive (no docker, no registry); prints its path and digest
+## image: one reproducible OCI image index (linux/amd64, linux/arm64, windows/amd64) as an archive (no docker, no
+## registry); prints its path and digest
 image:
 	bash hack/build-image.sh
+
+## image-repro: `make image` in two fresh clones of HEAD, each with its own cache; fails unless the digests match
+## (SHARED_CACHE=1: the second clone shares the first's target dirs, much faster)
+image-repro:
+	SHARED_CACHE=$(SHARED_CACHE) bash hack/image-repro.sh
 
 ## release: build the image (as `make image`), push it to REGISTRY/forewarn:VERSION and the chart, pinned to its
 ## digest, to oci://REGISTRY/charts; prints the `helm install` command and the digest to pin (log in first: README)

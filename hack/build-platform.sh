@@ -2,9 +2,11 @@
 # Builds the `forewarn` binary for one platform and prints its path on
 # stdout (one line, nothing else; the build's output goes to stderr).
 #
-# Usage: hack/build-platform.sh PLATFORM PROFILE
+# Usage: hack/build-platform.sh PLATFORM PROFILE [--example NAME]...
 #   PLATFORM  linux/amd64 | linux/arm64 | windows/amd64
 #   PROFILE   debug | release
+#   --example also builds that example (in examples/ beside the binary,
+#             checked like it)
 #
 # Prints e.g. $FOREWARN_CACHE/target-windows-amd64/x86_64-pc-windows-gnu/release/forewarn.exe
 #
@@ -37,10 +39,18 @@
 #   CARGO_HOME      as cargo reads it (default: $HOME/.cargo)
 set -euo pipefail
 
-usage() { echo "usage: $0 linux/amd64|linux/arm64|windows/amd64 debug|release" >&2; exit 2; }
-(($# == 2)) || usage
+usage() { echo "usage: $0 linux/amd64|linux/arm64|windows/amd64 debug|release [--example NAME]..." >&2; exit 2; }
+(($# >= 2)) || usage
 platform=$1 profile=$2
+shift 2
 case $profile in debug | release) ;; *) usage ;; esac
+examples=() example_flags=()
+while (($#)); do
+  [[ $1 == --example && -n ${2:-} ]] || usage
+  examples+=("$2")
+  example_flags+=(--example "$2")
+  shift 2
+done
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -62,6 +72,10 @@ for v in $(compgen -e); do
     CARGO | CARGO_* | RUSTUP_TOOLCHAIN | RUSTC | RUSTC_* | RUSTDOC* | RUSTFLAGS | OUT_DIR | TARGET | HOST) unset "$v" ;;
   esac
 done
+# SOURCE_DATE_EPOCH dates an image, not a binary: some build scripts
+# (ring's, psm's) rerun when it changes, and with them the whole fat-LTO
+# link, at every commit.
+unset SOURCE_DATE_EPOCH
 
 # The machine's paths that must not stay in a release binary, each
 # remapped to a fixed name (the more specific ones last: rustc applies the
@@ -114,21 +128,27 @@ log "building $platform ($triple, $profile) in $target_dir"
   # Flags of the target only: with --target, build scripts and proc macros
   # (built for this machine) do not get RUSTFLAGS.
   RUSTFLAGS="${rustflags[*]}" "${cargo[@]}" build "${profile_flag[@]}" --locked \
-    "${build_std[@]}" --target "$triple" --target-dir "$target_dir" --bin forewarn >&2
+    "${build_std[@]}" --target "$triple" --target-dir "$target_dir" --bin forewarn \
+    "${example_flags[@]}" >&2
 )
-bin="$target_dir/$triple/$profile/$exe"
-[[ -f $bin ]] || { log "missing $bin"; exit 1; }
-if [[ $platform == linux/* ]]; then
-  # A dynamic binary would need a loader and libraries the image lacks.
-  file -b "$bin" | grep -qE 'statically linked|static-pie linked' ||
-    { log "$bin is not static: $(file -b "$bin")"; exit 1; }
-fi
-if [[ $profile == release ]]; then
-  for p in "${checked[@]}"; do
-    if grep -qaF "$p/" "$bin"; then
-      log "$bin holds the path $p: not reproducible (--remap-path-prefix)"
-      exit 1
-    fi
-  done
-fi
+dir="$target_dir/$triple/$profile"
+bin="$dir/$exe"
+built=("$bin")
+for e in "${examples[@]}"; do built+=("$dir/examples/$e${exe#forewarn}"); done
+for b in "${built[@]}"; do
+  [[ -f $b ]] || { log "missing $b"; exit 1; }
+  if [[ $platform == linux/* ]]; then
+    # A dynamic binary would need a loader and libraries the image lacks.
+    file -b "$b" | grep -qE 'statically linked|static-pie linked' ||
+      { log "$b is not static: $(file -b "$b")"; exit 1; }
+  fi
+  if [[ $profile == release ]]; then
+    for p in "${checked[@]}"; do
+      if grep -qaF "$p/" "$b"; then
+        log "$b holds the path $p: not reproducible (--remap-path-prefix)"
+        exit 1
+      fi
+    done
+  fi
+done
 echo "$bin"

@@ -86,13 +86,14 @@ $cargo test --no-run 2>&1 | tail -n 3 || exit 1
 # race to start their clusters.
 bash hack/build-k8s.sh >/dev/null || exit 1
 bash hack/build-helm.sh >/dev/null || exit 1
-# The agents tests/platforms.rs runs under qemu-user and Wine, built before
-# the suites start (a cold cross build takes minutes of both cores); the
-# suite then finds them in their target dirs.
+# The agents tests/platforms.rs runs under qemu-user and Wine: the release
+# builds that go into the image (hack/build-image.sh), built before the
+# suites start (a cold cross build takes minutes of both cores); the suite
+# and the image then find them in their target dirs.
 echo "[test] building the arm64 and Windows agents (log in $logs/platforms-build.log)"
 for p in linux/arm64 windows/amd64; do
-  bash hack/build-platform.sh "$p" debug >>"$logs/platforms-build.log" 2>&1 ||
-    { tail -n 40 "$logs/platforms-build.log"; echo "[test] FAILED: hack/build-platform.sh $p debug"; exit 1; }
+  bash hack/build-platform.sh "$p" release >>"$logs/platforms-build.log" 2>&1 ||
+    { tail -n 40 "$logs/platforms-build.log"; echo "[test] FAILED: hack/build-platform.sh $p release"; exit 1; }
 done
 
 if [[ "${FOREWARN_SKIP_REAL_NODE:-}" != 1 && -n $real_tests ]]; then

@@ -12,6 +12,8 @@
 #                  -Zbuild-std: Debian has no prebuilt Windows std),
 #                  gcc-mingw-w64-x86-64 (the linker, and the test-only
 #                  bcryptprimitives.dll shim); wine64 runs the result
+#   the image      libhivex-bin (hivexsh: the test that opens the registry
+#                  hives of the Windows image's base layer, hack/regf.py)
 #
 # When every package is installed it does nothing and calls no apt at all
 # (fast: one dpkg-query). Otherwise it adds the arm64 architecture, runs
@@ -27,6 +29,7 @@ packages=(
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross
   gcc-mingw-w64-x86-64
   qemu-user-static wine64
+  libhivex-bin
 )
 log() { echo "[toolchains] $*" >&2; }
 

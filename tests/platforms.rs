@@ -1,6 +1,7 @@
 //! The agent built for linux/arm64 and for windows/amd64
-//! (`hack/build-platform.sh`, debug), each run as the agent of one node of a
-//! local cluster through an emulator: `qemu-aarch64-static` (qemu-user) for
+//! (`hack/build-platform.sh`, release: the binaries `make image` puts in
+//! those platforms' images), each run as the agent of one node of a local
+//! cluster through an emulator: `qemu-aarch64-static` (qemu-user) for
 //! arm64, Wine for Windows. The IMDS mock, the controller and the other
 //! nodes' agents are the normal Linux binary. A scenario is played end to
 //! end for each, and checked from the outside: the report on the API server
@@ -108,9 +109,10 @@ fn tool(path: &str) -> PathBuf {
     found.unwrap_or_else(|| panic!("{path} is missing: run hack/toolchains.sh (as root)"))
 }
 
-/// The debug agent for `platform`, built by `hack/build-platform.sh` (or
-/// taken from its target dir in the cache when nothing changed). Builds
-/// run one at a time: each uses both cores.
+/// The release agent for `platform`, the binary `make image` puts in that
+/// platform's image, built by `hack/build-platform.sh` (or taken from its
+/// target dir in the cache when nothing changed). Builds run one at a
+/// time: each uses both cores.
 fn build(platform: &str) -> PathBuf {
     static BUILDS: Mutex<()> = Mutex::new(());
     let _one = BUILDS
@@ -118,13 +120,13 @@ fn build(platform: &str) -> PathBuf {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let out = Command::new("bash")
         .arg(repo_root().join("hack/build-platform.sh"))
-        .args([platform, "debug"])
+        .args([platform, "release"])
         .stderr(std::process::Stdio::inherit())
         .output()
         .expect("failed to run hack/build-platform.sh");
     assert!(
         out.status.success(),
-        "hack/build-platform.sh {platform} debug failed ({}): see above; hack/toolchains.sh installs the toolchains",
+        "hack/build-platform.sh {platform} release failed ({}): see above; hack/toolchains.sh installs the toolchains",
         out.status
     );
     let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());

@@ -1463,6 +1463,83 @@ fn blobs(m: &Manifest) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// `make image` wrote one image index of linux/amd64, linux/arm64 and
+/// windows/amd64, each image's layer holding the binary built for its
+/// platform: read from the layer's bytes, an x86-64 or AArch64 ELF (its
+/// `e_machine`) at /usr/local/bin/forewarn, an x86-64 PE executable (its
+/// COFF `Machine`) at C:\forewarn.exe (`Files/forewarn.exe`) beside the
+/// registry hives of a Windows base layer.
+fn assert_platform_binaries(archive: &std::path::Path, a: &Archive) {
+    assert_eq!(
+        a.top.media_type, OCI_INDEX,
+        "make image's image is not an index"
+    );
+    let platforms: Vec<&str> = a.images.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        platforms,
+        ["linux/amd64", "linux/arm64", "windows/amd64"],
+        "the image index's platforms"
+    );
+    // One file of a gzip layer, through tar.
+    let layer_file = |layer: &[u8], path: &str| -> Vec<u8> {
+        let mut child = Command::new("tar")
+            .args(["-xzOf", "-", path])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run tar");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let bytes = layer.to_vec();
+        let feed = std::thread::spawn(move || {
+            use std::io::Write as _;
+            let _ = stdin.write_all(&bytes);
+        });
+        let out = child.wait_with_output().expect("tar");
+        feed.join().expect("feed tar");
+        assert!(
+            out.status.success(),
+            "the layer holds no {path}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let u16_at = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
+    for (platform, m) in &a.images {
+        let layers = m.json["layers"].as_array().expect("layers");
+        assert_eq!(layers.len(), 1, "{platform}: one layer, no base image");
+        let layer = archive_blob(archive, layers[0]["digest"].as_str().expect("digest"));
+        let what = match platform.as_str() {
+            "linux/amd64" | "linux/arm64" => {
+                let bin = layer_file(&layer, "usr/local/bin/forewarn");
+                assert_eq!(&bin[..4], b"\x7fELF", "{platform}: not an ELF file");
+                let machine = u16_at(&bin, 18);
+                let want = if platform == "linux/amd64" { 62 } else { 183 };
+                assert_eq!(machine, want, "{platform}: ELF e_machine {machine}");
+                format!("ELF e_machine {machine}, {} bytes", bin.len())
+            }
+            _ => {
+                let exe = layer_file(&layer, "Files/forewarn.exe");
+                assert_eq!(&exe[..2], b"MZ", "{platform}: not a PE file");
+                let pe = u32::from_le_bytes(exe[0x3c..0x40].try_into().expect("e_lfanew")) as usize;
+                assert_eq!(&exe[pe..pe + 4], b"PE\0\0", "{platform}: no PE signature");
+                let machine = u16_at(&exe, pe + 4);
+                assert_eq!(machine, 0x8664, "{platform}: COFF Machine {machine:#x}");
+                for hive in ["DEFAULT", "SAM", "SECURITY", "SOFTWARE", "SYSTEM"] {
+                    let h = layer_file(&layer, &format!("Files/Windows/System32/config/{hive}"));
+                    assert_eq!(
+                        &h[..4],
+                        b"regf",
+                        "{platform}: {hive} is not a registry hive"
+                    );
+                }
+                format!("PE Machine {machine:#x}, {} bytes, five hives", exe.len())
+            }
+        };
+        println!("make image: {platform} {}: {what}", m.digest);
+    }
+}
+
 /// `ctr` against the real node's containerd, in the CRI's namespace.
 fn ctr(r: &Release, args: &[&str]) -> String {
     let out = Command::new("ctr")
@@ -1668,6 +1745,7 @@ async fn release_push_preserves_digests() {
         r.digest, a.top.digest,
         "hack/release.sh pinned another digest than the archive's"
     );
+    assert_platform_binaries(&r.archive, &a);
 
     // The tag: HEAD gives the digest and media type, GET the same bytes.
     let url = format!("{base}/{}/manifests/{}", r.repository, r.tag);
