@@ -6,12 +6,13 @@
 #   1. clones HEAD of this checkout twice (committed work only), into
 #      $WORK/a and $WORK/a-clone-with-a-longer-path/b, paths of different
 #      lengths;
-#   2. runs hack/build-image.sh (what `make image` runs) in each, the first
-#      with this machine's cache (FOREWARN_CACHE as usual), the second with
-#      a cache of its own under $WORK, so that no target dir is shared (a
-#      cold build of the three platforms: about an hour of both cores), or,
-#      with SHARED_CACHE=1, with the first's (the crates built once, only
-#      the workspace's own rebuilt from the second clone's sources);
+#   2. runs hack/build-image.sh (what `make image` runs) in each, each with
+#      a cache of its own under $WORK (FOREWARN_CACHE), so that no target dir
+#      is shared: a cold build of the three platforms in each (about half an
+#      hour of both cores each), or, with SEED_CACHE=1, each cache starting
+#      from a copy of this machine's release target dirs (the crates of
+#      crates.io compiled once; the workspace's own crates, whose paths
+#      differ, compiled in each clone from its sources);
 #   3. compares the digests each printed and the platforms' manifests, and
 #      exits 1 when they differ, naming the images that do.
 #
@@ -19,9 +20,9 @@
 # Environment:
 #   WORK            where the clones go (default: a new temporary directory,
 #                   removed at the end unless KEEP=1)
-#   FOREWARN_CACHE  the first clone's cache root (default:
-#                   ${XDG_CACHE_HOME:-$HOME/.cache}/forewarn)
-#   SHARED_CACHE    1: the second clone uses the first's cache too
+#   FOREWARN_CACHE  this machine's cache root, which SEED_CACHE copies from
+#                   (default: ${XDG_CACHE_HOME:-$HOME/.cache}/forewarn)
+#   SEED_CACHE      1: seed each clone's target dirs as said above
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -56,12 +57,21 @@ build() {
   log "built in $dir in $((SECONDS - start)) s"
   awk '$1 == "ghcr.io/forewarn/forewarn:dev" { print $2 }' "$logf.out"
 }
-first=$(build "$a" "$work/a.log")
-if [[ ${SHARED_CACHE:-} == 1 ]]; then
-  second=$(build "$b" "$work/b.log")
-else
-  second=$(build "$b" "$work/b.log" FOREWARN_CACHE="$work/cache-b")
-fi
+cache=${FOREWARN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/forewarn}
+for c in cache-a cache-b; do
+  rm -rf "${work:?}/$c"
+  mkdir -p "$work/$c"
+  if [[ ${SEED_CACHE:-} == 1 ]]; then
+    for t in "$cache"/target-linux-amd64 "$cache"/target-linux-arm64 "$cache"/target-windows-amd64; do
+      [[ -d $t ]] || continue
+      log "seeding $work/$c with $t (release builds only)"
+      mkdir -p "$work/$c/$(basename "$t")"
+      tar -C "$t" --exclude=./debug --exclude='./*/debug' -cf - . | tar -C "$work/$c/$(basename "$t")" -xf -
+    done
+  fi
+done
+first=$(build "$a" "$work/a.log" FOREWARN_CACHE="$work/cache-a")
+second=$(build "$b" "$work/b.log" FOREWARN_CACHE="$work/cache-b")
 
 # digests ARCHIVE: the index's digest, then each platform's manifest digest.
 digests() {
