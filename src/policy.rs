@@ -256,8 +256,9 @@ pub struct Policy {
     /// one event leaves IMDS as the next for the same VM appears, every
     /// agent sees the change within a poll or two; this gives the next
     /// event time to be mirrored and claim the node, so that the node is
-    /// never schedulable in between (AZURE-SCHEDULED-EVENTS: domains follow
-    /// each other). It also outlasts an IMDS flap of a few seconds (an
+    /// never schedulable in between (Azure walks the update domains of an
+    /// availability set one after another: the next domain's event appears
+    /// as the last one ends). It also outlasts an IMDS flap of a few seconds (an
     /// `EventId` gone for 3 s and back; a poll late on each side): with 3 s,
     /// the node of a 3 s flap was released or not by tens of milliseconds
     /// (tests/lifecycle.rs, `flapping_event_keeps_its_node_cordoned_and_workload_off`).
