@@ -31,7 +31,8 @@
 # Reproducible: the checkout, the cargo home, the target dir and the
 # standard library's source are remapped (--remap-path-prefix) to fixed
 # names; a release build fails if one of those paths of this machine is
-# left in the binary.
+# left in the binary. A Windows executable carries no link time (the build
+# fails if its PE header has one).
 #
 # Environment:
 #   FOREWARN_CACHE  cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/forewarn)
@@ -107,6 +108,10 @@ case $platform in
     export CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc
     build_std=(-Zbuild-std=std,panic_abort)
     exe=forewarn.exe
+    # GNU ld writes the time of the link into the PE header (and the
+    # header's checksum covers it): two builds of one commit would differ
+    # in those bytes alone.
+    rustflags+=(-C link-arg=-Wl,--no-insertion-timestamp)
     # std is compiled here, from Debian's source: its path (and the
     # directory the link points to) is remapped too.
     src_real=$(readlink -f "$rust_src")
@@ -141,6 +146,13 @@ for b in "${built[@]}"; do
     # A dynamic binary would need a loader and libraries the image lacks.
     file -b "$b" | grep -qE 'statically linked|static-pie linked' ||
       { log "$b is not static: $(file -b "$b")"; exit 1; }
+  fi
+  if [[ $platform == windows/* ]]; then
+    # The PE header's TimeDateStamp (COFF header, 8 bytes into the "PE\0\0"
+    # signature that e_lfanew, at 0x3c, points to) must be 0.
+    pe=$(od -An -tu4 -j60 -N4 "$b" | tr -d ' ')
+    stamp=$(od -An -tu4 -j$((pe + 8)) -N4 "$b" | tr -d ' ')
+    [[ $stamp == 0 ]] || { log "$b carries a link time ($stamp) in its PE header: not reproducible"; exit 1; }
   fi
   if [[ $profile == release ]]; then
     for p in "${checked[@]}"; do
