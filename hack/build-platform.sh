@@ -111,7 +111,7 @@ case $platform in
     # GNU ld writes the time of the link into the PE header (and the
     # header's checksum covers it): two builds of one commit would differ
     # in those bytes alone.
-    rustflags+=(-C link-arg=-Wl,--no-insertion-timestamp)
+    rustflags+=(-C link-arg=-Wl,--no-insert-timestamp)
     # std is compiled here, from Debian's source: its path (and the
     # directory the link points to) is remapped too.
     src_real=$(readlink -f "$rust_src")
