@@ -45,10 +45,10 @@ real-node-down:
 image:
 	bash hack/build-image.sh
 
-## image-repro: `make image` in two fresh clones of HEAD, each with its own cache; fails unless the digests match
-## (SEED_CACHE=1: each cache starts from a copy of this machine's compiled crates, much faster)
+## image-repro: `make image` in two fresh clones of HEAD, each with its own cache (two cold builds); fails unless
+## the digests match
 image-repro:
-	SEED_CACHE=$(SEED_CACHE) bash hack/image-repro.sh
+	bash hack/image-repro.sh
 
 ## release: build the image (as `make image`), push it to REGISTRY/forewarn:VERSION and the chart, pinned to its
 ## digest, to oci://REGISTRY/charts; prints the `helm install` command and the digest to pin (log in first: README)

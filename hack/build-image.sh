@@ -18,8 +18,8 @@
 #
 # The binaries are hack/build-platform.sh's release builds, in target dirs
 # of the cache (one per platform, outside the checkout, so the normal build
-# cache stays valid and a fresh clone on this machine rebuilds only what
-# changed): linux/amd64's static (x86_64-unknown-linux-gnu with
+# cache stays valid; see hack/build-platform.sh for what a rebuild costs):
+# linux/amd64's static (x86_64-unknown-linux-gnu with
 # +crt-static: glibc's static libraries; no musl target needed), with the
 # examples pause and workload; linux/arm64's and windows/amd64's with
 # Debian's cross toolchains (hack/toolchains.sh, which this runs first), the

@@ -25,8 +25,11 @@
 # builds of the repository are unchanged.
 #
 # Each platform has its own target dir outside the checkout,
-# $FOREWARN_CACHE/target-<os>-<arch>, so that a second run, or a fresh clone
-# on the same machine, rebuilds only what changed.
+# $FOREWARN_CACHE/target-<os>-<arch>, so that a second run rebuilds only
+# what changed, as does a fresh clone at the same path. A checkout at
+# another path changes the remapping flags below (they name the checkout
+# and the target dir), and with them every crate's fingerprint: it rebuilds
+# everything of that platform, once.
 #
 # Reproducible: the checkout, the cargo home, the target dir and the
 # standard library's source are remapped (--remap-path-prefix) to fixed

@@ -8,11 +8,8 @@
 #      lengths;
 #   2. runs hack/build-image.sh (what `make image` runs) in each, each with
 #      a cache of its own under $WORK (FOREWARN_CACHE), so that no target dir
-#      is shared: a cold build of the three platforms in each (about half an
-#      hour of both cores each), or, with SEED_CACHE=1, each cache starting
-#      from a copy of this machine's release target dirs (the crates of
-#      crates.io compiled once; the workspace's own crates, whose paths
-#      differ, compiled in each clone from its sources);
+#      is shared: a cold build of the three platforms in each (about 25
+#      minutes of both cores each);
 #   3. compares the digests each printed and the platforms' manifests, and
 #      exits 1 when they differ, naming the images that do.
 #
@@ -20,9 +17,6 @@
 # Environment:
 #   WORK            where the clones go (default: a new temporary directory,
 #                   removed at the end unless KEEP=1)
-#   FOREWARN_CACHE  this machine's cache root, which SEED_CACHE copies from
-#                   (default: ${XDG_CACHE_HOME:-$HOME/.cache}/forewarn)
-#   SEED_CACHE      1: seed each clone's target dirs as said above
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -57,18 +51,9 @@ build() {
   log "built in $dir in $((SECONDS - start)) s"
   awk '$1 == "ghcr.io/forewarn/forewarn:dev" { print $2 }' "$logf.out"
 }
-cache=${FOREWARN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/forewarn}
 for c in cache-a cache-b; do
   rm -rf "${work:?}/$c"
   mkdir -p "$work/$c"
-  if [[ ${SEED_CACHE:-} == 1 ]]; then
-    for t in "$cache"/target-linux-amd64 "$cache"/target-linux-arm64 "$cache"/target-windows-amd64; do
-      [[ -d $t ]] || continue
-      log "seeding $work/$c with $t (release builds only)"
-      mkdir -p "$work/$c/$(basename "$t")"
-      tar -C "$t" --exclude=./debug --exclude='./*/debug' -cf - . | tar -C "$work/$c/$(basename "$t")" -xf -
-    done
-  fi
 done
 first=$(build "$a" "$work/a.log" FOREWARN_CACHE="$work/cache-a")
 second=$(build "$b" "$work/b.log" FOREWARN_CACHE="$work/cache-b")
