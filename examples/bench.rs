@@ -43,7 +43,7 @@ use clap::Parser;
 use forewarn::crd::{CORDONED_FOR_ANNOTATION, ScheduledEvent};
 use forewarn::imds::mock::LogEntry;
 use forewarn_harness::cluster::{Cluster, repo_root};
-use forewarn_harness::procs::{Credentials, Fleet};
+use forewarn_harness::procs::{Credentials, Fleet, FleetOptions};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
@@ -310,16 +310,10 @@ async fn start_fleet(
     let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     env.extend_from_slice(extra_env);
     let lease = format!("bench-{}", std::process::id());
-    let fleet = Fleet::start_as(
-        bin,
-        &env,
-        dir,
-        &file,
-        "127.0.0.1:0",
-        &lease,
-        vms,
+    let fleet = Fleet::start(FleetOptions {
         credentials,
-    )
+        ..FleetOptions::new(bin, &env, dir, &file, "127.0.0.1:0", &lease, vms)
+    })
     .await?;
     fleet.wait_ready(Duration::from_secs(120)).await?;
     Ok(fleet)

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use clap::Parser;
 use forewarn_harness::cluster::Cluster;
-use forewarn_harness::procs::Fleet;
+use forewarn_harness::procs::{Fleet, FleetOptions};
 use forewarn_harness::run::sibling_forewarn_bin;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -181,7 +181,16 @@ async fn drain_with_forewarn(
     ];
     let lease = format!("bench-{}-{run}", std::process::id());
     let vms = [(TARGET.to_string(), VM.to_string())];
-    let mut fleet = Fleet::start(bin, &env, &dir, &scenario, "127.0.0.2:0", &lease, &vms).await?;
+    let mut fleet = Fleet::start(FleetOptions::new(
+        bin,
+        &env,
+        &dir,
+        &scenario,
+        "127.0.0.2:0",
+        &lease,
+        &vms,
+    ))
+    .await?;
     fleet.wait_ready(Duration::from_secs(60)).await?;
     let http = forewarn::http::client_builder().no_proxy().build()?;
     http.post(format!("{}/mock/start", fleet.imds_base()))

@@ -4253,7 +4253,7 @@ fn chart_run_options(
 /// is no good on another node).
 #[test]
 fn swapped_agent_tokens_are_refused_during_a_scenario() {
-    use forewarn_harness::procs::Fleet;
+    use forewarn_harness::procs::{Fleet, FleetOptions};
     let (_turn, c) = cluster();
     let k = admin(&c);
     install(&k, &c);
@@ -4281,16 +4281,18 @@ fn swapped_agent_tokens_are_refused_during_a_scenario() {
         .expect("runtime");
     let log = opts.log_dir.join("agent-node-000001.log");
     let refusal = rt.block_on(async {
-        let mut fleet = Fleet::start_as(
-            &opts.forewarn_bin,
-            &[("RUST_LOG", "info,kube=warn")],
-            &opts.log_dir,
-            &opts.scenario,
-            "127.0.0.2:0",
-            "unused",
-            &vms,
-            opts.credentials.clone(),
-        )
+        let mut fleet = Fleet::start(FleetOptions {
+            credentials: opts.credentials.clone(),
+            ..FleetOptions::new(
+                &opts.forewarn_bin,
+                &[("RUST_LOG", "info,kube=warn")],
+                &opts.log_dir,
+                &opts.scenario,
+                "127.0.0.2:0",
+                "unused",
+                &vms,
+            )
+        })
         .await
         .expect("fleet starts");
         // The scenario's clock: the event appears, and each agent reports it.

@@ -26,7 +26,7 @@ use forewarn::crd::{
 use forewarn::imds::mock::{LogEntry, RequestEntry};
 use forewarn::imds::model::object_name;
 use forewarn_harness::cluster::{Cluster, repo_root};
-use forewarn_harness::procs::{Proc, read_mock_address, wait_ready};
+use forewarn_harness::procs::{Proc, start_imds_mock, wait_ready};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -152,26 +152,16 @@ where
 async fn start_mock(dir: &Path, scenario: &str) -> (Proc, String) {
     let file = dir.join("scenario.yaml");
     std::fs::write(&file, scenario).expect("scenario");
-    let (mock, stdout) = Proc::spawn(
-        "imds-mock",
+    start_imds_mock(
         &bin(),
-        &[
-            "imds-mock".into(),
-            "--scenario".into(),
-            file.to_string_lossy().into(),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--hold".into(),
-        ],
+        &file,
+        "127.0.0.1:0",
+        true,
         &[("RUST_LOG", "info")],
         dir,
-        "imds-mock",
     )
-    .expect("start the mock");
-    let base = read_mock_address(stdout.expect("mock stdout"), mock.log.clone())
-        .await
-        .expect("mock address");
-    (mock, base)
+    .await
+    .expect("start the mock")
 }
 
 async fn start_clock(base: &str) {

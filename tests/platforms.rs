@@ -29,7 +29,7 @@ use std::time::Duration;
 use chrono::Utc;
 use forewarn::crd::{AGENT_MANAGER, ScheduledEventReport};
 use forewarn_harness::cluster::{Cluster, repo_root};
-use forewarn_harness::procs::{AgentRunner, Proc, read_mock_address, wait_ready};
+use forewarn_harness::procs::{AgentRunner, Proc, start_imds_mock, wait_ready};
 use forewarn_harness::run::{Report, RunOptions, run_scenario, summary};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -387,29 +387,40 @@ async fn the_windows_agent_plays_its_node_through_a_user_reboot() {
     play("windows/amd64", runner).await;
 }
 
+/// Where each Windows-only test starts: the Windows agent's runner, this
+/// file's turn on the cluster, a client, no report left by an earlier test,
+/// and an empty log dir `target/forewarn-runs/<name>`.
+async fn windows_stage(
+    name: &str,
+) -> (
+    AgentRunner,
+    tokio::sync::MutexGuard<'static, ()>,
+    Cluster,
+    kube::Client,
+    PathBuf,
+) {
+    let runner = tokio::task::spawn_blocking(windows_runner)
+        .await
+        .expect("build");
+    let turn = TURN.lock().await;
+    let cluster = tokio::task::spawn_blocking(cluster).await.expect("cluster");
+    let client = cluster.client().await.expect("client");
+    cluster
+        .kubectl(&["delete", "scheduledeventreports", "--all", "--wait"])
+        .expect("delete earlier reports");
+    let dir = repo_root().join("target/forewarn-runs").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("log dir");
+    (runner, turn, cluster, client, dir)
+}
+
 /// The IMDS mock playing `SCENARIO` at once, its logs in `dir`; returns
 /// it and its base URL.
 async fn start_mock(dir: &Path) -> (Proc, String) {
     let scenario = repo_root().join("tests/fixtures").join(SCENARIO);
-    let (mock, stdout) = Proc::spawn(
-        "imds-mock",
-        &linux_bin(),
-        &[
-            "imds-mock".into(),
-            "--scenario".into(),
-            scenario.to_string_lossy().into(),
-            "--listen".into(),
-            "127.0.0.2:0".into(),
-        ],
-        &[],
-        dir,
-        "imds-mock",
-    )
-    .expect("start the mock");
-    let imds = read_mock_address(stdout.expect("mock stdout"), mock.log.clone())
+    start_imds_mock(&linux_bin(), &scenario, "127.0.0.2:0", false, &[], dir)
         .await
-        .expect("mock address");
-    (mock, imds)
+        .expect("start the mock")
 }
 
 /// The Windows agent of `NODE` alone, under Wine, polling `imds`, with
@@ -514,17 +525,7 @@ async fn exit_of(p: &mut Proc) -> std::process::ExitStatus {
 /// Windows node sends on a container's stop is not proven here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_windows_agent_stops_cleanly_on_a_console_control_event() {
-    let runner = tokio::task::spawn_blocking(windows_runner)
-        .await
-        .expect("build");
-    let _turn = TURN.lock().await;
-    let cluster = tokio::task::spawn_blocking(cluster).await.expect("cluster");
-    let client = cluster.client().await.expect("client");
-    cluster
-        .kubectl(&["delete", "scheduledeventreports", "--all", "--wait"])
-        .expect("delete earlier reports");
-    let dir = repo_root().join("target/forewarn-runs/platforms-windows-stop");
-    std::fs::create_dir_all(&dir).expect("log dir");
+    let (runner, _turn, cluster, client, dir) = windows_stage("platforms-windows-stop").await;
     let (mut mock, imds) = start_mock(&dir).await;
     let kubeconfig = cluster.kubeconfig.to_string_lossy().into_owned();
     let mut agent = start_windows_agent(&runner, &dir, &imds, &[("KUBECONFIG", &kubeconfig)]).await;
@@ -562,17 +563,7 @@ async fn the_windows_agent_stops_cleanly_on_a_console_control_event() {
 /// layout is played: a real HostProcess container is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_windows_agent_reads_its_service_account_under_the_sandbox_mount_point() {
-    let runner = tokio::task::spawn_blocking(windows_runner)
-        .await
-        .expect("build");
-    let _turn = TURN.lock().await;
-    let cluster = tokio::task::spawn_blocking(cluster).await.expect("cluster");
-    let client = cluster.client().await.expect("client");
-    cluster
-        .kubectl(&["delete", "scheduledeventreports", "--all", "--wait"])
-        .expect("delete earlier reports");
-    let dir = repo_root().join("target/forewarn-runs/platforms-windows-sandbox");
-    let _ = std::fs::remove_dir_all(&dir);
+    let (runner, _turn, cluster, client, dir) = windows_stage("platforms-windows-sandbox").await;
     let sa_dir = dir.join("sandbox/var/run/secrets/kubernetes.io/serviceaccount");
     std::fs::create_dir_all(&sa_dir).expect("sandbox dir");
     // A ServiceAccount of the test's own, allowed everything (the chart's

@@ -431,42 +431,95 @@ pub struct Fleet {
     restarts: u32,
 }
 
-impl Fleet {
-    /// Starts the mock (held until `POST /mock/start`) for `scenario` on
-    /// `listen`, then the controller (Lease `lease`) and one agent per
-    /// `(node, vm)`.
-    ///
-    /// # Errors
-    /// When a process cannot start or the mock prints no address.
-    pub async fn start(
-        bin: &Path,
-        env: &[(&str, &str)],
-        log_dir: &Path,
-        scenario: &Path,
-        listen: &str,
-        lease: &str,
-        vms: &[(String, String)],
-    ) -> anyhow::Result<Self> {
-        Self::start_as(bin, env, log_dir, scenario, listen, lease, vms, None).await
-    }
+/// What a [`Fleet`] runs: the binary and its environment, the scenario,
+/// the processes' identities, and how the agents run.
+pub struct FleetOptions<'a> {
+    /// The forewarn binary (the mock, the controller and every agent
+    /// without a runner).
+    pub bin: &'a Path,
+    /// Environment of every process.
+    pub env: &'a [(&'a str, &'a str)],
+    /// Where each process's log goes.
+    pub log_dir: &'a Path,
+    /// The mock's scenario file.
+    pub scenario: &'a Path,
+    /// The mock's listen address (`host:0` for any free port).
+    pub listen: &'a str,
+    /// The controller's Lease name.
+    pub lease: &'a str,
+    /// One agent per `(node, vm)`.
+    pub vms: &'a [(String, String)],
+    /// The controller and the agents authenticate as these when given (the
+    /// mock needs none).
+    pub credentials: Option<Credentials>,
+    /// The agents of these nodes run by their [`AgentRunner`] (another
+    /// platform's binary).
+    pub runners: BTreeMap<String, AgentRunner>,
+}
 
-    /// As [`Fleet::start`], with the controller and the agents
-    /// authenticating as `credentials` when given (the mock needs none).
+impl<'a> FleetOptions<'a> {
+    /// The options with no credentials and no runners.
+    pub fn new(
+        bin: &'a Path,
+        env: &'a [(&'a str, &'a str)],
+        log_dir: &'a Path,
+        scenario: &'a Path,
+        listen: &'a str,
+        lease: &'a str,
+        vms: &'a [(String, String)],
+    ) -> Self {
+        Self {
+            bin,
+            env,
+            log_dir,
+            scenario,
+            listen,
+            lease,
+            vms,
+            credentials: None,
+            runners: BTreeMap::new(),
+        }
+    }
+}
+
+/// Starts `forewarn imds-mock` for `scenario` on `listen` (held until
+/// `POST /mock/start` when `hold`), its log in `log_dir`; returns it and its
+/// base URL, read from its first line.
+///
+/// # Errors
+/// When it cannot start or prints no address.
+pub async fn start_imds_mock(
+    bin: &Path,
+    scenario: &Path,
+    listen: &str,
+    hold: bool,
+    env: &[(&str, &str)],
+    log_dir: &Path,
+) -> anyhow::Result<(Proc, String)> {
+    let mut args = vec![
+        "imds-mock".to_string(),
+        "--scenario".into(),
+        scenario.to_string_lossy().into(),
+        "--listen".into(),
+        listen.into(),
+    ];
+    if hold {
+        args.push("--hold".into());
+    }
+    let (mock, stdout) = Proc::spawn("imds-mock", bin, &args, env, log_dir, "imds-mock")?;
+    let base = read_mock_address(stdout.context("mock stdout")?, mock.log.clone()).await?;
+    Ok((mock, base))
+}
+
+impl Fleet {
+    /// Starts the mock (held until `POST /mock/start`) for the scenario,
+    /// then the controller (its Lease) and one agent per `(node, vm)`.
     ///
     /// # Errors
-    /// As [`Fleet::start`], or when a node's agent has no credentials.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn start_as(
-        bin: &Path,
-        env: &[(&str, &str)],
-        log_dir: &Path,
-        scenario: &Path,
-        listen: &str,
-        lease: &str,
-        vms: &[(String, String)],
-        credentials: Option<Credentials>,
-    ) -> anyhow::Result<Self> {
-        Self::start_with_runners(
+    /// When a process cannot start, the mock prints no address, a node's
+    /// agent has no credentials, or a runner is for a node without a VM.
+    pub async fn start(o: FleetOptions<'_>) -> anyhow::Result<Self> {
+        let FleetOptions {
             bin,
             env,
             log_dir,
@@ -475,47 +528,12 @@ impl Fleet {
             lease,
             vms,
             credentials,
-            BTreeMap::new(),
-        )
-        .await
-    }
-
-    /// As [`Fleet::start_as`], with the agents of the nodes in `runners`
-    /// run by their [`AgentRunner`] (another platform's binary).
-    ///
-    /// # Errors
-    /// As [`Fleet::start_as`], or a runner for a node without a VM.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn start_with_runners(
-        bin: &Path,
-        env: &[(&str, &str)],
-        log_dir: &Path,
-        scenario: &Path,
-        listen: &str,
-        lease: &str,
-        vms: &[(String, String)],
-        credentials: Option<Credentials>,
-        runners: BTreeMap<String, AgentRunner>,
-    ) -> anyhow::Result<Self> {
+            runners,
+        } = o;
         if let Some(node) = runners.keys().find(|n| !vms.iter().any(|(v, _)| v == *n)) {
             bail!("an agent runner for {node}, which has no VM in the scenario");
         }
-        let (mock, stdout) = Proc::spawn(
-            "imds-mock",
-            bin,
-            &[
-                "imds-mock".into(),
-                "--scenario".into(),
-                scenario.to_string_lossy().into(),
-                "--listen".into(),
-                listen.into(),
-                "--hold".into(),
-            ],
-            env,
-            log_dir,
-            "imds-mock",
-        )?;
-        let imds_base = read_mock_address(stdout.context("mock stdout")?, mock.log.clone()).await?;
+        let (mock, imds_base) = start_imds_mock(bin, scenario, listen, true, env, log_dir).await?;
         let launch = Launch {
             bin: bin.to_path_buf(),
             env: env

@@ -20,7 +20,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::cluster::Cluster;
-use super::procs::{AgentRunner, Credentials, Fleet, Proc};
+use super::procs::{AgentRunner, Credentials, Fleet, FleetOptions, Proc};
 use forewarn::controller::nodes::{holds, is_cordoned};
 use forewarn::crd::{
     CONTROLLER_MANAGER, CORDONED_FOR_ANNOTATION, ScheduledEvent, ScheduledEventReport,
@@ -758,17 +758,19 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         .iter()
         .filter_map(|v| Some((v.node.clone()?, v.name.clone())))
         .collect();
-    let mut fleet = Fleet::start_with_runners(
-        &opts.forewarn_bin,
-        &env,
-        &opts.log_dir,
-        &opts.scenario,
-        "127.0.0.2:0",
-        &lease,
-        &vms,
-        opts.credentials.clone(),
-        opts.agent_runners.clone(),
-    )
+    let mut fleet = Fleet::start(FleetOptions {
+        credentials: opts.credentials.clone(),
+        runners: opts.agent_runners.clone(),
+        ..FleetOptions::new(
+            &opts.forewarn_bin,
+            &env,
+            &opts.log_dir,
+            &opts.scenario,
+            "127.0.0.2:0",
+            &lease,
+            &vms,
+        )
+    })
     .await?;
     // A hang bound: every process is ready within seconds of starting.
     fleet.wait_ready(Duration::from_secs(120)).await?;

@@ -22,7 +22,7 @@ use chrono::{DateTime, Utc};
 use forewarn::crd::{AGENT_MANAGER, ScheduledEvent, ScheduledEventReport};
 use forewarn::imds::mock::LogEntry;
 use forewarn_harness::cluster::{Cluster, client_for, helm_bin};
-use forewarn_harness::procs::{Credentials, Fleet};
+use forewarn_harness::procs::{Credentials, Fleet, FleetOptions};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -389,20 +389,22 @@ impl Rig {
         let scenario = dir.join("scenario.yaml");
         std::fs::write(&scenario, scenario_yaml(agents, events)).expect("scenario");
         let fleet = rt.block_on(async {
-            let fleet = Fleet::start_as(
-                Path::new(env!("CARGO_BIN_EXE_forewarn")),
-                &[
-                    ("RUST_LOG", "info,kube=warn,tower=warn,hyper=warn"),
-                    // As the chart runs the controller (--agent-policy).
-                    ("FOREWARN_AGENT_POLICY", AGENT_POLICY),
-                ],
-                &dir,
-                &scenario,
-                "127.0.0.1:0",
-                LEASE,
-                agents,
-                Some(creds),
-            )
+            let fleet = Fleet::start(FleetOptions {
+                credentials: Some(creds),
+                ..FleetOptions::new(
+                    Path::new(env!("CARGO_BIN_EXE_forewarn")),
+                    &[
+                        ("RUST_LOG", "info,kube=warn,tower=warn,hyper=warn"),
+                        // As the chart runs the controller (--agent-policy).
+                        ("FOREWARN_AGENT_POLICY", AGENT_POLICY),
+                    ],
+                    &dir,
+                    &scenario,
+                    "127.0.0.1:0",
+                    LEASE,
+                    agents,
+                )
+            })
             .await
             .unwrap_or_else(|e| panic!("{name}: the processes did not start: {e:#}"));
             if let Err(e) = fleet.wait_ready(Duration::from_secs(90)).await {
