@@ -384,7 +384,10 @@ async fn event_delivered_only_to_the_vm_it_names_is_handled() {
 /// approved once drained (the 190 short Freezes at once, the 10 Reboots of
 /// the first VM once it is drained) and reaches Completed (`play` checks
 /// each event's expectations and that no node is left cordoned), and only
-/// the first VM's node was ever cordoned.
+/// the first VM's node was ever cordoned. (The timeout is a hang bound: the
+/// scenario's last events end about 306 s after it starts, 3 s in, 300 s of
+/// notice, 3 s of running, whatever the load; the rest covers the release
+/// delay and the play's own checks.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_flood_of_two_hundred_events_at_once_loses_none_and_leaves_nothing_cordoned() {
     let r = play_with("flood-200.yaml", |o| o.timeout = Duration::from_secs(480)).await;
