@@ -23,8 +23,9 @@
 # +crt-static: glibc's static libraries; no musl target needed), with the
 # examples pause and workload; linux/arm64's and windows/amd64's with
 # Debian's cross toolchains (hack/toolchains.sh, which this runs first), the
-# very binaries tests/platforms.rs runs under qemu and Wine. Each image is an OCI archive written by hack/oci-image.py
-# and cached in $FOREWARN_CACHE/images/ under the sha256 of its binaries:
+# very binaries tests/platforms.rs runs under qemu and Wine. Each image is
+# an OCI archive written by hack/oci-image.py and cached in
+# $FOREWARN_CACHE/images/ under the sha256 of its binaries:
 # unchanged binaries give the same file, which `ctr images import` accepts as
 # is (it imports the index's image for its own platform).
 #
@@ -73,20 +74,23 @@ for b in "$out/examples/pause" "$out/examples/workload"; do
 done
 
 mkdir -p "$images"
-# pack NAME BINARY DEST [oci-image.py flags...]
 # archive KEY ARGS...: runs hack/oci-image.py ARGS --out FILE unless FILE,
-# named for KEY and the sha256 of what it is made of (the inputs named in
-# ARGS, the packer, the epoch), is cached already; sets $packed to FILE.
+# named for KEY and the sha256 of what it is made of (the files ARGS name
+# with --file and --index-of, the packer, the epoch, ARGS), is cached
+# already; sets $packed to FILE. A named file that cannot be read fails the
+# build.
 archive() {
-  local key=$1 sum file arg inputs=("$here/oci-image.py" "$here/regf.py")
+  local key=$1 sum sums file arg prev='' inputs=("$here/oci-image.py" "$here/regf.py")
   shift
   for arg in "$@"; do
-    case $arg in
-      *:/*) inputs+=("${arg%%:/*}") ;;
-      *.tar) inputs+=("$arg") ;;
+    case $prev in
+      --file) inputs+=("${arg%%:/*}") ;;
+      --index-of) inputs+=("$arg") ;;
     esac
+    prev=$arg
   done
-  sum=$( { sha256sum "${inputs[@]}" | cut -d' ' -f1; echo "$SOURCE_DATE_EPOCH $*"; } | sha256sum | cut -c1-16)
+  sums=$(sha256sum "${inputs[@]}" | cut -d' ' -f1)
+  sum=$(printf '%s\n%s\n' "$sums" "$SOURCE_DATE_EPOCH $*" | sha256sum | cut -c1-16)
   file="$images/$key-$sum.tar"
   if [[ ! -f "$file" ]]; then
     python3 "$here/oci-image.py" "$@" --out "$file" >&2
