@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use chrono::{DateTime, Utc};
 use clap::Parser;
-use forewarn::crd::{CORDONED_FOR_ANNOTATION, ScheduledEvent};
+use forewarn::api::{CORDONED_FOR_ANNOTATION, ScheduledEvent};
 use forewarn::imds::mock::LogEntry;
 use forewarn_harness::cluster::{Cluster, repo_root};
 use forewarn_harness::procs::{Credentials, Fleet, FleetOptions};
@@ -1234,7 +1234,7 @@ async fn scale_on(
             .ok()
             .flatten()
             .and_then(|e| e.status?.phase);
-        if matches!(phase, Some(forewarn::crd::Phase::Completed)) {
+        if matches!(phase, Some(forewarn::api::Phase::Completed)) {
             done = Some(Utc::now());
             break;
         }

@@ -4,7 +4,7 @@
 //! version this binary writes, a controller holds the leader-election Lease
 //! and renews it, and every agent the DaemonSets should run is Ready (an
 //! agent turns Ready once it has read its VM's IMDS document and listed its
-//! own reports: `src/agent/reports.rs`). It prints one line per check and
+//! own reports: `src/agent/event_reports.rs`). It prints one line per check and
 //! fails when any check fails.
 
 use anyhow::bail;
@@ -63,7 +63,7 @@ pub async fn run(args: CheckInstallArgs) -> anyhow::Result<()> {
 pub async fn check(client: &Client, args: &CheckInstallArgs, now: DateTime<Utc>) -> Vec<Check> {
     let mut checks = Vec::new();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for want in crate::crds::all() {
+    for want in crate::api::install::all() {
         let name = want.metadata.name.clone().unwrap_or_default();
         checks.push(match crds.get(&name).await {
             Ok(crd) => crd_check(&want, &crd),
@@ -285,7 +285,7 @@ mod tests {
     #[test]
     fn a_crd_must_be_established_and_serve_our_version() {
         use kube::CustomResourceExt;
-        let want = crate::crd::ScheduledEvent::crd();
+        let want = crate::api::ScheduledEvent::crd();
         let mut got = want.clone();
         assert!(!crd_check(&want, &got).ok, "no status: not Established");
         got.status = Some(

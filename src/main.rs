@@ -14,11 +14,11 @@ async fn main() -> anyhow::Result<()> {
     } = cli.command
     {
         let yaml = if reports {
-            forewarn::crd::report_crd_yaml()
+            forewarn::api::report_crd_yaml()
         } else if vm_reports {
             forewarn::topology::vm_report_crd_yaml()
         } else {
-            forewarn::crd::crd_yaml()
+            forewarn::api::crd_yaml()
         };
         print!("{}", yaml.context("failed to render the CRD")?);
         return Ok(());
@@ -49,7 +49,7 @@ async fn main() -> anyhow::Result<()> {
         } => {
             let identity = std::env::var("HOSTNAME").unwrap_or_else(|_| "forewarn-crds".into());
             let clients = forewarn::kubeclient::Clients::infer("crds", &identity).await?;
-            forewarn::crds::apply(&clients.requests, timeout).await?;
+            forewarn::api::install::apply(&clients.requests, timeout).await?;
             Ok(())
         }
         Command::Crd { .. } | Command::ValuesSchema { .. } => Ok(()),

@@ -1,6 +1,6 @@
 //! Prometheus metrics, what both roles share. Each role owns and registers
 //! its own collectors on the one `Registry` built at its start
-//! ([`crate::agent::metrics`], [`crate::controller::metrics`]); names are
+//! ([`crate::metrics::agent`], [`crate::metrics::controller`]); names are
 //! `forewarn_<component>_<thing>_<unit>` and labels come from small closed
 //! sets only (event `type` through [`type_label`], `source` through
 //! [`source_label`], `phase` through [`phase_label`], `result`, `category`,
@@ -9,9 +9,12 @@
 //! `pod`, `node` labels). The alerts in `charts/forewarn/files/alerts.yaml`
 //! are written against these names.
 
+pub mod agent;
+pub mod controller;
+
 use prometheus::core::Collector;
 
-use crate::crd::Phase;
+use crate::api::Phase;
 
 /// Event types the `type` label takes ([`type_label`]).
 pub const TYPES: [&str; 6] = [
@@ -92,8 +95,8 @@ pub fn phase_label(phase: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::metrics::AgentMetrics;
-    use crate::controller::metrics::ControllerMetrics;
+    use crate::metrics::agent::AgentMetrics;
+    use crate::metrics::controller::ControllerMetrics;
     use prometheus::Registry;
 
     #[test]

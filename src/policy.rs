@@ -45,7 +45,7 @@
 //!                              # node.kubernetes.io/exclude-from-external-load-balancers
 //! ```
 //!
-//! The file is read again when it changes (see [`crate::controller::reload`]);
+//! The file is read again when it changes (see [`crate::controller::runtime::reload`]);
 //! a new file that is not valid is refused and the policy in force stays.
 //! The chart's `values.schema.json` takes its `controller.policy` part from
 //! these types ([`schema`]), so Helm refuses what the controller would.

@@ -39,7 +39,7 @@ use std::sync::{MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use forewarn::crd::{Phase, ScheduledEvent};
+use forewarn::api::{Phase, ScheduledEvent};
 use forewarn::imds::model::object_name;
 use forewarn_harness::cluster::{Cluster, client_for};
 use serde_json::{Value, json};
@@ -282,7 +282,7 @@ fn lying_agent(test: &str, a: usize, b: usize, id: &str) {
     let own = rig.report(&format!("{sev}.{nb}")).expect("B's own report");
     assert_eq!(
         own.spec.report.event_status,
-        forewarn::crd::EventStatus::Scheduled,
+        forewarn::api::EventStatus::Scheduled,
         "B's own agent still lists the event"
     );
 
@@ -564,7 +564,7 @@ fn a_flood_of_one_nodes_reports_delays_no_other_nodes_event() {
     // creates them in batches, nodes taking turns, own VMs first: B's is
     // in the first.
     assert!(
-        before.len() < forewarn::controller::spec::CREATE_BATCH,
+        before.len() < forewarn::controller::act::spec::CREATE_BATCH,
         "{} of the flood's objects were created before B's event object: the flood went first ({:?}…)",
         before.len(),
         &before[..before.len().min(5)]
@@ -793,11 +793,11 @@ fn oversize_reports_are_refused_by_the_api_server() {
     let kc = agent_kubeconfig(&k, &na, "oversize-attacker");
     let client = rt.block_on(client_for(&kc.kubeconfig)).expect("client");
     let apply = |obj: &Value| -> Result<(), String> {
-        let api: kube::Api<forewarn::crd::ScheduledEventReport> = kube::Api::all(client.clone());
+        let api: kube::Api<forewarn::api::ScheduledEventReport> = kube::Api::all(client.clone());
         let name = obj["metadata"]["name"].as_str().expect("name");
         rt.block_on(api.patch(
             name,
-            &kube::api::PatchParams::apply(forewarn::crd::AGENT_MANAGER).force(),
+            &kube::api::PatchParams::apply(forewarn::api::AGENT_MANAGER).force(),
             &kube::api::Patch::Apply(obj),
         ))
         .map(|_| ())

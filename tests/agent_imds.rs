@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use forewarn::crd::{
+use forewarn::api::{
     AGENT_MANAGER, CONTROLLER_MANAGER, Report, ScheduledEvent, ScheduledEventReport,
     ScheduledEventSpec, identity_digest,
 };
@@ -1083,7 +1083,7 @@ async fn imds_429_is_backed_off_and_polling_resumes() {
     let early = rig.report(EARLY, NODE).await.unwrap().spec.report;
     assert_eq!(
         (early.event_status, early.appearance),
-        (forewarn::crd::EventStatus::Scheduled, 1),
+        (forewarn::api::EventStatus::Scheduled, 1),
         "{early:?}"
     );
     let reqs = rig.requests("th_0").await;
@@ -1195,7 +1195,7 @@ async fn a_document_with_null_events_is_a_parse_error_not_no_events() {
     let report = rig.report(ID, NODE).await.unwrap().spec.report;
     assert_eq!(
         (report.event_status, report.appearance),
-        (forewarn::crd::EventStatus::Scheduled, 1),
+        (forewarn::api::EventStatus::Scheduled, 1),
         "{report:?}"
     );
     let m = rig.metrics(a).await;

@@ -23,9 +23,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use forewarn::agent::metrics::AgentMetrics;
-use forewarn::controller::metrics::ControllerMetrics;
-use forewarn::crd::ScheduledEvent;
+use forewarn::api::ScheduledEvent;
+use forewarn::metrics::agent::AgentMetrics;
+use forewarn::metrics::controller::ControllerMetrics;
 use forewarn_harness::cluster::{Cluster, helm_bin, repo_root};
 use forewarn_harness::run::{RunOptions, run_scenario, summary};
 use kube::api::{Api, ListParams};

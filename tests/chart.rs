@@ -2954,7 +2954,7 @@ fn merge_patch(key: &str, value: &str) -> String {
 /// subresource, field manager `manager`, forced), with the credentials
 /// of `kubeconfig`: exactly the request the agent and controller make.
 fn apply_status(kubeconfig: &Path, name: &str, status: Value, manager: &str) -> Result<(), String> {
-    use forewarn::crd::ScheduledEvent;
+    use forewarn::api::ScheduledEvent;
     use kube::api::{Api, Patch, PatchParams};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -3042,7 +3042,7 @@ fn pod_merge_patch_as(kubeconfig: &Path, ns: &str, name: &str, body: Value) -> R
             .await
             .map_err(|e| format!("{e:#}"))?;
         let params = PatchParams {
-            field_manager: Some(forewarn::crd::CONTROLLER_MANAGER.into()),
+            field_manager: Some(forewarn::api::CONTROLLER_MANAGER.into()),
             ..PatchParams::default()
         };
         Api::<Pod>::namespaced(client, ns)
@@ -3545,7 +3545,7 @@ fn installed_chart_confines_each_service_account() {
         &agent.kubeconfig,
         sev,
         serde_json::json!({"approval": {"sentAt": "2026-01-01T00:00:01Z", "sentBy": nodes[0], "result": "Accepted"}}),
-        forewarn::crd::AGENT_MANAGER,
+        forewarn::api::AGENT_MANAGER,
     )
     .expect_err("the agent applied a ScheduledEvent's status");
     assert!(
@@ -3612,7 +3612,7 @@ fn installed_chart_confines_each_service_account() {
         .iter()
         .filter_map(|m| m["manager"].as_str())
         .collect();
-    assert_eq!(managers, [forewarn::crd::AGENT_MANAGER], "{managers:?}");
+    assert_eq!(managers, [forewarn::api::AGENT_MANAGER], "{managers:?}");
     agent.ok(&["get", "scheduledeventreports"]);
     let out = apply_report(
         &agent,
@@ -3839,7 +3839,7 @@ fn installed_chart_confines_each_service_account() {
         &controller.kubeconfig,
         sev,
         serde_json::json!({"phase": "Approved", "approval": {"decidedAt": "2026-01-01T00:00:00Z"}}),
-        forewarn::crd::CONTROLLER_MANAGER,
+        forewarn::api::CONTROLLER_MANAGER,
     )
     .unwrap_or_else(|e| panic!("the controller cannot write the approval decision: {e}"));
     // It alone writes ScheduledEvents: creates one first reported by an
@@ -5280,7 +5280,7 @@ fn one_nodes_agent_can_neither_drain_nor_release_another_node() {
         managers.iter().all(|m| m == "forewarn-controller"),
         "the ScheduledEvent has other writers: {managers:?}"
     );
-    let reboot_digest = forewarn::crd::identity_digest(
+    let reboot_digest = forewarn::api::identity_digest(
         live,
         "Reboot",
         "Platform",
@@ -5796,7 +5796,10 @@ fn windows_agents_run_on_windows_nodes_and_are_confined_like_linux_agents() {
     // The controller's notion of an agent up on its node.
     let typed: k8s_openapi::api::core::v1::Pod =
         serde_json::from_value(pod.clone()).expect("a Pod");
-    assert_eq!(forewarn::controller::pods::agent_pod(&typed), Some(true));
+    assert_eq!(
+        forewarn::controller::observe::pods::agent_pod(&typed),
+        Some(true)
+    );
 
     // `helm test`'s check, with the RBAC the chart gives it.
     let rbac: String = documents(&render(&[
@@ -6536,7 +6539,7 @@ fn webhooks_example() -> String {
 /// With a NetworkPolicy, webhooks open their port and DNS.
 #[test]
 fn webhooks_come_from_a_secret_the_controller_mounts() {
-    use forewarn::controller::webhooks::Config;
+    use forewarn::notify::webhooks::Config;
     let example = webhooks_example();
     let expected = Config::parse(&example, "example").expect("the example loads");
     assert_eq!(expected.webhooks.len(), 2, "{example}");

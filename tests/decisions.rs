@@ -21,7 +21,7 @@ use trust_env::{
 };
 
 use chrono::{DateTime, Utc};
-use forewarn::crd::{CONTROLLER_MANAGER, ScheduledEvent};
+use forewarn::api::{CONTROLLER_MANAGER, ScheduledEvent};
 use forewarn_harness::cluster::Cluster;
 use serde_json::{Value, json};
 

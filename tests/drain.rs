@@ -10,9 +10,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use forewarn::controller::drain;
-use forewarn::controller::plan::{Eviction, EvictionOutcome, PodInfo};
-use forewarn::crd::ScheduledEvent;
+use forewarn::api::ScheduledEvent;
+use forewarn::controller::act::drain;
+use forewarn::controller::decide::plan::{Eviction, EvictionOutcome, PodInfo};
 use forewarn_harness::cluster::{Cluster, repo_root};
 use forewarn_harness::run::{PodDeletion, Report, RunOptions, run_scenario, summary};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -282,7 +282,7 @@ async fn pdb_blocked_past_the_deadline_is_never_approved_and_stays_recorded_as_n
     let client = cluster.client().await.expect("client");
     let ev = sev(&client, "7A1D0C3E-4B5F-4E60-8C71-92A3B4C5D602").await;
     let status = ev.status.clone().expect("status");
-    assert_eq!(status.phase, Some(forewarn::crd::Phase::Completed));
+    assert_eq!(status.phase, Some(forewarn::api::Phase::Completed));
     assert_eq!(status.nodes_drained.as_deref(), Some("0/1"));
     let node = &status.nodes.as_ref().expect("nodes")[0];
     assert!(node.drained_at.is_none(), "{node:?}");

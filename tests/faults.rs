@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use forewarn::crd::{
+use forewarn::api::{
     EventStatus, Phase, Report, ScheduledEvent, ScheduledEventReport, report_name,
 };
 use forewarn::imds::mock::{LogEntry, RequestEntry};
@@ -883,7 +883,7 @@ async fn an_agent_killed_between_sending_an_approval_and_recording_it_loses_noth
 /// it; once the process holds the Lease, the same write goes through.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_write_of_a_process_that_does_not_hold_the_lease_never_reaches_the_api_server() {
-    use forewarn::controller::lease::{self, Leadership};
+    use forewarn::controller::runtime::lease::{self, Leadership};
     let _turn = TURN.lock().await;
     const LEASE: &str = "forewarn-faults-guard";
     const IDENTITY: &str = "guard-test";

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use forewarn::controller::nodes::TAINT_KEY;
-use forewarn::crd::{EventStatus, Phase, ScheduledEvent};
+use forewarn::api::{EventStatus, Phase, ScheduledEvent};
+use forewarn::controller::act::nodes::TAINT_KEY;
 use forewarn::imds::mock::LogEntry;
 use forewarn_harness::cluster::{Cluster, repo_root};
 use forewarn_harness::inspect::{condition, event_notes, scheduled_event as sev};
@@ -75,7 +75,7 @@ async fn holds_anywhere(client: &Client) -> Vec<String> {
         .expect("list nodes")
         .items
         .iter()
-        .filter(|n| !forewarn::controller::nodes::holds(n).is_empty())
+        .filter(|n| !forewarn::controller::act::nodes::holds(n).is_empty())
         .map(ResourceExt::name_any)
         .collect()
 }
@@ -440,7 +440,7 @@ async fn upgrade_with_an_event_in_progress_adopts_it_and_keeps_the_node_held() {
     let approval = st.approval.clone().expect("approval");
     assert_eq!(approval.sent_by.as_deref(), Some(NODE), "{approval:?}");
     // The earlier report, rewritten whole by the new agent.
-    let reports: Api<forewarn::crd::ScheduledEventReport> = Api::all(client.clone());
+    let reports: Api<forewarn::api::ScheduledEventReport> = Api::all(client.clone());
     let mine = reports
         .get(&format!("{name}.{NODE}"))
         .await
@@ -746,7 +746,7 @@ async fn the_api_server_refuses_a_bogus_event_status_or_phase() {
 /// bounds and rightly named is accepted (a GUID's and another id's).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_api_server_refuses_an_oversize_or_misnamed_report() {
-    use forewarn::crd::{
+    use forewarn::api::{
         MAX_RESOURCES, Report, ScheduledEventReport, ScheduledEventReportSpec, report_name,
     };
     use forewarn::imds::model::object_name;
@@ -869,9 +869,9 @@ async fn the_api_server_refuses_an_oversize_or_misnamed_report() {
 /// which the CRD's schema keeps (a field it lacked would be pruned).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_status_of_an_event_naming_ten_thousand_vms_is_stored_small() {
-    use forewarn::controller::plan::{Observed, ObservedNode, PodInfo, Terminating, plan};
-    use forewarn::controller::status::{NODE_RECORDS_LISTED, next};
-    use forewarn::crd::{CONTROLLER_MANAGER, ScheduledEventSpec};
+    use forewarn::api::{CONTROLLER_MANAGER, ScheduledEventSpec};
+    use forewarn::controller::decide::plan::{Observed, ObservedNode, PodInfo, Terminating, plan};
+    use forewarn::controller::decide::status::{NODE_RECORDS_LISTED, next};
     use kube::api::{Patch, PatchParams, PostParams};
 
     let _turn = TURN.lock().await;
@@ -897,7 +897,7 @@ async fn the_status_of_an_event_naming_ten_thousand_vms_is_stored_small() {
             event_status: EventStatus::Scheduled,
             event_source: "Platform".into(),
             resource_type: "VirtualMachine".into(),
-            resources: (0..forewarn::crd::MAX_RESOURCES).map(vm).collect(),
+            resources: (0..forewarn::api::MAX_RESOURCES).map(vm).collect(),
             not_before: Some(Utc::now() + chrono::Duration::minutes(15)),
             duration_seconds: -1,
             description: String::new(),
@@ -1049,7 +1049,7 @@ impl Monitor {
         let s = seen.clone();
         let node_task = tokio::spawn(async move {
             let stream = watcher(nodes, watcher::Config::default())
-                .backoff(forewarn::controller::watch::watch_backoff())
+                .backoff(forewarn::controller::observe::watch::watch_backoff())
                 .applied_objects();
             futures::pin_mut!(stream);
             while let Some(item) = stream.next().await {
@@ -1062,7 +1062,7 @@ impl Monitor {
                 s.lock().expect("lock").nodes.push((
                     Utc::now(),
                     n.name_any(),
-                    forewarn::controller::nodes::is_cordoned(&n),
+                    forewarn::controller::act::nodes::is_cordoned(&n),
                     tainted,
                     revision(&n.metadata),
                 ));
@@ -1072,7 +1072,7 @@ impl Monitor {
         let s = seen.clone();
         let pod_task = tokio::spawn(async move {
             let stream = watcher(pods, watcher::Config::default())
-                .backoff(forewarn::controller::watch::watch_backoff())
+                .backoff(forewarn::controller::observe::watch::watch_backoff())
                 .applied_objects();
             futures::pin_mut!(stream);
             let mut known = std::collections::HashSet::new();

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use chrono::Utc;
-use forewarn::crd::{AGENT_MANAGER, ScheduledEventReport};
+use forewarn::api::{AGENT_MANAGER, ScheduledEventReport};
 use forewarn_harness::cluster::{Cluster, repo_root};
 use forewarn_harness::procs::{AgentRunner, Proc, start_imds_mock, wait_ready};
 use forewarn_harness::run::{Report, RunOptions, run_scenario, summary};

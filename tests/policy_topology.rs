@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use forewarn::crd::Phase;
+use forewarn::api::Phase;
 use forewarn::topology::{
     FAULT_DOMAIN_LABEL, UPDATE_DOMAIN_LABEL, VirtualMachineReport, ZONE_LABEL,
 };

@@ -317,7 +317,7 @@ async fn agent_pod_reads_imds_and_reports_its_event() {
 
     // Its report of the event it read from IMDS at 169.254.169.254, with
     // the VM name IMDS gave, written by the agent's field manager alone.
-    let reports: Api<forewarn::crd::ScheduledEventReport> = Api::all(client.clone());
+    let reports: Api<forewarn::api::ScheduledEventReport> = Api::all(client.clone());
     let name = format!("{}.{}", ID.to_ascii_lowercase(), env.node);
     let report = {
         let start = Instant::now();
@@ -343,14 +343,14 @@ async fn agent_pod_reads_imds_and_reports_its_event() {
         .iter()
         .map(|m| m.manager.clone())
         .collect();
-    assert_eq!(managers, [Some(forewarn::crd::AGENT_MANAGER.to_string())]);
+    assert_eq!(managers, [Some(forewarn::api::AGENT_MANAGER.to_string())]);
     // Agents write no Node.
     let node = nodes.get(&env.node).await.expect("node");
     assert!(
         !node
             .managed_fields()
             .iter()
-            .any(|m| m.manager.as_deref() == Some(forewarn::crd::AGENT_MANAGER)),
+            .any(|m| m.manager.as_deref() == Some(forewarn::api::AGENT_MANAGER)),
         "the agent wrote its Node: {:?}",
         node.managed_fields()
     );
@@ -574,7 +574,7 @@ fn is_ready(p: &Pod) -> bool {
 
 #[tokio::test]
 async fn redeploy_drains_the_real_node_with_real_grace() {
-    use forewarn::crd::ScheduledEvent;
+    use forewarn::api::ScheduledEvent;
     use forewarn::imds::mock::LogEntry;
     use forewarn_harness::procs::Proc;
     use kube::api::ListParams;
@@ -940,7 +940,7 @@ async fn redeploy_drains_the_real_node_with_real_grace() {
 /// Written for `make test-real`; not run by the change that added it.
 #[tokio::test]
 async fn a_real_container_reads_its_notice_and_acknowledges_before_the_approval() {
-    use forewarn::crd::ScheduledEvent;
+    use forewarn::api::ScheduledEvent;
     use forewarn::imds::mock::LogEntry;
     use forewarn_harness::procs::Proc;
     use kube::api::ListParams;
@@ -1059,7 +1059,7 @@ async fn a_real_container_reads_its_notice_and_acknowledges_before_the_approval(
         .metadata
         .uid
         .expect("db-0's uid");
-    let ack_key = forewarn::controller::notice::ack_key(&ID.to_ascii_lowercase());
+    let ack_key = forewarn::controller::act::notice::ack_key(&ID.to_ascii_lowercase());
     // Versions of the first db-0 with a deletionTimestamp, each with its
     // acknowledgement then (None: none yet).
     let mut terminating: Vec<Option<String>> = Vec::new();

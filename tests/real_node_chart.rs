@@ -37,7 +37,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use forewarn::crd::AGENT_MANAGER;
+use forewarn::api::AGENT_MANAGER;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -503,7 +503,7 @@ struct RealPod {
 
 #[tokio::test]
 async fn chart_drives_a_redeploy_of_the_real_node() {
-    use forewarn::crd::ScheduledEvent;
+    use forewarn::api::ScheduledEvent;
     use forewarn::imds::mock::LogEntry;
     use forewarn_harness::procs::{Proc, wait_ready};
     use k8s_openapi::api::apps::v1::Deployment;
@@ -609,7 +609,7 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
     // address from controller.extraEnv): every CRD carries its field
     // manager, and the Job is gone once it succeeded (hook-succeeded).
     {
-        use forewarn::crds::{APPLY_MANAGER, EVENTS_CRD, REPORTS_CRD, VM_REPORTS_CRD};
+        use forewarn::api::install::{APPLY_MANAGER, EVENTS_CRD, REPORTS_CRD, VM_REPORTS_CRD};
         use k8s_openapi::api::batch::v1::Job;
         use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use forewarn::crd::{Phase, ScheduledEvent};
+use forewarn::api::{Phase, ScheduledEvent};
 use forewarn_harness::cluster::{Cluster, repo_root};
 use forewarn_harness::run::{Report, RunOptions, run_scenario, summary};
 use kube::ResourceExt;

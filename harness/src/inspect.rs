@@ -3,7 +3,7 @@
 //! it. One copy for every suite (what the API server stored, never what
 //! forewarn believes it wrote).
 
-use forewarn::crd::ScheduledEvent;
+use forewarn::api::ScheduledEvent;
 use k8s_openapi::api::events::v1::Event as KubeEvent;
 use kube::Client;
 use kube::api::{Api, ListParams};

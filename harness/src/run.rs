@@ -21,10 +21,10 @@ use serde_json::json;
 
 use super::cluster::Cluster;
 use super::procs::{AgentRunner, Credentials, Fleet, FleetOptions, Proc};
-use forewarn::controller::nodes::{holds, is_cordoned};
-use forewarn::crd::{
+use forewarn::api::{
     CONTROLLER_MANAGER, CORDONED_FOR_ANNOTATION, ScheduledEvent, ScheduledEventReport,
 };
+use forewarn::controller::act::nodes::{holds, is_cordoned};
 use forewarn::imds::mock::LogEntry;
 use forewarn::imds::scenario::Scenario;
 use forewarn::topology::{FAULT_DOMAIN_LABEL, UPDATE_DOMAIN_LABEL, VirtualMachineReport};
@@ -697,7 +697,7 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
 
     for (node, event) in &opts.prior_holds {
         let current = nodes.get(node).await?;
-        let taints = forewarn::controller::nodes::taints_for(&current, true)
+        let taints = forewarn::controller::act::nodes::taints_for(&current, true)
             .or_else(|| current.spec.as_ref().and_then(|s| s.taints.clone()));
         let held = json!({
             "metadata": {"annotations": {CORDONED_FOR_ANNOTATION: event}},
@@ -901,7 +901,7 @@ impl Drop for AbortOnDrop {
 /// `NotBefore`, not from anything the controller says.
 fn approved_at_deadline(
     opts: &RunOptions,
-    spec: &forewarn::crd::ScheduledEventSpec,
+    spec: &forewarn::api::ScheduledEventSpec,
     decided_at: DateTime<Utc>,
 ) -> bool {
     use forewarn::policy::{DeadlineAction, Policy};
@@ -957,7 +957,7 @@ async fn observe(
     let (sev_tx, mut sev_rx) = tokio::sync::mpsc::unbounded_channel();
     let sev_watch = tokio::spawn(async move {
         let stream = watcher(sevs, watcher::Config::default())
-            .backoff(forewarn::controller::watch::watch_backoff())
+            .backoff(forewarn::controller::observe::watch::watch_backoff())
             .applied_objects();
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {
@@ -974,7 +974,7 @@ async fn observe(
     let pods_all: Api<Pod> = Api::all(client.clone());
     let _abort_pods = AbortOnDrop(tokio::spawn(async move {
         let stream = watcher(pods_all, watcher::Config::default())
-            .backoff(forewarn::controller::watch::watch_backoff())
+            .backoff(forewarn::controller::observe::watch::watch_backoff())
             .applied_objects();
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {
@@ -990,7 +990,7 @@ async fn observe(
     let nodes_all: Api<Node> = Api::all(client.clone());
     let _abort_nodes = AbortOnDrop(tokio::spawn(async move {
         let stream = watcher(nodes_all, watcher::Config::default())
-            .backoff(forewarn::controller::watch::watch_backoff())
+            .backoff(forewarn::controller::observe::watch::watch_backoff())
             .applied_objects();
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {
@@ -1009,7 +1009,7 @@ async fn observe(
     let pods_ns: Api<Pod> = Api::namespaced(client.clone(), ns);
     let _abort_notices = AbortOnDrop(tokio::spawn(async move {
         let stream = watcher(pods_ns, watcher::Config::default())
-            .backoff(forewarn::controller::watch::watch_backoff())
+            .backoff(forewarn::controller::observe::watch::watch_backoff())
             .applied_objects();
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {
@@ -1832,7 +1832,7 @@ fn watch_notices(
     report: &mut Report,
     acks_due: &mut Vec<(Instant, Pod, String, String)>,
 ) {
-    use forewarn::controller::notice::{NOTICE_PREFIX, field};
+    use forewarn::controller::act::notice::{NOTICE_PREFIX, field};
     let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
     let uid = pod.uid().unwrap_or_default();
     let node = pod
@@ -1981,7 +1981,7 @@ async fn acknowledge(
     .context("the TokenRequest came back without a token")?;
     let client = cluster.client_with_token(&token).await?;
     let body = json!({"metadata": {"annotations": {
-        forewarn::controller::notice::ack_key(event): event_id,
+        forewarn::controller::act::notice::ack_key(event): event_id,
     }}});
     let params = PatchParams {
         field_manager: Some("workload".into()),

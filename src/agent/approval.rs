@@ -2,7 +2,7 @@
 //! is bound to the event it was decided on).
 //!
 //! A decision is bound to the event it was made on: its appearance and the
-//! identity digest of the event ([`crate::crd::identity_digest`]). An agent
+//! identity digest of the event ([`crate::api::identity_digest`]). An agent
 //! sends it only while its own current IMDS document lists the event
 //! `Scheduled` with that digest (the caller checks `Scheduled`), and only
 //! when its own report is of that appearance: a decision of an earlier
@@ -43,12 +43,12 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::MissedTickBehavior;
 use tracing::{debug, info, warn};
 
-use super::metrics::AgentMetrics;
-use super::{error_chain, reports, truncate};
-use crate::crd::{Approval, CONTROLLER_MANAGER, Report, ScheduledEvent, SentApproval};
+use super::{error_chain, event_reports, truncate};
+use crate::api::{Approval, CONTROLLER_MANAGER, Report, ScheduledEvent, SentApproval};
 use crate::imds::client::Client as ImdsClient;
 use crate::imds::model::{Document, Event, EventStatus, EventType};
 use crate::kubeclient::watch_backoff;
+use crate::metrics::agent::AgentMetrics;
 
 /// The `result` the controller records when IMDS accepted an approval.
 pub const ACCEPTED: &str = "Accepted";
@@ -328,7 +328,7 @@ impl Approver {
             let Some(mine) = written.get(&name).filter(|r| r.is_listed()) else {
                 continue;
             };
-            let digest = reports::digest_of(ev);
+            let digest = event_reports::digest_of(ev);
             let Some(obj) = self.object(&name) else {
                 continue;
             };
@@ -577,7 +577,7 @@ async fn watch_objects(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::SentApproval;
+    use crate::api::SentApproval;
     use crate::imds::model::EventStatus;
     use chrono::{DateTime, Utc};
 
@@ -597,7 +597,7 @@ mod tests {
     }
 
     fn mine(ev: &Event, vm: &str) -> Report {
-        crate::agent::reports::view_of(ev, "node", vm, 1, 1)
+        crate::agent::event_reports::view_of(ev, "node", vm, 1, 1)
     }
 
     fn decided(at: DateTime<Utc>, ev: &Event) -> Approval {
@@ -816,7 +816,7 @@ mod tests {
             long
         ));
         // A decision of appearance 1 while this agent's report is of appearance 2.
-        let me = crate::agent::reports::view_of(&ev, "node", "vmss_1", 1, 2);
+        let me = crate::agent::event_reports::view_of(&ev, "node", "vmss_1", 1, 2);
         assert!(!should_send(
             &ev,
             &me.digest(),

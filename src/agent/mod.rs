@@ -1,6 +1,6 @@
 //! The per-node agent: polls this VM's IMDS once a second, reports every
 //! event in its own `ScheduledEventReport` (its only write; see
-//! [`reports`]), and carries out the approvals the controller decided,
+//! [`event_reports`]), and carries out the approvals the controller decided,
 //! only while its own document lists the event as decided (see
 //! [`approval`]).
 //!
@@ -17,9 +17,8 @@
 //! API server nothing per poll.
 
 pub mod approval;
-pub mod metrics;
+pub mod event_reports;
 pub mod poll;
-pub mod reports;
 pub mod vm_report;
 
 use std::time::Duration;
@@ -32,8 +31,8 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::cli::AgentArgs;
 use crate::imds::client::Client as ImdsClient;
 use crate::kubeclient::Clients;
+use crate::metrics::agent::AgentMetrics;
 use crate::server::{self, Liveness, Readiness};
-use metrics::AgentMetrics;
 
 /// Errors of the agent's Kubernetes side.
 #[derive(Debug, thiserror::Error)]
@@ -71,7 +70,7 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Runs the agent until SIGTERM: three tasks that never wait for each other
-/// ([`poll`]: IMDS once per interval; [`reports`]: this agent's reports;
+/// ([`poll`]: IMDS once per interval; [`event_reports`]: this agent's reports;
 /// [`approval`]: approvals to IMDS), joined by channels that keep only the
 /// latest document and the latest reports written. A hung or slow API
 /// server never delays a poll, and a slow IMDS never delays a write.
@@ -116,8 +115,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         args.imds_first_timeout.max(args.imds_timeout),
         args.poll_interval,
     ) + MAX_COMPUTE_BACKOFF;
-    let needs = crate::crds::agent_needs();
-    let check = crate::crds::require(&clients.requests, &needs, "agent", || {});
+    let needs = crate::api::install::agent_needs();
+    let check = crate::api::install::require(&clients.requests, &needs, "agent", || {});
     tokio::pin!(check);
     let mut checked = false;
     let compute = {
@@ -158,7 +157,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let (written_tx, written_rx) = tokio::sync::watch::channel(Default::default());
     let (sent_tx, sent_rx) = tokio::sync::mpsc::unbounded_channel();
     let poller = poll::Poller::new(&args, imds.clone(), metrics.clone(), doc_tx, live);
-    let reporter = reports::Reporter {
+    let reporter = event_reports::Reporter {
         api: Api::all(clients.requests.clone()),
         watch_api: Api::all(clients.watches.clone()),
         node: args.node_name.clone(),

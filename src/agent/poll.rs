@@ -19,11 +19,11 @@ use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
 use tracing::{info, warn};
 
-use super::metrics::AgentMetrics;
 use super::{error_chain, imds_result};
 use crate::cli::AgentArgs;
 use crate::imds::client::Client as ImdsClient;
 use crate::imds::model::Document;
+use crate::metrics::agent::AgentMetrics;
 use crate::server::Liveness;
 
 /// How long the poll loop may stay silent, given its longest request

@@ -21,7 +21,7 @@ use kube::api::{Api, Patch, PatchParams};
 use tracing::{error, info, warn};
 
 use super::error_chain;
-use crate::crd::AGENT_MANAGER;
+use crate::api::AGENT_MANAGER;
 use crate::imds::model::Compute;
 use crate::topology::{VirtualMachineReport, VirtualMachineReportSpec, domain};
 

@@ -2,37 +2,17 @@
 //! nodes, decide the approval once they are drained, and uncordon them when
 //! the event is over. Acts only while it holds the leader-election Lease.
 //!
-//! Each reconcile reads as observe -> plan -> act -> report:
-//! [`reconcile`] observes and acts, [`plan`] and [`status`] are pure,
-//! [`report`] writes the status and the Events; [`run`] wires it all and
-//! [`sweep`] releases holds of deleted objects.
+//! One direction of flow (docs/architecture.md draws it): [`observe`] reads
+//! what a pass knows, [`decide`] turns it into a plan and a status (pure),
+//! [`act`] writes them; [`reconcile`] is one pass, observe -> decide -> act
+//! -> report, and [`runtime`] is the process around the passes (wiring,
+//! leader election, reloads, sweeps).
 
-pub mod acknowledge;
-pub mod confinement;
-pub mod drain;
-pub mod foreign;
-pub mod heartbeats;
-pub mod impact;
-pub mod intake;
-pub mod labels;
-pub mod lease;
-pub mod listing;
-pub mod metrics;
-pub mod node_condition;
-pub mod nodes;
-pub mod notice;
-pub mod plan;
-pub mod pods;
+pub mod act;
+pub mod decide;
+pub mod observe;
 pub mod reconcile;
-pub mod reload;
-pub mod report;
-pub mod run;
-pub mod spec;
-pub mod status;
-pub mod sweep;
-pub mod trust;
-pub mod watch;
-pub mod webhooks;
+pub mod runtime;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -44,12 +24,16 @@ use kube::runtime::reflector::Store;
 
 use chrono::{DateTime, Utc};
 
-use crate::crd::{AGENT_MANAGER, Report, ScheduledEvent, ScheduledEventReport};
+use crate::api::{AGENT_MANAGER, Report, ScheduledEvent, ScheduledEventReport};
+use crate::controller::act::{drain, node_condition, publish};
+use crate::controller::observe::{heartbeats, impact, pods};
+use crate::controller::runtime::reload;
+use crate::metrics::controller::ControllerMetrics;
+use crate::notify::webhooks;
 use crate::policy::Policy;
 use crate::topology::VirtualMachineReport;
-use metrics::ControllerMetrics;
 
-pub use run::run;
+pub use runtime::run::run;
 
 /// Errors of one reconcile; all are retried with backoff.
 #[derive(Debug, thiserror::Error)]
@@ -226,7 +210,7 @@ fn last_write(r: &ScheduledEventReport) -> Option<DateTime<Utc>> {
 
 /// Every VM each node's agent states in its reports, by node name: the
 /// controller never takes one as the node's VM, it compares them with the
-/// node's fixed one (see [`nodes::identities`]).
+/// node's fixed one (see [`act::nodes::identities`]).
 pub fn stated_vms(reports: &ReportsByEvent) -> HashMap<String, BTreeSet<String>> {
     let mut stated: HashMap<String, BTreeSet<String>> = HashMap::new();
     for r in reports.values().flatten() {
@@ -261,17 +245,17 @@ pub struct Context {
     /// The controller's own cache of `ScheduledEvent`s, to see which other
     /// events claim a node before releasing it.
     events: Store<ScheduledEvent>,
-    /// The agents' `ScheduledEventReport`s (see [`trust`]).
+    /// The agents' `ScheduledEventReport`s (see [`observe::trust`]).
     reports: Store<ScheduledEventReport>,
     /// The agents' `VirtualMachineReport`s: the VM of a node without a
-    /// `providerID` (see [`nodes::identities`]).
+    /// `providerID` (see [`act::nodes::identities`]).
     vm_reports: Store<VirtualMachineReport>,
     /// The policy in force; replaced whole when the file changes ([`reload`]).
     policy: reload::Shared,
     /// `--dry-run`: decide and record, never write a node, evict or approve.
     dry_run: bool,
-    /// Kubernetes Events to post (see [`report::publish`]).
-    kube_events: report::EventSink,
+    /// Kubernetes Events to post (see [`publish::publish`]).
+    kube_events: publish::EventSink,
     metrics: ControllerMetrics,
     per_node: usize,
     /// The controller-wide eviction rate budget.
@@ -288,7 +272,7 @@ pub struct Context {
     blocked: Arc<Mutex<HashMap<String, u32>>>,
     /// Per event UID, the drained nodes that its status counts without
     /// listing them (an event of more than
-    /// [`status::NODE_RECORDS_LISTED`] nodes), so that each node's drain is
+    /// [`decide::status::NODE_RECORDS_LISTED`] nodes), so that each node's drain is
     /// announced once (a listed node's record says it). Forgotten with the
     /// event.
     drained_unlisted: Mutex<HashMap<String, std::collections::HashSet<String>>>,
@@ -308,7 +292,7 @@ pub struct Context {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{EventStatus, ScheduledEventReportSpec};
+    use crate::api::{EventStatus, ScheduledEventReportSpec};
 
     fn report(event: &str, node: &str) -> Arc<ScheduledEventReport> {
         Arc::new(ScheduledEventReport::new(

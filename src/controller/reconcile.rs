@@ -14,17 +14,23 @@ use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::EventType as KubeEventType;
 use tracing::{debug, info, instrument, warn};
 
-use super::listing::{listed_at_most, named};
-use super::plan::{self, EvictionOutcome, NodeWrite, Observed, ObservedNode, Plan, PodInfo};
-use super::report::{self, Subject};
-use super::status::{self, Outcome};
-use super::{
-    Context, Error, ReportsByEvent, Result, drain, fixed_vms, nodes, notice, reports_about, spec,
-    stated_vms, trust,
-};
-use crate::crd::{
+use crate::api::{
     Report, ScheduledEvent, ScheduledEventReport, ScheduledEventSpec, SentApproval, report_name,
 };
+use crate::controller::act::drain;
+use crate::controller::act::nodes;
+use crate::controller::act::notice;
+use crate::controller::act::publish::{self, Subject};
+use crate::controller::act::spec;
+use crate::controller::decide::plan::{
+    self, EvictionOutcome, NodeWrite, Observed, ObservedNode, Plan, PodInfo,
+};
+use crate::controller::decide::status::{self, Outcome};
+use crate::controller::observe::trust;
+use crate::controller::{
+    Context, Error, ReportsByEvent, Result, fixed_vms, reports_about, stated_vms,
+};
+use crate::text::{listed_at_most, named};
 
 /// When to look again at an event whose evictions a budget refused.
 const BLOCKED_REQUEUE: std::time::Duration = std::time::Duration::from_secs(1);
@@ -104,14 +110,14 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
             appearance = ev.spec.appearance,
             "The event is back in IMDS: handling it afresh"
         );
-        report::clear_approval(&ev, &ctx).await?;
+        publish::clear_approval(&ev, &ctx).await?;
     }
     // An approval the controller did not write is no decision of its own:
     // never carried on from, removed and reported.
     let foreign = if anew {
         None
     } else {
-        super::foreign::ignore(&stored, &mut ev, &ctx).await?
+        crate::controller::act::foreign::ignore(&stored, &mut ev, &ctx).await?
     };
     copy_sent_approval(&mut ev, &reports);
     let last_report = last_report.or_else(|| {
@@ -203,7 +209,7 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         if cordoned_now.is_empty() {
             evict(&ev, &plan.evictions, &ctx).await
         } else {
-            let now_evicted: Vec<super::plan::Eviction> = plan
+            let now_evicted: Vec<crate::controller::decide::plan::Eviction> = plan
                 .evictions
                 .iter()
                 .filter(|e| !cordoned_now.contains(e.node.as_str()))
@@ -227,7 +233,7 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
     {
         a.decided_at = Some(Utc::now());
     }
-    super::foreign::record(
+    crate::controller::act::foreign::record(
         &mut status,
         ev.status.as_ref(),
         foreign.as_deref(),
@@ -235,11 +241,11 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         now,
     );
     // What happened to the nodes: restarts, and a freeze's heartbeat gap.
-    super::impact::observe_and_record(&ev, &mut status, &snapshots, &ctx, now);
+    crate::controller::observe::impact::observe_and_record(&ev, &mut status, &snapshots, &ctx, now);
     if ctx.dry_run {
         status::as_dry_run(&mut status, ev.status.as_ref(), &plan, now);
     }
-    report::report(
+    publish::report(
         &ev,
         stored.status.as_ref(),
         &plan,
@@ -261,7 +267,7 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         .collect();
     let mut fresh = ev.clone();
     fresh.status = Some(status);
-    super::node_condition::sync(&ctx, &facts, Some(&fresh), &names).await;
+    crate::controller::act::node_condition::sync(&ctx, &facts, Some(&fresh), &names).await;
     ctx.metrics.reconciles.with_label_values(&["ok"]).inc();
     ctx.failures
         .lock()
@@ -476,12 +482,12 @@ fn copy_sent_approval(ev: &mut ScheduledEvent, reports: &[Report]) {
 pub struct Facts {
     /// The node cache.
     pub nodes: Vec<Arc<Node>>,
-    /// The reports taken into account, by event ([`super::intake::admit`]).
+    /// The reports taken into account, by event ([`crate::controller::observe::intake::admit`]).
     pub reports: ReportsByEvent,
     /// Every node's fixed VM (see [`nodes::identities`]).
     ids: nodes::Identities,
     /// The reports left out, counted.
-    pub ignored: super::intake::Ignored,
+    pub ignored: crate::controller::observe::intake::Ignored,
 }
 
 impl Facts {
@@ -492,9 +498,9 @@ impl Facts {
         let fixed = fixed_vms(&vm_reports);
         // The reports taken into account: a node's reports about its own
         // fixed VM first (providerID's, else its VirtualMachineReport's).
-        let (reports, ignored) = super::intake::admit(
+        let (reports, ignored) = crate::controller::observe::intake::admit(
             ctx.reports.state(),
-            super::intake::MAX_LIVE_REPORTS_PER_NODE,
+            crate::controller::observe::intake::MAX_LIVE_REPORTS_PER_NODE,
             |n| {
                 nodes
                     .iter()
@@ -962,7 +968,7 @@ async fn write_nodes(
             ctx.metrics.cordoned(ev, Utc::now());
         }
         info!(node = w.node(), reason, "{note}");
-        report::publish(
+        publish::publish(
             ctx,
             ev,
             Subject::NodeOnly(w.node()),
@@ -980,7 +986,7 @@ async fn write_nodes(
             [(_, note)] => std::mem::take(note),
             many => nodes_note(ev, reason, many.iter().map(|(n, _)| *n).collect()),
         };
-        report::publish(ctx, ev, Subject::Event, KubeEventType::Normal, reason, note);
+        publish::publish(ctx, ev, Subject::Event, KubeEventType::Normal, reason, note);
     }
     first_error.map_or(Ok(()), Err)
 }
@@ -1022,7 +1028,7 @@ const NAMED_IN_EVENT: usize = 5;
 /// pass.
 async fn evict(
     ev: &ScheduledEvent,
-    evictions: &[super::plan::Eviction],
+    evictions: &[crate::controller::decide::plan::Eviction],
     ctx: &Context,
 ) -> (Vec<Outcome>, usize) {
     let drain::Evicted { outcomes, deferred } = drain::evict_all(
@@ -1033,7 +1039,7 @@ async fn evict(
         tokio::time::Instant::now() + EVICTION_PASS,
     )
     .await;
-    let planned: HashMap<(&str, &str), &super::plan::Eviction> = evictions
+    let planned: HashMap<(&str, &str), &crate::controller::decide::plan::Eviction> = evictions
         .iter()
         .map(|e| ((e.node.as_str(), e.pod.name.as_str()), e))
         .collect();
@@ -1086,7 +1092,7 @@ async fn evict(
         }
     }
     for (node, pods) in evicted {
-        report::publish(
+        publish::publish(
             ctx,
             ev,
             Subject::Node(node),
@@ -1100,7 +1106,7 @@ async fn evict(
             1 => String::new(),
             n => format!(" and {} more", n - 1),
         };
-        report::publish(
+        publish::publish(
             ctx,
             ev,
             Subject::Node(node),
@@ -1126,7 +1132,7 @@ async fn evict(
 #[cfg(test)]
 mod tests {
     use super::{blocked_backoff, evicted_note, nodes_note};
-    use crate::crd::{EventStatus, ScheduledEvent, ScheduledEventSpec};
+    use crate::api::{EventStatus, ScheduledEvent, ScheduledEventSpec};
     use std::time::Duration;
 
     #[test]

@@ -22,7 +22,7 @@ pub const DURATION_PATTERN: &str = r"^\s*([0-9]+(\.[0-9]+)?\s*(nanos|nsec|ns|use
 /// Where the policy sits in `values.schema.json`.
 pub const VALUES_PATH: [&str; 4] = ["properties", "controller", "properties", "policy"];
 
-/// Where the webhooks file ([`crate::controller::webhooks::Config`]) sits
+/// Where the webhooks file ([`crate::notify::webhooks::Config`]) sits
 /// in `values.schema.json` (`controller.webhooks.config`).
 pub const WEBHOOKS_PATH: [&str; 6] = [
     "properties",
@@ -58,7 +58,7 @@ pub fn policy_schema() -> Value {
 /// The webhooks file's JSON schema, as it stands under
 /// `controller.webhooks.config` in the chart's `values.schema.json`.
 pub fn webhooks_schema() -> Value {
-    schema_of::<crate::controller::webhooks::Config>()
+    schema_of::<crate::notify::webhooks::Config>()
 }
 
 fn schema_of<T: schemars::JsonSchema>() -> Value {

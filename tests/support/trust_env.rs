@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use forewarn::crd::{AGENT_MANAGER, ScheduledEvent, ScheduledEventReport};
+use forewarn::api::{AGENT_MANAGER, ScheduledEvent, ScheduledEventReport};
 use forewarn::imds::mock::LogEntry;
 use forewarn_harness::cluster::{Cluster, client_for, helm_bin};
 use forewarn_harness::procs::{Credentials, Fleet, FleetOptions};
@@ -38,7 +38,7 @@ pub const AGENT_POLICY: &str = "forewarn-agent-reports";
 /// The controller's Lease, as the chart names it.
 pub const LEASE: &str = "forewarn-controller";
 /// The annotation naming the events forewarn holds a node for.
-pub const CORDONED_FOR: &str = forewarn::crd::CORDONED_FOR_ANNOTATION;
+pub const CORDONED_FOR: &str = forewarn::api::CORDONED_FOR_ANNOTATION;
 
 // ---------------------------------------------------------------------------
 // Tools (as in tests/chart.rs)
@@ -899,7 +899,7 @@ pub fn reset_node(k: &Kubectl, node: &str) {
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|t| t["key"] != forewarn::controller::nodes::TAINT_KEY)
+        .filter(|t| t["key"] != forewarn::controller::act::nodes::TAINT_KEY)
         .cloned()
         .collect();
     let patch = serde_json::json!({

@@ -1,0 +1,12 @@
+//! The writes: nodes cordoned, tainted and released, pods evicted, the
+//! `ScheduledEvent`'s spec and status, notices to workloads, the node
+//! condition, the topology labels, Kubernetes Events and webhooks.
+
+pub mod drain;
+pub mod foreign;
+pub mod labels;
+pub mod node_condition;
+pub mod nodes;
+pub mod notice;
+pub mod publish;
+pub mod spec;

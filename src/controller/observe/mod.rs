@@ -1,0 +1,10 @@
+//! What one pass knows: the caches of the cluster, the agents' reports
+//! judged, the pods a drain considers, the nodes' heartbeats and restarts.
+//! Read only: nothing here writes to the API server.
+
+pub mod heartbeats;
+pub mod impact;
+pub mod intake;
+pub mod pods;
+pub mod trust;
+pub mod watch;

@@ -1,0 +1,4 @@
+//! Notifications to the operators' webhooks: their configuration, the
+//! messages, their delivery.
+
+pub mod webhooks;
