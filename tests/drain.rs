@@ -12,7 +12,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use forewarn::api::ScheduledEvent;
 use forewarn::controller::act::drain;
-use forewarn::controller::decide::plan::{Eviction, EvictionOutcome, PodInfo};
+use forewarn::controller::decide::plan::{Eviction, EvictionOutcome};
+use forewarn::controller::observe::pod_list::{self, PodInfo};
 use forewarn_harness::cluster::{Cluster, repo_root};
 use forewarn_harness::run::{PodDeletion, Report, RunOptions, run_scenario, summary};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -644,7 +645,7 @@ async fn one_paginated_list_finds_each_nodes_pods_as_a_list_per_node_does() {
     }
     let asked: std::collections::HashSet<String> =
         ["node-000001", "node-absent"].map(String::from).into();
-    let by_node = drain::pods_by_node(&client, &asked, 2)
+    let by_node = pod_list::pods_by_node(&client, &asked, 2)
         .await
         .expect("one paginated list");
     assert_eq!(by_node.len(), 2, "{by_node:#?}");
@@ -653,7 +654,11 @@ async fn one_paginated_list_finds_each_nodes_pods_as_a_list_per_node_does() {
         v
     };
     for node in ["node-000001", "node-absent"] {
-        let one = sorted(drain::pods_on(&client, node).await.expect("list by node"));
+        let one = sorted(
+            pod_list::pods_on(&client, node)
+                .await
+                .expect("list by node"),
+        );
         let all = sorted(by_node.get(node).cloned().unwrap_or_default());
         assert_eq!(all, one, "{node}");
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use forewarn::api::{EventStatus, Phase, ScheduledEvent};
-use forewarn::controller::act::nodes::TAINT_KEY;
+use forewarn::controller::act::cordon::TAINT_KEY;
 use forewarn::imds::mock::LogEntry;
 use forewarn_harness::cluster::{Cluster, repo_root};
 use forewarn_harness::inspect::{condition, event_notes, scheduled_event as sev};
@@ -75,7 +75,7 @@ async fn holds_anywhere(client: &Client) -> Vec<String> {
         .expect("list nodes")
         .items
         .iter()
-        .filter(|n| !forewarn::controller::act::nodes::holds(n).is_empty())
+        .filter(|n| !forewarn::controller::observe::nodes::holds(n).is_empty())
         .map(ResourceExt::name_any)
         .collect()
 }
@@ -870,8 +870,10 @@ async fn the_api_server_refuses_an_oversize_or_misnamed_report() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_status_of_an_event_naming_ten_thousand_vms_is_stored_small() {
     use forewarn::api::{CONTROLLER_MANAGER, ScheduledEventSpec};
-    use forewarn::controller::decide::plan::{Observed, ObservedNode, PodInfo, Terminating, plan};
+    use forewarn::controller::decide::plan::plan;
     use forewarn::controller::decide::status::{NODE_RECORDS_LISTED, next};
+    use forewarn::controller::observe::observed::{Observed, ObservedNode};
+    use forewarn::controller::observe::pod_list::{PodInfo, Terminating};
     use kube::api::{Patch, PatchParams, PostParams};
 
     let _turn = TURN.lock().await;
@@ -1062,7 +1064,7 @@ impl Monitor {
                 s.lock().expect("lock").nodes.push((
                     Utc::now(),
                     n.name_any(),
-                    forewarn::controller::act::nodes::is_cordoned(&n),
+                    forewarn::controller::observe::nodes::is_cordoned(&n),
                     tainted,
                     revision(&n.metadata),
                 ));

@@ -1059,7 +1059,7 @@ async fn a_real_container_reads_its_notice_and_acknowledges_before_the_approval(
         .metadata
         .uid
         .expect("db-0's uid");
-    let ack_key = forewarn::controller::act::notice::ack_key(&ID.to_ascii_lowercase());
+    let ack_key = forewarn::controller::observe::participants::ack_key(&ID.to_ascii_lowercase());
     // Versions of the first db-0 with a deletionTimestamp, each with its
     // acknowledgement then (None: none yet).
     let mut terminating: Vec<Option<String>> = Vec::new();

@@ -24,7 +24,7 @@ use super::procs::{AgentRunner, Credentials, Fleet, FleetOptions, Proc};
 use forewarn::api::{
     CONTROLLER_MANAGER, CORDONED_FOR_ANNOTATION, ScheduledEvent, ScheduledEventReport,
 };
-use forewarn::controller::act::nodes::{holds, is_cordoned};
+use forewarn::controller::observe::nodes::{holds, is_cordoned};
 use forewarn::imds::mock::LogEntry;
 use forewarn::imds::scenario::Scenario;
 use forewarn::topology::{FAULT_DOMAIN_LABEL, UPDATE_DOMAIN_LABEL, VirtualMachineReport};
@@ -697,7 +697,7 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
 
     for (node, event) in &opts.prior_holds {
         let current = nodes.get(node).await?;
-        let taints = forewarn::controller::act::nodes::taints_for(&current, true)
+        let taints = forewarn::controller::act::cordon::taints_for(&current, true)
             .or_else(|| current.spec.as_ref().and_then(|s| s.taints.clone()));
         let held = json!({
             "metadata": {"annotations": {CORDONED_FOR_ANNOTATION: event}},
@@ -1832,7 +1832,7 @@ fn watch_notices(
     report: &mut Report,
     acks_due: &mut Vec<(Instant, Pod, String, String)>,
 ) {
-    use forewarn::controller::act::notice::{NOTICE_PREFIX, field};
+    use forewarn::controller::observe::participants::{NOTICE_PREFIX, field};
     let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
     let uid = pod.uid().unwrap_or_default();
     let node = pod
@@ -1981,7 +1981,7 @@ async fn acknowledge(
     .context("the TokenRequest came back without a token")?;
     let client = cluster.client_with_token(&token).await?;
     let body = json!({"metadata": {"annotations": {
-        forewarn::controller::act::notice::ack_key(event): event_id,
+        forewarn::controller::observe::participants::ack_key(event): event_id,
     }}});
     let params = PatchParams {
         field_manager: Some("workload".into()),

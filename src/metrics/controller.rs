@@ -837,7 +837,7 @@ impl CacheGauges {
             }
         }
         for n in nodes {
-            let holds = crate::controller::act::nodes::holds(n);
+            let holds = crate::controller::observe::nodes::holds(n);
             if holds.is_empty() {
                 continue;
             }

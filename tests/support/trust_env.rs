@@ -899,7 +899,7 @@ pub fn reset_node(k: &Kubectl, node: &str) {
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|t| t["key"] != forewarn::controller::act::nodes::TAINT_KEY)
+        .filter(|t| t["key"] != forewarn::controller::act::cordon::TAINT_KEY)
         .cloned()
         .collect();
     let patch = serde_json::json!({

@@ -17,7 +17,8 @@ use tracing::warn;
 use crate::agent::approval::{Author, author};
 use crate::api::{CONTROLLER_MANAGER, Condition, ScheduledEvent, ScheduledEventStatus};
 use crate::controller::act::publish::{Subject, publish};
-use crate::controller::{Context, Error, Result};
+use crate::controller::act::writers::Writers;
+use crate::controller::error::{Error, Result};
 
 /// The condition that records a decision the controller did not make.
 pub const CONDITION: &str = "ForeignDecision";
@@ -46,7 +47,7 @@ pub fn writer(stored: &ScheduledEvent) -> Option<String> {
 pub async fn ignore(
     stored: &ScheduledEvent,
     ev: &mut ScheduledEvent,
-    ctx: &Context,
+    writers: &Writers,
 ) -> Result<Option<String>> {
     let Some(by) = writer(stored) else {
         return Ok(None);
@@ -69,7 +70,7 @@ pub async fn ignore(
         stored.metadata.generation,
         chrono::Utc::now(),
     );
-    Api::<ScheduledEvent>::all(ctx.client.clone())
+    Api::<ScheduledEvent>::all(writers.client.clone())
         .patch_status(
             &name,
             &PatchParams {
@@ -85,9 +86,9 @@ pub async fn ignore(
             name: name.clone(),
             source,
         })?;
-    ctx.metrics.foreign_decisions.inc();
+    writers.metrics.foreign_decisions.inc();
     publish(
-        ctx,
+        writers,
         ev,
         Subject::Event,
         KubeEventType::Warning,

@@ -2,11 +2,14 @@
 //! `ScheduledEvent`'s spec and status, notices to workloads, the node
 //! condition, the topology labels, Kubernetes Events and webhooks.
 
+pub mod carry_out;
+pub mod cordon;
 pub mod drain;
 pub mod foreign;
 pub mod labels;
 pub mod node_condition;
-pub mod nodes;
 pub mod notice;
 pub mod publish;
+pub mod restarts;
 pub mod spec;
+pub mod writers;

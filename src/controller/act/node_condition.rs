@@ -28,10 +28,11 @@ use serde_json::json;
 use tracing::{debug, warn};
 
 use crate::api::{EventStatus, ScheduledEvent};
-use crate::controller::Context;
-use crate::controller::act::nodes;
+use crate::controller::act::writers::Writers;
+use crate::controller::observe::caches::Caches;
+use crate::controller::observe::facts::Facts;
 use crate::controller::observe::impact::{affects, is_over};
-use crate::controller::reconcile::Facts;
+use crate::controller::observe::nodes;
 use crate::text::cut;
 
 /// The condition type.
@@ -182,11 +183,18 @@ impl Written {
 /// (the pass's status was just written), the nodes and the VMs the agents
 /// state as `facts` read them. Best effort: a failed write is logged, and
 /// done again on a later pass or by the sweep.
-pub async fn sync(ctx: &Context, facts: &Facts, fresh: Option<&ScheduledEvent>, names: &[String]) {
-    if ctx.dry_run || names.is_empty() {
+pub async fn sync(
+    writers: &Writers,
+    written: &Written,
+    caches: &Caches,
+    facts: &Facts,
+    fresh: Option<&ScheduledEvent>,
+    names: &[String],
+) {
+    if writers.dry_run || names.is_empty() {
         return;
     }
-    let mut events: Vec<Arc<ScheduledEvent>> = ctx.events.state();
+    let mut events: Vec<Arc<ScheduledEvent>> = caches.events.state();
     if let Some(f) = fresh {
         events.retain(|e| e.metadata.name != f.metadata.name);
         events.push(Arc::new(f.clone()));
@@ -198,7 +206,7 @@ pub async fn sync(ctx: &Context, facts: &Facts, fresh: Option<&ScheduledEvent>, 
     let by_name: HashMap<String, &Arc<Node>> =
         facts.nodes.iter().map(|n| (n.name_any(), n)).collect();
     let now = Utc::now();
-    let api: Api<Node> = Api::all(ctx.client.clone());
+    let api: Api<Node> = Api::all(writers.client.clone());
     let mut writes = Vec::new();
     for name in names {
         let Some(node) = by_name.get(name) else {
@@ -216,10 +224,10 @@ pub async fn sync(ctx: &Context, facts: &Facts, fresh: Option<&ScheduledEvent>, 
             continue;
         };
         let key = format!("{}|{}|{}", want.status, want.reason, want.message);
-        if ctx.node_conditions.recently(name, &key) {
+        if written.recently(name, &key) {
             continue;
         }
-        ctx.node_conditions.note(name, key);
+        written.note(name, key);
         let api = api.clone();
         writes.push(async move {
             let r = api
@@ -235,7 +243,8 @@ pub async fn sync(ctx: &Context, facts: &Facts, fresh: Option<&ScheduledEvent>, 
     for (name, want, r) in results {
         match r {
             Ok(_) => {
-                ctx.metrics
+                writers
+                    .metrics
                     .node_writes
                     .with_label_values(&["condition"])
                     .inc();

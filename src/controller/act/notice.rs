@@ -20,250 +20,20 @@
 //!   nothing on a pod but these annotations (set or remove a notice,
 //!   remove an acknowledgement).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
-use chrono::{DateTime, SecondsFormat, Utc};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
-use kube::{Client, ResourceExt};
 use serde_json::json;
+use tracing::{info, warn};
 
-use crate::api::{CONTROLLER_MANAGER, EventStatus, Phase, ScheduledEventSpec};
-use crate::controller::decide::acknowledge::AckState;
-use crate::controller::decide::plan::ObservedNode;
-use crate::policy::Action;
+use crate::metrics::controller::ControllerMetrics;
 
-/// The label that asks for notices.
-pub const NOTICE_LABEL: &str = "forewarn.dev/notice";
-/// The label that asks for notices and for forewarn to wait for the pod's
-/// acknowledgement.
-pub const ACKNOWLEDGE_LABEL: &str = "forewarn.dev/acknowledge";
-/// The prefix of the notice annotations; the `ScheduledEvent`'s name follows.
-pub const NOTICE_PREFIX: &str = "notice.forewarn.dev/";
-/// The prefix of the acknowledgement annotations; the `ScheduledEvent`'s
-/// name follows, and the value is the `EventId`.
-pub const ACK_PREFIX: &str = "ack.forewarn.dev/";
-
-/// The longest annotation value the cache keeps of a pod (an
-/// acknowledgement is an `EventId`, a notice about 250 bytes): a workload
-/// cannot make the controller hold more.
-const VALUE_KEPT: usize = 512;
-
-/// A pod that takes part, as the pod cache keeps it: who it is, whether it
-/// asked to be waited for, and its notice and acknowledgement annotations
-/// only (no other annotation is kept).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Participant {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// UID, sent with each write so that a pod recreated under the same
-    /// name (a StatefulSet's) never gets its predecessor's notice.
-    pub uid: String,
-    /// Labelled `forewarn.dev/acknowledge: "true"`.
-    pub acknowledges: bool,
-    /// Being deleted: it still gets notices, but nothing waits for it.
-    pub terminating: bool,
-    /// Its `notice.forewarn.dev/*` and `ack.forewarn.dev/*` annotations.
-    pub annotations: BTreeMap<String, String>,
-}
-
-impl Participant {
-    /// The pod as a participant, if it takes part: labelled, not a mirror
-    /// pod, not finished.
-    pub fn from_pod(pod: &Pod) -> Option<Participant> {
-        let labels = pod.labels();
-        let asked = |label: &str| labels.get(label).is_some_and(|v| v == "true");
-        let acknowledges = asked(ACKNOWLEDGE_LABEL);
-        if !acknowledges && !asked(NOTICE_LABEL) {
-            return None;
-        }
-        let finished = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.phase.as_deref())
-            .is_some_and(|p| p == "Succeeded" || p == "Failed");
-        if finished
-            || pod
-                .annotations()
-                .contains_key("kubernetes.io/config.mirror")
-        {
-            return None;
-        }
-        let annotations = pod
-            .annotations()
-            .iter()
-            .filter(|(k, _)| k.starts_with(NOTICE_PREFIX) || k.starts_with(ACK_PREFIX))
-            .map(|(k, v)| (k.clone(), v.chars().take(VALUE_KEPT).collect()))
-            .collect();
-        Some(Participant {
-            namespace: pod.namespace().unwrap_or_default(),
-            name: pod.name_any(),
-            uid: pod.uid().unwrap_or_default(),
-            acknowledges,
-            terminating: pod.metadata.deletion_timestamp.is_some(),
-            annotations,
-        })
-    }
-
-    /// `namespace/name`.
-    pub fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
-    }
-
-    /// Its notice of the event named `event`, if stored.
-    pub fn notice(&self, event: &str) -> Option<&str> {
-        self.annotations.get(&notice_key(event)).map(String::as_str)
-    }
-
-    /// Whether its notice of `event` is stored, for `event_id` (an earlier
-    /// notice of another `EventId` under the same name does not count).
-    pub fn notified(&self, event: &str, event_id: &str) -> bool {
-        self.notice(event)
-            .and_then(|n| field(n, "eventId"))
-            .is_some_and(|id| id.eq_ignore_ascii_case(&token(event_id)))
-    }
-
-    /// Whether it acknowledged `event_id`: `ack.forewarn.dev/<event>` holds
-    /// the `EventId` (any case, surrounding spaces ignored).
-    pub fn acknowledged(&self, event: &str, event_id: &str) -> bool {
-        self.annotations
-            .get(&ack_key(event))
-            .is_some_and(|v| v.trim().eq_ignore_ascii_case(event_id))
-    }
-
-    /// The names of the events it holds a notice or an acknowledgement of.
-    pub fn events(&self) -> impl Iterator<Item = &str> {
-        self.annotations.keys().filter_map(|k| {
-            k.strip_prefix(NOTICE_PREFIX)
-                .or_else(|| k.strip_prefix(ACK_PREFIX))
-        })
-    }
-
-    /// Whether it holds a notice or an acknowledgement of `event`.
-    pub fn holds(&self, event: &str) -> bool {
-        self.events().any(|e| e == event)
-    }
-}
-
-/// `notice.forewarn.dev/<event>`.
-pub fn notice_key(event: &str) -> String {
-    format!("{NOTICE_PREFIX}{event}")
-}
-
-/// `ack.forewarn.dev/<event>`.
-pub fn ack_key(event: &str) -> String {
-    format!("{ACK_PREFIX}{event}")
-}
-
-/// What a notice tells a pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Notice {
-    /// `EventId` as IMDS spells it.
-    pub event_id: String,
-    /// `EventType`.
-    pub event_type: String,
-    /// `EventStatus` as the agents report it.
-    pub status: String,
-    /// `NotBefore`, absent once started.
-    pub not_before: Option<DateTime<Utc>>,
-    /// `DurationInSeconds`: `0` none, `-1` unknown.
-    pub duration_seconds: i64,
-    /// Forewarn's phase.
-    pub phase: Phase,
-    /// The policy's action.
-    pub action: Action,
-    /// Whether forewarn drains the pod's node (evicts its pods, DaemonSet
-    /// and mirror pods aside).
-    pub drain: bool,
-    /// For a pod forewarn waits for: until when.
-    pub acknowledge_by: Option<DateTime<Utc>>,
-}
-
-/// `s` with every character but ASCII letters, digits and `._:+-`
-/// replaced by `_`: a value a line of `key=value` words can hold, and
-/// that the kubelet's Go quoting leaves as it is.
-fn token(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "._:+-".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
-fn time(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Secs, true)
-}
-
-/// The annotation's value: `eventId=... type=... status=... notBefore=...
-/// durationSeconds=... phase=... action=... drain=true|false`, then
-/// `acknowledgeBy=...` for a pod forewarn waits for. `notBefore` is empty
-/// once the event started.
-pub fn render(n: &Notice) -> String {
-    let mut s = format!(
-        "eventId={} type={} status={} notBefore={} durationSeconds={} phase={} action={} drain={}",
-        token(&n.event_id),
-        token(&n.event_type),
-        token(&n.status),
-        n.not_before.map(time).unwrap_or_default(),
-        n.duration_seconds,
-        n.phase.as_str(),
-        n.action.as_str(),
-        n.drain
-    );
-    if let Some(by) = n.acknowledge_by {
-        s.push_str(&format!(" acknowledgeBy={}", time(by)));
-    }
-    s
-}
-
-/// The value of `key` in a rendered notice.
-pub fn field<'a>(notice: &'a str, key: &str) -> Option<&'a str> {
-    notice.split(' ').find_map(|w| {
-        let (k, v) = w.split_once('=')?;
-        (k == key).then_some(v)
-    })
-}
-
-/// The notice each participant on `nodes` (the nodes handled live for the
-/// content `spec`, with `phase` and `action`) should hold of the event
-/// `event`, by participant.
-pub fn desired(
-    spec: &ScheduledEventSpec,
-    phase: Phase,
-    action: Action,
-    nodes: &[ObservedNode],
-    ack: Option<&AckState>,
-) -> Vec<(Arc<Participant>, String)> {
-    let mut out = Vec::new();
-    for n in nodes.iter().filter(|n| !n.vm_name.is_empty() && !n.ended) {
-        for p in &n.participants {
-            let notice = Notice {
-                event_id: spec.event_id.clone(),
-                event_type: spec.event_type.clone(),
-                status: spec.event_status.to_string(),
-                not_before: spec.not_before,
-                duration_seconds: spec.duration_seconds,
-                phase,
-                action,
-                drain: action.drains(),
-                // Only while the wait can matter (its deadline is stable then).
-                acknowledge_by: ack
-                    .filter(|_| p.acknowledges && spec.event_status == EventStatus::Scheduled)
-                    .map(|a| a.deadline),
-            };
-            out.push((Arc::clone(p), render(&notice)));
-        }
-    }
-    out
-}
+use crate::api::CONTROLLER_MANAGER;
+use crate::controller::observe::participants::{Participant, ack_key, notice_key};
 
 /// One write of a pod's notice annotations.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -375,9 +145,46 @@ pub async fn write_all(
         .await
 }
 
+/// Writes the notices ([`write_all`]); a failure is logged and counted,
+/// and the write is tried again on a later pass (the approval waits for
+/// the notice meanwhile, up to its deadline).
+pub async fn write(
+    event: &str,
+    writes: &[NoticeWrite],
+    client: &Client,
+    metrics: &ControllerMetrics,
+) {
+    if writes.is_empty() {
+        return;
+    }
+    for (w, outcome) in write_all(client, event, writes).await {
+        let pod = w.pod.key();
+        let label = match (&outcome, &w.notice) {
+            (WriteOutcome::Written, Some(value)) => {
+                info!(%pod, notice = %value, "Notice written");
+                "written"
+            }
+            (WriteOutcome::Written, None) => {
+                info!(%pod, "Notice removed");
+                "removed"
+            }
+            (WriteOutcome::Gone, _) => "gone",
+            (WriteOutcome::Failed(why), _) => {
+                warn!(%pod, %why, "Could not write a notice; will retry");
+                "failed"
+            }
+        };
+        metrics.notice_writes.with_label_values(&[label]).inc();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::Phase;
+    use crate::controller::observe::participants::*;
+    use crate::policy::Action;
+    use chrono::{DateTime, Utc};
 
     fn pod(labels: serde_json::Value, annotations: serde_json::Value) -> Pod {
         serde_json::from_value(json!({

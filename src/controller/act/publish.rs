@@ -10,9 +10,10 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+use crate::controller::act::writers::Writers;
 use crate::controller::decide::plan::Plan;
 use crate::controller::decide::status::newly_true;
-use crate::controller::{Context, Error, Result};
+use crate::controller::error::{Error, Result};
 use std::collections::HashMap;
 
 use crate::api::{CONTROLLER_MANAGER, NodeProgress, Phase, ScheduledEvent, ScheduledEventStatus};
@@ -44,7 +45,8 @@ pub async fn report(
     plan: &Plan,
     status: &ScheduledEventStatus,
     not_listed: &[NodeProgress],
-    ctx: &Context,
+    writers: &Writers,
+    announced: &Announced,
 ) -> Result<()> {
     let name = ev.name_any();
     let prev = ev.status.clone().unwrap_or_default();
@@ -56,7 +58,7 @@ pub async fn report(
         "kind": ScheduledEvent::kind(&()),
         "status": status,
     });
-    Api::<ScheduledEvent>::all(ctx.client.clone())
+    Api::<ScheduledEvent>::all(writers.client.clone())
         .patch_status(
             &name,
             &PatchParams::apply(CONTROLLER_MANAGER).force(),
@@ -69,7 +71,7 @@ pub async fn report(
         })?;
 
     if let (None, Some(first_seen)) = (prev.first_seen, status.first_seen) {
-        ctx.metrics.event_observed(ev, first_seen);
+        writers.metrics.event_observed(ev, first_seen);
     }
     let before: HashMap<&str, &NodeProgress> = prev
         .nodes
@@ -82,16 +84,16 @@ pub async fn report(
         let before = before.get(n.name.as_str()).copied();
         if n.drained_at.is_some()
             && !plan.phase.is_final()
-            && !ctx.drained_unlisted(ev, &n.name, !is_listed)
+            && !announced.drained_unlisted(ev, &n.name, !is_listed)
             && before.and_then(|b| b.drained_at).is_none()
         {
             info!(node = %n.name, "Node drained");
             if let (Some(first), Some(at)) = (status.first_seen, n.drained_at) {
-                ctx.metrics.drained(ev, first, at);
+                writers.metrics.drained(ev, first, at);
             }
             let note = format!("{} drained for {} {name}", n.name, ev.spec.event_type);
             publish(
-                ctx,
+                writers,
                 ev,
                 Subject::Node(&n.name),
                 KubeEventType::Normal,
@@ -108,7 +110,7 @@ pub async fn report(
             warn!(node = %n.name, pod = %kept, "Pod kept on a node being drained");
             let note = format!("Not evicting {kept} from {}", n.name);
             publish(
-                ctx,
+                writers,
                 ev,
                 Subject::Node(&n.name),
                 KubeEventType::Warning,
@@ -117,13 +119,13 @@ pub async fn report(
             );
         }
     }
-    if ctx.dry_run {
-        report_dry_run(ev, &prev, status, ctx);
+    if writers.dry_run {
+        report_dry_run(ev, &prev, status, writers);
     }
     if let Some(message) = newly_true(&prev, status, "EndedWithoutObserver") {
         warn!(%message, "Ended without an observer");
         publish(
-            ctx,
+            writers,
             ev,
             Subject::Event,
             KubeEventType::Warning,
@@ -134,7 +136,7 @@ pub async fn report(
     if let Some(message) = newly_true(&prev, status, "ReportsDisagree") {
         warn!(%message, "The agents of the VMs the event names report different events");
         publish(
-            ctx,
+            writers,
             ev,
             Subject::Event,
             KubeEventType::Warning,
@@ -142,11 +144,11 @@ pub async fn report(
             format!("{name}: each node is handled on its own agent's report: {message}"),
         );
     }
-    report_acknowledgements(ev, &prev, status, ctx);
+    report_acknowledgements(ev, &prev, status, writers);
     if let Some(message) = newly_true(&prev, status, "DrainScheduled") {
         info!(%message, "Drain scheduled");
         publish(
-            ctx,
+            writers,
             ev,
             Subject::Event,
             KubeEventType::Normal,
@@ -154,8 +156,8 @@ pub async fn report(
             format!("{name}: {message}"),
         );
     }
-    if plan.decide_approval.is_some() && !ctx.dry_run {
-        ctx.metrics.approval_decided(
+    if plan.decide_approval.is_some() && !writers.dry_run {
+        writers.metrics.approval_decided(
             ev,
             status
                 .approval
@@ -167,7 +169,7 @@ pub async fn report(
         info!(%reason, "Approval decided");
         let note = format!("Approval of {name} decided: {reason}; an agent will send it to IMDS");
         publish(
-            ctx,
+            writers,
             ev,
             Subject::Event,
             KubeEventType::Normal,
@@ -176,13 +178,14 @@ pub async fn report(
         );
     }
     if let Some(why) = newly_true(&prev, status, "DrainIncomplete") {
-        ctx.metrics
+        writers
+            .metrics
             .drains_incomplete
             .with_label_values(&[type_label(&ev.spec.event_type)])
             .inc();
         warn!(%why, "Drain incomplete");
         publish(
-            ctx,
+            writers,
             ev,
             Subject::Event,
             KubeEventType::Warning,
@@ -190,7 +193,7 @@ pub async fn report(
             format!("{name}: {why}"),
         );
     }
-    notify_webhooks(ev, &prev, stored, status, plan, ctx);
+    notify_webhooks(ev, &prev, stored, status, plan, writers);
     let prev_phase = prev.phase.map(Phase::as_str).unwrap_or_default();
     let phase = plan.phase.as_str();
     if prev_phase != phase {
@@ -200,7 +203,14 @@ pub async fn report(
             Phase::Started | Phase::Completed | Phase::Cancelled | Phase::Ignored
         ) {
             let note = format!("{} {name} is {}", ev.spec.event_type, phase.to_lowercase());
-            publish(ctx, ev, Subject::Event, KubeEventType::Normal, phase, note);
+            publish(
+                writers,
+                ev,
+                Subject::Event,
+                KubeEventType::Normal,
+                phase,
+                note,
+            );
         }
     }
     Ok(())
@@ -218,10 +228,10 @@ fn notify_webhooks(
     stored: Option<&ScheduledEventStatus>,
     status: &ScheduledEventStatus,
     plan: &Plan,
-    ctx: &Context,
+    writers: &Writers,
 ) {
     use crate::notify::webhooks::{Blocker, Message, Notification};
-    if !ctx.webhooks.is_enabled() {
+    if !writers.webhooks.is_enabled() {
         return;
     }
     let name = ev.name_any();
@@ -232,7 +242,7 @@ fn notify_webhooks(
             || "now".to_string(),
             |nb| format!("not before {}", nb.to_rfc3339()),
         );
-        ctx.webhooks.notify(about(
+        writers.webhooks.notify(about(
             Notification::Received,
             format!(
                 "{} {name} ({}) for {}, {when}; forewarn will {}",
@@ -263,7 +273,7 @@ fn notify_webhooks(
                 reason: n.blocked_by.clone(),
             })
             .collect();
-        ctx.webhooks.notify(m);
+        writers.webhooks.notify(m);
     }
     // The approval this status records as accepted, against what the API
     // server stored (`prev` already carries what the agents report: see
@@ -282,7 +292,7 @@ fn notify_webhooks(
             .as_ref()
             .and_then(|a| a.sent_by.as_deref())
             .unwrap_or("an agent");
-        ctx.webhooks.notify(about(
+        writers.webhooks.notify(about(
             Notification::Approved,
             format!(
                 "IMDS accepted the approval of {} {name} (sent by {by}): Azure may start it now",
@@ -292,11 +302,11 @@ fn notify_webhooks(
     }
     if prev.phase != Some(plan.phase) {
         match plan.phase {
-            Phase::Started => ctx.webhooks.notify(about(
+            Phase::Started => writers.webhooks.notify(about(
                 Notification::Started,
                 format!("{} {name} started", spec.event_type),
             )),
-            Phase::Completed | Phase::Cancelled => ctx.webhooks.notify(about(
+            Phase::Completed | Phase::Cancelled => writers.webhooks.notify(about(
                 Notification::Completed,
                 format!(
                     "{} {name} is {}",
@@ -317,13 +327,13 @@ fn report_acknowledgements(
     ev: &ScheduledEvent,
     prev: &ScheduledEventStatus,
     status: &ScheduledEventStatus,
-    ctx: &Context,
+    writers: &Writers,
 ) {
     let name = ev.name_any();
     if let Some(message) = newly_true(prev, status, "AcknowledgementPending") {
         info!(%message, "Waiting for the pods that take part");
         publish(
-            ctx,
+            writers,
             ev,
             Subject::Event,
             KubeEventType::Normal,
@@ -345,7 +355,7 @@ fn report_acknowledgements(
     {
         info!(%message, "Every pod asked acknowledged");
         publish(
-            ctx,
+            writers,
             ev,
             Subject::Event,
             KubeEventType::Normal,
@@ -359,7 +369,8 @@ fn report_acknowledgements(
         && timed_out(status).is_some()
         && let Some(a) = &status.acknowledgements
     {
-        ctx.metrics
+        writers
+            .metrics
             .acknowledgement_timeouts
             .with_label_values(&[type_label(&ev.spec.event_type)])
             .inc();
@@ -374,7 +385,7 @@ fn report_acknowledgements(
             });
         warn!(%message, "Acknowledgement timed out");
         publish(
-            ctx,
+            writers,
             ev,
             Subject::Event,
             KubeEventType::Warning,
@@ -390,7 +401,7 @@ fn report_dry_run(
     ev: &ScheduledEvent,
     prev: &ScheduledEventStatus,
     status: &ScheduledEventStatus,
-    ctx: &Context,
+    writers: &Writers,
 ) {
     let name = ev.name_any();
     let (Some(now), before) = (
@@ -410,7 +421,7 @@ fn report_dry_run(
             ev.spec.event_type
         );
         publish(
-            ctx,
+            writers,
             ev,
             Subject::Event,
             KubeEventType::Normal,
@@ -434,7 +445,7 @@ fn report_dry_run(
                 .join(", ")
         );
         publish(
-            ctx,
+            writers,
             ev,
             Subject::Event,
             KubeEventType::Normal,
@@ -446,7 +457,7 @@ fn report_dry_run(
         info!(%reason, "Dry run: would approve");
         let note = format!("Dry run: would approve {name} ({reason}); nothing is sent to IMDS");
         publish(
-            ctx,
+            writers,
             ev,
             Subject::Event,
             KubeEventType::Normal,
@@ -470,10 +481,10 @@ fn report_dry_run(
 ///
 /// # Errors
 /// [`Error::PatchStatus`] when the status cannot be written.
-pub async fn clear_approval(ev: &ScheduledEvent, ctx: &Context) -> Result<()> {
+pub async fn clear_approval(ev: &ScheduledEvent, writers: &Writers) -> Result<()> {
     let name = ev.name_any();
     let body = cleared_for_new_appearance(ev);
-    Api::<ScheduledEvent>::all(ctx.client.clone())
+    Api::<ScheduledEvent>::all(writers.client.clone())
         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
         .await
         .map_err(|source| Error::PatchStatus { name, source })?;
@@ -499,7 +510,7 @@ fn cleared_for_new_appearance(ev: &ScheduledEvent) -> serde_json::Value {
 /// given, through the [`EventSink`]: it returns at once, and a pass never
 /// waits for Events (best effort, as client-go's recorder).
 pub fn publish(
-    ctx: &Context,
+    writers: &Writers,
     ev: &ScheduledEvent,
     subject: Subject<'_>,
     type_: KubeEventType,
@@ -508,7 +519,7 @@ pub fn publish(
 ) {
     let node = match subject {
         Subject::Node(name) | Subject::NodeOnly(name) => {
-            ctx.nodes.get(&reflector::ObjectRef::new(name))
+            writers.nodes.get(&reflector::ObjectRef::new(name))
         }
         _ => None,
     };
@@ -525,10 +536,11 @@ pub fn publish(
         secondary,
     };
     if !matches!(subject, Subject::NodeOnly(_)) {
-        ctx.kube_events.post(event(related), ev.object_ref(&()));
+        writers.kube_events.post(event(related), ev.object_ref(&()));
     }
     if let Some(n) = node {
-        ctx.kube_events
+        writers
+            .kube_events
             .post(event(Some(ev.object_ref(&()))), n.object_ref(&()));
     }
 }
@@ -699,5 +711,38 @@ mod tests {
         assert!(cut.len() <= NOTE_LIMIT, "{}", cut.len());
         assert!(cut.ends_with('…'));
         assert!(cut.len() > NOTE_LIMIT - 8);
+    }
+}
+
+/// Per event UID, the drained nodes that its status counts without listing
+/// them (an event of more than
+/// [`crate::controller::decide::status::NODE_RECORDS_LISTED`] nodes), so
+/// that each node's drain is announced once (a listed node's record says
+/// it). After a restart a drain not listed may be announced once more.
+#[derive(Default)]
+pub struct Announced(std::sync::Mutex<HashMap<String, std::collections::HashSet<String>>>);
+
+impl Announced {
+    /// Whether `node`'s drain in `ev` was seen while its record was not
+    /// listed; remembers it when `unlisted`.
+    pub fn drained_unlisted(&self, ev: &ScheduledEvent, node: &str, unlisted: bool) -> bool {
+        let uid = ev.metadata.uid.clone().unwrap_or_default();
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if unlisted {
+            !map.entry(uid).or_default().insert(node.to_string())
+        } else {
+            map.get(&uid).is_some_and(|s| s.contains(node))
+        }
+    }
+
+    /// Forgets the events whose UID is not in `live`.
+    pub fn retain(&self, live: &std::collections::HashSet<String>) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|uid, _| live.contains(uid));
     }
 }

@@ -13,15 +13,22 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
+use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
-use crate::api::{CONTROLLER_MANAGER, ScheduledEvent, ScheduledEventSpec};
+use crate::api::{
+    CONTROLLER_MANAGER, Report, ScheduledEvent, ScheduledEventReport, ScheduledEventSpec,
+    report_name,
+};
+use crate::controller::act::writers::Writers;
+use crate::controller::error::{Error, Result};
+use crate::controller::observe::caches::Caches;
+use crate::controller::observe::facts::Facts;
 use crate::controller::observe::intake;
+use crate::controller::observe::reports::reports_about;
 use crate::controller::observe::trust;
-use crate::controller::reconcile::Facts;
-use crate::controller::{Context, Error, Result, reports_about};
 
 /// How often the controller looks for events that have reports and no
 /// object, besides each time a report changes: an object deleted by hand
@@ -49,12 +56,12 @@ pub const CREATE_BATCH: usize = 32;
 /// [`Error::WriteEvent`] when the API server refuses; an object that
 /// already exists when created is no error (another pass created it).
 pub async fn write(
-    ctx: &Context,
+    writers: &Writers,
     name: &str,
     stored: Option<&ScheduledEvent>,
     spec: &ScheduledEventSpec,
 ) -> Result<()> {
-    let api: Api<ScheduledEvent> = Api::all(ctx.client.clone());
+    let api: Api<ScheduledEvent> = Api::all(writers.client.clone());
     let failed = |source| Error::WriteEvent {
         name: name.into(),
         source,
@@ -103,7 +110,7 @@ pub async fn write(
 /// ([`creation_order`]), [`CREATE_BATCH`] at a time, looking again at once
 /// while more remain, so that an event reported meanwhile goes before the
 /// rest of a flood.
-pub async fn create_missing(ctx: Arc<Context>, changed: Arc<tokio::sync::Notify>) {
+pub async fn create_missing(caches: Caches, writers: Writers, changed: Arc<tokio::sync::Notify>) {
     // Created a moment ago, not yet in the cache: not created again.
     let mut created: HashMap<String, Instant> = HashMap::new();
     let mut over_cap: BTreeMap<String, usize> = BTreeMap::new();
@@ -116,18 +123,18 @@ pub async fn create_missing(ctx: Arc<Context>, changed: Arc<tokio::sync::Notify>
             }
         }
         more = false;
-        if !ctx.caches_synced() {
+        if !caches.synced() {
             continue;
         }
-        let facts = Facts::read(&ctx);
-        note_ignored(&ctx, &facts.ignored, &mut over_cap);
+        let facts = Facts::read(&caches);
+        note_ignored(&writers, &facts.ignored, &mut over_cap);
         // Forgotten once the cache shows it: an object deleted after that
         // is created again at the next scan.
         created.retain(|name, at| {
-            at.elapsed() < CREATED_GRACE && ctx.events.get(&ObjectRef::new(name)).is_none()
+            at.elapsed() < CREATED_GRACE && caches.events.get(&ObjectRef::new(name)).is_none()
         });
         let missing = facts.reports.iter().filter_map(|(name, rs)| {
-            if ctx.events.get(&ObjectRef::new(name)).is_some() || created.contains_key(name) {
+            if caches.events.get(&ObjectRef::new(name)).is_some() || created.contains_key(name) {
                 return None;
             }
             let (urgency, node) = intake::event_urgency(rs, |n| facts.vm_of(n))?;
@@ -145,10 +152,10 @@ pub async fn create_missing(ctx: Arc<Context>, changed: Arc<tokio::sync::Notify>
             .take(CREATE_BATCH)
             .collect();
         let rest = order.len();
-        let ctx = &ctx;
+        let writers = &writers;
         let results: Vec<(String, Result<()>)> = futures::stream::iter(specs)
             .map(|(name, spec)| async move {
-                let written = write(ctx, &name, None, &spec).await;
+                let written = write(writers, &name, None, &spec).await;
                 (name, written)
             })
             .buffer_unordered(CREATE_CONCURRENCY)
@@ -203,8 +210,12 @@ pub fn creation_order<'a>(
 /// Sets the metrics of the reports ignored and says in the log when a node
 /// goes over its cap of live reports or back under (`before`: the nodes
 /// over it at the previous scan, updated).
-fn note_ignored(ctx: &Context, ignored: &intake::Ignored, before: &mut BTreeMap<String, usize>) {
-    ctx.metrics.set_reports_ignored(ignored);
+fn note_ignored(
+    writers: &Writers,
+    ignored: &intake::Ignored,
+    before: &mut BTreeMap<String, usize>,
+) {
+    writers.metrics.set_reports_ignored(ignored);
     for (node, n) in &ignored.over_cap {
         if !before.contains_key(node) {
             warn!(%node, ignored = n, cap = intake::MAX_LIVE_REPORTS_PER_NODE,
@@ -217,6 +228,37 @@ fn note_ignored(ctx: &Context, ignored: &intake::Ignored, before: &mut BTreeMap<
         }
     }
     before.clone_from(&ignored.over_cap);
+}
+
+/// Deletes an event past its retention, and the reports about it.
+///
+/// # Errors
+/// [`Error::DeleteEvent`] when the event cannot be deleted; a report that
+/// cannot be is logged and left to the next sweep.
+pub async fn delete(ev: &ScheduledEvent, reports: &[Report], client: &Client) -> Result<()> {
+    let name = ev.name_any();
+    Api::<ScheduledEvent>::all(client.clone())
+        .delete(&name, &DeleteParams::default())
+        .await
+        .map_err(|source| Error::DeleteEvent {
+            name: name.clone(),
+            source,
+        })?;
+    let api: Api<ScheduledEventReport> = Api::all(client.clone());
+    for r in reports {
+        let Some(object) = report_name(&name, &r.node) else {
+            continue;
+        };
+        match api.delete(&object, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                warn!(report = %object, error = %e, "Could not delete a report of an expired event")
+            }
+        }
+    }
+    info!("Deleted ScheduledEvent past its retention, and its reports");
+    Ok(())
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use std::collections::HashSet;
 use chrono::{DateTime, Utc};
 
 use crate::api::{EventStatus, ScheduledEvent};
-use crate::controller::decide::plan::Observed;
+use crate::controller::observe::observed::Observed;
 use crate::imds::model::EventType;
 use crate::policy::Policy;
 
@@ -127,8 +127,8 @@ pub fn assess(
 mod tests {
     use super::*;
     use crate::api::{Acknowledgements, ScheduledEventSpec, ScheduledEventStatus};
-    use crate::controller::act::notice::Participant;
-    use crate::controller::decide::plan::ObservedNode;
+    use crate::controller::observe::observed::ObservedNode;
+    use crate::controller::observe::participants::Participant;
     use std::sync::Arc;
 
     fn t(s: &str) -> DateTime<Utc> {

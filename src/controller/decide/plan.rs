@@ -3,126 +3,24 @@
 //! tested without a cluster; [`crate::controller::decide::status`] then says what the status
 //! should record.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 use crate::api::{EventStatus, Phase, ScheduledEvent};
-use crate::controller::act::notice::Participant;
 use crate::controller::decide::acknowledge::{self, AckState};
+use crate::controller::observe::observed::{Observed, ObservedNode};
+use crate::controller::observe::pod_list::PodInfo;
 use crate::imds::model::EventType;
 use crate::policy::{Action, DeadlineAction, Policy};
 use crate::text::{NAMED_IN_MESSAGE, named};
-
-/// A pod that the drain has to consider on a node.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct PodInfo {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// UID, sent as the eviction's precondition so that a pod recreated
-    /// under the same name is never evicted in its predecessor's place.
-    pub uid: String,
-    /// Labels, to find the PodDisruptionBudgets that select the pod;
-    /// shared by the pods of one workload in the pod cache (the pods of a
-    /// ReplicaSet carry the same labels: 10,000 pods' own copies were 4.3 MB).
-    pub labels: Arc<BTreeMap<String, String>>,
-    /// Whether a controller (ReplicaSet, StatefulSet, Job, ...) owns the pod
-    /// and will recreate it elsewhere. `kubectl drain` refuses to delete
-    /// pods without one unless `--force`: nothing would bring them back.
-    pub managed: bool,
-    /// Set when the pod is already being deleted: wait for it, never evict again.
-    pub terminating: Option<Terminating>,
-    /// `terminationGracePeriodSeconds` (Kubernetes default 30).
-    pub grace_seconds: i64,
-}
-
-/// A pod being deleted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Terminating {
-    /// `metadata.deletionTimestamp`: the time by which the kubelet must have
-    /// stopped it (deletion time plus its grace period).
-    pub deadline: DateTime<Utc>,
-    /// `metadata.finalizers`: what keeps the object after its containers stopped.
-    pub finalizers: Vec<String>,
-}
-
-impl PodInfo {
-    /// `namespace/name`.
-    pub fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
-    }
-}
 
 /// How long after its `deletionTimestamp` a terminating pod is taken as
 /// stopped although its object remains (a finalizer, a lost kubelet): its
 /// containers have had their whole grace period, so the node no longer waits
 /// for it. The same idea as `kubectl drain --skip-wait-for-delete-timeout`.
 pub const STUCK_TERMINATING_AFTER: chrono::TimeDelta = chrono::TimeDelta::seconds(30);
-
-/// A node that matters to the event: mapped from `Resources`, or holding a
-/// cordon for it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ObservedNode {
-    /// Node name.
-    pub name: String,
-    /// The VM name from `Resources` that maps to it; empty if it is only here
-    /// because it holds a cordon for the event.
-    pub vm_name: String,
-    /// `spec.unschedulable`.
-    pub cordoned: bool,
-    /// Events for which forewarn holds its cordon (annotation).
-    pub holds: Vec<String>,
-    /// Other unfinished `ScheduledEvent`s that map to this node and whose
-    /// policy cordons it: a release hands the cordon over to them instead of
-    /// uncordoning, whether or not they have written their hold yet.
-    pub claimed_by: Vec<String>,
-    /// Pods on the node that are not DaemonSet, mirror or finished pods,
-    /// shared with the pod cache (a pass over 10,000 pods copies no pod).
-    pub pods: Vec<Arc<PodInfo>>,
-    /// The node's own part of the event ended (see [`crate::controller::observe::trust`]) while
-    /// it still holds the event's cordon: released after the release delay,
-    /// not drained, not counted for the approval.
-    pub ended: bool,
-    /// Pods on the node that take part (see [`crate::controller::act::notice`]), DaemonSet
-    /// pods included, shared with the pod cache.
-    pub participants: Vec<Arc<Participant>>,
-}
-
-/// What the controller saw for one event.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Observed {
-    /// Nodes mapped from `Resources`, then nodes holding a cordon for the event.
-    pub nodes: Vec<ObservedNode>,
-    /// Entries of `Resources` that map to no node.
-    pub unmapped: Vec<String>,
-    /// Why the mapping cannot be trusted for an approval (a VM claimed by
-    /// several nodes, an annotation contradicting a providerID, a node no
-    /// trusted report confirms).
-    pub doubts: Vec<String>,
-    /// Nodes `Resources` maps to that no trusted report confirms (see
-    /// [`crate::controller::observe::trust`]): left alone, listed as `node: why`.
-    pub unconfirmed: Vec<String>,
-    /// Nodes whose own agents report other content than the spec, one line
-    /// each (see [`crate::controller::observe::trust::Built::disagreement`]): each is handled on
-    /// its own report, and no approval is decided meanwhile.
-    pub disagreement: Vec<String>,
-    /// When an agent last wrote a report about the event (the API server's
-    /// `managedFields` time), else when the first report was created.
-    pub last_report: Option<DateTime<Utc>>,
-    /// Nodes the status records that are no longer in the cluster.
-    pub deleted: Vec<String>,
-    /// The controller runs with `--dry-run`: it writes no node, so a node
-    /// counts as cordoned as it would be (see [`node_drained`]).
-    pub dry_run: bool,
-    /// How many fault domains the nodes the event's `Resources` map to are
-    /// in, as their labels say ([`crate::topology::fault_domain_of`]);
-    /// `None` when no such node's is known.
-    pub fault_domains: Option<usize>,
-}
 
 /// A write to a Node's cordon, taint and hold list.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,9 +12,8 @@ use crate::api::{
     Phase, PreviousAppearance, ScheduledEvent, ScheduledEventStatus,
 };
 use crate::controller::decide::plan::NodeWrite;
-use crate::controller::decide::plan::{
-    EvictionOutcome, Observed, ObservedNode, Plan, must_leave, name_of,
-};
+use crate::controller::decide::plan::{EvictionOutcome, Plan, must_leave, name_of};
+use crate::controller::observe::observed::{Observed, ObservedNode};
 use crate::text::{MESSAGE_LIMIT, NAMED_IN_MESSAGE, cut, listed_at_most, named};
 
 /// One eviction's result: `(node, pod name, outcome)`.

@@ -25,8 +25,14 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{debug, info, warn};
 
-use crate::controller::observe::impact::Trigger;
+use futures::channel::mpsc::UnboundedSender;
+
+use crate::api::ScheduledEvent;
 use crate::controller::observe::watch::watch_backoff;
+
+/// Asks for a reconcile of the `ScheduledEvent`s named (what a restart or a
+/// freeze just changed in their record).
+pub type Trigger = UnboundedSender<ObjectRef<ScheduledEvent>>;
 
 /// The namespace of the nodes' Leases (the kubelet's heartbeats).
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";

@@ -20,20 +20,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use futures::StreamExt;
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use k8s_openapi::api::core::v1::Node;
-use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType};
-use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
-use tracing::{info, warn};
+use kube::ResourceExt;
 
 use crate::api::{
     EventStatus, NodeImpact, ScheduledEvent, ScheduledEventSpec, ScheduledEventStatus,
 };
-use crate::controller::Context;
-use crate::controller::act::nodes;
-use crate::controller::act::publish::{self, Subject};
+use crate::controller::observe::caches::Caches;
 use crate::controller::observe::heartbeats::Gap;
 use crate::imds::model::EventType;
 
@@ -41,10 +35,6 @@ use crate::imds::model::EventType;
 /// kubelet reports its new `bootID`, and renews its Lease, a little after
 /// the VM is back, and IMDS may drop a short event at once.
 pub const SETTLE: TimeDelta = TimeDelta::seconds(60);
-
-/// Asks for a reconcile of the `ScheduledEvent`s named (what a restart or a
-/// freeze just changed in their record).
-pub type Trigger = UnboundedSender<ObjectRef<ScheduledEvent>>;
 
 /// Whether an event of this type announces a restart of its VMs: `Reboot`,
 /// `Redeploy`, `Preempt`, and a type this version does not know (Azure's
@@ -225,7 +215,7 @@ pub fn observe_and_record(
     ev: &ScheduledEvent,
     status: &mut ScheduledEventStatus,
     snapshots: &HashMap<String, Arc<Node>>,
-    ctx: &Context,
+    caches: &Caches,
     now: DateTime<Utc>,
 ) {
     let window = Window::of(&ev.spec, Some(status));
@@ -246,10 +236,10 @@ pub fn observe_and_record(
             let until = window
                 .end
                 .unwrap_or(now + crate::controller::observe::heartbeats::TRACK_TTL);
-            ctx.heartbeats.track(&r.name, &me, until);
+            caches.heartbeats.track(&r.name, &me, until);
             window
                 .start
-                .and_then(|from| ctx.heartbeats.gap(&r.name, from, window.end))
+                .and_then(|from| caches.heartbeats.gap(&r.name, from, window.end))
         } else {
             None
         };
@@ -258,7 +248,7 @@ pub fn observe_and_record(
             NodeNow {
                 boot_changed_at: boot
                     .as_deref()
-                    .and_then(|b| ctx.boot_ids.changed_at(&r.name, b)),
+                    .and_then(|b| caches.boot_ids.changed_at(&r.name, b)),
                 boot_id: boot,
                 heartbeat,
             },
@@ -388,96 +378,6 @@ impl BootIds {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .retain(|n, _| keep(n));
-    }
-}
-
-/// Reports each `bootID` change the leader sees: an expected restart (an
-/// event that announces one affects the node and its window is open) is
-/// announced on the event and the node; any other is an unexpected
-/// restart. The events that affect the node are reconciled at once, so
-/// their records show it.
-pub async fn report_restarts(ctx: Arc<Context>, mut changes: UnboundedReceiver<Change>) {
-    while let Some(change) = changes.next().await {
-        report_restart(&ctx, &change);
-    }
-}
-
-fn report_restart(ctx: &Context, c: &Change) {
-    let facts = crate::controller::reconcile::Facts::read(ctx);
-    let node = ctx.nodes.get(&ObjectRef::new(&c.node));
-    let vm = node.as_ref().and_then(|_| facts.vm_of(&c.node));
-    let holds = node.as_deref().map(nodes::holds).unwrap_or_default();
-    let events = ctx.events.state();
-    let affecting: Vec<&Arc<ScheduledEvent>> = events
-        .iter()
-        .filter(|e| affects(e, vm.as_deref(), &holds))
-        .filter(|e| !Window::of(&e.spec, e.status.as_ref()).closed(c.at))
-        .collect();
-    for e in &affecting {
-        let _ = ctx.trigger.unbounded_send(ObjectRef::from_obj(e.as_ref()));
-    }
-    let expected = affecting.iter().find(|e| {
-        restart_expected(&e.spec.event_type)
-            && Window::of(&e.spec, e.status.as_ref()).contains(c.at)
-    });
-    if let Some(ev) = expected {
-        let note = format!(
-            "{} restarted during {} {} (bootID {} -> {}), as the event announced",
-            c.node,
-            ev.spec.event_type,
-            ev.name_any(),
-            c.old,
-            c.new
-        );
-        info!(node = %c.node, event = %ev.name_any(), old = %c.old, new = %c.new, "Node restarted, as its event announced");
-        publish::publish(
-            ctx,
-            ev,
-            Subject::Node(&c.node),
-            KubeEventType::Normal,
-            "NodeRestarted",
-            note,
-        );
-        return;
-    }
-    ctx.metrics.unexpected_restarts.inc();
-    let context = if affecting.is_empty() {
-        "outside any Azure Scheduled Event".to_string()
-    } else {
-        let named: Vec<String> = affecting
-            .iter()
-            .map(|e| format!("{} {}", e.spec.event_type, e.name_any()))
-            .collect();
-        format!(
-            "while {} affects it, but announces no restart or had not begun",
-            named.join(", ")
-        )
-    };
-    let note = format!(
-        "{} restarted {context}: bootID {} -> {}",
-        c.node, c.old, c.new
-    );
-    warn!(node = %c.node, old = %c.old, new = %c.new, "Unexpected node restart: {note}");
-    if ctx.webhooks.is_enabled() {
-        ctx.webhooks
-            .notify(crate::notify::webhooks::Message::unexpected_restart(
-                &c.node,
-                (&c.old, &c.new),
-                affecting.first().map(|e| e.as_ref()),
-                note.clone(),
-            ));
-    }
-    if let Some(n) = node {
-        ctx.kube_events.post(
-            KubeEvent {
-                type_: KubeEventType::Warning,
-                reason: "UnexpectedRestart".into(),
-                note: Some(publish::within_note_limit(note)),
-                action: "UnexpectedRestart".into(),
-                secondary: None,
-            },
-            n.object_ref(&()),
-        );
     }
 }
 

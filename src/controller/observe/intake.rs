@@ -21,7 +21,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use crate::api::{EventStatus, Report, ScheduledEventReport, ScheduledEventReportSpec};
-use crate::controller::{ReportsByEvent, group_by_event};
+use crate::controller::observe::reports::{ReportsByEvent, group_by_event};
 use crate::imds::model::object_name;
 
 /// How many live reports (`Scheduled` or `Started`) of one node the

@@ -25,60 +25,16 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use kube::core::{ApiResource, Object};
+use kube::core::ApiResource;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use serde::Deserialize;
 use tracing::warn;
 
-use crate::controller::act::drain::classify_pod;
-use crate::controller::act::notice::{ACK_PREFIX, Participant};
-use crate::controller::decide::plan::PodInfo;
+use crate::controller::observe::participants::{ACK_PREFIX, Participant};
+use crate::controller::observe::pod_list::{PartialPod, PodInfo, as_pod, classify_pod};
 use crate::kubeclient::watch_backoff;
-
-/// The fields of a pod's spec the drain reads; the rest of each watched pod
-/// (containers, volumes...) is never built (kube's `Object` with local
-/// structs: a 10,000-pod watch allocates a fraction of what whole `Pod`s
-/// cost).
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SpecFields {
-    #[serde(default)]
-    node_name: Option<String>,
-    #[serde(default)]
-    termination_grace_period_seconds: Option<i64>,
-}
-
-/// The fields of a pod's status the drain and [`agent_pod`] read.
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct StatusFields {
-    #[serde(default)]
-    phase: Option<String>,
-    #[serde(default)]
-    conditions: Option<Vec<PodCondition>>,
-}
-
-/// A pod as the cache watches it: metadata, and the fields above.
-pub type PartialPod = Object<SpecFields, StatusFields>;
-
-/// `partial` as a `Pod` with only those fields, for [`classify_pod`].
-pub fn as_pod(partial: PartialPod) -> Pod {
-    Pod {
-        metadata: partial.metadata,
-        spec: Some(PodSpec {
-            node_name: partial.spec.node_name,
-            termination_grace_period_seconds: partial.spec.termination_grace_period_seconds,
-            ..PodSpec::default()
-        }),
-        status: partial.status.map(|s| PodStatus {
-            phase: s.phase,
-            conditions: s.conditions,
-            ..PodStatus::default()
-        }),
-    }
-}
 
 /// Pods that count for a drain, by node, then by UID.
 type ByNode = HashMap<String, HashMap<String, Arc<PodInfo>>>;
@@ -500,7 +456,7 @@ mod tests {
             let mut p = pod(uid, Some("n1"), "Running");
             p.metadata.labels = Some(
                 [(
-                    crate::controller::act::notice::ACKNOWLEDGE_LABEL.to_string(),
+                    crate::controller::observe::participants::ACKNOWLEDGE_LABEL.to_string(),
                     "true".to_string(),
                 )]
                 .into(),

@@ -94,6 +94,16 @@ pub struct Built {
 }
 
 impl Built {
+    /// The stored `spec` as it stands, with no dissent: an event no report
+    /// is about (deleted by hand, or of an earlier version).
+    pub fn stored(spec: &ScheduledEventSpec) -> Built {
+        Built {
+            digest: spec.digest(),
+            spec: spec.clone(),
+            dissent: Vec::new(),
+        }
+    }
+
     /// One line per dissenting node, for the `ReportsDisagree` condition.
     pub fn disagreement(&self) -> Vec<String> {
         let spec = &self.spec;

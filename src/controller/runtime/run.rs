@@ -22,12 +22,15 @@ use crate::api::{CONTROLLER_MANAGER, ScheduledEvent, ScheduledEventReport};
 use crate::cli::ControllerArgs;
 use crate::controller::act::drain;
 use crate::controller::act::spec;
+use crate::controller::act::writers::Writers;
+use crate::controller::context::{Context, Memory};
+use crate::controller::error::Error;
+use crate::controller::observe::caches::Caches;
 use crate::controller::observe::watch::{cache, watch_backoff};
 use crate::controller::reconcile::reconcile;
 use crate::controller::runtime::lease;
 use crate::controller::runtime::reload;
 use crate::controller::runtime::sweep;
-use crate::controller::{Context, Error};
 use crate::kubeclient::{self, Clients};
 use crate::metrics::controller::ControllerMetrics;
 use crate::policy::Policy;
@@ -356,42 +359,49 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         ))
     });
     let ctx = Arc::new(Context {
-        kube_events,
-        client: client.clone(),
-        evict_client,
-        nodes,
-        events,
-        reports,
-        vm_reports,
+        caches: Caches {
+            nodes: nodes.clone(),
+            events,
+            reports,
+            vm_reports,
+            pods: pods.clone(),
+            boot_ids,
+            heartbeats: crate::controller::observe::heartbeats::Heartbeats::new(
+                client.clone(),
+                trigger.clone(),
+            ),
+        },
+        writers: Writers {
+            client: client.clone(),
+            evict_client,
+            limiter: drain::rate_limiter(args.eviction_qps, args.eviction_burst),
+            kube_events,
+            webhooks: webhooks.clone(),
+            metrics: metrics.clone(),
+            nodes,
+            dry_run: args.dry_run,
+        },
+        memory: Memory {
+            blocked: blocked.clone(),
+            ..Memory::default()
+        },
         policy: shared,
-        dry_run: args.dry_run,
-        metrics: metrics.clone(),
         per_node: usize::from(args.max_evictions_per_node),
-        limiter: drain::rate_limiter(args.eviction_qps, args.eviction_burst),
-        failures: Mutex::new(HashMap::new()),
-        pods: pods.clone(),
-        blocked: blocked.clone(),
-        drained_unlisted: Mutex::new(HashMap::new()),
-        boot_ids,
-        heartbeats: crate::controller::observe::heartbeats::Heartbeats::new(
-            client.clone(),
-            trigger.clone(),
-        ),
-        node_conditions: crate::controller::act::node_condition::Written::default(),
-        trigger,
-        webhooks: webhooks.clone(),
+        trigger: trigger.clone(),
     });
-    let restart_task = tokio::spawn(crate::controller::observe::impact::report_restarts(
-        ctx.clone(),
+    let restart_task = tokio::spawn(crate::controller::act::restarts::report_restarts(
+        ctx.caches.clone(),
+        ctx.writers.clone(),
+        trigger,
         restarts,
     ));
-    let heartbeat_task = tokio::spawn(ctx.heartbeats.clone().run_expiry());
+    let heartbeat_task = tokio::spawn(ctx.caches.heartbeats.clone().run_expiry());
 
     let synced = tokio::spawn({
         let (ctx, ready) = (ctx.clone(), ready.clone());
         async move {
             loop {
-                ready.set(ctx.caches_synced());
+                ready.set(ctx.caches.synced());
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
@@ -401,7 +411,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     // only forgets deleted events' bookkeeping).
     let sweep = tokio::spawn(sweep::sweep_orphaned_holds(ctx.clone()));
     let notice_sweep = tokio::spawn(sweep::sweep_orphaned_notices(ctx.clone()));
-    let creator = tokio::spawn(spec::create_missing(ctx.clone(), report_changed));
+    let creator = tokio::spawn(spec::create_missing(
+        ctx.caches.clone(),
+        ctx.writers.clone(),
+        report_changed,
+    ));
     let controller = controller
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {
@@ -474,6 +488,7 @@ fn error_policy(ev: Arc<ScheduledEvent>, err: &Error, ctx: Arc<Context>) -> Requ
     let name = ev.name_any();
     let failures = {
         let mut f = ctx
+            .memory
             .failures
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -481,8 +496,13 @@ fn error_policy(ev: Arc<ScheduledEvent>, err: &Error, ctx: Arc<Context>) -> Requ
         *n = n.saturating_add(1);
         *n
     };
-    ctx.metrics.reconciles.with_label_values(&["error"]).inc();
-    ctx.metrics
+    ctx.writers
+        .metrics
+        .reconciles
+        .with_label_values(&["error"])
+        .inc();
+    ctx.writers
+        .metrics
         .reconcile_errors
         .with_label_values(&[err.category()])
         .inc();

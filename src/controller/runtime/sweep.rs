@@ -17,9 +17,10 @@ use kube::api::{Api, ListParams};
 use tracing::{info, warn};
 
 use crate::api::ScheduledEvent;
-use crate::controller::Context;
-use crate::controller::act::nodes;
+use crate::controller::act::cordon;
 use crate::controller::act::notice;
+use crate::controller::context::Context;
+use crate::controller::observe::nodes;
 
 /// How often nodes are checked for holds of deleted `ScheduledEvent`s.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
@@ -32,27 +33,35 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 /// and one created a moment ago may not be yet; the API server's list is the
 /// truth, and a hold is released only for a name it does not hold.
 pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
-    let api: Api<Node> = Api::all(ctx.client.clone());
-    let events: Api<ScheduledEvent> = Api::all(ctx.client.clone());
+    let api: Api<Node> = Api::all(ctx.writers.client.clone());
+    let events: Api<ScheduledEvent> = Api::all(ctx.writers.client.clone());
     let mut tick = tokio::time::interval(SWEEP_INTERVAL);
     loop {
         tick.tick().await;
         ctx.forget_deleted_events();
-        if ctx.dry_run {
+        if ctx.writers.dry_run {
             continue;
         }
         let exclude_lb = ctx.policy().exclude_from_load_balancers;
         {
-            let snapshot = ctx.nodes.state();
+            let snapshot = ctx.caches.nodes.state();
             let names: HashSet<String> = snapshot.iter().map(|n| n.name_any()).collect();
-            ctx.boot_ids.retain(|n| names.contains(n));
+            ctx.caches.boot_ids.retain(|n| names.contains(n));
             // Only on full caches: an event not listed yet would read as gone.
-            if ctx.caches_synced() {
+            if ctx.caches.synced() {
                 let stale =
                     crate::controller::act::node_condition::nodes_with_condition_true(&snapshot);
                 if !stale.is_empty() {
-                    let facts = crate::controller::reconcile::Facts::read(&ctx);
-                    crate::controller::act::node_condition::sync(&ctx, &facts, None, &stale).await;
+                    let facts = crate::controller::observe::facts::Facts::read(&ctx.caches);
+                    crate::controller::act::node_condition::sync(
+                        &ctx.writers,
+                        &ctx.memory.node_conditions,
+                        &ctx.caches,
+                        &facts,
+                        None,
+                        &stale,
+                    )
+                    .await;
                 }
             }
             sync_lb_labels(&api, &snapshot, exclude_lb).await;
@@ -63,7 +72,7 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
         // deleted since. Read the other way round, a hold written between
         // the list and the read (a new event's) would look orphaned.
         // Writes are conditional on the snapshot's resourceVersion.
-        let snapshot = ctx.nodes.state();
+        let snapshot = ctx.caches.nodes.state();
         if !snapshot.iter().any(|n| !nodes::holds(n).is_empty()) {
             continue;
         }
@@ -83,9 +92,10 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
                 .cloned()
                 .collect();
             let uncordon = (keep.is_empty() && nodes::is_cordoned(&node)).then_some(false);
-            match nodes::write_holds(&api, &node, &keep, uncordon, exclude_lb).await {
+            match cordon::write_holds(&api, &node, &keep, uncordon, exclude_lb).await {
                 Ok(()) => {
-                    ctx.metrics
+                    ctx.writers
+                        .metrics
                         .node_writes
                         .with_label_values(&["uncordon"])
                         .inc();
@@ -107,17 +117,17 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
 /// `ScheduledEvent`s, and an object an agent still reports counts as
 /// existing.
 pub async fn sweep_orphaned_notices(ctx: Arc<Context>) {
-    if ctx.dry_run {
+    if ctx.writers.dry_run {
         return;
     }
-    let events: Api<ScheduledEvent> = Api::all(ctx.client.clone());
-    while !ctx.pods.ready() {
+    let events: Api<ScheduledEvent> = Api::all(ctx.writers.client.clone());
+    while !ctx.caches.pods.ready() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let mut tick = tokio::time::interval(SWEEP_INTERVAL);
     loop {
         tick.tick().await;
-        let holders = ctx.pods.holders();
+        let holders = ctx.caches.pods.holders();
         if holders.is_empty() {
             continue;
         }
@@ -146,7 +156,8 @@ async fn existing_events(
         }
     };
     names.extend(
-        ctx.reports_by_event()
+        ctx.caches
+            .reports_by_event()
             .into_iter()
             .filter(|(_, rs)| rs.iter().any(|r| r.spec.report.is_listed()))
             .map(|(name, _)| name),
@@ -158,7 +169,7 @@ async fn existing_events(
 /// do not exist (`exists` says which do).
 async fn remove_orphaned_notices(
     ctx: &Context,
-    holders: &[Arc<notice::Participant>],
+    holders: &[Arc<crate::controller::observe::participants::Participant>],
     exists: impl Fn(&str) -> bool,
 ) {
     let mut orphaned: Vec<String> = holders
@@ -171,7 +182,7 @@ async fn remove_orphaned_notices(
     orphaned.dedup();
     for event in orphaned {
         let writes = notice::writes(&event, Vec::new(), holders);
-        for (w, outcome) in notice::write_all(&ctx.client, &event, &writes).await {
+        for (w, outcome) in notice::write_all(&ctx.writers.client, &event, &writes).await {
             let label = match outcome {
                 notice::WriteOutcome::Written => {
                     info!(pod = %w.pod.key(), %event, "Removed the notice of a ScheduledEvent that no longer exists");
@@ -183,7 +194,11 @@ async fn remove_orphaned_notices(
                     "failed"
                 }
             };
-            ctx.metrics.notice_writes.with_label_values(&[label]).inc();
+            ctx.writers
+                .metrics
+                .notice_writes
+                .with_label_values(&[label])
+                .inc();
         }
     }
 }
@@ -194,11 +209,11 @@ async fn remove_orphaned_notices(
 async fn sync_lb_labels(api: &Api<Node>, snapshot: &[Arc<Node>], enabled: bool) {
     for node in snapshot {
         let holds = nodes::holds(node);
-        if nodes::lb_exclusion_for(node, !holds.is_empty(), enabled).is_none() {
+        if cordon::lb_exclusion_for(node, !holds.is_empty(), enabled).is_none() {
             continue;
         }
         let name = node.name_any();
-        match nodes::write_holds(api, node, &holds, None, enabled).await {
+        match cordon::write_holds(api, node, &holds, None, enabled).await {
             Ok(()) => {
                 info!(node = %name, enabled, "Load-balancer exclusion label brought in line with the policy")
             }

@@ -1,6 +1,8 @@
 use super::*;
 use crate::api::{Approval, NodeProgress, ScheduledEventSpec, ScheduledEventStatus};
 use crate::controller::decide::status::next_status;
+use crate::controller::observe::participants::Participant;
+use crate::controller::observe::pod_list::Terminating;
 
 fn t(s: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)

@@ -313,7 +313,7 @@ fn approve_on_deadline_never_overrides_the_rest_of_rule_two() {
 /// `shop/db-0` on `n`, asking to be waited for, its notice of `ev-1`
 /// stored; acknowledged when `acked`.
 fn with_db_0(mut n: ObservedNode, acked: bool) -> ObservedNode {
-    use crate::controller::act::notice::{Participant, ack_key, notice_key};
+    use crate::controller::observe::participants::{Participant, ack_key, notice_key};
     let mut annotations = std::collections::BTreeMap::from([(
         notice_key("ev-1"),
         "eventId=EV-1 type=Reboot".to_string(),

@@ -1,132 +1,14 @@
 //! Nodes as the controller sees them: which node an entry of `Resources`
-//! names, who holds a node's cordon, and the one writer of forewarn's marks
-//! on a node (cordon, taint, hold list).
+//! names, who holds a node's cordon, whether it is cordoned. The writer of
+//! forewarn's marks on a node is [`crate::controller::act::cordon`].
 
-use k8s_openapi::api::core::v1::{Node, Taint};
-use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
-use serde_json::json;
+use k8s_openapi::api::core::v1::Node;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::controller::observe::trust::Identity;
 
 use crate::api::CORDONED_FOR_ANNOTATION;
-
-/// Key of the taint forewarn puts next to its cordon (effect `NoSchedule`),
-/// so that tools and people can tell why a node is cordoned. Owned like the
-/// cordon: present exactly while forewarn holds the node for some event.
-pub const TAINT_KEY: &str = "forewarn.dev/scheduled-event";
-
-/// The node's taints with forewarn's taint present (`held`) or absent, or
-/// `None` when they are already so. Other taints are never touched.
-pub fn taints_for(node: &Node, held: bool) -> Option<Vec<Taint>> {
-    let current: Vec<Taint> = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.clone())
-        .unwrap_or_default();
-    let has = current.iter().any(|t| t.key == TAINT_KEY);
-    if has == held {
-        return None;
-    }
-    let mut taints: Vec<Taint> = current.into_iter().filter(|t| t.key != TAINT_KEY).collect();
-    if held {
-        taints.push(Taint {
-            key: TAINT_KEY.into(),
-            value: Some("true".into()),
-            effect: "NoSchedule".into(),
-            time_added: None,
-        });
-    }
-    Some(taints)
-}
-
-/// The label that takes a node out of the external load balancers'
-/// backends (cloud-provider-azure, and the service controller of
-/// Kubernetes itself, honour it), put on the nodes forewarn holds when the
-/// policy's `excludeFromLoadBalancers` is on.
-pub const LB_EXCLUSION_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
-
-/// Node annotation saying that forewarn added [`LB_EXCLUSION_LABEL`]
-/// (value `"true"`): only then does it remove the label on release.
-pub const LB_EXCLUDED_ANNOTATION: &str = "forewarn.dev/excluded-from-load-balancers";
-
-/// The change to [`LB_EXCLUSION_LABEL`] and its ownership annotation that
-/// a node needs, `(label, annotation)` as merge-patch values (`null`
-/// removes), or `None` when it needs none. While forewarn holds the node
-/// (`held`) and the policy asks for it (`enabled`), the label is added
-/// with the annotation unless the node has the label already (someone
-/// else's: left alone, never removed); otherwise the label is removed
-/// only if the annotation says forewarn added it.
-pub fn lb_exclusion_for(
-    node: &Node,
-    held: bool,
-    enabled: bool,
-) -> Option<(serde_json::Value, serde_json::Value)> {
-    let labelled = node.labels().contains_key(LB_EXCLUSION_LABEL);
-    let ours = node.annotations().contains_key(LB_EXCLUDED_ANNOTATION);
-    match (held && enabled, labelled, ours) {
-        (true, false, _) => Some((json!("true"), json!("true"))),
-        (true, true, _) => None,
-        // Released, or the policy turned off: take back only our own label.
-        (false, true, true) => Some((json!(null), json!(null))),
-        // Someone removed our label meanwhile: forget that we added it.
-        (false, false, true) => Some((json!(null), json!(null))),
-        (false, _, false) => None,
-    }
-}
-
-/// Writes a node's hold list (`forewarn.dev/cordoned-for`; removed when
-/// empty), forewarn's taint (present while the list is not empty), the
-/// load-balancer exclusion label when `exclude_lb` asks for it (see
-/// [`lb_exclusion_for`]) and, if given, `spec.unschedulable`, in one merge
-/// patch made conditional on the `resourceVersion` of `node` as read: two
-/// writers editing one node's hold list or taints cannot lose each other's
-/// change (the loser gets a 409 and retries from a fresh read).
-///
-/// # Errors
-/// The API error; 409 when the node changed since it was read.
-pub async fn write_holds(
-    api: &Api<Node>,
-    node: &Node,
-    holds: &[String],
-    unschedulable: Option<bool>,
-    exclude_lb: bool,
-) -> Result<(), kube::Error> {
-    let annotation = if holds.is_empty() {
-        json!(null)
-    } else {
-        json!(holds.join(","))
-    };
-    let mut body = json!({
-        "metadata": {
-            "resourceVersion": node.resource_version().unwrap_or_default(),
-            "annotations": { CORDONED_FOR_ANNOTATION: annotation },
-        }
-    });
-    if let Some((label, owned)) = lb_exclusion_for(node, !holds.is_empty(), exclude_lb) {
-        body["metadata"]["labels"] = json!({ LB_EXCLUSION_LABEL: label });
-        body["metadata"]["annotations"][LB_EXCLUDED_ANNOTATION] = owned;
-    }
-    let mut spec = serde_json::Map::new();
-    if let Some(u) = unschedulable {
-        spec.insert("unschedulable".into(), json!(u));
-    }
-    if let Some(taints) = taints_for(node, !holds.is_empty()) {
-        spec.insert("taints".into(), json!(taints));
-    }
-    if !spec.is_empty() {
-        body["spec"] = serde_json::Value::Object(spec);
-    }
-    api.patch(
-        &node.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&body),
-    )
-    .await
-    .map(|_| ())
-}
 
 /// The VM name an Azure `providerID` stands for, as it appears in `Resources`.
 ///
@@ -504,67 +386,6 @@ mod tests {
             vec!["gone".to_string()]
         );
         assert!(orphaned_holds(&holds, |_| true).is_empty());
-    }
-
-    #[test]
-    fn taint_follows_the_holds_and_other_taints_stay() {
-        let mut n = node("n", None, None);
-        let theirs = Taint {
-            key: "example.com/maintenance".into(),
-            value: None,
-            effect: "NoSchedule".into(),
-            time_added: None,
-        };
-        n.spec.as_mut().unwrap().taints = Some(vec![theirs.clone()]);
-        let added = taints_for(&n, true).unwrap();
-        assert_eq!(added.len(), 2);
-        assert_eq!(added[0], theirs);
-        assert_eq!(added[1].key, TAINT_KEY);
-        assert_eq!(taints_for(&n, false), None, "nothing of ours to remove");
-        n.spec.as_mut().unwrap().taints = Some(added);
-        assert_eq!(taints_for(&n, true), None, "already there");
-        assert_eq!(taints_for(&n, false), Some(vec![theirs]));
-    }
-
-    #[test]
-    fn the_load_balancer_label_is_added_while_held_and_only_ours_is_removed() {
-        let mut n = node("n", None, None);
-        assert_eq!(lb_exclusion_for(&n, true, false), None, "not asked for");
-        assert_eq!(lb_exclusion_for(&n, false, true), None, "not held");
-        assert_eq!(
-            lb_exclusion_for(&n, true, true),
-            Some((json!("true"), json!("true")))
-        );
-        // Ours: kept while held, removed on release or when turned off.
-        n.metadata.labels = Some([(LB_EXCLUSION_LABEL.to_string(), "true".to_string())].into());
-        n.metadata.annotations =
-            Some([(LB_EXCLUDED_ANNOTATION.to_string(), "true".to_string())].into());
-        assert_eq!(lb_exclusion_for(&n, true, true), None);
-        assert_eq!(
-            lb_exclusion_for(&n, false, true),
-            Some((json!(null), json!(null)))
-        );
-        assert_eq!(
-            lb_exclusion_for(&n, true, false),
-            Some((json!(null), json!(null)))
-        );
-        // An administrator's: never touched, held or not.
-        n.metadata.annotations = None;
-        for (held, enabled) in [(true, true), (false, true), (true, false), (false, false)] {
-            assert_eq!(
-                lb_exclusion_for(&n, held, enabled),
-                None,
-                "{held} {enabled}"
-            );
-        }
-        // Our annotation without the label (someone removed it): forgotten.
-        n.metadata.labels = None;
-        n.metadata.annotations =
-            Some([(LB_EXCLUDED_ANNOTATION.to_string(), "true".to_string())].into());
-        assert_eq!(
-            lb_exclusion_for(&n, false, true),
-            Some((json!(null), json!(null)))
-        );
     }
 
     #[test]

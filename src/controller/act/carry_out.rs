@@ -1,0 +1,355 @@
+//! Carrying out a pass's plan: the node writes (cordon, taint, holds,
+//! release), several nodes at once and each conditional on the node read,
+//! and the evictions within the pass's share of the rate budget; each
+//! announced by Kubernetes Events and counted.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use chrono::Utc;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::events::EventType as KubeEventType;
+use tracing::{debug, info, warn};
+
+use crate::api::ScheduledEvent;
+use crate::controller::act::publish::Subject;
+use crate::controller::act::writers::Writers;
+use crate::controller::act::{cordon, drain, publish};
+use crate::controller::decide::plan::{EvictionOutcome, NodeWrite, Plan};
+use crate::controller::decide::status::Outcome;
+use crate::controller::error::{Error, Result};
+use crate::text::named;
+
+/// Node writes in flight at once for one event.
+const NODE_WRITE_CONCURRENCY: usize = 32;
+
+/// How long one pass may spend asking for evictions (waiting for the rate
+/// budget): the rest is deferred to the next pass, so that a pass over a
+/// large event ends soon and what changed meanwhile (a node's report came
+/// in) is acted on within about this long.
+const EVICTION_PASS: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How many pods or nodes an Event names before it counts the rest.
+pub const NAMED_IN_EVENT: usize = 5;
+
+/// The Event reason, metric label and note of a node write.
+fn describe(ev: &ScheduledEvent, w: &NodeWrite) -> (&'static str, &'static str, String) {
+    let node = w.node();
+    let (ty, name) = (&ev.spec.event_type, ev.name_any());
+    match w {
+        NodeWrite::Cordon { .. } => (
+            "cordon",
+            "Cordoned",
+            format!("Cordoned and tainted {node} for {ty} {name}"),
+        ),
+        NodeWrite::AddHold { .. } => (
+            "cordon",
+            "CordonShared",
+            format!("{node} stays cordoned, now also for {ty} {name}"),
+        ),
+        NodeWrite::Release { uncordon: true, .. } => (
+            "uncordon",
+            "Uncordoned",
+            format!("Uncordoned {node}: {ty} {name} is over"),
+        ),
+        NodeWrite::Release { holds, .. } => (
+            "release",
+            "CordonReleased",
+            format!(
+                "Released {name}'s hold on {node}; it stays cordoned for {}",
+                holds.join(", ")
+            ),
+        ),
+    }
+}
+
+/// The note of the `ScheduledEvent`'s Event for one kind of node write
+/// (`reason`, as [`describe`] gives it) on several `nodes`: how many, and
+/// the first [`NAMED_IN_EVENT`] by name.
+fn nodes_note(ev: &ScheduledEvent, reason: &str, nodes: Vec<&str>) -> String {
+    let (ty, name) = (&ev.spec.event_type, ev.name_any());
+    let n = nodes.len();
+    let listed = first_named(nodes);
+    match reason {
+        "Cordoned" => format!("Cordoned and tainted {n} nodes for {ty} {name}: {listed}"),
+        "CordonShared" => format!("{n} nodes stay cordoned, now also for {ty} {name}: {listed}"),
+        "Uncordoned" => format!("Uncordoned {n} nodes: {ty} {name} is over: {listed}"),
+        _ => format!(
+            "Released {name}'s hold on {n} nodes; they stay cordoned for other events: {listed}"
+        ),
+    }
+}
+
+/// Carries out the plan's node writes, several nodes at once.
+pub async fn write_nodes(
+    ev: &ScheduledEvent,
+    plan: &Plan,
+    snapshots: &HashMap<String, Arc<Node>>,
+    writers: &Writers,
+    exclude_lb: bool,
+) -> Result<()> {
+    let api: Api<Node> = Api::all(writers.client.clone());
+    let mut writes = Vec::new();
+    for w in &plan.node_writes {
+        let Some(node) = snapshots.get(w.node()).cloned() else {
+            continue;
+        };
+        let (api, w) = (api.clone(), w.clone());
+        writes.push(async move {
+            let r =
+                cordon::write_holds(&api, &node, w.holds(), w.unschedulable(), exclude_lb).await;
+            (w, r)
+        });
+    }
+    let results: Vec<(NodeWrite, std::result::Result<(), kube::Error>)> =
+        futures::stream::iter(writes)
+            .buffer_unordered(NODE_WRITE_CONCURRENCY)
+            .collect()
+            .await;
+    let mut first_error = None;
+    let mut written = Vec::new();
+    for (w, r) in results {
+        match r {
+            Ok(()) => written.push(w),
+            Err(source) => {
+                first_error.get_or_insert(Error::PatchNode {
+                    node: w.node().into(),
+                    source,
+                });
+            }
+        }
+    }
+    // One Event on each node written, and one per kind of write on the
+    // `ScheduledEvent` (naming the first few nodes when there are many): a
+    // 1,000-node event posts about 1,000 Events, not 2,000.
+    let mut by_reason: Vec<(&'static str, Vec<(&str, String)>)> = Vec::new();
+    for w in &written {
+        let (label, reason, note) = describe(ev, w);
+        writers
+            .metrics
+            .node_writes
+            .with_label_values(&[label])
+            .inc();
+        if matches!(w, NodeWrite::Cordon { .. }) {
+            writers.metrics.cordoned(ev, Utc::now());
+        }
+        info!(node = w.node(), reason, "{note}");
+        publish::publish(
+            writers,
+            ev,
+            Subject::NodeOnly(w.node()),
+            KubeEventType::Normal,
+            reason,
+            note.clone(),
+        );
+        match by_reason.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, nodes)) => nodes.push((w.node(), note)),
+            None => by_reason.push((reason, vec![(w.node(), note)])),
+        }
+    }
+    for (reason, mut nodes) in by_reason {
+        let note = match nodes.as_mut_slice() {
+            [(_, note)] => std::mem::take(note),
+            many => nodes_note(ev, reason, many.iter().map(|(n, _)| *n).collect()),
+        };
+        publish::publish(
+            writers,
+            ev,
+            Subject::Event,
+            KubeEventType::Normal,
+            reason,
+            note,
+        );
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// The note of the Event for `pods` (`namespace/name`, grace seconds)
+/// evicted from `node` in one pass: the first [`NAMED_IN_EVENT`] named (an
+/// Event's note holds at most 1 KiB).
+fn evicted_note(node: &str, pods: &[(String, i64)]) -> String {
+    let mut graces: Vec<i64> = pods.iter().map(|(_, g)| *g).collect();
+    graces.sort_unstable();
+    graces.dedup();
+    let graces = graces
+        .iter()
+        .map(|g| format!("{g}s"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let [(pod, grace)] = pods {
+        return format!("Evicted {pod} from {node} with a grace period of {grace}s");
+    }
+    format!(
+        "Evicted {} pods from {node} (grace periods {graces}): {}",
+        pods.len(),
+        first_named(pods.iter().map(|(p, _)| p.as_str()).collect())
+    )
+}
+
+/// `names` sorted, the first [`NAMED_IN_EVENT`] joined and the rest counted:
+/// `a, b, c, d, e and 7 more`.
+fn first_named(mut names: Vec<&str>) -> String {
+    names.sort_unstable();
+    named(&names, NAMED_IN_EVENT, ", ")
+}
+
+/// Requests `evictions` for at most [`EVICTION_PASS`] and reports
+/// each outcome; returns the outcomes and how many were deferred to the next
+/// pass.
+pub async fn evict(
+    ev: &ScheduledEvent,
+    evictions: &[crate::controller::decide::plan::Eviction],
+    writers: &Writers,
+    per_node: usize,
+) -> (Vec<Outcome>, usize) {
+    let drain::Evicted { outcomes, deferred } = drain::evict_all(
+        &writers.evict_client,
+        &writers.limiter,
+        evictions,
+        per_node,
+        tokio::time::Instant::now() + EVICTION_PASS,
+    )
+    .await;
+    let planned: HashMap<(&str, &str), &crate::controller::decide::plan::Eviction> = evictions
+        .iter()
+        .map(|e| ((e.node.as_str(), e.pod.name.as_str()), e))
+        .collect();
+    // One Event per node and pass for the pods evicted from it (on the
+    // `ScheduledEvent` and the node), and one per node and set of budgets
+    // for those a budget refused, however many pods: a drain of 10,000 pods
+    // posts hundreds of Events, not tens of thousands.
+    let mut evicted: Vec<(&str, Vec<(String, i64)>)> = Vec::new();
+    let mut blocked: Vec<(&str, &Vec<String>, &String, Vec<String>)> = Vec::new();
+    for (node, pod, outcome) in &outcomes {
+        let label = match outcome {
+            EvictionOutcome::Evicted => "evicted",
+            EvictionOutcome::Blocked { .. } => "blocked",
+            EvictionOutcome::Throttled { .. } => "throttled",
+            EvictionOutcome::Gone => "gone",
+            EvictionOutcome::Retry(_) => "error",
+        };
+        writers.metrics.evictions.with_label_values(&[label]).inc();
+        let Some(e) = planned.get(&(node.as_str(), pod.as_str())) else {
+            continue;
+        };
+        let key = e.pod.key();
+        match outcome {
+            EvictionOutcome::Evicted => {
+                info!(node, pod = %key, grace_seconds = e.grace_seconds, "Evicted pod");
+                match evicted.iter_mut().find(|(n, _)| n == node) {
+                    Some((_, pods)) => pods.push((key, e.grace_seconds)),
+                    None => evicted.push((node.as_str(), vec![(key, e.grace_seconds)])),
+                }
+            }
+            EvictionOutcome::Blocked { budgets, message } => {
+                info!(node, pod = %key, ?budgets, %message, "Eviction blocked; will retry");
+                match blocked
+                    .iter_mut()
+                    .find(|(n, b, _, _)| n == node && *b == budgets)
+                {
+                    Some((_, _, _, pods)) => pods.push(key),
+                    None => blocked.push((node.as_str(), budgets, message, vec![key])),
+                }
+            }
+            EvictionOutcome::Throttled {
+                retry_after_seconds,
+            } => {
+                warn!(node, pod = %key, retry_after_seconds, "Eviction throttled by the API server; backing off");
+            }
+            EvictionOutcome::Retry(why) => {
+                warn!(node, pod = %key, %why, "Eviction failed; will retry")
+            }
+            EvictionOutcome::Gone => {}
+        }
+    }
+    for (node, pods) in evicted {
+        publish::publish(
+            writers,
+            ev,
+            Subject::Node(node),
+            KubeEventType::Normal,
+            "Evicted",
+            evicted_note(node, &pods),
+        );
+    }
+    for (node, budgets, message, pods) in blocked {
+        let more = match pods.len() {
+            1 => String::new(),
+            n => format!(" and {} more", n - 1),
+        };
+        publish::publish(
+            writers,
+            ev,
+            Subject::Node(node),
+            KubeEventType::Warning,
+            "EvictionBlocked",
+            format!(
+                "Eviction of {}{more} from {node} blocked by PodDisruptionBudget {}: {message}",
+                pods[0],
+                budgets.join(", ")
+            ),
+        );
+    }
+    if deferred > 0 {
+        debug!(
+            deferred,
+            asked = outcomes.len(),
+            "The pass's time for evictions ran out: the rest in the next pass"
+        );
+    }
+    (outcomes, deferred)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{evicted_note, nodes_note};
+    use crate::api::{EventStatus, ScheduledEvent, ScheduledEventSpec};
+
+    #[test]
+    fn one_evicted_event_per_node_names_a_few_pods_and_counts_the_rest() {
+        assert_eq!(
+            evicted_note("n1", &[("ns/a".into(), 30)]),
+            "Evicted ns/a from n1 with a grace period of 30s"
+        );
+        let pods: Vec<(String, i64)> = (0..12)
+            .map(|i| (format!("ns/p{i:02}"), if i % 2 == 0 { 30 } else { 5 }))
+            .collect();
+        let note = evicted_note("n1", &pods);
+        assert_eq!(
+            note,
+            "Evicted 12 pods from n1 (grace periods 5s, 30s): ns/p00, ns/p01, ns/p02, ns/p03, ns/p04 and 7 more"
+        );
+    }
+
+    #[test]
+    fn one_event_note_for_many_nodes_counts_them_and_names_five() {
+        let ev = ScheduledEvent::new(
+            "ev1",
+            ScheduledEventSpec {
+                event_id: "ev1".into(),
+                event_type: "Reboot".into(),
+                event_status: EventStatus::Scheduled,
+                event_source: "Platform".into(),
+                resource_type: "VirtualMachine".into(),
+                resources: vec![],
+                not_before: None,
+                duration_seconds: -1,
+                description: String::new(),
+                appearance: 1,
+            },
+        );
+        let nodes: Vec<String> = (0..7).rev().map(|i| format!("n{i}")).collect();
+        let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+        assert_eq!(
+            nodes_note(&ev, "Cordoned", nodes.clone()),
+            "Cordoned and tainted 7 nodes for Reboot ev1: n0, n1, n2, n3, n4 and 2 more"
+        );
+        assert_eq!(
+            nodes_note(&ev, "Uncordoned", nodes[..2].to_vec()),
+            "Uncordoned 2 nodes: Reboot ev1 is over: n5, n6"
+        );
+    }
+}

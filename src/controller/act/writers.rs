@@ -1,0 +1,35 @@
+//! What the writes go through: the API clients, the eviction rate budget,
+//! the Kubernetes Events and webhooks queues, and the metrics they count.
+
+use std::sync::Arc;
+
+use governor::DefaultDirectRateLimiter;
+use k8s_openapi::api::core::v1::Node;
+use kube::Client;
+use kube::runtime::reflector::Store;
+
+use crate::controller::act::publish::EventSink;
+use crate::metrics::controller::ControllerMetrics;
+use crate::notify::webhooks::Webhooks;
+
+/// The writers every pass shares.
+#[derive(Clone)]
+pub struct Writers {
+    /// The controller's client.
+    pub client: Client,
+    /// A client that does not retry 429s itself, for evictions (see
+    /// [`crate::controller::act::drain::evict`]).
+    pub evict_client: Client,
+    /// The controller-wide eviction rate budget.
+    pub limiter: Arc<DefaultDirectRateLimiter>,
+    /// Kubernetes Events to post (see [`crate::controller::act::publish::publish`]).
+    pub kube_events: EventSink,
+    /// The operators' webhooks (none unless `--webhooks-file`).
+    pub webhooks: Webhooks,
+    /// The controller's metrics.
+    pub metrics: ControllerMetrics,
+    /// The node cache, to name a node as an Event's subject.
+    pub nodes: Store<Node>,
+    /// `--dry-run`: decide and record, never write a node, evict or approve.
+    pub dry_run: bool,
+}

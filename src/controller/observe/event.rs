@@ -1,0 +1,463 @@
+//! One event's observation: the contents its nodes are handled on (the
+//! spec's and each dissent's), the nodes each maps to on trusted word, the
+//! other events' claims on them, their pods and participants from the
+//! caches, and, for the approval, their pods read afresh. Reads only.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::{Client, ResourceExt};
+
+use crate::api::{Report, ScheduledEvent, ScheduledEventSpec, SentApproval};
+use crate::controller::decide::plan;
+use crate::controller::observe::caches::Caches;
+use crate::controller::observe::facts::Facts;
+use crate::controller::observe::nodes;
+use crate::controller::observe::observed::{Observed, ObservedNode};
+use crate::controller::observe::pod_list::{self, PodInfo};
+use crate::controller::observe::reports::{ReportsByEvent, reports_about};
+use crate::controller::observe::trust;
+use crate::policy::Policy;
+use crate::text::{listed_at_most, named};
+
+/// How many unconfirmed nodes the status names, each with its reason.
+const UNCONFIRMED_LISTED: usize = 10;
+
+/// Up to how many nodes the approval's fresh read lists each node's pods
+/// (by field selector); beyond, it lists every bound pod once, paginated
+/// (a 1,000-node event: 20 requests instead of 1,000).
+const LIST_PER_NODE_UP_TO: usize = 20;
+
+/// Pod lists (one per affected node) in flight at once for one event.
+const POD_LIST_CONCURRENCY: usize = 32;
+
+/// The contents an event's nodes are handled on: the spec's, then each
+/// dissent's, with their digests.
+pub fn contents(built: &trust::Built) -> Vec<(&ScheduledEventSpec, &str)> {
+    std::iter::once((&built.spec, built.digest.as_str()))
+        .chain(built.dissent.iter().map(|d| (&d.spec, d.digest.as_str())))
+        .collect()
+}
+
+/// The other unfinished events that map to each node and whose policy
+/// cordons it, from the controller's cache of `ScheduledEvent`s (an event
+/// whose spec is over still claims the nodes whose own agents report it
+/// live, see [`trust::Dissent`]). Only the events whose reports name one of
+/// `vms` (lower case: the VMs of the nodes this pass handles) are judged: a
+/// pass does not judge every event of the cluster.
+fn claims(
+    me: &str,
+    vms: &std::collections::HashSet<String>,
+    caches: &Caches,
+    policy: &Policy,
+    facts: &Facts,
+) -> HashMap<String, Vec<String>> {
+    let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
+    for other in caches.events.state() {
+        let name = other.name_any();
+        if name == me || !names_any(&facts.reports, &name, vms) {
+            continue;
+        }
+        let (reports, _) = reports_about(&facts.reports, &name);
+        let judged = trust::judge_reports(&reports, |n| facts.identity(n));
+        let Some(built) = trust::build(&judged) else {
+            continue;
+        };
+        let over = plan::is_over(&other);
+        if over && !built.dissent_live() {
+            continue;
+        }
+        let mut mapped = Vec::new();
+        for (i, (spec, digest)) in contents(&built).into_iter().enumerate() {
+            if i == 0 && over {
+                continue;
+            }
+            let action = policy.decide(
+                &spec.event_type.as_str().into(),
+                &spec.event_source,
+                spec.duration_seconds,
+            );
+            if action.cordons() {
+                for (_, node) in facts.map(&spec.resources).mapped {
+                    mapped.push((node, spec.appearance, digest.to_owned()));
+                }
+            }
+        }
+        // Only nodes the other event holds on trusted word (see `trust`).
+        let assessment = trust::assess(
+            &built,
+            &judged,
+            mapped.iter().map(|(n, ..)| n.as_str()),
+            policy.trust_any_agent,
+            |n| caches.pods.agent_up(n),
+        );
+        for (node, appearance, digest) in mapped {
+            if assessment
+                .verdicts
+                .get(&node)
+                .is_some_and(|v| v.is_live_on(appearance, &digest))
+            {
+                let names = by_node.entry(node).or_default();
+                if !names.contains(&name) {
+                    names.push(name.clone());
+                }
+            }
+        }
+    }
+    by_node
+}
+
+/// Whether a report about the event `name` names one of `vms` (lower case)
+/// among its `Resources`: every node an event's content maps to is so named.
+fn names_any(
+    reports: &ReportsByEvent,
+    name: &str,
+    vms: &std::collections::HashSet<String>,
+) -> bool {
+    reports.get(name).is_some_and(|rs| {
+        rs.iter().any(|r| {
+            r.spec
+                .report
+                .resources
+                .iter()
+                .any(|vm| vms.contains(&vm.to_ascii_lowercase()))
+        })
+    })
+}
+
+/// What [`observe`] saw: the event's own view, the dissenting nodes with
+/// the spec each is handled on, and the node objects read (node writes are
+/// conditional on their `resourceVersion`).
+pub struct Observation {
+    /// The event's own view of its nodes.
+    pub seen: Observed,
+    /// The dissenting nodes, with the spec each is handled on.
+    pub dissent: Vec<(ScheduledEventSpec, Vec<ObservedNode>)>,
+    /// The node objects read, by name.
+    pub snapshots: HashMap<String, Arc<Node>>,
+}
+
+/// Reads, from the node cache, the nodes the event maps to and those that
+/// still hold a cordon for it, and lists the pods of the mapped ones. Node
+/// writes are conditional on the `resourceVersion` read here, so a stale
+/// cache costs a 409 and a retry, never a wrong write.
+///
+/// A node that no trusted report confirms is not among the mapped nodes
+/// (it is released if it holds the event's cordon), and is listed in
+/// `Observed::unconfirmed`; a node whose own agent reports other content
+/// than the spec is observed apart, with the spec it is handled on.
+pub async fn observe(
+    ev: &ScheduledEvent,
+    built: &trust::Built,
+    judged: &[trust::Judged<'_>],
+    facts: &Facts,
+    caches: &Caches,
+    policy: &Policy,
+    dry_run: bool,
+) -> Observation {
+    let trust_any_agent = policy.trust_any_agent;
+    let me = ev.name_any();
+    let by_name: HashMap<String, &Arc<Node>> =
+        facts.nodes.iter().map(|n| (n.name_any(), n)).collect();
+    let contents = contents(built);
+    let mappings: Vec<nodes::Mapping> = contents
+        .iter()
+        .map(|(spec, _)| facts.map(&spec.resources))
+        .collect();
+    let assessment = trust::assess(
+        built,
+        judged,
+        mappings
+            .iter()
+            .flat_map(|m| m.mapped.iter().map(|(_, n)| n.as_str())),
+        trust_any_agent,
+        |n| caches.pods.agent_up(n),
+    );
+    let nodes::Mapping {
+        unmapped,
+        mut doubts,
+        ..
+    } = mappings[0].clone();
+    // Named in full for a few nodes; an event naming a thousand VMs must
+    // not write a thousand reasons into its status.
+    let unconfirmed = listed_at_most(&assessment.unconfirmed(), UNCONFIRMED_LISTED, "node(s)");
+    if !unconfirmed.is_empty() {
+        doubts.push(format!(
+            "no trusted report for node {}",
+            unconfirmed.join("; ")
+        ));
+    }
+    // A node that already holds this event's cordon keeps it while it is
+    // merely unconfirmed (its own agent has not yet reported a new
+    // appearance of the event, say): the hold was taken on trusted word,
+    // and dropping it would make the node schedulable for a moment. Only a
+    // trusted end (or the event's) releases it.
+    let holds_it = |node: &str| {
+        by_name
+            .get(node)
+            .is_some_and(|n| nodes::holds(n).contains(&me))
+    };
+    // (node, vm, which content, its own part ended) of every node handled,
+    // each node once. A node whose own part ended while it holds the
+    // event's cordon is handled with the event's own content: released
+    // after the release delay (`plan::release_ended`).
+    let mut wanted: Vec<(String, String, usize, bool)> = Vec::new();
+    for (i, ((spec, digest), mapping)) in contents.iter().zip(&mappings).enumerate() {
+        for (vm, node) in &mapping.mapped {
+            let (take, content, ended) = match assessment.verdicts.get(node) {
+                Some(v) if v.is_live_on(spec.appearance, digest) => (true, i, false),
+                Some(trust::Verdict::Unconfirmed { .. }) => (i == 0 && holds_it(node), 0, false),
+                Some(trust::Verdict::Ended { .. }) => (holds_it(node), 0, true),
+                _ => (false, 0, false),
+            };
+            if take && !wanted.iter().any(|(w, ..)| w == node) {
+                wanted.push((node.clone(), vm.clone(), content, ended));
+            }
+        }
+    }
+    for n in facts.nodes.iter().filter(|n| nodes::holds(n).contains(&me)) {
+        let name = n.name_any();
+        if wanted.iter().any(|(w, ..)| *w == name) {
+            continue;
+        }
+        // A node whose VM the controller does not know (no providerID, and
+        // its VirtualMachineReport not written yet, or gone with its agent's
+        // pod until the new pod writes it again) while the event is live or
+        // its own agent's last report lists it: it stays held as it is (and
+        // no approval is decided, below). Without evidence either way, a
+        // hold taken earlier (by an earlier version too) is kept, not
+        // dropped for a moment; once the event is over it is released.
+        let own_live = judged
+            .iter()
+            .any(|j| j.report.node == name && j.report.is_listed());
+        if (own_live || !plan::is_over(ev)) && facts.identity(&name).is_none() {
+            continue;
+        }
+        wanted.push((name, String::new(), 0, false));
+    }
+    // A node of the cluster whose agent lists the event while the
+    // controller knows no VM of it may be one the event names: no approval
+    // is decided until its VM is known.
+    let unknown: Vec<&str> = judged
+        .iter()
+        .filter(|j| j.report.is_listed())
+        .map(|j| j.report.node.as_str())
+        .filter(|n| by_name.contains_key(*n) && facts.identity(n).is_none())
+        .collect();
+    if !unknown.is_empty() {
+        doubts.push(format!(
+            "the VM of node {} is unknown (no providerID, no VirtualMachineReport) while its agent lists the event",
+            named(&unknown, UNCONFIRMED_LISTED, ", ")
+        ));
+    }
+    // Only the spec's content can be over: a dissent is handled while its
+    // node's own agent lists it.
+    let completed = plan::is_over(ev);
+    let recorded = ev
+        .status
+        .as_ref()
+        .and_then(|s| s.nodes.as_ref())
+        .is_some_and(|n| !n.is_empty());
+    let drains: Vec<bool> = contents
+        .iter()
+        .map(|(spec, _)| {
+            policy
+                .decide(
+                    &spec.event_type.as_str().into(),
+                    &spec.event_source,
+                    spec.duration_seconds,
+                )
+                .drains()
+        })
+        .collect();
+    // The VMs a node handled here may go by (mapped, stated, providerID's).
+    let vms: std::collections::HashSet<String> = wanted
+        .iter()
+        .flat_map(|(node, vm, ..)| [Some(vm.clone()), facts.vm_of(node)])
+        .flatten()
+        .filter(|vm| !vm.is_empty())
+        .map(|vm| vm.to_ascii_lowercase())
+        .collect();
+    let claims = claims(&me, &vms, caches, policy, facts);
+    // A finished event's record is frozen; pods are read only for nodes it
+    // never recorded, so that the record says what was there. The lists
+    // run side by side (an event may name hundreds of VMs), in order.
+    let claims = &claims;
+    let drains = &drains;
+    let listed: Vec<(ObservedNode, usize, Arc<Node>)> =
+        futures::stream::iter(wanted.into_iter().filter_map(|(name, vm, i, ended)| {
+            // A node gone from the cache has nothing to drain or release.
+            let node = Arc::clone(by_name.get(&name)?);
+            Some((name, vm, i, ended, node))
+        }))
+        .map(|(name, vm, i, ended, node)| async move {
+            let completed = completed && i == 0;
+            let pods = if drains[i] && !vm.is_empty() && !ended && (!completed || !recorded) {
+                caches.pods.on_node(&name)
+            } else {
+                Vec::new()
+            };
+            let participants = if !vm.is_empty() && !ended && !completed {
+                caches.pods.participants_on(&name)
+            } else {
+                Vec::new()
+            };
+            let observed = ObservedNode {
+                participants,
+                cordoned: nodes::is_cordoned(&node),
+                holds: nodes::holds(&node),
+                claimed_by: claims.get(&name).cloned().unwrap_or_default(),
+                name,
+                vm_name: vm,
+                pods,
+                ended,
+            };
+            (observed, i, node)
+        })
+        .buffered(POD_LIST_CONCURRENCY)
+        .collect()
+        .await;
+    let deleted = ev
+        .status
+        .as_ref()
+        .and_then(|s| s.nodes.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|n| !by_name.contains_key(&n.name))
+        .map(|n| n.name.clone())
+        .collect();
+    let mut seen = Observed {
+        nodes: Vec::new(),
+        unmapped,
+        doubts,
+        unconfirmed,
+        disagreement: built.disagreement(),
+        last_report: None,
+        deleted,
+        dry_run,
+        fault_domains: None,
+    };
+    let mut dissent: Vec<(ScheduledEventSpec, Vec<ObservedNode>)> = contents[1..]
+        .iter()
+        .map(|(spec, _)| ((*spec).clone(), Vec::new()))
+        .collect();
+    let mut snapshots = HashMap::new();
+    for (observed, i, node) in listed {
+        snapshots.insert(observed.name.clone(), node);
+        if i == 0 {
+            seen.nodes.push(observed);
+        } else {
+            dissent[i - 1].1.push(observed);
+        }
+    }
+    dissent.retain(|(_, nodes)| !nodes.is_empty());
+    // Every node the event's Resources map to, trusted yet or not: where
+    // the event lands, not what forewarn acts on.
+    let domains: std::collections::BTreeSet<String> = mappings[0]
+        .mapped
+        .iter()
+        .filter_map(|(_, n)| by_name.get(n))
+        .filter_map(|n| crate::topology::fault_domain_of(n))
+        .collect();
+    seen.fault_domains = (!domains.is_empty()).then_some(domains.len());
+    Observation {
+        seen,
+        dissent,
+        snapshots,
+    }
+}
+
+/// Reads the pods of each node whose pods this pass read from the cache
+/// again from the API server (one LIST a node, side by side), replacing
+/// them in `seen`. Returns whether any node's pods differ from the cache's.
+pub async fn fresh_pods(
+    ev: &ScheduledEvent,
+    seen: &mut Observed,
+    client: &Client,
+    policy: &Policy,
+) -> Result<bool, pod_list::Error> {
+    let drains = policy
+        .decide(
+            &ev.spec.event_type.as_str().into(),
+            &ev.spec.event_source,
+            ev.spec.duration_seconds,
+        )
+        .drains();
+    if !drains {
+        return Ok(false);
+    }
+    let wanted: Vec<(usize, String)> = seen
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| !n.vm_name.is_empty() && !n.ended)
+        .map(|(i, n)| (i, n.name.clone()))
+        .collect();
+    let client = client.clone();
+    let read: Vec<(usize, Vec<PodInfo>)> = if wanted.len() > LIST_PER_NODE_UP_TO {
+        // Many nodes: one paginated list of every bound pod.
+        let names: std::collections::HashSet<String> =
+            wanted.iter().map(|(_, n)| n.clone()).collect();
+        let mut by_node = pod_list::pods_by_node(&client, &names, pod_list::POD_LIST_PAGE).await?;
+        wanted
+            .into_iter()
+            .map(|(i, n)| (i, by_node.remove(&n).unwrap_or_default()))
+            .collect()
+    } else {
+        futures::stream::iter(wanted)
+            .map(move |(i, node)| {
+                let client = client.clone();
+                async move { pod_list::pods_on(&client, &node).await.map(|p| (i, p)) }
+            })
+            .buffered(POD_LIST_CONCURRENCY)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<_, _>>()?
+    };
+    let mut changed = false;
+    for (i, pods) in read {
+        let mut pods: Vec<Arc<PodInfo>> = pods.into_iter().map(Arc::new).collect();
+        pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        if seen.nodes[i].pods != pods {
+            changed = true;
+            seen.nodes[i].pods = pods;
+        }
+    }
+    Ok(changed)
+}
+
+/// Copies onto `ev`'s approval what the agents report of sending it: of the
+/// POSTs that carried out this very decision (its appearance and digest),
+/// the first IMDS accepted, else the latest. Only a sender's own word about
+/// its own POST ever reads `Accepted`.
+pub fn copy_sent_approval(ev: &mut ScheduledEvent, reports: &[Report]) {
+    let Some(approval) = ev.status.as_mut().and_then(|s| s.approval.as_mut()) else {
+        return;
+    };
+    let (Some(appearance), Some(digest)) = (approval.appearance, approval.digest.clone()) else {
+        return;
+    };
+    let sent: Vec<(&str, &SentApproval)> = reports
+        .iter()
+        .flat_map(|r| r.approvals.iter().map(move |s| (r.node.as_str(), s)))
+        .filter(|(_, s)| s.appearance == appearance && s.digest == digest)
+        .collect();
+    let pick = sent
+        .iter()
+        .filter(|(_, s)| s.status == 200)
+        .min_by_key(|(_, s)| s.sent_at)
+        .or_else(|| sent.iter().max_by_key(|(_, s)| s.sent_at));
+    let Some((node, s)) = pick else {
+        return;
+    };
+    approval.sent_at = Some(s.sent_at);
+    approval.sent_by = Some((*node).to_owned());
+    approval.result = Some(if s.status == 200 {
+        crate::agent::approval::ACCEPTED.to_owned()
+    } else {
+        format!("Failed: IMDS answered {}: {}", s.status, s.body)
+    });
+}
