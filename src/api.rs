@@ -960,6 +960,23 @@ pub fn report_crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
     ))
 }
 
+/// The `ScheduledEvent` names for which forewarn holds the node's cordon:
+/// its [`CORDONED_FOR_ANNOTATION`], comma-separated.
+pub fn holds(node: &k8s_openapi::api::core::v1::Node) -> Vec<String> {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CORDONED_FOR_ANNOTATION))
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -190,7 +190,7 @@ pub struct ControllerArgs {
     /// Policy file (YAML); without it the built-in defaults apply.
     #[arg(long, env = "FOREWARN_POLICY_FILE")]
     pub policy_file: Option<PathBuf>,
-    /// Webhooks file (YAML; see [`crate::notify::webhooks`]): where the
+    /// Webhooks file (YAML; see `forewarn::notify::config`): where the
     /// leader POSTs its notifications. Read at start; without it none are
     /// sent.
     #[arg(long, env = "FOREWARN_WEBHOOKS_FILE")]

@@ -59,7 +59,7 @@ async fn main() -> anyhow::Result<()> {
 /// What `forewarn values-schema` prints: the policy's schema, or `splice`
 /// (the chart's values.schema.json) with it spliced in.
 fn values_schema(splice: Option<&std::path::Path>) -> anyhow::Result<String> {
-    use forewarn::policy::schema;
+    use forewarn::values_schema as schema;
     let Some(path) = splice else {
         return Ok(serde_json::to_string_pretty(&schema::policy_schema())? + "\n");
     };

@@ -48,7 +48,7 @@
 //! The file is read again when it changes (see [`crate::controller::runtime::reload`]);
 //! a new file that is not valid is refused and the policy in force stays.
 //! The chart's `values.schema.json` takes its `controller.policy` part from
-//! these types ([`schema`]), so Helm refuses what the controller would.
+//! these types ([`crate::values_schema`]), so Helm refuses what the controller would.
 
 use std::time::Duration;
 
@@ -56,7 +56,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::imds::model::EventType;
 
-pub mod schema;
+/// What `retention` must look like: a humantime duration (`24h`, `1h 30m`,
+/// `1.5d`, `2 weeks`), the units of `humantime::parse_duration`.
+pub const DURATION_PATTERN: &str = r"^\s*([0-9]+(\.[0-9]+)?\s*(nanos|nsec|ns|usec|us|µs|millis|msec|ms|seconds|second|secs|sec|s|minutes|minute|mins|min|m|hours|hour|hrs|hr|h|days|day|d|weeks|week|wks|wk|w|months|month|M|years|year|yrs|yr|y)\s*)+$";
 
 /// What forewarn does about an event; also `status.action` of a
 /// `ScheduledEvent` (a string on the wire, one of these in the schema).
@@ -287,7 +289,7 @@ pub struct Policy {
     /// `1h 30m` (humantime units: ns, us, ms, s, m, h, d, w, M for months,
     /// y, and their long names). At most 10 years. Default `24h`.
     #[serde(default = "one_day", with = "humantime_serde")]
-    #[schemars(with = "String", pattern(schema::DURATION_PATTERN), extend("default" = "24h"))]
+    #[schemars(with = "String", pattern(DURATION_PATTERN), extend("default" = "24h"))]
     pub retention: Duration,
     /// Seconds before `NotBefore` at which the cordon and drain start, at
     /// the earliest. Azure gives most events 5 to 15 minutes' notice, but a

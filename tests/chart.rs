@@ -6539,7 +6539,7 @@ fn webhooks_example() -> String {
 /// With a NetworkPolicy, webhooks open their port and DNS.
 #[test]
 fn webhooks_come_from_a_secret_the_controller_mounts() {
-    use forewarn::notify::webhooks::Config;
+    use forewarn::notify::config::Config;
     let example = webhooks_example();
     let expected = Config::parse(&example, "example").expect("the example loads");
     assert_eq!(expected.webhooks.len(), 2, "{example}");

@@ -19,10 +19,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use forewarn::api::holds;
 use forewarn::api::{NodeImpact, ScheduledEvent};
 use forewarn::controller::act::cordon::{LB_EXCLUDED_ANNOTATION, LB_EXCLUSION_LABEL};
 use forewarn::controller::act::node_condition::CONDITION_TYPE;
-use forewarn::controller::observe::nodes::{holds, is_cordoned};
+use forewarn::controller::observe::nodes::is_cordoned;
 use forewarn_harness::cluster::{Cluster, repo_root};
 use forewarn_harness::run::{Report, RunOptions, run_scenario, summary};
 use k8s_openapi::api::coordination::v1::Lease;

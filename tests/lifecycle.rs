@@ -75,7 +75,7 @@ async fn holds_anywhere(client: &Client) -> Vec<String> {
         .expect("list nodes")
         .items
         .iter()
-        .filter(|n| !forewarn::controller::observe::nodes::holds(n).is_empty())
+        .filter(|n| !forewarn::api::holds(n).is_empty())
         .map(ResourceExt::name_any)
         .collect()
 }

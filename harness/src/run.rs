@@ -21,10 +21,11 @@ use serde_json::json;
 
 use super::cluster::Cluster;
 use super::procs::{AgentRunner, Credentials, Fleet, FleetOptions, Proc};
+use forewarn::api::holds;
 use forewarn::api::{
     CONTROLLER_MANAGER, CORDONED_FOR_ANNOTATION, ScheduledEvent, ScheduledEventReport,
 };
-use forewarn::controller::observe::nodes::{holds, is_cordoned};
+use forewarn::controller::observe::nodes::is_cordoned;
 use forewarn::imds::mock::LogEntry;
 use forewarn::imds::scenario::Scenario;
 use forewarn::topology::{FAULT_DOMAIN_LABEL, UPDATE_DOMAIN_LABEL, VirtualMachineReport};

@@ -259,7 +259,8 @@ async fn report(
         ev.metadata.generation,
         now,
     );
-    impact::observe_and_record(ev, &mut status, snapshots, &ctx.caches, now);
+    let c = &ctx.caches;
+    impact::observe_and_record(ev, &mut status, snapshots, &c.heartbeats, &c.boot_ids, now);
     if ctx.writers.dry_run {
         status::as_dry_run(&mut status, ev.status.as_ref(), plan, now);
     }

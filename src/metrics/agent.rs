@@ -31,7 +31,7 @@ pub struct AgentMetrics {
     /// Approval (`StartRequests`) POSTs by `result`: `ok`, `error`.
     pub approvals: IntCounterVec,
     /// Approval decisions refused because the controller did not write
-    /// them (see [`crate::agent::approval::author`]), once per object version.
+    /// them (see `forewarn::agent::approval::author`), once per object version.
     pub foreign_decisions: IntCounter,
     /// Events in the last good IMDS document.
     pub events: IntGauge,

@@ -48,7 +48,7 @@ const MARGIN_SECONDS: &[f64] = &[
 pub struct ControllerMetrics {
     /// Reconciles by `result`: `ok`, `error`.
     pub reconciles: IntCounterVec,
-    /// Failed reconciles by `category` ([`crate::controller::Error::category`]):
+    /// Failed reconciles by `category` ([`crate::controller::error::Error::category`]):
     /// `conflict`, `patch_node`, `list_pods`, `patch_status`, `delete_event`.
     pub reconcile_errors: IntCounterVec,
     /// Evictions by `result`: `evicted`, `blocked` (a PodDisruptionBudget
@@ -65,7 +65,7 @@ pub struct ControllerMetrics {
     pub foreign_decisions: IntCounter,
     /// Webhook deliveries by `webhook` (its name in the webhooks file),
     /// `notification` and `result`: `delivered`, `retried`, `failed`,
-    /// `rejected`, `dropped` (see [`crate::notify::webhooks`]).
+    /// `rejected`, `dropped` (see `forewarn::notify::webhooks`).
     pub webhook_deliveries: IntCounterVec,
     /// Approvals decided, by event `type`.
     pub approvals_decided: IntCounterVec,
@@ -334,19 +334,21 @@ impl ControllerMetrics {
         *c = Some((nodes, events));
     }
 
-    /// Sets the gauges of the reports ignored ([`crate::controller::observe::intake::Ignored`]):
+    /// Sets the gauges of the reports ignored: `over_cap`, per node over
+    /// its cap, how many of its live reports are ignored; `misnamed`, the
+    /// reports whose `scheduledEvent` is not their `EventId`'s object name;
     /// a series per node for the [`OVER_CAP_NODES_LISTED`] nodes with the
     /// most ignored (then by name); every node counts in the totals.
-    pub fn set_reports_ignored(&self, ignored: &crate::controller::observe::intake::Ignored) {
-        let over: usize = ignored.over_cap.values().sum();
+    pub fn set_reports_ignored(&self, over_cap: &BTreeMap<String, usize>, misnamed: usize) {
+        let over: usize = over_cap.values().sum();
         let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         self.reports_ignored
             .with_label_values(&["over_cap"])
             .set(gauge(over));
         self.reports_ignored
             .with_label_values(&["misnamed"])
-            .set(gauge(ignored.misnamed));
-        let mut nodes: Vec<(&String, &usize)> = ignored.over_cap.iter().collect();
+            .set(gauge(misnamed));
+        let mut nodes: Vec<(&String, &usize)> = over_cap.iter().collect();
         nodes.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
         self.reports_over_cap.reset();
         for (node, n) in nodes.into_iter().take(OVER_CAP_NODES_LISTED) {
@@ -837,7 +839,7 @@ impl CacheGauges {
             }
         }
         for n in nodes {
-            let holds = crate::controller::observe::nodes::holds(n);
+            let holds = crate::api::holds(n);
             if holds.is_empty() {
                 continue;
             }
@@ -1116,14 +1118,11 @@ mod tests {
 
     #[test]
     fn reports_over_cap_name_at_most_twenty_nodes_and_count_them_all() {
-        use crate::controller::observe::intake::Ignored;
         let r = Registry::new();
         let m = ControllerMetrics::register(&r).expect("register");
-        let over_cap = (0..25).map(|i| (format!("node-{i:02}"), i + 1)).collect();
-        m.set_reports_ignored(&Ignored {
-            over_cap,
-            misnamed: 3,
-        });
+        let over_cap: BTreeMap<String, usize> =
+            (0..25).map(|i| (format!("node-{i:02}"), i + 1)).collect();
+        m.set_reports_ignored(&over_cap, 3);
         let total = |reason: &str| m.reports_ignored.with_label_values(&[reason]).get();
         assert_eq!(total("over_cap"), (1..=25).sum::<i64>());
         assert_eq!(total("misnamed"), 3);
@@ -1137,7 +1136,7 @@ mod tests {
         let most = m.reports_over_cap.with_label_values(&["node-24"]).get();
         assert_eq!(most, 25);
         // Back under the cap: no node series left, totals 0.
-        m.set_reports_ignored(&Ignored::default());
+        m.set_reports_ignored(&BTreeMap::new(), 0);
         assert_eq!(total("over_cap"), 0);
         assert!(
             r.gather()

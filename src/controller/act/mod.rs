@@ -6,6 +6,7 @@ pub mod carry_out;
 pub mod cordon;
 pub mod drain;
 pub mod foreign;
+pub mod kube_events;
 pub mod labels;
 pub mod node_condition;
 pub mod notice;

@@ -32,7 +32,6 @@ use crate::controller::act::writers::Writers;
 use crate::controller::observe::caches::Caches;
 use crate::controller::observe::facts::Facts;
 use crate::controller::observe::impact::{affects, is_over};
-use crate::controller::observe::nodes;
 use crate::text::cut;
 
 /// The condition type.
@@ -213,7 +212,7 @@ pub async fn sync(
             continue;
         };
         let vm = facts.vm_of(name);
-        let holds = nodes::holds(node);
+        let holds = crate::api::holds(node);
         let affecting: Vec<&ScheduledEvent> = live
             .iter()
             .filter(|e| affects(e, vm.as_deref(), &holds))

@@ -12,7 +12,7 @@
 //!   written (and removed) by a JSON merge patch of that key alone, so two
 //!   events reconciled side by side on one node never overwrite each
 //!   other. Its value is a line of `key=value` words without spaces,
-//!   quotes or backslashes ([`render`]), so the kubelet's file (each
+//!   quotes or backslashes ([`crate::controller::observe::participants::render`]), so the kubelet's file (each
 //!   annotation as `key="value"`, the value Go-quoted) needs no unescaping.
 //! - Removed, with the pod's acknowledgement of it, when the event is over
 //!   or no longer affects the pod's node, and by the sweep for events that

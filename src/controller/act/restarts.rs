@@ -21,7 +21,6 @@ use crate::controller::observe::caches::Caches;
 use crate::controller::observe::facts::Facts;
 use crate::controller::observe::heartbeats::Trigger;
 use crate::controller::observe::impact::{Change, Window, affects, restart_expected};
-use crate::controller::observe::nodes;
 
 /// Reports each `bootID` change the leader sees: an expected restart (an
 /// event that announces one affects the node and its window is open) is
@@ -43,7 +42,7 @@ fn report_restart(caches: &Caches, writers: &Writers, trigger: &Trigger, c: &Cha
     let facts = Facts::read(caches);
     let node = caches.nodes.get(&ObjectRef::new(&c.node));
     let vm = node.as_ref().and_then(|_| facts.vm_of(&c.node));
-    let holds = node.as_deref().map(nodes::holds).unwrap_or_default();
+    let holds = node.as_deref().map(crate::api::holds).unwrap_or_default();
     let events = caches.events.state();
     let affecting: Vec<&Arc<ScheduledEvent>> = events
         .iter()
@@ -98,7 +97,7 @@ fn report_restart(caches: &Caches, writers: &Writers, trigger: &Trigger, c: &Cha
     if writers.webhooks.is_enabled() {
         writers
             .webhooks
-            .notify(crate::notify::webhooks::Message::unexpected_restart(
+            .notify(crate::notify::message::Message::unexpected_restart(
                 &c.node,
                 (&c.old, &c.new),
                 affecting.first().map(|e| e.as_ref()),
@@ -110,7 +109,7 @@ fn report_restart(caches: &Caches, writers: &Writers, trigger: &Trigger, c: &Cha
             KubeEvent {
                 type_: KubeEventType::Warning,
                 reason: "UnexpectedRestart".into(),
-                note: Some(publish::within_note_limit(note)),
+                note: Some(crate::controller::act::kube_events::within_note_limit(note)),
                 action: "UnexpectedRestart".into(),
                 secondary: None,
             },

@@ -215,7 +215,9 @@ fn note_ignored(
     ignored: &intake::Ignored,
     before: &mut BTreeMap<String, usize>,
 ) {
-    writers.metrics.set_reports_ignored(ignored);
+    writers
+        .metrics
+        .set_reports_ignored(&ignored.over_cap, ignored.misnamed);
     for (node, n) in &ignored.over_cap {
         if !before.contains_key(node) {
             warn!(%node, ignored = n, cap = intake::MAX_LIVE_REPORTS_PER_NODE,

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::runtime::reflector::Store;
 
-use crate::controller::act::publish::EventSink;
+use crate::controller::act::kube_events::EventSink;
 use crate::metrics::controller::ControllerMetrics;
 use crate::notify::webhooks::Webhooks;
 

@@ -203,7 +203,10 @@ mod tests {
         assert_eq!(notices.len(), 1);
         let notice = &notices[0].1;
         assert!(notice.contains(" type=Reboot "), "{notice}");
-        assert!(notice.contains("notBefore=2026-11-21T10:01:00Z"), "{notice}");
+        assert!(
+            notice.contains("notBefore=2026-11-21T10:01:00Z"),
+            "{notice}"
+        );
     }
 
     #[test]

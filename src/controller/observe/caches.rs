@@ -28,7 +28,7 @@ pub struct Caches {
     /// [`crate::controller::observe::trust`]).
     pub reports: Store<ScheduledEventReport>,
     /// The agents' `VirtualMachineReport`s: the VM of a node without a
-    /// `providerID` (see [`crate::controller::observe::identities`]).
+    /// `providerID` (see [`crate::controller::observe::nodes`]).
     pub vm_reports: Store<VirtualMachineReport>,
     /// The pods the drain considers, by node.
     pub pods: PodCache,

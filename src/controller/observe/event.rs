@@ -197,7 +197,7 @@ pub async fn observe(
     let holds_it = |node: &str| {
         by_name
             .get(node)
-            .is_some_and(|n| nodes::holds(n).contains(&me))
+            .is_some_and(|n| crate::api::holds(n).contains(&me))
     };
     // (node, vm, which content, its own part ended) of every node handled,
     // each node once. A node whose own part ended while it holds the
@@ -217,7 +217,11 @@ pub async fn observe(
             }
         }
     }
-    for n in facts.nodes.iter().filter(|n| nodes::holds(n).contains(&me)) {
+    for n in facts
+        .nodes
+        .iter()
+        .filter(|n| crate::api::holds(n).contains(&me))
+    {
         let name = n.name_any();
         if wanted.iter().any(|(w, ..)| *w == name) {
             continue;
@@ -307,7 +311,7 @@ pub async fn observe(
             let observed = ObservedNode {
                 participants,
                 cordoned: nodes::is_cordoned(&node),
-                holds: nodes::holds(&node),
+                holds: crate::api::holds(&node),
                 claimed_by: claims.get(&name).cloned().unwrap_or_default(),
                 name,
                 vm_name: vm,

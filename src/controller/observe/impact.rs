@@ -27,8 +27,8 @@ use kube::ResourceExt;
 use crate::api::{
     EventStatus, NodeImpact, ScheduledEvent, ScheduledEventSpec, ScheduledEventStatus,
 };
-use crate::controller::observe::caches::Caches;
 use crate::controller::observe::heartbeats::Gap;
+use crate::controller::observe::heartbeats::Heartbeats;
 use crate::imds::model::EventType;
 
 /// How long after an event left IMDS its impact window stays open: a
@@ -215,7 +215,8 @@ pub fn observe_and_record(
     ev: &ScheduledEvent,
     status: &mut ScheduledEventStatus,
     snapshots: &HashMap<String, Arc<Node>>,
-    caches: &Caches,
+    heartbeats: &Heartbeats,
+    boot_ids: &BootIds,
     now: DateTime<Utc>,
 ) {
     let window = Window::of(&ev.spec, Some(status));
@@ -236,10 +237,10 @@ pub fn observe_and_record(
             let until = window
                 .end
                 .unwrap_or(now + crate::controller::observe::heartbeats::TRACK_TTL);
-            caches.heartbeats.track(&r.name, &me, until);
+            heartbeats.track(&r.name, &me, until);
             window
                 .start
-                .and_then(|from| caches.heartbeats.gap(&r.name, from, window.end))
+                .and_then(|from| heartbeats.gap(&r.name, from, window.end))
         } else {
             None
         };
@@ -248,7 +249,7 @@ pub fn observe_and_record(
             NodeNow {
                 boot_changed_at: boot
                     .as_deref()
-                    .and_then(|b| caches.boot_ids.changed_at(&r.name, b)),
+                    .and_then(|b| boot_ids.changed_at(&r.name, b)),
                 boot_id: boot,
                 heartbeat,
             },

@@ -8,8 +8,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::controller::observe::trust::Identity;
 
-use crate::api::CORDONED_FOR_ANNOTATION;
-
 /// The VM name an Azure `providerID` stands for, as it appears in `Resources`.
 ///
 /// `azure:///subscriptions/<sub>/resourceGroups/<rg>/providers/Microsoft.Compute/virtualMachineScaleSets/<vmss>/virtualMachines/<id>`
@@ -155,22 +153,6 @@ pub fn map_resources(resources: &[String], ids: &Identities) -> Mapping {
     m
 }
 
-/// The `ScheduledEvent` names for which forewarn holds the node's cordon.
-pub fn holds(node: &Node) -> Vec<String> {
-    node.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(CORDONED_FOR_ANNOTATION))
-        .map(|v| {
-            v.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(String::from)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// The holds on a node that name no existing `ScheduledEvent` (deleted by
 /// hand while the node was held): nothing would ever release them.
 pub fn orphaned_holds(holds: &[String], exists: impl Fn(&str) -> bool) -> Vec<String> {
@@ -188,6 +170,7 @@ pub fn is_cordoned(node: &Node) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{CORDONED_FOR_ANNOTATION, holds};
     use k8s_openapi::api::core::v1::NodeSpec;
     use kube::api::ObjectMeta;
 

@@ -62,7 +62,7 @@ pub struct Observed {
     /// Nodes the status records that are no longer in the cluster.
     pub deleted: Vec<String>,
     /// The controller runs with `--dry-run`: it writes no node, so a node
-    /// counts as cordoned as it would be (see [`node_drained`]).
+    /// counts as cordoned as it would be (see [`crate::controller::decide::plan::node_drained`]).
     pub dry_run: bool,
     /// How many fault domains the nodes the event's `Resources` map to are
     /// in, as their labels say ([`crate::topology::fault_domain_of`]);

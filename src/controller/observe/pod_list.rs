@@ -75,7 +75,7 @@ pub struct SpecFields {
     termination_grace_period_seconds: Option<i64>,
 }
 
-/// The fields of a pod's status the drain and [`agent_pod`] read.
+/// The fields of a pod's status the drain and [`crate::controller::observe::pods::agent_pod`] read.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct StatusFields {
     #[serde(default)]

@@ -1,6 +1,6 @@
 //! The agents' `ScheduledEventReport`s grouped by the event they are
 //! about, and what they state of each node's VM (never taken as the node's
-//! VM: see [`crate::controller::observe::identities`]).
+//! VM: see [`crate::controller::observe::nodes`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -58,7 +58,7 @@ fn last_write(r: &ScheduledEventReport) -> Option<DateTime<Utc>> {
 
 /// Every VM each node's agent states in its reports, by node name: the
 /// controller never takes one as the node's VM, it compares them with the
-/// node's fixed one (see [`crate::controller::observe::identities::identities`]).
+/// node's fixed one (see [`crate::controller::observe::nodes::identities`]).
 pub fn stated_vms(reports: &ReportsByEvent) -> HashMap<String, BTreeSet<String>> {
     let mut stated: HashMap<String, BTreeSet<String>> = HashMap::new();
     for r in reports.values().flatten() {

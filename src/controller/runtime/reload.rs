@@ -9,15 +9,13 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use tracing::{error, info};
 
+use crate::file_watch::{Changes, POLL_INTERVAL, read};
+
 use crate::metrics::controller::ControllerMetrics;
 use crate::policy::{self, Policy};
-
-/// How often the policy file is read.
-pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
 
 /// What a look at the file found.
 #[derive(Debug)]
@@ -29,39 +27,6 @@ pub enum Reload {
     /// New content that cannot be used (unreadable, not YAML, invalid): the
     /// policy in force stays.
     Refused(policy::Error),
-}
-
-/// The last content of a file looked at, to act once per change (of its
-/// content or of its read error).
-#[derive(Debug)]
-pub struct Changes {
-    /// The content last seen, or the read error's text.
-    last: Result<String, String>,
-}
-
-impl Changes {
-    /// Starts from `initial`, the content in force.
-    pub fn new(initial: String) -> Self {
-        Changes { last: Ok(initial) }
-    }
-
-    /// `read` when it differs from the last one looked at, else `None`.
-    pub fn changed(&mut self, read: std::io::Result<String>) -> Option<std::io::Result<String>> {
-        let now = read.as_ref().map(Clone::clone).map_err(ToString::to_string);
-        if now == self.last {
-            return None;
-        }
-        self.last = now;
-        Some(read)
-    }
-}
-
-/// Reads `path` off the runtime's threads.
-pub async fn read(path: &std::path::Path) -> std::io::Result<String> {
-    let file = path.to_path_buf();
-    tokio::task::spawn_blocking(move || std::fs::read_to_string(file))
-        .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
 }
 
 /// The last policy content looked at, to act once per change.

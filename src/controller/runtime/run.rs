@@ -74,7 +74,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         None => (Policy::default(), String::new()),
     };
     let (webhooks_config, webhooks_text) = match &args.webhooks_file {
-        Some(path) => crate::notify::webhooks::Config::load_text(&path.to_string_lossy())?,
+        Some(path) => crate::notify::config::Config::load_text(&path.to_string_lossy())?,
         None => Default::default(),
     };
     let identity = args.identity.clone().unwrap_or_else(|| {
@@ -330,7 +330,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             metrics.clone(),
         ))
     });
-    let (kube_events, event_task) = crate::controller::act::publish::EventSink::start(
+    let (kube_events, event_task) = crate::controller::act::kube_events::EventSink::start(
         {
             let (client, identity) = (client.clone(), identity.clone());
             move || {

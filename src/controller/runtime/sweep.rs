@@ -73,14 +73,14 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
         // the list and the read (a new event's) would look orphaned.
         // Writes are conditional on the snapshot's resourceVersion.
         let snapshot = ctx.caches.nodes.state();
-        if !snapshot.iter().any(|n| !nodes::holds(n).is_empty()) {
+        if !snapshot.iter().any(|n| !crate::api::holds(n).is_empty()) {
             continue;
         }
         let Some(existing) = existing_events(&ctx, &events, "holds").await else {
             continue;
         };
         for node in snapshot {
-            let holds = nodes::holds(&node);
+            let holds = crate::api::holds(&node);
             let orphaned = nodes::orphaned_holds(&holds, |h| existing.contains(h));
             if orphaned.is_empty() {
                 continue;
@@ -208,7 +208,7 @@ async fn remove_orphaned_notices(
 /// changed while nodes were held): one conditional write per such node.
 async fn sync_lb_labels(api: &Api<Node>, snapshot: &[Arc<Node>], enabled: bool) {
     for node in snapshot {
-        let holds = nodes::holds(node);
+        let holds = crate::api::holds(node);
         if cordon::lb_exclusion_for(node, !holds.is_empty(), enabled).is_none() {
             continue;
         }

@@ -1,5 +1,6 @@
-//! The policy as a JSON schema: the `controller.policy` part of the chart's
-//! `values.schema.json`, generated from [`Policy`] so that Helm accepts
+//! The chart's `values.schema.json` where the controller reads it: the
+//! `controller.policy` part, generated from [`Policy`], and the
+//! `controller.webhooks.config` part, from the webhooks file's [`Config`], so that Helm accepts
 //! exactly the keys, values and ranges the controller accepts and refuses a
 //! misspelt key. `forewarn values-schema` prints it, or splices it into the
 //! chart's file (`make generate`); a unit test fails when the file drifts.
@@ -13,16 +14,13 @@ use std::ops::Range;
 
 use serde_json::{Map, Value};
 
-use super::Policy;
-
-/// What `retention` must look like: a humantime duration (`24h`, `1h 30m`,
-/// `1.5d`, `2 weeks`), the units of `humantime::parse_duration`.
-pub const DURATION_PATTERN: &str = r"^\s*([0-9]+(\.[0-9]+)?\s*(nanos|nsec|ns|usec|us|µs|millis|msec|ms|seconds|second|secs|sec|s|minutes|minute|mins|min|m|hours|hour|hrs|hr|h|days|day|d|weeks|week|wks|wk|w|months|month|M|years|year|yrs|yr|y)\s*)+$";
+use crate::notify::config::Config;
+use crate::policy::Policy;
 
 /// Where the policy sits in `values.schema.json`.
 pub const VALUES_PATH: [&str; 4] = ["properties", "controller", "properties", "policy"];
 
-/// Where the webhooks file ([`crate::notify::webhooks::Config`]) sits
+/// Where the webhooks file ([`Config`]) sits
 /// in `values.schema.json` (`controller.webhooks.config`).
 pub const WEBHOOKS_PATH: [&str; 6] = [
     "properties",
@@ -58,7 +56,7 @@ pub fn policy_schema() -> Value {
 /// The webhooks file's JSON schema, as it stands under
 /// `controller.webhooks.config` in the chart's `values.schema.json`.
 pub fn webhooks_schema() -> Value {
-    schema_of::<crate::notify::webhooks::Config>()
+    schema_of::<Config>()
 }
 
 fn schema_of<T: schemars::JsonSchema>() -> Value {
@@ -392,7 +390,7 @@ mod tests {
             assert_eq!(p[key]["maximum"], 2_419_200, "{key}");
             assert_eq!(p[key]["minimum"], 0, "{key}");
         }
-        assert_eq!(p["retention"]["pattern"], DURATION_PATTERN);
+        assert_eq!(p["retention"]["pattern"], crate::policy::DURATION_PATTERN);
         assert_eq!(p["retention"]["default"], "24h");
         // Each bound is the controller's: one past it is refused on load.
         for (yaml, complaint) in [
