@@ -38,7 +38,7 @@ const REDEPLOY_NODE: &str = "node-000001";
 const REFUSAL: &str = "only the forewarn controller (its ServiceAccount) may";
 
 // ---------------------------------------------------------------------------
-// Tools (the minimum of tests/chart.rs's)
+// Tools (the minimum of tests/chart/main.rs's)
 
 const CLUSTER: &str = "forewarn-decisions";
 

@@ -567,7 +567,7 @@ async fn the_windows_agent_reads_its_service_account_under_the_sandbox_mount_poi
     let sa_dir = dir.join("sandbox/var/run/secrets/kubernetes.io/serviceaccount");
     std::fs::create_dir_all(&sa_dir).expect("sandbox dir");
     // A ServiceAccount of the test's own, allowed everything (the chart's
-    // RBAC is tests/chart.rs's subject, not this one's).
+    // RBAC is tests/chart/'s subject, not this one's).
     let sa = "forewarn-platforms-agent";
     let _ = cluster.kubectl(&["create", "serviceaccount", "-n", "default", sa]);
     let _ = cluster.kubectl(&[
