@@ -17,9 +17,9 @@ use forewarn::controller::act::nodes::TAINT_KEY;
 use forewarn::imds::mock::LogEntry;
 use forewarn_harness::cluster::{Cluster, repo_root};
 use forewarn_harness::inspect::{condition, event_notes, scheduled_event as sev};
-use forewarn_harness::run::{
-    ApiServerOutage, NodeDeletion, Report, RunOptions, run_scenario, summary,
-};
+use forewarn_harness::options::{ApiServerOutage, NodeDeletion, RunOptions};
+use forewarn_harness::report::{Report, summary};
+use forewarn_harness::run::run_scenario;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};

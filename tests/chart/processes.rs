@@ -28,9 +28,9 @@ pub fn chart_run_options(
     run: &str,
     lease: &str,
     swap: bool,
-) -> forewarn_harness::run::RunOptions {
+) -> forewarn_harness::options::RunOptions {
+    use forewarn_harness::options::RunOptions;
     use forewarn_harness::procs::Credentials;
-    use forewarn_harness::run::RunOptions;
     let nodes = ["node-000000", "node-000001", "node-000002"];
     let mut agents = std::collections::BTreeMap::new();
     for (i, node) in nodes.iter().enumerate() {
@@ -200,7 +200,8 @@ fn swapped_agent_tokens_are_refused_during_a_scenario() {
 /// drain, approve, record the approval, uncordon).
 #[test]
 fn scenario_plays_with_the_chart_credentials() {
-    use forewarn_harness::run::{run_scenario, summary};
+    use forewarn_harness::report::summary;
+    use forewarn_harness::run::run_scenario;
 
     let (_turn, c) = cluster();
     let k = admin(&c);
@@ -316,7 +317,8 @@ fn scenario_plays_with_the_chart_credentials() {
 /// authorization failure; tests/audit.rs sees both verbs used.
 #[test]
 fn freeze_plays_with_the_chart_credentials() {
-    use forewarn_harness::run::{run_scenario, summary};
+    use forewarn_harness::report::summary;
+    use forewarn_harness::run::run_scenario;
 
     let (_turn, c) = cluster();
     let k = admin(&c);

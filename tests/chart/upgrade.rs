@@ -46,7 +46,8 @@ fn previous_chart_dir() -> String {
 /// `nodesNotListed`.
 #[test]
 fn upgrade_from_the_previous_release_with_an_event_in_progress() {
-    use forewarn_harness::run::{run_scenario, summary};
+    use forewarn_harness::report::summary;
+    use forewarn_harness::run::run_scenario;
     const ID: &str = "9E1F2A3B-4C5D-4E6F-8A7B-9C0D1E2F3A08";
     const NODE: &str = "node-000001";
     const VM: &str = "aks-nodepool1-27351046-vmss_1";
