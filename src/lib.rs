@@ -18,6 +18,8 @@ pub mod agent;
 pub mod api;
 pub mod cli;
 pub mod controller;
+#[cfg(any(test, feature = "test-fixtures"))]
+pub mod fixtures;
 pub mod http;
 pub mod imds;
 pub mod install_check;

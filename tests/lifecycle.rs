@@ -869,9 +869,10 @@ async fn the_api_server_refuses_an_oversize_or_misnamed_report() {
 /// which the CRD's schema keeps (a field it lacked would be pruned).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_status_of_an_event_naming_ten_thousand_vms_is_stored_small() {
-    use forewarn::api::{CONTROLLER_MANAGER, ScheduledEventSpec};
+    use forewarn::api::CONTROLLER_MANAGER;
     use forewarn::controller::decide::plan::{Observed, ObservedNode, PodInfo, Terminating, plan};
     use forewarn::controller::decide::status::{NODE_RECORDS_LISTED, next};
+    use forewarn_harness::fixtures;
     use kube::api::{Patch, PatchParams, PostParams};
 
     let _turn = TURN.lock().await;
@@ -891,18 +892,10 @@ async fn the_status_of_an_event_naming_ten_thousand_vms_is_stored_small() {
     // several contents: its dissenting reports').
     let ev = ScheduledEvent::new(
         name,
-        ScheduledEventSpec {
-            event_id: "FLEET-10000".into(),
-            event_type: "Reboot".into(),
-            event_status: EventStatus::Scheduled,
-            event_source: "Platform".into(),
-            resource_type: "VirtualMachine".into(),
-            resources: (0..forewarn::api::MAX_RESOURCES).map(vm).collect(),
-            not_before: Some(Utc::now() + chrono::Duration::minutes(15)),
-            duration_seconds: -1,
-            description: String::new(),
-            appearance: 1,
-        },
+        fixtures::spec("FLEET-10000")
+            .vms((0..forewarn::api::MAX_RESOURCES).map(vm))
+            .not_before(Utc::now() + chrono::Duration::minutes(15))
+            .build(),
     );
     let ev = api
         .create(&PostParams::default(), &ev)

@@ -18,3 +18,7 @@ pub mod report;
 pub mod run;
 mod timeline;
 pub mod workload;
+
+/// The tests' fixtures (a `ScheduledEventSpec` builder): the library's
+/// own, which the harness turns on (feature `test-fixtures`).
+pub use forewarn::fixtures;
