@@ -203,12 +203,13 @@ impl Drop for RestoreCrds {
     }
 }
 
-/// The start-up check (src/crds.rs), with the chart's credentials: facing
-/// CRDs older than the binary (a status field and a report field missing),
-/// the controller and the agent exit non-zero with one error naming the
-/// CRD, the field and the command that applies the new CRDs, before the
-/// controller touches its Lease; with the current CRDs both go on. A token
-/// without the chart's `get` on the CRDs is let through with a warning.
+/// The start-up check (src/api/install.rs), with the chart's credentials:
+/// facing CRDs older than the binary (a status field and a report field
+/// missing), the controller and the agent exit non-zero with one error
+/// naming the CRD, the field and the command that applies the new CRDs,
+/// before the controller touches its Lease; with the current CRDs both go
+/// on. A token without the chart's `get` on the CRDs is let through with a
+/// warning.
 #[test]
 fn processes_facing_older_crds_exit_naming_the_missing_field_and_the_command() {
     let (_turn, c) = cluster();

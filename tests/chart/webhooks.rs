@@ -6,12 +6,12 @@ use serde_json::Value;
 
 use crate::{NS, RELEASE, VAP_API, chart_dir, documents, helm, indent, out_dir, render};
 
-/// The webhooks file of the module docs of src/controller/webhooks.rs (the
+/// The webhooks file of the module docs of src/notify/webhooks.rs (the
 /// format the README points to), without its `caFile` (which names a file
 /// of the pod).
 fn webhooks_example() -> String {
-    let src = std::fs::read_to_string(repo_root().join("src/controller/webhooks.rs"))
-        .expect("src/controller/webhooks.rs");
+    let src = std::fs::read_to_string(repo_root().join("src/notify/webhooks.rs"))
+        .expect("src/notify/webhooks.rs");
     src.lines()
         .map_while(|l| l.strip_prefix("//!"))
         .skip_while(|l| l.trim() != "```yaml")

@@ -120,8 +120,8 @@ fn windows_agents_render_only_when_enabled_as_host_process_pods() {
     ] {
         assert_eq!(c[k], lc[k], "{k}");
     }
-    // Agent pods to the controller (src/controller/pods.rs) and to the
-    // metrics Service: the same role labels, plus the selector's own.
+    // Agent pods to the controller (src/controller/observe/pods.rs) and to
+    // the metrics Service: the same role labels, plus the selector's own.
     let labels = &win["spec"]["template"]["metadata"]["labels"];
     assert_eq!(labels["app.kubernetes.io/component"], "agent");
     assert_eq!(labels["app.kubernetes.io/part-of"], "forewarn");
