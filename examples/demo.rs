@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use forewarn_harness::cluster::{Cluster, repo_root};
-use forewarn_harness::run::{
-    Acknowledgers, RunOptions, run_scenario, sibling_forewarn_bin, summary,
-};
+use forewarn_harness::options::{Acknowledgers, RunOptions};
+use forewarn_harness::report::summary;
+use forewarn_harness::run::{run_scenario, sibling_forewarn_bin};
 
 /// Plays an Azure Scheduled Events scenario against a local cluster.
 #[derive(Parser)]

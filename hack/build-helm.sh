@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds helm v3 from its Go module (helm.sh/helm/v3/cmd/helm at a released
 # tag) into the same cache as hack/build-k8s.sh, keyed by version. A second
-# run finds it and returns at once. The chart tests (tests/chart.rs) and
+# run finds it and returns at once. The chart tests (tests/chart/) and
 # `make manifests` use it.
 #
 # Prints the absolute path of the bin directory (holding `helm`) on its last

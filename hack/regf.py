@@ -28,7 +28,7 @@ Offsets of cells count from the first hive bin (file offset 4096).
 The bytes depend only on the key's name and the timestamp given, so an
 image that holds them is reproducible.
 
-Standard library only. Tested with hivex (hivexsh) in tests/chart.rs.
+Standard library only. Tested with hivex (hivexsh) in tests/chart/image.rs.
 """
 
 import struct

@@ -9,7 +9,7 @@
 # Without the chart's hooks (--no-hooks): the CRD hook Job exists for
 # `helm upgrade`, which never upgrades crds/; `kubectl apply --server-side`
 # of this file applies the CRDs in it, new ones included.
-# `make manifests` writes it; tests/chart.rs fails when the file drifts.
+# `make manifests` writes it; tests/chart/render.rs fails when the file drifts.
 #
 # Environment:
 #   HELM  helm binary (default: the one hack/build-helm.sh builds)

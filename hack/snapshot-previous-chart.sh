@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Snapshots the chart of an earlier commit into
 # tests/chart-fixtures/previous-release/, for the upgrade test in
-# tests/chart.rs (`helm install` of that chart, then `helm upgrade` to
+# tests/chart/upgrade.rs (`helm install` of that chart, then `helm upgrade` to
 # charts/forewarn): CI then needs no git history. There are no release tags;
 # the "previous release" is the commit just before the reports CRD was added
 # (bb0fc75), found with `git log -- crds/ charts/forewarn/crds/`:

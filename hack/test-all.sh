@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs forewarn's test suites, a few at a time (FOREWARN_TEST_JOBS), longest
 # first: the unit tests and every end-to-end test binary it finds in
-# tests/*.rs (each starts a local cluster of its own name), plus the
-# real-node binaries (those whose [[test]] entry in Cargo.toml requires the
-# feature `real-node`) when the machine allows it. Each suite's output goes
-# to target/test-logs/<suite>.log and is printed whole when the suite ends.
+# tests/*.rs and tests/*/main.rs (each starts a local cluster of its own
+# name), plus the real-node binaries (those whose [[test]] entry in
+# Cargo.toml requires the feature `real-node`) when the machine allows it.
+# Each suite's output goes to target/test-logs/<suite>.log and is printed
+# whole when the suite ends.
 # At the end it prints one table (suite, passed, failed, when it started,
 # seconds) with the run's peak load, and fails if any suite failed, or ran no
 # test at all (a suite that runs 0 tests proves nothing), naming them.
@@ -32,7 +33,9 @@ logs=target/test-logs
 mkdir -p "$logs"
 rm -f "$logs"/*.log
 
-# The suites: every tests/*.rs; those that need a real node apart.
+# The suites: every tests/*.rs and tests/*/main.rs (a test binary of
+# several files, named after its directory, as Cargo names it); those that
+# need a real node apart.
 real_tests=$(python3 - <<'EOF'
 import tomllib
 with open("Cargo.toml", "rb") as f:
@@ -42,8 +45,10 @@ EOF
 ) || { echo "[test] cannot read Cargo.toml's [[test]] entries"; exit 1; }
 # tests/audit.rs reads the audit logs of all the others: it runs last.
 suites=(lib)
-for f in tests/*.rs; do
+for f in tests/*.rs tests/*/main.rs; do
+  [[ -f $f ]] || continue
   s=$(basename "$f" .rs)
+  [[ $s == main ]] && s=$(basename "$(dirname "$f")")
   [[ " $real_tests " == *" $s "* || $s == audit ]] || suites+=("$s")
 done
 

@@ -19,6 +19,8 @@ pub mod api;
 pub mod cli;
 pub mod controller;
 pub mod file_watch;
+#[cfg(any(test, feature = "test-fixtures"))]
+pub mod fixtures;
 pub mod http;
 pub mod imds;
 pub mod install_check;

@@ -27,7 +27,9 @@ use forewarn::api::ScheduledEvent;
 use forewarn::metrics::agent::AgentMetrics;
 use forewarn::metrics::controller::ControllerMetrics;
 use forewarn_harness::cluster::{Cluster, helm_bin, repo_root};
-use forewarn_harness::run::{RunOptions, run_scenario, summary};
+use forewarn_harness::options::RunOptions;
+use forewarn_harness::report::summary;
+use forewarn_harness::run::run_scenario;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 
@@ -722,7 +724,7 @@ fn monitor_relabelings(chart: &[Value], role: &str) -> Vec<Value> {
 }
 
 fn pinned(name: &str, replicas: i32) -> Value {
-    forewarn_harness::run::pinned_deployment(name, replicas, 30, NODE)
+    forewarn_harness::workload::pinned_deployment(name, replicas, 30, NODE)
 }
 
 #[tokio::test(flavor = "multi_thread")]

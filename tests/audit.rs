@@ -4,14 +4,14 @@
 //! other suites have ended, `hack/test-all.sh` runs this one on the logs
 //! they left in `target/test-logs/audit/` (`FOREWARN_AUDIT_DIR`). It
 //! replays the requests of the product, forewarn's own processes holding
-//! the chart's ServiceAccounts (tests/chart.rs, tests/real_node_chart.rs),
+//! the chart's ServiceAccounts (tests/chart/, tests/real_node_chart.rs),
 //! against the chart's RBAC as `helm template` renders it, and fails
 //!
 //! - on every permission the chart grants that no request of the product
 //!   used (a verb to drop, or a code path no chart-credentials test takes);
 //! - on every request of the product that RBAC refused, or that was
 //!   answered 403 Forbidden for any reason but the chart's admission policy
-//!   (which tests/chart.rs provokes on purpose with swapped agent tokens).
+//!   (which tests/chart/processes.rs provokes on purpose with swapped agent tokens).
 //!
 //! The product's requests are those whose user is a ServiceAccount that a
 //! Helm release of the chart bound to its roles (the ClusterRoleBindings
@@ -35,7 +35,7 @@ use std::process::Command;
 use forewarn_harness::cluster::{helm_bin, repo_root};
 use serde_json::Value;
 
-/// The cluster of tests/chart.rs, where the harness's processes run with
+/// The cluster of tests/chart/, where the harness's processes run with
 /// the chart's tokens.
 const CHART_CLUSTER: &str = "forewarn-chart";
 /// The cluster of hack/real-node.sh, where the chart's own pods run on a
@@ -243,7 +243,7 @@ impl Install {
 const ROLES: [&str; 4] = ["agent", "controller", "crds", "check-install"];
 
 /// The roles whose RBAC are Helm hooks. Their Job and Pod cannot run on
-/// KWOK's nodes, so tests/chart.rs applies their RBAC as rendered (`kubectl
+/// KWOK's nodes, so tests/chart/ applies their RBAC as rendered (`kubectl
 /// apply --server-side`, the Helm labels included) and runs the command
 /// with a token of their ServiceAccount; tests/real_node_chart.rs has Helm
 /// run the CRD hook for real.

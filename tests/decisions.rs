@@ -38,7 +38,7 @@ const REDEPLOY_NODE: &str = "node-000001";
 const REFUSAL: &str = "only the forewarn controller (its ServiceAccount) may";
 
 // ---------------------------------------------------------------------------
-// Tools (the minimum of tests/chart.rs's)
+// Tools (the minimum of tests/chart/main.rs's)
 
 const CLUSTER: &str = "forewarn-decisions";
 
@@ -99,9 +99,9 @@ fn decisions_policy_in_force(k: &Kubectl) {
 /// Options to play platform-redeploy.yaml with TokenRequest tokens of the
 /// chart's ServiceAccounts: each agent's bound to the chart's agent pod on
 /// its node, the controller's unbound.
-fn chart_run_options(k: &Kubectl, run: &str, lease: &str) -> forewarn_harness::run::RunOptions {
+fn chart_run_options(k: &Kubectl, run: &str, lease: &str) -> forewarn_harness::options::RunOptions {
+    use forewarn_harness::options::RunOptions;
     use forewarn_harness::procs::Credentials;
-    use forewarn_harness::run::RunOptions;
     let mut agents = std::collections::BTreeMap::new();
     for node in ["node-000000", "node-000001", "node-000002"] {
         let (pod, uid) = agent_pod_on(k, node);
@@ -382,7 +382,8 @@ fn write_approval_during_the_drain(k: &Kubectl) -> HandWritten {
 /// and has sent its own approval once the drain is done.
 #[test]
 fn an_approval_written_by_hand_during_the_drain_is_neither_sent_nor_followed() {
-    use forewarn_harness::run::{run_scenario, summary};
+    use forewarn_harness::report::summary;
+    use forewarn_harness::run::run_scenario;
     let (_turn, c) = cluster();
     let k = admin(&c);
     install(&k, &c);

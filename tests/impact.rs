@@ -25,7 +25,9 @@ use forewarn::controller::act::cordon::{LB_EXCLUDED_ANNOTATION, LB_EXCLUSION_LAB
 use forewarn::controller::act::node_condition::CONDITION_TYPE;
 use forewarn::controller::observe::nodes::is_cordoned;
 use forewarn_harness::cluster::{Cluster, repo_root};
-use forewarn_harness::run::{Report, RunOptions, run_scenario, summary};
+use forewarn_harness::options::RunOptions;
+use forewarn_harness::report::{Report, summary};
+use forewarn_harness::run::run_scenario;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event as KubeEvent;

@@ -17,9 +17,9 @@ use forewarn::controller::act::cordon::TAINT_KEY;
 use forewarn::imds::mock::LogEntry;
 use forewarn_harness::cluster::{Cluster, repo_root};
 use forewarn_harness::inspect::{condition, event_notes, scheduled_event as sev};
-use forewarn_harness::run::{
-    ApiServerOutage, NodeDeletion, Report, RunOptions, run_scenario, summary,
-};
+use forewarn_harness::options::{ApiServerOutage, NodeDeletion, RunOptions};
+use forewarn_harness::report::{Report, summary};
+use forewarn_harness::run::run_scenario;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
@@ -869,11 +869,12 @@ async fn the_api_server_refuses_an_oversize_or_misnamed_report() {
 /// which the CRD's schema keeps (a field it lacked would be pruned).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_status_of_an_event_naming_ten_thousand_vms_is_stored_small() {
-    use forewarn::api::{CONTROLLER_MANAGER, ScheduledEventSpec};
+    use forewarn::api::CONTROLLER_MANAGER;
     use forewarn::controller::decide::plan::plan;
     use forewarn::controller::decide::status::{NODE_RECORDS_LISTED, next};
     use forewarn::controller::observe::observed::{Observed, ObservedNode};
     use forewarn::controller::observe::pod_list::{PodInfo, Terminating};
+    use forewarn_harness::fixtures;
     use kube::api::{Patch, PatchParams, PostParams};
 
     let _turn = TURN.lock().await;
@@ -893,18 +894,10 @@ async fn the_status_of_an_event_naming_ten_thousand_vms_is_stored_small() {
     // several contents: its dissenting reports').
     let ev = ScheduledEvent::new(
         name,
-        ScheduledEventSpec {
-            event_id: "FLEET-10000".into(),
-            event_type: "Reboot".into(),
-            event_status: EventStatus::Scheduled,
-            event_source: "Platform".into(),
-            resource_type: "VirtualMachine".into(),
-            resources: (0..forewarn::api::MAX_RESOURCES).map(vm).collect(),
-            not_before: Some(Utc::now() + chrono::Duration::minutes(15)),
-            duration_seconds: -1,
-            description: String::new(),
-            appearance: 1,
-        },
+        fixtures::spec("FLEET-10000")
+            .vms((0..forewarn::api::MAX_RESOURCES).map(vm))
+            .not_before(Utc::now() + chrono::Duration::minutes(15))
+            .build(),
     );
     let ev = api
         .create(&PostParams::default(), &ev)

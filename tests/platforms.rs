@@ -29,8 +29,10 @@ use std::time::Duration;
 use chrono::Utc;
 use forewarn::api::{AGENT_MANAGER, ScheduledEventReport};
 use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::options::RunOptions;
 use forewarn_harness::procs::{AgentRunner, Proc, start_imds_mock, wait_ready};
-use forewarn_harness::run::{Report, RunOptions, run_scenario, summary};
+use forewarn_harness::report::{Report, summary};
+use forewarn_harness::run::run_scenario;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
@@ -567,7 +569,7 @@ async fn the_windows_agent_reads_its_service_account_under_the_sandbox_mount_poi
     let sa_dir = dir.join("sandbox/var/run/secrets/kubernetes.io/serviceaccount");
     std::fs::create_dir_all(&sa_dir).expect("sandbox dir");
     // A ServiceAccount of the test's own, allowed everything (the chart's
-    // RBAC is tests/chart.rs's subject, not this one's).
+    // RBAC is tests/chart/'s subject, not this one's).
     let sa = "forewarn-platforms-agent";
     let _ = cluster.kubectl(&["create", "serviceaccount", "-n", "default", sa]);
     let _ = cluster.kubectl(&[

@@ -20,7 +20,9 @@ use forewarn::topology::{
 };
 use forewarn_harness::cluster::{Cluster, repo_root};
 use forewarn_harness::inspect::{condition, event_notes, expect_scheduled_event as sev};
-use forewarn_harness::run::{Report, RunOptions, run_scenario, summary};
+use forewarn_harness::options::RunOptions;
+use forewarn_harness::report::{Report, summary};
+use forewarn_harness::run::run_scenario;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use forewarn::api::{Phase, ScheduledEvent};
 use forewarn_harness::cluster::{Cluster, repo_root};
-use forewarn_harness::run::{Report, RunOptions, run_scenario, summary};
+use forewarn_harness::options::RunOptions;
+use forewarn_harness::report::{Report, summary};
+use forewarn_harness::run::run_scenario;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 

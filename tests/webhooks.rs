@@ -13,7 +13,10 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use forewarn_harness::cluster::{Cluster, repo_root};
-use forewarn_harness::run::{Report, RunOptions, pinned_deployment, run_scenario, summary};
+use forewarn_harness::options::RunOptions;
+use forewarn_harness::report::{Report, summary};
+use forewarn_harness::run::run_scenario;
+use forewarn_harness::workload::pinned_deployment;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 

@@ -2,8 +2,23 @@
 //! integration tests, a crate of its own beside the product (never in the
 //! shipped binary): start a real control plane on loopback, play a
 //! scenario, and check the rules from outside.
+//!
+//! [`run::run_scenario`] plays a scenario as [`options::RunOptions`] say
+//! and returns a [`report::Report`]; [`cluster`] starts the control plane,
+//! [`procs`] forewarn's processes.
 
 pub mod cluster;
 pub mod inspect;
+mod notices;
+mod observe;
+pub mod options;
+mod outage;
 pub mod procs;
+pub mod report;
 pub mod run;
+mod timeline;
+pub mod workload;
+
+/// The tests' fixtures (a `ScheduledEventSpec` builder): the library's
+/// own, which the harness turns on (feature `test-fixtures`).
+pub use forewarn::fixtures;

@@ -900,7 +900,8 @@ impl CacheGauges {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{Approval, Condition, ScheduledEventSpec};
+    use crate::api::{Approval, Condition};
+    use crate::fixtures;
     use chrono::Duration;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use std::collections::BTreeMap as Map;
@@ -914,19 +915,13 @@ mod tests {
     ) -> Arc<ScheduledEvent> {
         let mut ev = ScheduledEvent::new(
             name,
-            ScheduledEventSpec {
-                event_id: name.into(),
-                event_type: ty.into(),
-                event_status: serde_json::from_value(serde_json::json!(status))
-                    .expect("a known eventStatus"),
-                event_source: "Platform".into(),
-                resource_type: "VirtualMachine".into(),
-                resources: vec![],
-                not_before,
-                duration_seconds: -1,
-                description: String::new(),
-                appearance: 1,
-            },
+            fixtures::spec(name)
+                .event_type(ty)
+                .status(
+                    serde_json::from_value(serde_json::json!(status)).expect("a known eventStatus"),
+                )
+                .not_before(not_before)
+                .build(),
         );
         ev.status = Some(st);
         Arc::new(ev)

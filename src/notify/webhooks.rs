@@ -487,33 +487,24 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{
-        EventStatus, NodeProgress, Phase, ScheduledEvent, ScheduledEventSpec, ScheduledEventStatus,
-    };
+    use crate::api::{NodeProgress, Phase, ScheduledEvent, ScheduledEventStatus};
+    use crate::fixtures;
     use crate::notify::config::*;
     use crate::notify::message::*;
-    use chrono::DateTime;
+    use chrono::{DateTime, Utc};
     use serde_json::json;
 
     fn ev() -> ScheduledEvent {
         ScheduledEvent::new(
             "5d0e7a11",
-            ScheduledEventSpec {
-                event_id: "5D0E7A11".into(),
-                event_type: "Reboot".into(),
-                event_status: EventStatus::Scheduled,
-                event_source: "Platform".into(),
-                resource_type: "VirtualMachine".into(),
-                resources: vec!["vmss_1".into()],
-                not_before: Some(
+            fixtures::spec("5D0E7A11")
+                .vms(["vmss_1"])
+                .not_before(
                     DateTime::parse_from_rfc3339("2026-11-26T10:15:00Z")
                         .unwrap()
-                        .into(),
-                ),
-                duration_seconds: -1,
-                description: String::new(),
-                appearance: 1,
-            },
+                        .with_timezone(&Utc),
+                )
+                .build(),
         )
     }
 

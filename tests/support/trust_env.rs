@@ -9,7 +9,7 @@
 //! workload whose eviction is refused.
 //!
 //! The first part (up to [`install_with`], [`agent_pod_on`]) is the same as
-//! the helpers of `tests/chart.rs`.
+//! the helpers of `tests/chart/`.
 #![allow(dead_code)]
 
 use std::io::Write as _;
@@ -41,7 +41,7 @@ pub const LEASE: &str = "forewarn-controller";
 pub const CORDONED_FOR: &str = forewarn::api::CORDONED_FOR_ANNOTATION;
 
 // ---------------------------------------------------------------------------
-// Tools (as in tests/chart.rs)
+// Tools (as in tests/chart/main.rs)
 
 /// What a command printed, and whether it succeeded.
 #[derive(Debug)]
@@ -252,7 +252,7 @@ pub fn token(k: &Kubectl, sa: &str, pod: Option<(&str, &str)>) -> String {
 /// Installs (or upgrades) the release with default values and `extra`
 /// arguments (e.g. `--set`), and waits for it. Without the CRD hook Job:
 /// KWOK fakes pods, so the Job would claim an apply that never happened
-/// (see tests/chart.rs).
+/// (see tests/chart/on_cluster.rs).
 pub fn install_with(k: &Kubectl, c: &Cluster, extra: &[&str]) {
     ensure_namespace(k, NS, "privileged");
     let chart = chart_dir();

@@ -306,7 +306,8 @@ pub async fn evict(
 #[cfg(test)]
 mod tests {
     use super::{evicted_note, nodes_note};
-    use crate::api::{EventStatus, ScheduledEvent, ScheduledEventSpec};
+    use crate::api::ScheduledEvent;
+    use crate::fixtures;
 
     #[test]
     fn one_evicted_event_per_node_names_a_few_pods_and_counts_the_rest() {
@@ -326,21 +327,7 @@ mod tests {
 
     #[test]
     fn one_event_note_for_many_nodes_counts_them_and_names_five() {
-        let ev = ScheduledEvent::new(
-            "ev1",
-            ScheduledEventSpec {
-                event_id: "ev1".into(),
-                event_type: "Reboot".into(),
-                event_status: EventStatus::Scheduled,
-                event_source: "Platform".into(),
-                resource_type: "VirtualMachine".into(),
-                resources: vec![],
-                not_before: None,
-                duration_seconds: -1,
-                description: String::new(),
-                appearance: 1,
-            },
-        );
+        let ev = ScheduledEvent::new("ev1", fixtures::spec("ev1").build());
         let nodes: Vec<String> = (0..7).rev().map(|i| format!("n{i}")).collect();
         let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
         assert_eq!(

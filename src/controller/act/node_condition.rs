@@ -270,25 +270,18 @@ pub fn nodes_with_condition_true(nodes: &[Arc<Node>]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::ScheduledEventSpec;
+    use crate::fixtures;
     use k8s_openapi::api::core::v1::NodeStatus;
     use kube::api::ObjectMeta;
 
     fn ev(name: &str, ty: &str, status: EventStatus, not_before: Option<&str>) -> ScheduledEvent {
         ScheduledEvent::new(
             name,
-            ScheduledEventSpec {
-                event_id: name.to_uppercase(),
-                event_type: ty.into(),
-                event_status: status,
-                event_source: "Platform".into(),
-                resource_type: "VirtualMachine".into(),
-                resources: vec![],
-                not_before: not_before.map(|t| t.parse().unwrap()),
-                duration_seconds: -1,
-                description: String::new(),
-                appearance: 1,
-            },
+            fixtures::spec(name.to_uppercase())
+                .event_type(ty)
+                .status(status)
+                .not_before(not_before.map(|t| t.parse::<DateTime<Utc>>().unwrap()))
+                .build(),
         )
     }
 

@@ -548,31 +548,16 @@ pub fn publish(
 #[cfg(test)]
 mod tests {
     use super::cleared_for_new_appearance;
-    use crate::api::{
-        Approval, EventStatus, Phase, ScheduledEvent, ScheduledEventSpec, ScheduledEventStatus,
-    };
+    use crate::api::{Approval, Phase, ScheduledEvent, ScheduledEventStatus};
     use crate::controller::decide::status::for_current_appearance;
+    use crate::fixtures;
 
     /// The write that clears an earlier appearance's approval also says
     /// which appearance the status is now about, with the history: read
     /// back, the object is not started over a second time.
     #[test]
     fn clearing_the_approval_records_the_new_appearance_and_its_history() {
-        let mut ev = ScheduledEvent::new(
-            "ev1",
-            ScheduledEventSpec {
-                event_id: "ev1".into(),
-                event_type: "Reboot".into(),
-                event_status: EventStatus::Scheduled,
-                event_source: "Platform".into(),
-                resource_type: "VirtualMachine".into(),
-                resources: vec![],
-                not_before: None,
-                duration_seconds: -1,
-                description: String::new(),
-                appearance: 2,
-            },
-        );
+        let mut ev = ScheduledEvent::new("ev1", fixtures::spec("ev1").appearance(2).build());
         ev.status = Some(ScheduledEventStatus {
             appearance: Some(1),
             phase: Some(Phase::Completed),

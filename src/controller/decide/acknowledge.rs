@@ -126,9 +126,10 @@ pub fn assess(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{Acknowledgements, ScheduledEventSpec, ScheduledEventStatus};
+    use crate::api::{Acknowledgements, ScheduledEventStatus};
     use crate::controller::observe::observed::ObservedNode;
     use crate::controller::observe::participants::Participant;
+    use crate::fixtures;
     use std::sync::Arc;
 
     fn t(s: &str) -> DateTime<Utc> {
@@ -138,18 +139,10 @@ mod tests {
     fn ev() -> ScheduledEvent {
         ScheduledEvent::new(
             "ev-1",
-            ScheduledEventSpec {
-                event_id: "EV-1".into(),
-                event_type: "Reboot".into(),
-                event_status: EventStatus::Scheduled,
-                event_source: "Platform".into(),
-                resource_type: "VirtualMachine".into(),
-                resources: vec!["vm_1".into()],
-                not_before: Some(t("2026-11-21T10:15:00Z")),
-                duration_seconds: -1,
-                description: String::new(),
-                appearance: 1,
-            },
+            fixtures::spec("EV-1")
+                .vms(["vm_1"])
+                .not_before(t("2026-11-21T10:15:00Z"))
+                .build(),
         )
     }
 

@@ -104,24 +104,18 @@ mod tests {
     use super::*;
     use crate::controller::decide::plan::NodeWrite;
     use crate::controller::observe::pod_list::PodInfo;
+    use crate::fixtures;
 
     fn t(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
     }
 
     fn spec(type_: &str, vms: &[&str], not_before: &str) -> ScheduledEventSpec {
-        ScheduledEventSpec {
-            event_id: "EV-1".into(),
-            event_type: type_.into(),
-            event_status: EventStatus::Scheduled,
-            event_source: "Platform".into(),
-            resource_type: "VirtualMachine".into(),
-            resources: vms.iter().map(|s| s.to_string()).collect(),
-            not_before: Some(t(not_before)),
-            duration_seconds: -1,
-            description: String::new(),
-            appearance: 1,
-        }
+        fixtures::spec("EV-1")
+            .event_type(type_)
+            .vms(vms.iter().copied())
+            .not_before(t(not_before))
+            .build()
     }
 
     fn node(name: &str, vm: &str, pod: &str, participant: bool) -> ObservedNode {

@@ -394,18 +394,12 @@ mod tests {
     }
 
     fn spec(ty: &str, status: EventStatus, not_before: Option<i64>) -> ScheduledEventSpec {
-        ScheduledEventSpec {
-            event_id: "ev".into(),
-            event_type: ty.into(),
-            event_status: status,
-            event_source: "Platform".into(),
-            resource_type: "VirtualMachine".into(),
-            resources: vec!["vm-a".into()],
-            not_before: not_before.map(t),
-            duration_seconds: -1,
-            description: String::new(),
-            appearance: 1,
-        }
+        crate::fixtures::spec("ev")
+            .event_type(ty)
+            .status(status)
+            .vms(["vm-a"])
+            .not_before(not_before.map(t))
+            .build()
     }
 
     fn node(name: &str, uid: &str, boot: &str) -> Node {

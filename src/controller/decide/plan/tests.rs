@@ -1,8 +1,9 @@
 use super::*;
-use crate::api::{Approval, NodeProgress, ScheduledEventSpec, ScheduledEventStatus};
+use crate::api::{Approval, NodeProgress, ScheduledEventStatus};
 use crate::controller::decide::status::next_status;
 use crate::controller::observe::participants::Participant;
 use crate::controller::observe::pod_list::Terminating;
+use crate::fixtures;
 
 fn t(s: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
@@ -15,18 +16,12 @@ fn now() -> DateTime<Utc> {
 fn event(type_: &str, status: &str, resources: &[&str]) -> ScheduledEvent {
     let mut ev = ScheduledEvent::new(
         "ev-1",
-        ScheduledEventSpec {
-            event_id: "EV-1".into(),
-            event_type: type_.into(),
-            event_status: serde_json::from_value(serde_json::json!(status)).unwrap(),
-            event_source: "Platform".into(),
-            resource_type: "VirtualMachine".into(),
-            resources: resources.iter().map(|s| s.to_string()).collect(),
-            not_before: (status == "Scheduled").then(|| t("2026-11-21T10:10:00Z")),
-            duration_seconds: -1,
-            description: String::new(),
-            appearance: 1,
-        },
+        fixtures::spec("EV-1")
+            .event_type(type_)
+            .status(serde_json::from_value(serde_json::json!(status)).unwrap())
+            .vms(resources.iter().copied())
+            .not_before((status == "Scheduled").then(|| t("2026-11-21T10:10:00Z")))
+            .build(),
     );
     ev.status = None;
     ev

@@ -1,8 +1,9 @@
 //! The per-rule drain lead time and the deadline policy, and what the acknowledgements do at the deadline.
 
 use super::*;
-use crate::api::{ScheduledEventSpec, ScheduledEventStatus};
+use crate::api::ScheduledEventStatus;
 use crate::controller::decide::status::next_status;
+use crate::fixtures;
 
 fn t(s: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
@@ -17,18 +18,11 @@ fn now() -> DateTime<Utc> {
 fn event(type_: &str, resources: &[&str], in_secs: i64) -> ScheduledEvent {
     ScheduledEvent::new(
         "ev-1",
-        ScheduledEventSpec {
-            event_id: "EV-1".into(),
-            event_type: type_.into(),
-            event_status: EventStatus::Scheduled,
-            event_source: "Platform".into(),
-            resource_type: "VirtualMachine".into(),
-            resources: resources.iter().map(|s| s.to_string()).collect(),
-            not_before: Some(now() + chrono::Duration::seconds(in_secs)),
-            duration_seconds: -1,
-            description: String::new(),
-            appearance: 1,
-        },
+        fixtures::spec("EV-1")
+            .event_type(type_)
+            .vms(resources.iter().copied())
+            .not_before(now() + chrono::Duration::seconds(in_secs))
+            .build(),
     )
 }
 
