@@ -71,8 +71,7 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         &ctx.caches,
         &policy,
         ctx.writers.dry_run,
-    )
-    .await;
+    );
     seen.last_report = last_report.or_else(|| created(&ev));
     // Decide.
     let (plan, notices) = decide(&ev, &mut seen, dissent, &policy, now, &ctx).await?;

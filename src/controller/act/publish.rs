@@ -17,6 +17,8 @@ use std::collections::HashMap;
 
 use crate::api::{CONTROLLER_MANAGER, NodeProgress, Phase, ScheduledEvent, ScheduledEventStatus};
 use crate::metrics::type_label;
+use crate::notify::config::Notification;
+use crate::notify::message::Message;
 
 /// What an Event is about besides the `ScheduledEvent` itself.
 pub enum Subject<'a> {
@@ -47,11 +49,37 @@ pub async fn report(
     writers: &Writers,
     announced: &Announced,
 ) -> Result<()> {
-    let name = ev.name_any();
     let prev = ev.status.clone().unwrap_or_default();
     if prev == *status {
         return Ok(());
     }
+    write_status(ev, status, writers).await?;
+    if let (None, Some(first_seen)) = (prev.first_seen, status.first_seen) {
+        writers.metrics.event_observed(ev, first_seen);
+    }
+    announce_nodes(ev, &prev, status, not_listed, plan, writers, announced);
+    if writers.dry_run {
+        report_dry_run(ev, &prev, status, writers);
+    }
+    announce_disagreement(ev, &prev, status, writers);
+    report_acknowledgements(ev, &prev, status, writers);
+    announce_drain(ev, &prev, status, plan, writers);
+    notify_webhooks(ev, &prev, stored, status, plan, writers);
+    announce_phase(ev, &prev, plan, writers);
+    Ok(())
+}
+
+/// Writes `status` by server-side apply (field manager
+/// `forewarn-controller`, forced: the controller owns the status).
+///
+/// # Errors
+/// [`Error::PatchStatus`] when the API server refuses it or is unreachable.
+async fn write_status(
+    ev: &ScheduledEvent,
+    status: &ScheduledEventStatus,
+    writers: &Writers,
+) -> Result<()> {
+    let name = ev.name_any();
     let body = json!({
         "apiVersion": ScheduledEvent::api_version(&()),
         "kind": ScheduledEvent::kind(&()),
@@ -68,10 +96,23 @@ pub async fn report(
             name: name.clone(),
             source,
         })?;
+    Ok(())
+}
 
-    if let (None, Some(first_seen)) = (prev.first_seen, status.first_seen) {
-        writers.metrics.event_observed(ev, first_seen);
-    }
+/// The Events of each node's progress that this write records anew: a node
+/// drained (`Drained`, counted once a drain, also for a node the status
+/// counts without listing) and a pod kept on a node being drained
+/// (`PodKept`, a Warning).
+fn announce_nodes(
+    ev: &ScheduledEvent,
+    prev: &ScheduledEventStatus,
+    status: &ScheduledEventStatus,
+    not_listed: &[NodeProgress],
+    plan: &Plan,
+    writers: &Writers,
+    announced: &Announced,
+) {
+    let name = ev.name_any();
     let before: HashMap<&str, &NodeProgress> = prev
         .nodes
         .iter()
@@ -118,10 +159,19 @@ pub async fn report(
             );
         }
     }
-    if writers.dry_run {
-        report_dry_run(ev, &prev, status, writers);
-    }
-    if let Some(message) = newly_true(&prev, status, "EndedWithoutObserver") {
+}
+
+/// The Warning Events of an event that ended before any agent saw it
+/// (`EndedWithoutObserver`) and of agents whose reports disagree
+/// (`ReportsDisagree`), when their condition turns true.
+fn announce_disagreement(
+    ev: &ScheduledEvent,
+    prev: &ScheduledEventStatus,
+    status: &ScheduledEventStatus,
+    writers: &Writers,
+) {
+    let name = ev.name_any();
+    if let Some(message) = newly_true(prev, status, "EndedWithoutObserver") {
         warn!(%message, "Ended without an observer");
         publish(
             writers,
@@ -132,7 +182,7 @@ pub async fn report(
             format!("{name}: {message}"),
         );
     }
-    if let Some(message) = newly_true(&prev, status, "ReportsDisagree") {
+    if let Some(message) = newly_true(prev, status, "ReportsDisagree") {
         warn!(%message, "The agents of the VMs the event names report different events");
         publish(
             writers,
@@ -143,8 +193,21 @@ pub async fn report(
             format!("{name}: each node is handled on its own agent's report: {message}"),
         );
     }
-    report_acknowledgements(ev, &prev, status, writers);
-    if let Some(message) = newly_true(&prev, status, "DrainScheduled") {
+}
+
+/// The Events of the drain's course: scheduled (`DrainScheduled`), the
+/// approval decided (`ApprovalDecided`, timed in the metrics) and the drain
+/// incomplete at its deadline (`DrainIncomplete`, a Warning, counted by
+/// type).
+fn announce_drain(
+    ev: &ScheduledEvent,
+    prev: &ScheduledEventStatus,
+    status: &ScheduledEventStatus,
+    plan: &Plan,
+    writers: &Writers,
+) {
+    let name = ev.name_any();
+    if let Some(message) = newly_true(prev, status, "DrainScheduled") {
         info!(%message, "Drain scheduled");
         publish(
             writers,
@@ -176,7 +239,7 @@ pub async fn report(
             note,
         );
     }
-    if let Some(why) = newly_true(&prev, status, "DrainIncomplete") {
+    if let Some(why) = newly_true(prev, status, "DrainIncomplete") {
         writers
             .metrics
             .drains_incomplete
@@ -192,7 +255,17 @@ pub async fn report(
             format!("{name}: {why}"),
         );
     }
-    notify_webhooks(ev, &prev, stored, status, plan, writers);
+}
+
+/// The log line of a phase change, and the Event of the phases an operator
+/// watches for: `Started`, `Completed`, `Cancelled`, `Ignored`.
+fn announce_phase(
+    ev: &ScheduledEvent,
+    prev: &ScheduledEventStatus,
+    plan: &Plan,
+    writers: &Writers,
+) {
+    let name = ev.name_any();
     let prev_phase = prev.phase.map(Phase::as_str).unwrap_or_default();
     let phase = plan.phase.as_str();
     if prev_phase != phase {
@@ -212,7 +285,6 @@ pub async fn report(
             );
         }
     }
-    Ok(())
 }
 
 /// The operators' webhooks ([`crate::notify::webhooks`]) for what this status
@@ -229,8 +301,6 @@ fn notify_webhooks(
     plan: &Plan,
     writers: &Writers,
 ) {
-    use crate::notify::config::Notification;
-    use crate::notify::message::{Blocker, Message};
     if !writers.webhooks.is_enabled() {
         return;
     }
@@ -253,6 +323,23 @@ fn notify_webhooks(
             ),
         ));
     }
+    notify_blocked(ev, prev, status, writers);
+    notify_approved(ev, stored, status, writers);
+    notify_phase(ev, prev, status, plan, writers);
+}
+
+/// `DrainBlocked` newly true: the webhooks' message names each blocked
+/// node's budgets and pods.
+fn notify_blocked(
+    ev: &ScheduledEvent,
+    prev: &ScheduledEventStatus,
+    status: &ScheduledEventStatus,
+    writers: &Writers,
+) {
+    use crate::notify::message::Blocker;
+    let name = ev.name_any();
+    let spec = &ev.spec;
+    let about = |n: Notification, summary: String| Message::about(n, ev, status, summary);
     if let Some(message) = newly_true(prev, status, "DrainBlocked") {
         let mut m = about(
             Notification::DrainBlocked,
@@ -275,6 +362,19 @@ fn notify_webhooks(
             .collect();
         writers.webhooks.notify(m);
     }
+}
+
+/// The approval this status records as accepted by IMDS, told once per
+/// decision (appearance and digest).
+fn notify_approved(
+    ev: &ScheduledEvent,
+    stored: Option<&ScheduledEventStatus>,
+    status: &ScheduledEventStatus,
+    writers: &Writers,
+) {
+    let name = ev.name_any();
+    let spec = &ev.spec;
+    let about = |n: Notification, summary: String| Message::about(n, ev, status, summary);
     // The approval this status records as accepted, against what the API
     // server stored (`prev` already carries what the agents report: see
     // `reconcile::copy_sent_approval`): the same decision (appearance and
@@ -300,6 +400,19 @@ fn notify_webhooks(
             ),
         ));
     }
+}
+
+/// Phase `Started`, and phase `Completed` or `Cancelled` (`Completed`).
+fn notify_phase(
+    ev: &ScheduledEvent,
+    prev: &ScheduledEventStatus,
+    status: &ScheduledEventStatus,
+    plan: &Plan,
+    writers: &Writers,
+) {
+    let name = ev.name_any();
+    let spec = &ev.spec;
+    let about = |n: Notification, summary: String| Message::about(n, ev, status, summary);
     if prev.phase != Some(plan.phase) {
         match plan.phase {
             Phase::Started => writers.webhooks.notify(about(

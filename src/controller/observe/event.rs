@@ -3,7 +3,7 @@
 //! other events' claims on them, their pods and participants from the
 //! caches, and, for the approval, their pods read afresh. Reads only.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -140,15 +140,16 @@ pub struct Observation {
 }
 
 /// Reads, from the node cache, the nodes the event maps to and those that
-/// still hold a cordon for it, and lists the pods of the mapped ones. Node
-/// writes are conditional on the `resourceVersion` read here, so a stale
-/// cache costs a 409 and a retry, never a wrong write.
+/// still hold a cordon for it, and the pods and participants of the mapped
+/// ones from the pod cache. Node writes are conditional on the
+/// `resourceVersion` read here, so a stale cache costs a 409 and a retry,
+/// never a wrong write.
 ///
 /// A node that no trusted report confirms is not among the mapped nodes
 /// (it is released if it holds the event's cordon), and is listed in
 /// `Observed::unconfirmed`; a node whose own agent reports other content
 /// than the spec is observed apart, with the spec it is handled on.
-pub async fn observe(
+pub fn observe(
     ev: &ScheduledEvent,
     built: &trust::Built,
     judged: &[trust::Judged<'_>],
@@ -157,7 +158,6 @@ pub async fn observe(
     policy: &Policy,
     dry_run: bool,
 ) -> Observation {
-    let trust_any_agent = policy.trust_any_agent;
     let me = ev.name_any();
     let by_name: HashMap<String, &Arc<Node>> =
         facts.nodes.iter().map(|n| (n.name_any(), n)).collect();
@@ -172,7 +172,7 @@ pub async fn observe(
         mappings
             .iter()
             .flat_map(|m| m.mapped.iter().map(|(_, n)| n.as_str())),
-        trust_any_agent,
+        policy.trust_any_agent,
         |n| caches.pods.agent_up(n),
     );
     let nodes::Mapping {
@@ -189,22 +189,84 @@ pub async fn observe(
             unconfirmed.join("; ")
         ));
     }
-    // A node that already holds this event's cordon keeps it while it is
-    // merely unconfirmed (its own agent has not yet reported a new
-    // appearance of the event, say): the hold was taken on trusted word,
-    // and dropping it would make the node schedulable for a moment. Only a
-    // trusted end (or the event's) releases it.
+    let mut wanted = mapped_nodes(&me, &contents, &mappings, &assessment, &by_name);
+    held_nodes(ev, &me, judged, facts, &mut wanted);
+    doubts.extend(unknown_vms(judged, facts, &by_name));
+    // The VMs a node handled here may go by (mapped, stated, providerID's).
+    let vms: HashSet<String> = wanted
+        .iter()
+        .flat_map(|h| [Some(h.vm.clone()), facts.vm_of(&h.node)])
+        .flatten()
+        .filter(|vm| !vm.is_empty())
+        .map(|vm| vm.to_ascii_lowercase())
+        .collect();
+    let claims = claims(&me, &vms, caches, policy, facts);
+    let read = read_nodes(ev, wanted, &contents, &claims, &by_name, caches, policy);
+    let mut seen = Observed {
+        nodes: Vec::new(),
+        unmapped,
+        doubts,
+        unconfirmed,
+        disagreement: built.disagreement(),
+        last_report: None,
+        deleted: deleted_nodes(ev, &by_name),
+        dry_run,
+        fault_domains: fault_domains(&mappings[0], &by_name),
+    };
+    let mut dissent: Vec<(ScheduledEventSpec, Vec<ObservedNode>)> = contents[1..]
+        .iter()
+        .map(|(spec, _)| ((*spec).clone(), Vec::new()))
+        .collect();
+    let mut snapshots = HashMap::new();
+    for (observed, i, node) in read {
+        snapshots.insert(observed.name.clone(), node);
+        if i == 0 {
+            seen.nodes.push(observed);
+        } else {
+            dissent[i - 1].1.push(observed);
+        }
+    }
+    dissent.retain(|(_, nodes)| !nodes.is_empty());
+    Observation {
+        seen,
+        dissent,
+        snapshots,
+    }
+}
+
+/// A node a pass handles: its name, its VM (empty when unknown), which
+/// content it is handled on (0: the spec's, else a dissent's, in
+/// [`contents`] order), and whether its own part ended.
+struct Handled {
+    node: String,
+    vm: String,
+    content: usize,
+    ended: bool,
+}
+
+/// The nodes the contents map to that the pass handles, each node once:
+/// one whose verdict is live on a content, on that content; one merely
+/// unconfirmed that already holds this event's cordon, on the spec's (its
+/// own agent has not yet reported a new appearance of the event, say: the
+/// hold was taken on trusted word, and dropping it would make the node
+/// schedulable for a moment; only a trusted end, or the event's, releases
+/// it); and one whose own part ended while it holds the event's cordon,
+/// on the spec's, to be released after the release delay
+/// (`plan::release_ended`).
+fn mapped_nodes(
+    me: &str,
+    contents: &[(&ScheduledEventSpec, &str)],
+    mappings: &[nodes::Mapping],
+    assessment: &trust::Assessment,
+    by_name: &HashMap<String, &Arc<Node>>,
+) -> Vec<Handled> {
     let holds_it = |node: &str| {
         by_name
             .get(node)
-            .is_some_and(|n| crate::api::holds(n).contains(&me))
+            .is_some_and(|n| crate::api::holds(n).iter().any(|h| h == me))
     };
-    // (node, vm, which content, its own part ended) of every node handled,
-    // each node once. A node whose own part ended while it holds the
-    // event's cordon is handled with the event's own content: released
-    // after the release delay (`plan::release_ended`).
-    let mut wanted: Vec<(String, String, usize, bool)> = Vec::new();
-    for (i, ((spec, digest), mapping)) in contents.iter().zip(&mappings).enumerate() {
+    let mut wanted: Vec<Handled> = Vec::new();
+    for (i, ((spec, digest), mapping)) in contents.iter().zip(mappings).enumerate() {
         for (vm, node) in &mapping.mapped {
             let (take, content, ended) = match assessment.verdicts.get(node) {
                 Some(v) if v.is_live_on(spec.appearance, digest) => (true, i, false),
@@ -212,52 +274,95 @@ pub async fn observe(
                 Some(trust::Verdict::Ended { .. }) => (holds_it(node), 0, true),
                 _ => (false, 0, false),
             };
-            if take && !wanted.iter().any(|(w, ..)| w == node) {
-                wanted.push((node.clone(), vm.clone(), content, ended));
+            if take && !wanted.iter().any(|h| h.node == *node) {
+                wanted.push(Handled {
+                    node: node.clone(),
+                    vm: vm.clone(),
+                    content,
+                    ended,
+                });
             }
         }
     }
+    wanted
+}
+
+/// Adds to `wanted` the other nodes that hold this event's cordon, to be
+/// released, but for a node whose VM the controller does not know (no
+/// providerID, and its VirtualMachineReport not written yet, or gone with
+/// its agent's pod until the new pod writes it again) while the event is
+/// live or its own agent's last report lists it: it stays held as it is
+/// (and no approval is decided: [`unknown_vms`]). Without evidence either
+/// way, a hold taken earlier (by an earlier version too) is kept, not
+/// dropped for a moment; once the event is over it is released.
+fn held_nodes(
+    ev: &ScheduledEvent,
+    me: &str,
+    judged: &[trust::Judged<'_>],
+    facts: &Facts,
+    wanted: &mut Vec<Handled>,
+) {
     for n in facts
         .nodes
         .iter()
-        .filter(|n| crate::api::holds(n).contains(&me))
+        .filter(|n| crate::api::holds(n).iter().any(|h| h == me))
     {
         let name = n.name_any();
-        if wanted.iter().any(|(w, ..)| *w == name) {
+        if wanted.iter().any(|h| h.node == name) {
             continue;
         }
-        // A node whose VM the controller does not know (no providerID, and
-        // its VirtualMachineReport not written yet, or gone with its agent's
-        // pod until the new pod writes it again) while the event is live or
-        // its own agent's last report lists it: it stays held as it is (and
-        // no approval is decided, below). Without evidence either way, a
-        // hold taken earlier (by an earlier version too) is kept, not
-        // dropped for a moment; once the event is over it is released.
         let own_live = judged
             .iter()
             .any(|j| j.report.node == name && j.report.is_listed());
         if (own_live || !plan::is_over(ev)) && facts.identity(&name).is_none() {
             continue;
         }
-        wanted.push((name, String::new(), 0, false));
+        wanted.push(Handled {
+            node: name,
+            vm: String::new(),
+            content: 0,
+            ended: false,
+        });
     }
-    // A node of the cluster whose agent lists the event while the
-    // controller knows no VM of it may be one the event names: no approval
-    // is decided until its VM is known.
+}
+
+/// The doubt a node of the cluster raises whose agent lists the event
+/// while the controller knows no VM of it: it may be one the event names,
+/// so no approval is decided until its VM is known.
+fn unknown_vms(
+    judged: &[trust::Judged<'_>],
+    facts: &Facts,
+    by_name: &HashMap<String, &Arc<Node>>,
+) -> Option<String> {
     let unknown: Vec<&str> = judged
         .iter()
         .filter(|j| j.report.is_listed())
         .map(|j| j.report.node.as_str())
         .filter(|n| by_name.contains_key(*n) && facts.identity(n).is_none())
         .collect();
-    if !unknown.is_empty() {
-        doubts.push(format!(
+    (!unknown.is_empty()).then(|| {
+        format!(
             "the VM of node {} is unknown (no providerID, no VirtualMachineReport) while its agent lists the event",
             named(&unknown, UNCONFIRMED_LISTED, ", ")
-        ));
-    }
-    // Only the spec's content can be over: a dissent is handled while its
-    // node's own agent lists it.
+        )
+    })
+}
+
+/// Each handled node as the plan reads it, with the content it is handled
+/// on and its object, in `wanted`'s order; a node gone from the cache has
+/// nothing to drain or release and is left out. Only the spec's content can
+/// be over (a dissent is handled while its node's own agent lists it); a
+/// finished event's record is frozen, so pods are read only for nodes it
+/// never recorded, so that the record says what was there.
+fn read_nodes(
+    ev: &ScheduledEvent,
+    wanted: Vec<Handled>,
+    contents: &[(&ScheduledEventSpec, &str)],
+    claims: &HashMap<String, Vec<String>>,
+    by_name: &HashMap<String, &Arc<Node>>,
+    caches: &Caches,
+    policy: &Policy,
+) -> Vec<(ObservedNode, usize, Arc<Node>)> {
     let completed = plan::is_over(ev);
     let recorded = ev
         .status
@@ -276,35 +381,20 @@ pub async fn observe(
                 .drains()
         })
         .collect();
-    // The VMs a node handled here may go by (mapped, stated, providerID's).
-    let vms: std::collections::HashSet<String> = wanted
-        .iter()
-        .flat_map(|(node, vm, ..)| [Some(vm.clone()), facts.vm_of(node)])
-        .flatten()
-        .filter(|vm| !vm.is_empty())
-        .map(|vm| vm.to_ascii_lowercase())
-        .collect();
-    let claims = claims(&me, &vms, caches, policy, facts);
-    // A finished event's record is frozen; pods are read only for nodes it
-    // never recorded, so that the record says what was there. The lists
-    // run side by side (an event may name hundreds of VMs), in order.
-    let claims = &claims;
-    let drains = &drains;
-    let listed: Vec<(ObservedNode, usize, Arc<Node>)> =
-        futures::stream::iter(wanted.into_iter().filter_map(|(name, vm, i, ended)| {
-            // A node gone from the cache has nothing to drain or release.
-            let node = Arc::clone(by_name.get(&name)?);
-            Some((name, vm, i, ended, node))
-        }))
-        .map(|(name, vm, i, ended, node)| async move {
+    wanted
+        .into_iter()
+        .filter_map(|h| {
+            let node = Arc::clone(by_name.get(&h.node)?);
+            let i = h.content;
             let completed = completed && i == 0;
-            let pods = if drains[i] && !vm.is_empty() && !ended && (!completed || !recorded) {
-                caches.pods.on_node(&name)
+            let known = !h.vm.is_empty() && !h.ended;
+            let pods = if drains[i] && known && (!completed || !recorded) {
+                caches.pods.on_node(&h.node)
             } else {
                 Vec::new()
             };
-            let participants = if !vm.is_empty() && !ended && !completed {
-                caches.pods.participants_on(&name)
+            let participants = if known && !completed {
+                caches.pods.participants_on(&h.node)
             } else {
                 Vec::new()
             };
@@ -312,65 +402,41 @@ pub async fn observe(
                 participants,
                 cordoned: nodes::is_cordoned(&node),
                 holds: crate::api::holds(&node),
-                claimed_by: claims.get(&name).cloned().unwrap_or_default(),
-                name,
-                vm_name: vm,
+                claimed_by: claims.get(&h.node).cloned().unwrap_or_default(),
+                name: h.node,
+                vm_name: h.vm,
                 pods,
-                ended,
+                ended: h.ended,
             };
-            (observed, i, node)
+            Some((observed, i, node))
         })
-        .buffered(POD_LIST_CONCURRENCY)
         .collect()
-        .await;
-    let deleted = ev
-        .status
+}
+
+/// The nodes `ev`'s status records that are no longer in the cluster.
+fn deleted_nodes(ev: &ScheduledEvent, by_name: &HashMap<String, &Arc<Node>>) -> Vec<String> {
+    ev.status
         .as_ref()
         .and_then(|s| s.nodes.as_ref())
         .into_iter()
         .flatten()
         .filter(|n| !by_name.contains_key(&n.name))
         .map(|n| n.name.clone())
-        .collect();
-    let mut seen = Observed {
-        nodes: Vec::new(),
-        unmapped,
-        doubts,
-        unconfirmed,
-        disagreement: built.disagreement(),
-        last_report: None,
-        deleted,
-        dry_run,
-        fault_domains: None,
-    };
-    let mut dissent: Vec<(ScheduledEventSpec, Vec<ObservedNode>)> = contents[1..]
-        .iter()
-        .map(|(spec, _)| ((*spec).clone(), Vec::new()))
-        .collect();
-    let mut snapshots = HashMap::new();
-    for (observed, i, node) in listed {
-        snapshots.insert(observed.name.clone(), node);
-        if i == 0 {
-            seen.nodes.push(observed);
-        } else {
-            dissent[i - 1].1.push(observed);
-        }
-    }
-    dissent.retain(|(_, nodes)| !nodes.is_empty());
-    // Every node the event's Resources map to, trusted yet or not: where
-    // the event lands, not what forewarn acts on.
-    let domains: std::collections::BTreeSet<String> = mappings[0]
+        .collect()
+}
+
+/// How many fault domains the nodes `mapping` maps to are in, as their
+/// labels say: every node the event's `Resources` map to, trusted yet or
+/// not (where the event lands, not what forewarn acts on); `None` when no
+/// such node's is known.
+fn fault_domains(mapping: &nodes::Mapping, by_name: &HashMap<String, &Arc<Node>>) -> Option<usize> {
+    let domains: std::collections::BTreeSet<String> = mapping
         .mapped
         .iter()
         .filter_map(|(_, n)| by_name.get(n))
         .filter_map(|n| crate::topology::fault_domain_of(n))
         .collect();
-    seen.fault_domains = (!domains.is_empty()).then_some(domains.len());
-    Observation {
-        seen,
-        dissent,
-        snapshots,
-    }
+    (!domains.is_empty()).then_some(domains.len())
 }
 
 /// Reads the pods of each node whose pods this pass read from the cache
