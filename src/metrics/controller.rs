@@ -747,18 +747,9 @@ impl CacheGauges {
         events: &[Arc<ScheduledEvent>],
         now: DateTime<Utc>,
     ) -> Self {
-        let mut g = CacheGauges::default();
-        for ty in TYPES {
-            g.unapproved.insert(ty, 0);
-            g.unconfirmed.insert(ty, 0);
-            g.withheld.insert(ty, 0);
-            g.awaiting_ack.insert(ty, 0);
-            for phase in LIVE_PHASES {
-                g.active.insert((ty, phase), 0);
-            }
-        }
+        let mut g = CacheGauges::zeroed();
         let mut live: HashMap<String, &ScheduledEvent> = HashMap::new();
-        let (mut event_info, mut held_nodes, mut blockers) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut event_info, mut blockers) = (Vec::new(), Vec::new());
         let none = ScheduledEventStatus::default();
         for ev in events {
             let status = ev.status.as_ref().unwrap_or(&none);
@@ -776,68 +767,105 @@ impl CacheGauges {
                 phase.to_string(),
             ]);
             *g.active.entry((ty, phase)).or_default() += 1;
-            let scheduled = ev.spec.event_status == "Scheduled";
-            let holds = |type_: &str| {
-                status
-                    .conditions
-                    .iter()
-                    .flatten()
-                    .any(|c| c.type_ == type_ && c.status == "True")
-            };
-            let blocked = holds("DrainBlocked");
-            if holds("NodesUnconfirmed") {
-                *g.unconfirmed.entry(ty).or_default() += 1;
+            g.count_conditions(ev, status, ty, now);
+            if ev.spec.event_status == "Scheduled" {
+                blockers.extend(drain_blockers(ev, status));
             }
-            if scheduled && holds("ApprovalWithheld") {
-                *g.withheld.entry(ty).or_default() += 1;
-            }
-            if holds("AcknowledgementPending") {
-                let pods = status
-                    .acknowledgements
-                    .as_ref()
-                    .map_or(0, |a| i64::from(a.pending_count));
-                *g.awaiting_ack.entry(ty).or_default() += pods;
-            }
-            if scheduled {
-                for n in status.nodes.iter().flatten() {
-                    if n.drained_at.is_some() || n.deleted_at.is_some() {
-                        continue;
-                    }
-                    for pdb in &n.blocking_budgets {
-                        let ns = pdb.split_once('/').map_or("", |(ns, _)| ns);
-                        let pod = n
-                            .blocked_pods
-                            .iter()
-                            .find(|p| p.split_once('/').is_some_and(|(pns, _)| pns == ns))
-                            .cloned()
-                            .unwrap_or_default();
-                        blockers.push([ev.name_any(), n.name.clone(), pdb.clone(), pod]);
-                    }
-                }
-            }
-            if let (true, true, Some(nb)) = (scheduled, blocked, ev.spec.not_before) {
-                let left = seconds_between(now, nb);
-                g.blocked
-                    .entry(ty)
-                    .and_modify(|s| *s = s.min(left))
-                    .or_insert(left);
-            }
-            let approves = matches!(
-                status.action,
-                Some(crate::policy::Action::Approve | crate::policy::Action::DrainAndApprove)
-            );
-            let accepted =
-                status.approval.as_ref().and_then(|a| a.result.as_deref()) == Some("Accepted");
-            let past = if scheduled {
-                ev.spec.not_before.is_some_and(|nb| nb <= now)
-            } else {
-                ev.spec.event_status == "Started"
-                    && matches!((status.first_seen, status.started_at), (Some(f), Some(s)) if s > f)
-            };
-            if approves && !accepted && past {
+            if unapproved_past_not_before(ev, status, now) {
                 *g.unapproved.entry(ty).or_default() += 1;
             }
         }
+        let held_nodes = g.count_held_nodes(nodes, &live);
+        let mut omitted = BTreeMap::new();
+        g.event_info = bounded(
+            event_info,
+            EVENT_INFO_LIMIT,
+            "forewarn_controller_event_info",
+            &mut omitted,
+        );
+        g.held_nodes = bounded(
+            held_nodes,
+            HELD_NODE_INFO_LIMIT,
+            "forewarn_controller_held_node_info",
+            &mut omitted,
+        );
+        g.blockers = bounded(
+            blockers,
+            BLOCKER_INFO_LIMIT,
+            "forewarn_controller_drain_blocker_info",
+            &mut omitted,
+        );
+        g.info_omitted = omitted;
+        g
+    }
+
+    /// Every series of every type (and live phase) at 0, so that a type
+    /// without events reads 0 rather than no series.
+    fn zeroed() -> Self {
+        let mut g = CacheGauges::default();
+        for ty in TYPES {
+            g.unapproved.insert(ty, 0);
+            g.unconfirmed.insert(ty, 0);
+            g.withheld.insert(ty, 0);
+            g.awaiting_ack.insert(ty, 0);
+            for phase in LIVE_PHASES {
+                g.active.insert((ty, phase), 0);
+            }
+        }
+        g
+    }
+
+    /// Counts a live event of type `ty` by its conditions: nodes
+    /// unconfirmed, approval withheld (while `Scheduled`), the pods awaited
+    /// for an acknowledgement, and, while `Scheduled` and `DrainBlocked`,
+    /// the seconds left until its `NotBefore` (the least per type).
+    fn count_conditions(
+        &mut self,
+        ev: &ScheduledEvent,
+        status: &ScheduledEventStatus,
+        ty: &'static str,
+        now: DateTime<Utc>,
+    ) {
+        let scheduled = ev.spec.event_status == "Scheduled";
+        let holds = |type_: &str| {
+            status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == type_ && c.status == "True")
+        };
+        if holds("NodesUnconfirmed") {
+            *self.unconfirmed.entry(ty).or_default() += 1;
+        }
+        if scheduled && holds("ApprovalWithheld") {
+            *self.withheld.entry(ty).or_default() += 1;
+        }
+        if holds("AcknowledgementPending") {
+            let pods = status
+                .acknowledgements
+                .as_ref()
+                .map_or(0, |a| i64::from(a.pending_count));
+            *self.awaiting_ack.entry(ty).or_default() += pods;
+        }
+        if let (true, true, Some(nb)) = (scheduled, holds("DrainBlocked"), ev.spec.not_before) {
+            let left = seconds_between(now, nb);
+            self.blocked
+                .entry(ty)
+                .and_modify(|s| *s = s.min(left))
+                .or_insert(left);
+        }
+    }
+
+    /// Counts the nodes forewarn holds, for a live event (`cordoned_active`)
+    /// or only for ended or deleted ones (`cordoned_ended`); returns the
+    /// series of `forewarn_controller_held_node_info` (node, event, type,
+    /// drained: `true`, `false` or `unknown` when its record is not listed).
+    fn count_held_nodes(
+        &mut self,
+        nodes: &[Arc<Node>],
+        live: &HashMap<String, &ScheduledEvent>,
+    ) -> Vec<[String; 4]> {
+        let mut held_nodes = Vec::new();
         for n in nodes {
             let holds = crate::api::holds(n);
             if holds.is_empty() {
@@ -868,33 +896,58 @@ impl CacheGauges {
                 ]);
             }
             if held {
-                g.cordoned_active += 1;
+                self.cordoned_active += 1;
             } else {
-                g.cordoned_ended += 1;
+                self.cordoned_ended += 1;
             }
         }
-        let mut omitted = BTreeMap::new();
-        g.event_info = bounded(
-            event_info,
-            EVENT_INFO_LIMIT,
-            "forewarn_controller_event_info",
-            &mut omitted,
-        );
-        g.held_nodes = bounded(
-            held_nodes,
-            HELD_NODE_INFO_LIMIT,
-            "forewarn_controller_held_node_info",
-            &mut omitted,
-        );
-        g.blockers = bounded(
-            blockers,
-            BLOCKER_INFO_LIMIT,
-            "forewarn_controller_drain_blocker_info",
-            &mut omitted,
-        );
-        g.info_omitted = omitted;
-        g
+        held_nodes
     }
+}
+
+/// The series of `forewarn_controller_drain_blocker_info` of one event:
+/// (event, node, PodDisruptionBudget, a pod of its namespace it blocks) for
+/// each budget blocking a node not yet drained or deleted.
+fn drain_blockers(ev: &ScheduledEvent, status: &ScheduledEventStatus) -> Vec<[String; 4]> {
+    let mut blockers = Vec::new();
+    for n in status.nodes.iter().flatten() {
+        if n.drained_at.is_some() || n.deleted_at.is_some() {
+            continue;
+        }
+        for pdb in &n.blocking_budgets {
+            let ns = pdb.split_once('/').map_or("", |(ns, _)| ns);
+            let pod = n
+                .blocked_pods
+                .iter()
+                .find(|p| p.split_once('/').is_some_and(|(pns, _)| pns == ns))
+                .cloned()
+                .unwrap_or_default();
+            blockers.push([ev.name_any(), n.name.clone(), pdb.clone(), pod]);
+        }
+    }
+    blockers
+}
+
+/// Whether an event whose action approves has no accepted approval past
+/// its `NotBefore` (still `Scheduled`), or started after the controller
+/// first saw it (one that arrives `Started`, without notice, never counts).
+fn unapproved_past_not_before(
+    ev: &ScheduledEvent,
+    status: &ScheduledEventStatus,
+    now: DateTime<Utc>,
+) -> bool {
+    let approves = matches!(
+        status.action,
+        Some(crate::policy::Action::Approve | crate::policy::Action::DrainAndApprove)
+    );
+    let accepted = status.approval.as_ref().and_then(|a| a.result.as_deref()) == Some("Accepted");
+    let past = if ev.spec.event_status == "Scheduled" {
+        ev.spec.not_before.is_some_and(|nb| nb <= now)
+    } else {
+        ev.spec.event_status == "Started"
+            && matches!((status.first_seen, status.started_at), (Some(f), Some(s)) if s > f)
+    };
+    approves && !accepted && past
 }
 
 #[cfg(test)]

@@ -213,6 +213,33 @@ pub async fn evict(
         tokio::time::Instant::now() + EVICTION_PASS,
     )
     .await;
+    let (evicted, blocked) = sort_outcomes(evictions, &outcomes, writers);
+    announce_evictions(ev, evicted, blocked, writers);
+    if deferred > 0 {
+        debug!(
+            deferred,
+            asked = outcomes.len(),
+            "The pass's time for evictions ran out: the rest in the next pass"
+        );
+    }
+    (outcomes, deferred)
+}
+
+/// The pods evicted from each node in one pass, with their grace periods.
+type EvictedByNode<'a> = Vec<(&'a str, Vec<(String, i64)>)>;
+
+/// The pods a set of budgets refused on each node: node, budgets, the
+/// refusal's message, pods.
+type BlockedByNode<'a> = Vec<(&'a str, &'a Vec<String>, &'a String, Vec<String>)>;
+
+/// Counts each eviction's outcome (`forewarn_controller_evictions_total`),
+/// logs it, and gathers the pods evicted per node and those refused per
+/// node and set of budgets, for one Event each.
+fn sort_outcomes<'a>(
+    evictions: &[crate::controller::decide::plan::Eviction],
+    outcomes: &'a [Outcome],
+    writers: &Writers,
+) -> (EvictedByNode<'a>, BlockedByNode<'a>) {
     let planned: HashMap<(&str, &str), &crate::controller::decide::plan::Eviction> = evictions
         .iter()
         .map(|e| ((e.node.as_str(), e.pod.name.as_str()), e))
@@ -221,9 +248,9 @@ pub async fn evict(
     // `ScheduledEvent` and the node), and one per node and set of budgets
     // for those a budget refused, however many pods: a drain of 10,000 pods
     // posts hundreds of Events, not tens of thousands.
-    let mut evicted: Vec<(&str, Vec<(String, i64)>)> = Vec::new();
-    let mut blocked: Vec<(&str, &Vec<String>, &String, Vec<String>)> = Vec::new();
-    for (node, pod, outcome) in &outcomes {
+    let mut evicted: EvictedByNode<'a> = Vec::new();
+    let mut blocked: BlockedByNode<'a> = Vec::new();
+    for (node, pod, outcome) in outcomes {
         let label = match outcome {
             EvictionOutcome::Evicted => "evicted",
             EvictionOutcome::Blocked { .. } => "blocked",
@@ -265,6 +292,19 @@ pub async fn evict(
             EvictionOutcome::Gone => {}
         }
     }
+    (evicted, blocked)
+}
+
+/// One Event per node for the pods evicted from it in this pass (on the
+/// `ScheduledEvent` and the node), and one Warning per node and set of
+/// budgets for those a budget refused, however many pods: a drain of
+/// 10,000 pods posts hundreds of Events, not tens of thousands.
+fn announce_evictions(
+    ev: &ScheduledEvent,
+    evicted: EvictedByNode<'_>,
+    blocked: BlockedByNode<'_>,
+    writers: &Writers,
+) {
     for (node, pods) in evicted {
         publish::publish(
             writers,
@@ -293,14 +333,6 @@ pub async fn evict(
             ),
         );
     }
-    if deferred > 0 {
-        debug!(
-            deferred,
-            asked = outcomes.len(),
-            "The pass's time for evictions ran out: the rest in the next pass"
-        );
-    }
-    (outcomes, deferred)
 }
 
 #[cfg(test)]
