@@ -19,7 +19,7 @@ test: lint
 
 ## bench: detection, 100-VM burst, drain ratio, footprint, API load, 1,000-VM scale on local clusters with the
 ## release binary; prints one table (figures next to their goals and same-run references; a missed goal does not
-## fail) and writes BENCHMARKS.md whole: header, table, notes, and its history carried forward (about 20 minutes).
+## fail) and writes BENCHMARKS.md whole: header, table, notes, and its history carried forward (about 35 minutes).
 ## BENCH_ARGS="--only detection,burst" runs some parts and writes target/bench-detection-burst.md (or --out FILE),
 ## never BENCHMARKS.md
 bench:

@@ -118,7 +118,7 @@ const CLUSTER_SCALE: &str = "forewarn-bench2";
 const PARTS: [&str; 5] = ["size", "detection", "burst", "scale", "drain"];
 
 /// The run's figures ([`Report`]), each printed as it comes (a full run
-/// takes most of an hour).
+/// takes over half an hour).
 #[derive(Default)]
 struct Table(Report);
 
@@ -1172,7 +1172,7 @@ async fn scale_on(
     }
     let qps = SCALE_EVICTION_QPS.to_string();
     let burst = (SCALE_EVICTION_QPS * 2).to_string();
-    let fleet = start_fleet(
+    let mut fleet = start_fleet(
         cluster,
         bin,
         &dir,
@@ -1222,7 +1222,30 @@ async fn scale_on(
     let object = forewarn::imds::model::object_name(&id);
     let ended = Instant::now() + Duration::from_secs(SCALE_EVENT_WITHIN);
     let mut done = None;
+    // The controller's last figures while it ran, and how it ended if it
+    // exited meanwhile (an exited process has no memory figures left: its
+    // peak is then not measured).
+    let mut busy = None;
+    let mut exited = None;
+    let mut sample = |fleet: &mut Fleet| {
+        // Before `exited` reaps it: a process that has exited but is not
+        // reaped still has its CPU times, not its memory.
+        if let Ok(s) = proc_stat(ctl_pid, ticks) {
+            busy = Some(s).filter(|s| s.hwm > 0).or(busy);
+            busy = busy.map(|b| ProcStat { cpu: s.cpu, ..b });
+        }
+        fleet.controller.exited().map(|status| {
+            format!(
+                "the controller exited ({status}) during the event: {}",
+                fleet.controller.log_tail(1).trim()
+            )
+        })
+    };
     while Instant::now() < ended {
+        exited = sample(&mut fleet);
+        if exited.is_some() {
+            break;
+        }
         let phase = events
             .get_opt(&object)
             .await
@@ -1235,7 +1258,9 @@ async fn scale_on(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let busy = proc_stat(ctl_pid, ticks)?;
+    if exited.is_none() {
+        exited = sample(&mut fleet);
+    }
     let until = done.unwrap_or_else(Utc::now);
     stop_fleet(fleet).await;
     drop(watches);
@@ -1258,27 +1283,59 @@ async fn scale_on(
             format!("controller RSS idle {:.1} MiB", mib(idle.rss)),
             None,
         );
-    let whole = if done.is_some() {
+    // The controller's requests, as the API server logged them; if it
+    // exited, until its last.
+    let requests: Vec<Request> = audit_requests(cluster)?
+        .into_iter()
+        .filter(|r| r.user == "bench:controller" && r.at >= changed && r.at <= until)
+        .collect();
+    let until = if exited.is_some() {
+        requests.iter().map(|r| r.at).max().unwrap_or(changed)
+    } else {
+        until
+    };
+    let whole = if exited.is_some() {
+        format!(
+            "the event until the controller exited (its last request {:.0} s after the IMDS change)",
+            secs(until - changed)
+        )
+    } else if done.is_some() {
         format!("the whole event ({:.0} s)", secs(until - changed))
     } else {
         format!("the event's first {SCALE_EVENT_WITHIN} s (not over by then)")
     };
-    table
-        .add(
-            "4 footprint",
-            &format!(
-                "controller peak RSS (VmHWM) over {whole}, {n} VMs, {} pods",
-                args.scale_pods
-            ),
-            format!("{:.1} MiB", mib(busy.hwm)),
-            "≤ 64 MiB",
-            Some(mib(busy.hwm) <= 64.0),
-        )
-        .headline(
-            format!("controller peak RSS {:.1} MiB", mib(busy.hwm)),
-            None,
-        );
-    let cpu = busy.cpu - idle.cpu;
+    let peak_figure = format!(
+        "controller peak RSS (VmHWM) over {whole}, {n} VMs, {} pods",
+        args.scale_pods
+    );
+    match busy.filter(|_| exited.is_none()) {
+        Some(busy) => {
+            table
+                .add(
+                    "4 footprint",
+                    &peak_figure,
+                    format!("{:.1} MiB", mib(busy.hwm)),
+                    "≤ 64 MiB",
+                    Some(mib(busy.hwm) <= 64.0),
+                )
+                .headline(
+                    format!("controller peak RSS {:.1} MiB", mib(busy.hwm)),
+                    None,
+                );
+        }
+        None => {
+            table
+                .add(
+                    "4 footprint",
+                    &peak_figure,
+                    "not measured: the controller exited".into(),
+                    "≤ 64 MiB",
+                    None,
+                )
+                .headline("controller peak RSS not measured (it exited)", None);
+        }
+    }
+    let cpu = busy.map_or(f64::NAN, |b| b.cpu) - idle.cpu;
     table.add(
         "6 scale",
         &format!("controller CPU over {whole}"),
@@ -1286,11 +1343,6 @@ async fn scale_on(
         "",
         None,
     );
-    // The controller's requests, as the API server logged them.
-    let requests: Vec<Request> = audit_requests(cluster)?
-        .into_iter()
-        .filter(|r| r.user == "bench:controller" && r.at >= changed && r.at <= until)
-        .collect();
     let span = secs(until - changed).max(1e-3);
     let node_gets = requests
         .iter()
@@ -1327,15 +1379,17 @@ async fn scale_on(
     // On paper: AKS's limit is 5,000 nodes. Every figure above scaled by
     // 5,000 / n is an upper bound (part of the memory is the executable
     // and the runtime, which do not grow).
-    let k = 5000.0 / n as f64;
-    table.note(format!(
-        "sizing at 5,000 nodes and {} pods (the same pods per node), scaling this run's figures by {k:.0}: idle RSS ≤ {:.0} MiB, peak RSS ≤ {:.0} MiB, CPU ≤ {:.0} CPU seconds for an event naming every VM (upper bounds: the executable and runtime, about {:.0} MiB of the idle figure, do not grow)",
-        args.scale_pods as f64 * k,
-        mib(idle.rss) * k,
-        mib(busy.hwm) * k,
-        cpu * k,
-        mib(idle.rss - idle.anon)
-    ));
+    if let (Some(busy), None) = (busy, &exited) {
+        let k = 5000.0 / n as f64;
+        table.note(format!(
+            "sizing at 5,000 nodes and {} pods (the same pods per node), scaling this run's figures by {k:.0}: idle RSS ≤ {:.0} MiB, peak RSS ≤ {:.0} MiB, CPU ≤ {:.0} CPU seconds for an event naming every VM (upper bounds: the executable and runtime, about {:.0} MiB of the idle figure, do not grow)",
+            args.scale_pods as f64 * k,
+            mib(idle.rss) * k,
+            mib(busy.hwm) * k,
+            cpu * k,
+            mib(idle.rss - idle.anon)
+        ));
+    }
     // The reference: this program's own cordons of every node, timed
     // before the event.
     let own = reference.as_secs_f64().max(1e-3);
@@ -1393,7 +1447,11 @@ async fn scale_on(
                 );
         }
     }
-    Ok(())
+    // The figures are in the table; the part itself failed.
+    match exited {
+        Some(why) => bail!(why),
+        None => Ok(()),
+    }
 }
 
 /// How many node patches the reference of the scale part keeps in flight:
@@ -1610,6 +1668,20 @@ fn git_commit() -> (String, bool) {
     (commit, dirty)
 }
 
+/// `path` as the document shows it: relative to the repository, or to
+/// `$CARGO_TARGET_DIR`, when under either (not this machine's layout).
+fn shown_path(path: &Path) -> String {
+    if let Ok(p) = path.strip_prefix(repo_root()) {
+        return p.display().to_string();
+    }
+    std::env::var_os("CARGO_TARGET_DIR")
+        .and_then(|dir| path.strip_prefix(dir).ok())
+        .map_or_else(
+            || path.display().to_string(),
+            |p| format!("$CARGO_TARGET_DIR/{}", p.display()),
+        )
+}
+
 /// `release/forewarn` in the target dir this program was built in
 /// (`<target>/debug/examples/bench`), which is not `target/` when
 /// `CARGO_TARGET_DIR` is set; else the repository's `target/`.
@@ -1696,11 +1768,7 @@ async fn main() -> ExitCode {
         started: started.format("%Y-%m-%d %H:%M").to_string(),
         commit,
         dirty,
-        executable: bin
-            .strip_prefix(repo_root())
-            .unwrap_or(&bin)
-            .display()
-            .to_string(),
+        executable: shown_path(&bin),
         nproc,
         memory,
         cpu,
