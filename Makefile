@@ -1,6 +1,8 @@
 # forewarn: the two commands a fresh machine needs are `make demo` and `make test`.
 CARGO ?= cargo
 SCENARIO ?= tests/fixtures/platform-redeploy.yaml
+# Where cargo puts what it builds (CARGO_TARGET_DIR when set).
+TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
 .PHONY: demo test test-real test-real-chart real-node-down image image-repro release lint unit generate manifests bench bench-drain cluster-up cluster-down
 
@@ -16,17 +18,19 @@ test: lint
 	CARGO=$(CARGO) bash hack/test-all.sh
 
 ## bench: detection, 100-VM burst, drain ratio, footprint, API load, 1,000-VM scale on local clusters with the
-## release binary; prints one table (figures next to their goals; a missed goal does not fail) and writes BENCHMARKS.md
-## (about 20 minutes; BENCH_ARGS="--only detection,burst" picks parts)
+## release binary; prints one table (figures next to their goals and same-run references; a missed goal does not
+## fail) and writes BENCHMARKS.md whole: header, table, notes, and its history carried forward (about 35 minutes).
+## BENCH_ARGS="--only detection,burst" runs some parts and writes target/bench-detection-burst.md (or --out FILE),
+## never BENCHMARKS.md
 bench:
 	$(CARGO) build --release --bin forewarn
 	$(CARGO) build --example bench --example bench_drain
-	./target/debug/examples/bench $(BENCH_ARGS)
+	$(TARGET_DIR)/debug/examples/bench $(BENCH_ARGS)
 
 ## bench-drain: forewarn vs `kubectl drain` on a 105-pod node with a PDB, medians and their ratio (a figure, not a test)
 bench-drain:
 	$(CARGO) build --release --bin forewarn --example bench_drain
-	./target/release/examples/bench_drain
+	$(TARGET_DIR)/release/examples/bench_drain
 
 ## test-real: the image in real containers on a real kubelet, in a network namespace of its own (root; see README)
 test-real:

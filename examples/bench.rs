@@ -1,11 +1,21 @@
 //! `make bench`: the figures that say whether forewarn is fast and cheap,
 //! measured from outside on local clusters (hack/cluster.sh: a real
 //! kube-apiserver, KWOK nodes) with the release `forewarn` binary as IMDS
-//! mock, controller and agents. Prints one table, each figure next to its
-//! goal, and writes it to `BENCHMARKS.md` with the command, the machine and
-//! the date. A benchmark reports: a missed goal is marked `MISSED` and never
-//! fails the run; a part that cannot run at all (cluster down, timeout) is
-//! reported as such and makes the exit status non-zero.
+//! mock, controller and agents. A benchmark reports: a missed goal is
+//! marked `MISSED` and never fails the run; a part that cannot run at all
+//! (cluster down, timeout) is reported as such and makes the exit status
+//! non-zero.
+//!
+//! A full run (every part: no `--only`) writes `BENCHMARKS.md` whole
+//! (forewarn_harness::bench_report): a header (the command, the date, the
+//! commit and whether the working tree differed from it, the machine and
+//! its load averages), one table of every figure with its goal and, where
+//! the part measures one, the reference measured in the same run, the
+//! run's notes, and a `## History` of one line per full run (date, commit,
+//! headline figures with their goals), this run's line first and the
+//! previous file's lines after it. A run of some parts (`--only`) never
+//! touches `BENCHMARKS.md`: it writes its table to `--out` if given, else
+//! to `target/bench-<parts>.md`, and prints it. `--out ''` writes nothing.
 //!
 //! Parts (`--only` picks some):
 //! - `detection`: one node per event, `--detection-events` events appearing
@@ -23,12 +33,13 @@
 //!   `bench:agent:<node>`).
 //! - `scale`: `--scale-nodes` KWOK nodes with `--scale-pods` pods, agents on
 //!   `--scale-agents` of them (the other nodes get an Azure `providerID`,
-//!   as on AKS, so the controller maps their VMs); controller RSS idle, then one event
-//!   naming every VM: time until all are cordoned, and the controller's peak
-//!   RSS.
+//!   as on AKS, so the controller maps their VMs); controller RSS idle, then
+//!   one event naming every VM: time until all are cordoned, against its
+//!   reference (this program's own cordons of every node, timed before the
+//!   event), and the controller's peak RSS, CPU and requests over the event.
 //! - `size`: the size of the stripped release executable.
-//! - `drain`: `bench_drain` (forewarn against `kubectl drain`), run as a
-//!   child with the same executable.
+//! - `drain`: `bench_drain` (forewarn against `kubectl drain`, its
+//!   reference), run as a child with the same executable.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -42,6 +53,7 @@ use chrono::{DateTime, Utc};
 use clap::Parser;
 use forewarn::api::{CORDONED_FOR_ANNOTATION, ScheduledEvent};
 use forewarn::imds::mock::LogEntry;
+use forewarn_harness::bench_report::{self, Header, Report, Row, thousands};
 use forewarn_harness::cluster::{Cluster, repo_root};
 use forewarn_harness::procs::{Credentials, Fleet, FleetOptions};
 use futures::StreamExt as _;
@@ -51,19 +63,19 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-/// Runs the benchmarks and writes BENCHMARKS.md.
+/// Runs the benchmarks; a full run writes BENCHMARKS.md, a run of some
+/// parts `target/bench-<parts>.md`.
 #[derive(Parser, Clone)]
 struct Args {
-    /// The forewarn executable to measure (default: target/release/forewarn).
+    /// The forewarn executable to measure (default: `release/forewarn` in the
+    /// target dir this program was built in).
     #[arg(long)]
     forewarn_bin: Option<PathBuf>,
-    /// Parts to run, comma-separated: detection, burst, scale, size, drain.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "detection,burst,scale,size,drain"
-    )]
-    only: Vec<String>,
+    /// Parts to run, comma-separated, of: size, detection, burst, scale,
+    /// drain (default: all, a full run). A run of some parts writes to
+    /// `--out` or `target/bench-<parts>.md`, never to BENCHMARKS.md.
+    #[arg(long, value_delimiter = ',')]
+    only: Option<Vec<String>>,
     /// Events (and nodes) of the detection part.
     #[arg(long, default_value_t = 60)]
     detection_events: usize,
@@ -91,41 +103,34 @@ struct Args {
     /// Runs of each drain in the drain part.
     #[arg(long, default_value_t = 5)]
     drain_runs: usize,
-    /// Where to write the table (empty: do not write).
-    #[arg(long, default_value = "BENCHMARKS.md")]
-    out: String,
+    /// Where to write the document, relative to the repository (empty: do
+    /// not write; default: BENCHMARKS.md for a full run,
+    /// target/bench-<parts>.md for a run of some parts).
+    #[arg(long)]
+    out: Option<String>,
 }
 
 /// Cluster names of the benchmark (never used by `make test`).
 const CLUSTER: &str = "forewarn-bench";
 const CLUSTER_SCALE: &str = "forewarn-bench2";
 
-/// One line of the table.
-struct Row {
-    part: &'static str,
-    figure: String,
-    measured: String,
-    goal: String,
-    /// `Some(true)`: goal met; `Some(false)`: missed; `None`: no goal.
-    met: Option<bool>,
-}
+/// The parts, in the order they run.
+const PARTS: [&str; 5] = ["size", "detection", "burst", "scale", "drain"];
 
+/// The run's figures ([`Report`]), each printed as it comes (a full run
+/// takes over half an hour).
 #[derive(Default)]
-struct Table {
-    rows: Vec<Row>,
-    notes: Vec<String>,
-    failed: Vec<String>,
-}
+struct Table(Report);
 
 impl Table {
     fn add(
         &mut self,
-        part: &'static str,
+        part: &str,
         figure: &str,
         measured: String,
         goal: &str,
         met: Option<bool>,
-    ) {
+    ) -> &mut Row {
         println!(
             "[bench] {part}: {figure}: {measured}{}",
             if goal.is_empty() {
@@ -134,48 +139,12 @@ impl Table {
                 format!(" (goal {goal})")
             }
         );
-        self.rows.push(Row {
-            part,
-            figure: figure.into(),
-            measured,
-            goal: goal.into(),
-            met,
-        });
+        self.0.add(part, figure, measured, goal, met)
     }
 
     fn note(&mut self, text: String) {
         println!("[bench] note: {text}");
-        self.notes.push(text);
-    }
-
-    fn render(&self) -> String {
-        let mut s = String::from("| Part | Figure | Measured | Goal | |\n|---|---|---|---|---|\n");
-        for r in &self.rows {
-            let verdict = match r.met {
-                Some(true) => "met",
-                Some(false) => "**MISSED**",
-                None => "",
-            };
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} | {} |",
-                r.part,
-                r.figure,
-                r.measured,
-                if r.goal.is_empty() { "—" } else { &r.goal },
-                verdict
-            );
-        }
-        for f in &self.failed {
-            let _ = writeln!(s, "| | **could not run** | {f} | | |");
-        }
-        if !self.notes.is_empty() {
-            s.push('\n');
-            for n in &self.notes {
-                let _ = writeln!(s, "- {n}");
-            }
-        }
-        s
+        self.0.notes.push(text);
     }
 }
 
@@ -582,13 +551,18 @@ async fn detection(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result
         None,
     );
     let p99 = percentile(&to_cordon, 0.99);
-    table.add(
-        "1 detection",
-        "IMDS change → node cordoned",
-        fmt(&to_cordon),
-        "p99 ≤ 1.5 s",
-        Some(p99 <= 1.5),
-    );
+    table
+        .add(
+            "1 detection",
+            "IMDS change → node cordoned",
+            fmt(&to_cordon),
+            "p99 ≤ 1.5 s",
+            Some(p99 <= 1.5),
+        )
+        .headline(
+            format!("node cordoned within {p99:.2} s of the IMDS change at p99"),
+            None,
+        );
     Ok(())
 }
 
@@ -815,6 +789,13 @@ async fn burst(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result<()>
         ),
         "≤ 10 MiB",
         Some(rss.last().copied().unwrap_or(f64::INFINITY) <= 10.0),
+    )
+    .headline(
+        format!(
+            "agent RSS idle {:.1} MiB at most",
+            rss.last().copied().unwrap_or(f64::NAN)
+        ),
+        None,
     );
     table.add(
         "4 footprint",
@@ -879,6 +860,13 @@ async fn burst(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result<()>
         format!("{cordon_txt} s after the IMDS change ({after_seen_txt} s after the ScheduledEvent was seen)"),
         "≤ 1.5 s",
         Some(worst <= 1.5),
+    )
+    .headline(
+        format!(
+            "{} VMs cordoned in {cordon_txt} s",
+            thousands(named)
+        ),
+        None,
     );
     let (decided_txt, _) = list(
         bursts
@@ -1013,15 +1001,22 @@ async fn burst(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result<()>
         "burst: the agents' writes of each event, by verb, resource and answer: {}",
         kind_notes.join("; ")
     ));
-    table.add(
-        "5 API load",
-        &format!("event: writes per agent ({n} agents)"),
-        summary.join("; "),
-        // One apply per change of an agent's view: seen Scheduled,
-        // Started, gone, and the approval it sent (the first named VM's).
-        "≤ 4 (one per change of its view), 0 × 409",
-        Some(max_writes <= 4 && all_conflicts == 0),
-    );
+    table
+        .add(
+            "5 API load",
+            // One apply per change of an agent's view: seen Scheduled,
+            // Started, gone, and the approval it sent (the first named VM's).
+            &format!(
+                "event: writes per agent ({n} agents; one per change of its view: seen, Started, gone, the approval it sent)"
+            ),
+            summary.join("; "),
+            "≤ 4, 0 × 409",
+            Some(max_writes <= 4 && all_conflicts == 0),
+        )
+        .headline(
+            format!("an agent's writes per event {max_writes} at most, {all_conflicts} × 409"),
+            None,
+        );
     let by_watch =
         per_event(&|r| is_agent(r) && !named_users.contains(&r.user) && r.verb == "watch");
     let by_list = per_event(&|r| is_agent(r) && !named_users.contains(&r.user) && r.verb == "list");
@@ -1177,7 +1172,7 @@ async fn scale_on(
     }
     let qps = SCALE_EVICTION_QPS.to_string();
     let burst = (SCALE_EVICTION_QPS * 2).to_string();
-    let fleet = start_fleet(
+    let mut fleet = start_fleet(
         cluster,
         bin,
         &dir,
@@ -1227,7 +1222,30 @@ async fn scale_on(
     let object = forewarn::imds::model::object_name(&id);
     let ended = Instant::now() + Duration::from_secs(SCALE_EVENT_WITHIN);
     let mut done = None;
+    // The controller's last figures while it ran, and how it ended if it
+    // exited meanwhile (an exited process has no memory figures left: its
+    // peak is then not measured).
+    let mut busy = None;
+    let mut exited = None;
+    let mut sample = |fleet: &mut Fleet| {
+        // Before `exited` reaps it: a process that has exited but is not
+        // reaped still has its CPU times, not its memory.
+        if let Ok(s) = proc_stat(ctl_pid, ticks) {
+            busy = Some(s).filter(|s| s.hwm > 0).or(busy);
+            busy = busy.map(|b| ProcStat { cpu: s.cpu, ..b });
+        }
+        fleet.controller.exited().map(|status| {
+            format!(
+                "the controller exited ({status}) during the event: {}",
+                fleet.controller.log_tail(1).trim()
+            )
+        })
+    };
     while Instant::now() < ended {
+        exited = sample(&mut fleet);
+        if exited.is_some() {
+            break;
+        }
         let phase = events
             .get_opt(&object)
             .await
@@ -1240,40 +1258,84 @@ async fn scale_on(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let busy = proc_stat(ctl_pid, ticks)?;
+    if exited.is_none() {
+        exited = sample(&mut fleet);
+    }
     let until = done.unwrap_or_else(Utc::now);
     stop_fleet(fleet).await;
     drop(watches);
-    table.add(
-        "4 footprint",
-        &format!(
-            "controller RSS, {n} nodes and {} pods, idle",
-            args.scale_pods
-        ),
+    table
+        .add(
+            "4 footprint",
+            &format!(
+                "controller RSS, {n} nodes and {} pods, idle",
+                args.scale_pods
+            ),
+            format!(
+                "{:.1} MiB (anonymous {:.1} MiB)",
+                mib(idle.rss),
+                mib(idle.anon)
+            ),
+            "≤ 48 MiB",
+            Some(mib(idle.rss) <= 48.0),
+        )
+        .headline(
+            format!("controller RSS idle {:.1} MiB", mib(idle.rss)),
+            None,
+        );
+    // The controller's requests, as the API server logged them; if it
+    // exited, until its last.
+    let requests: Vec<Request> = audit_requests(cluster)?
+        .into_iter()
+        .filter(|r| r.user == "bench:controller" && r.at >= changed && r.at <= until)
+        .collect();
+    let until = if exited.is_some() {
+        requests.iter().map(|r| r.at).max().unwrap_or(changed)
+    } else {
+        until
+    };
+    let whole = if exited.is_some() {
         format!(
-            "{:.1} MiB (anonymous {:.1} MiB)",
-            mib(idle.rss),
-            mib(idle.anon)
-        ),
-        "≤ 48 MiB",
-        Some(mib(idle.rss) <= 48.0),
-    );
-    let whole = if done.is_some() {
+            "the event until the controller exited (its last request {:.0} s after the IMDS change)",
+            secs(until - changed)
+        )
+    } else if done.is_some() {
         format!("the whole event ({:.0} s)", secs(until - changed))
     } else {
         format!("the event's first {SCALE_EVENT_WITHIN} s (not over by then)")
     };
-    table.add(
-        "4 footprint",
-        &format!(
-            "controller peak RSS (VmHWM) over {whole}, {n} VMs, {} pods",
-            args.scale_pods
-        ),
-        format!("{:.1} MiB", mib(busy.hwm)),
-        "≤ 64 MiB",
-        Some(mib(busy.hwm) <= 64.0),
+    let peak_figure = format!(
+        "controller peak RSS (VmHWM) over {whole}, {n} VMs, {} pods",
+        args.scale_pods
     );
-    let cpu = busy.cpu - idle.cpu;
+    match busy.filter(|_| exited.is_none()) {
+        Some(busy) => {
+            table
+                .add(
+                    "4 footprint",
+                    &peak_figure,
+                    format!("{:.1} MiB", mib(busy.hwm)),
+                    "≤ 64 MiB",
+                    Some(mib(busy.hwm) <= 64.0),
+                )
+                .headline(
+                    format!("controller peak RSS {:.1} MiB", mib(busy.hwm)),
+                    None,
+                );
+        }
+        None => {
+            table
+                .add(
+                    "4 footprint",
+                    &peak_figure,
+                    "not measured: the controller exited".into(),
+                    "≤ 64 MiB",
+                    None,
+                )
+                .headline("controller peak RSS not measured (it exited)", None);
+        }
+    }
+    let cpu = busy.map_or(f64::NAN, |b| b.cpu) - idle.cpu;
     table.add(
         "6 scale",
         &format!("controller CPU over {whole}"),
@@ -1281,11 +1343,6 @@ async fn scale_on(
         "",
         None,
     );
-    // The controller's requests, as the API server logged them.
-    let requests: Vec<Request> = audit_requests(cluster)?
-        .into_iter()
-        .filter(|r| r.user == "bench:controller" && r.at >= changed && r.at <= until)
-        .collect();
     let span = secs(until - changed).max(1e-3);
     let node_gets = requests
         .iter()
@@ -1322,60 +1379,79 @@ async fn scale_on(
     // On paper: AKS's limit is 5,000 nodes. Every figure above scaled by
     // 5,000 / n is an upper bound (part of the memory is the executable
     // and the runtime, which do not grow).
-    let k = 5000.0 / n as f64;
-    table.note(format!(
-        "sizing at 5,000 nodes and {} pods (the same pods per node), scaling this run's figures by {k:.0}:          idle RSS ≤ {:.0} MiB, peak RSS ≤ {:.0} MiB, CPU ≤ {:.0} CPU seconds for an event naming every VM          (upper bounds: the executable and runtime, about {:.0} MiB of the idle figure, do not grow)",
-        args.scale_pods as f64 * k,
-        mib(idle.rss) * k,
-        mib(busy.hwm) * k,
-        cpu * k,
-        mib(idle.rss - idle.anon)
-    ));
+    if let (Some(busy), None) = (busy, &exited) {
+        let k = 5000.0 / n as f64;
+        table.note(format!(
+            "sizing at 5,000 nodes and {} pods (the same pods per node), scaling this run's figures by {k:.0}: idle RSS ≤ {:.0} MiB, peak RSS ≤ {:.0} MiB, CPU ≤ {:.0} CPU seconds for an event naming every VM (upper bounds: the executable and runtime, about {:.0} MiB of the idle figure, do not grow)",
+            args.scale_pods as f64 * k,
+            mib(idle.rss) * k,
+            mib(busy.hwm) * k,
+            cpu * k,
+            mib(idle.rss - idle.anon)
+        ));
+    }
+    // The reference: this program's own cordons of every node, timed
+    // before the event.
+    let own = reference.as_secs_f64().max(1e-3);
+    let reference_txt = format!(
+        "{n} cordons by this program (the same merge patch as forewarn's: unschedulable, a taint, an annotation; {REFERENCE_IN_FLIGHT} in flight, as the controller; the fleet running, before the event): {own:.2} s ({:.0} patches/s)",
+        n as f64 / own
+    );
+    let figure = format!("one event naming {n} VMs ({agents} agents): all cordoned");
     match (result, first, last) {
         (Ok(()), Some(first), Some(last)) => {
-            table.add(
-                "6 scale",
-                &format!("one event naming {n} VMs ({agents} agents): all cordoned"),
-                format!(
-                    "{:.2} s after the IMDS change (ScheduledEvent seen at {:.2} s; first cordon at {:.2} s, then {:.0} nodes/s)",
-                    secs(last - changed),
-                    seen.map_or(f64::NAN, |t| secs(t - changed)),
-                    secs(first - changed),
-                    (n - 1) as f64 / secs(last - first).max(1e-3)
-                ),
-                "≤ 2 s",
-                Some(secs(last - changed) <= 2.0),
-            );
-            let own = reference.as_secs_f64();
-            table.add(
-                "6 scale",
-                &format!(
-                    "reference: {n} cordons (merge patches of unschedulable, a taint and an annotation, as forewarn's) by this program, {REFERENCE_IN_FLIGHT} in flight, with the fleet running, before the event"
-                ),
-                format!(
-                    "{own:.2} s ({:.0} patches/s); forewarn's first to last cordon took {:.2} s: {:.2} times the reference",
-                    n as f64 / own.max(1e-3),
-                    secs(last - first),
-                    secs(last - first) / own.max(1e-3)
-                ),
-                "",
-                None,
-            );
+            let ratio = secs(last - first) / own;
+            table
+                .add(
+                    "6 scale",
+                    &figure,
+                    format!(
+                        "{:.2} s after the IMDS change (ScheduledEvent seen at {:.2} s; first cordon at {:.2} s, then {:.0} nodes/s)",
+                        secs(last - changed),
+                        seen.map_or(f64::NAN, |t| secs(t - changed)),
+                        secs(first - changed),
+                        (n - 1) as f64 / secs(last - first).max(1e-3)
+                    ),
+                    "≤ 2 s",
+                    Some(secs(last - changed) <= 2.0),
+                )
+                .reference(format!(
+                    "{reference_txt}; forewarn's first to last cordon took {:.2} s: {ratio:.2} times the reference",
+                    secs(last - first)
+                ))
+                .headline(
+                    format!(
+                        "{} VMs cordoned in {:.2} s",
+                        thousands(n),
+                        secs(last - changed)
+                    ),
+                    Some(format!("{own:.2} s, forewarn's cordons {ratio:.2} × it")),
+                );
         }
         (r, _, _) => {
-            table.add(
-                "6 scale",
-                &format!("one event naming {n} VMs ({agents} agents): all cordoned"),
-                format!(
-                    "only {count} of {n} cordoned within 180 s{}",
-                    r.err().map(|e| format!(" ({e})")).unwrap_or_default()
-                ),
-                "≤ 2 s",
-                Some(false),
-            );
+            table
+                .add(
+                    "6 scale",
+                    &figure,
+                    format!(
+                        "only {count} of {n} cordoned within 180 s{}",
+                        r.err().map(|e| format!(" ({e})")).unwrap_or_default()
+                    ),
+                    "≤ 2 s",
+                    Some(false),
+                )
+                .reference(reference_txt)
+                .headline(
+                    format!("{} VMs: only {count} cordoned within 180 s", thousands(n)),
+                    Some(format!("{own:.2} s")),
+                );
         }
     }
-    Ok(())
+    // The figures are in the table; the part itself failed.
+    match exited {
+        Some(why) => bail!(why),
+        None => Ok(()),
+    }
 }
 
 /// How many node patches the reference of the scale part keeps in flight:
@@ -1455,21 +1531,23 @@ fn size(bin: &Path, table: &mut Table) -> anyhow::Result<()> {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).contains(", stripped"))
         .unwrap_or(false);
-    table.add(
-        "4 footprint",
-        "release executable size",
-        format!(
-            "{:.1} MiB ({bytes} bytes{})",
-            mib(bytes),
-            if stripped {
-                ", stripped"
-            } else {
-                ", NOT stripped"
-            }
-        ),
-        "≤ 8 MiB stripped",
-        Some(stripped && mib(bytes) <= 8.0),
-    );
+    table
+        .add(
+            "4 footprint",
+            "release executable size",
+            format!(
+                "{:.1} MiB ({bytes} bytes{})",
+                mib(bytes),
+                if stripped {
+                    ", stripped"
+                } else {
+                    ", NOT stripped"
+                }
+            ),
+            "≤ 8 MiB stripped",
+            Some(stripped && mib(bytes) <= 8.0),
+        )
+        .headline(format!("executable {:.1} MiB", mib(bytes)), None);
     Ok(())
 }
 
@@ -1513,22 +1591,39 @@ fn drain(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result<()> {
     let theirs = value("kubectl_drain_median_seconds=")
         .context("no kubectl median in bench_drain's output")?;
     let ratio = value("drain_vs_kubectl_ratio=").context("no ratio in bench_drain's output")?;
-    table.add(
-        "3 drain",
-        "105 pods, PDB maxUnavailable 10: forewarn / kubectl drain (medians)",
-        format!(
-            "{ratio:.2} ({ours:.2} s / {theirs:.2} s, {} runs each)",
-            args.drain_runs
-        ),
-        "≤ 0.50",
-        Some(ratio <= 0.5),
-    );
+    let runs = args.drain_runs;
+    table
+        .add(
+            "3 drain",
+            "a node of 105 pods, PDB maxUnavailable 10, drained by forewarn (from the cordon to the last pod gone)",
+            format!("median {ours:.2} s ({runs} runs)"),
+            "ratio ≤ 0.50",
+            Some(ratio <= 0.5),
+        )
+        .reference(format!(
+            "`kubectl drain` of an identical node, alternating with forewarn's: median {theirs:.2} s ({runs} runs); ratio {ratio:.2}"
+        ))
+        .headline(
+            format!("drain ratio {ratio:.2}"),
+            Some(format!("`kubectl drain` {theirs:.2} s, forewarn {ours:.2} s")),
+        );
     Ok(())
 }
 
 // ---------------------------------------------------------------------------
 
-fn machine() -> String {
+/// The load averages (1, 5, 15 min) now: `0.47, 1.92, 2.25`.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `nproc`, the memory and the CPU model.
+fn machine() -> (String, String, String) {
     let nproc = Command::new("nproc")
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
@@ -1554,32 +1649,77 @@ fn machine() -> String {
                 .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
         })
         .unwrap_or_default();
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    format!(
-        "`nproc` {nproc}, memory {mem}, CPU {cpu}; load average at the end {}",
-        load.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
-    )
+    (nproc, mem, cpu)
 }
 
-fn git_commit() -> String {
-    Command::new("git")
-        .args(["describe", "--always", "--dirty"])
-        .current_dir(repo_root())
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
+/// The abbreviated commit checked out, and whether the working tree
+/// (untracked files aside) differs from it.
+fn git_commit() -> (String, bool) {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(repo_root())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    let commit = git(&["rev-parse", "--short", "HEAD"]);
+    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    (commit, dirty)
+}
+
+/// `path` as the document shows it: relative to the repository, or to
+/// `$CARGO_TARGET_DIR`, when under either (not this machine's layout).
+fn shown_path(path: &Path) -> String {
+    if let Ok(p) = path.strip_prefix(repo_root()) {
+        return p.display().to_string();
+    }
+    std::env::var_os("CARGO_TARGET_DIR")
+        .and_then(|dir| path.strip_prefix(dir).ok())
+        .map_or_else(
+            || path.display().to_string(),
+            |p| format!("$CARGO_TARGET_DIR/{}", p.display()),
+        )
+}
+
+/// `release/forewarn` in the target dir this program was built in
+/// (`<target>/debug/examples/bench`), which is not `target/` when
+/// `CARGO_TARGET_DIR` is set; else the repository's `target/`.
+fn default_forewarn_bin() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.join("release/forewarn")))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| repo_root().join("target/release/forewarn"))
 }
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    // A full run is every part; `--only` picks some (in the order they run).
+    let parts: Vec<&str> = match &args.only {
+        None => PARTS.to_vec(),
+        Some(only) => {
+            if let Some(bad) = only.iter().find(|o| !PARTS.contains(&o.as_str())) {
+                eprintln!("bench: no part `{bad}`; the parts are {}", PARTS.join(", "));
+                return ExitCode::from(2);
+            }
+            PARTS
+                .into_iter()
+                .filter(|p| only.iter().any(|o| o == p))
+                .collect()
+        }
+    };
+    let full = parts.len() == PARTS.len();
+    let out = match &args.out {
+        Some(out) => out.clone(),
+        None if full => "BENCHMARKS.md".into(),
+        None => format!("target/bench-{}.md", parts.join("-")),
+    };
     let bin = args
         .forewarn_bin
         .clone()
-        .unwrap_or_else(|| repo_root().join("target/release/forewarn"));
+        .unwrap_or_else(default_forewarn_bin);
     if !bin.is_file() {
         eprintln!(
             "bench: FAIL: {} is not built (make bench builds it: cargo build --release --bin forewarn)",
@@ -1588,27 +1728,16 @@ async fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let started = Utc::now();
-    let commit = git_commit();
+    let load_start = load_average();
+    let (commit, dirty) = git_commit();
     let mut table = Table::default();
-    let want = |p: &str| args.only.iter().any(|o| o == p);
-    let parts: [(&str, bool); 5] = [
-        ("size", want("size")),
-        ("detection", want("detection")),
-        ("burst", want("burst")),
-        ("scale", want("scale")),
-        ("drain", want("drain")),
-    ];
-    for (part, on) in parts {
-        if !on {
-            continue;
-        }
+    for part in &parts {
         println!("[bench] === {part} ===");
-        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         table.note(format!(
-            "load average (1, 5, 15 min) at the start of `{part}`: {} (2 cores shared with other work)",
-            load.split_whitespace().take(3).collect::<Vec<_>>().join(", ")
+            "load average (1, 5, 15 min) at the start of `{part}`: {}",
+            load_average()
         ));
-        let r = match part {
+        let r = match *part {
             "size" => size(&bin, &mut table),
             "detection" => detection(&args, &bin, &mut table).await,
             "burst" => burst(&args, &bin, &mut table).await,
@@ -1624,7 +1753,7 @@ async fn main() -> ExitCode {
         };
         if let Err(e) = r {
             eprintln!("[bench] {part}: FAILED: {e:#}");
-            table.failed.push(format!("{part}: {e:#}"));
+            table.0.failed.push(format!("{part}: {e:#}"));
         }
     }
     let extra: Vec<String> = std::env::args().skip(1).collect();
@@ -1633,25 +1762,39 @@ async fn main() -> ExitCode {
     } else {
         format!("make bench BENCH_ARGS=\"{}\"", extra.join(" "))
     };
-    let doc = format!(
-        "# Benchmarks\n\nMeasured by `{command}` (examples/bench.rs) on {} UTC, commit `{}`, release build \
-         (`{}`); machine: {}. Local cluster (hack/cluster.sh: kube-apiserver, KWOK nodes), the IMDS mock, \
-         agents and controller as processes on loopback; times from this program's watches and the mock's log, \
-         API requests from kube-apiserver's audit log. A benchmark reports: a missed goal does not fail the run.\n\n{}",
-        started.format("%Y-%m-%d %H:%M"),
+    let (nproc, memory, cpu) = machine();
+    let header = Header {
+        command,
+        started: started.format("%Y-%m-%d %H:%M").to_string(),
         commit,
-        bin.strip_prefix(repo_root()).unwrap_or(&bin).display(),
-        machine(),
-        table.render()
-    );
+        dirty,
+        executable: shown_path(&bin),
+        nproc,
+        memory,
+        cpu,
+        load_start,
+        load_end: load_average(),
+        partial: (!full).then(|| parts.iter().map(ToString::to_string).collect()),
+    };
+    // The history a full run carries forward: the current BENCHMARKS.md's.
+    let previous = full
+        .then(|| std::fs::read_to_string(repo_root().join("BENCHMARKS.md")).ok())
+        .flatten();
+    let doc = bench_report::document(&header, &table.0, previous.as_deref());
     println!("\n{doc}");
-    if !args.out.is_empty()
-        && let Err(e) = std::fs::write(repo_root().join(&args.out), &doc)
-    {
-        eprintln!("bench: FAIL: could not write {}: {e}", args.out);
-        return ExitCode::FAILURE;
+    if !out.is_empty() {
+        let path = repo_root().join(&out);
+        if let Err(e) = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&path, &doc))
+        {
+            eprintln!("bench: FAIL: could not write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        println!("[bench] written to {}", path.display());
     }
-    if table.failed.is_empty() {
+    if table.0.failed.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
