@@ -51,7 +51,7 @@ use prometheus::IntCounterVec;
 use serde_json::Value;
 use tracing::{error, info, warn};
 
-use crate::notify::config::{Config, Error, Format, Notification, read_roots};
+use crate::notify::config::{Config, Error, Format, Notification, Webhook, read_roots};
 use crate::notify::message::Message;
 
 /// Messages that may wait for one webhook; beyond it new ones are dropped
@@ -92,14 +92,39 @@ struct Inner {
     endpoints: Vec<Endpoint>,
 }
 
+/// Why a webhooks file could not be put in force; the webhooks in force
+/// stay.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The file is unreadable or invalid.
+    #[error(transparent)]
+    File(#[from] Error),
+    /// A webhook's HTTP client cannot be built (its `caFile`).
+    #[error("webhook {webhook}: {reason}")]
+    Client {
+        /// The webhook's name.
+        webhook: String,
+        /// Why, without the URL (it carries the credential).
+        reason: String,
+    },
+    /// The webhooks are finishing ([`Webhooks::finish`]).
+    #[error("the webhooks are stopping")]
+    Stopping,
+}
+
 impl Webhooks {
     /// Starts one delivery worker per webhook of `config`, counting in
     /// `counted` (labels `webhook`, `notification`, `result`). Messages of
     /// a `dry_run` controller say so.
     ///
     /// # Errors
-    /// When a webhook's HTTP client cannot be built (its `caFile`).
-    pub fn start(config: Config, counted: IntCounterVec, dry_run: bool) -> anyhow::Result<Self> {
+    /// [`ReloadError::Client`] when a webhook's HTTP client cannot be built
+    /// (its `caFile`).
+    pub fn start(
+        config: Config,
+        counted: IntCounterVec,
+        dry_run: bool,
+    ) -> Result<Self, ReloadError> {
         let hooks = Webhooks {
             shared: Arc::new(Shared {
                 active: std::sync::RwLock::new(None),
@@ -119,12 +144,13 @@ impl Webhooks {
     /// built changes nothing.
     ///
     /// # Errors
-    /// When a webhook's HTTP client cannot be built (its `caFile`), or the
-    /// webhooks are finishing ([`Webhooks::finish`]).
-    pub fn reload(&self, config: Config) -> anyhow::Result<()> {
+    /// [`ReloadError::Client`] when a webhook's HTTP client cannot be built
+    /// (its `caFile`), [`ReloadError::Stopping`] when the webhooks are
+    /// finishing.
+    pub fn reload(&self, config: Config) -> Result<(), ReloadError> {
         let shared = &self.shared;
         if *shared.closing.borrow() {
-            anyhow::bail!("the webhooks are stopping");
+            return Err(ReloadError::Stopping);
         }
         if config.webhooks.is_empty() {
             *shared
@@ -135,66 +161,15 @@ impl Webhooks {
         }
         // Every client first: a webhook that cannot be built leaves the set
         // in force alone.
-        let mut built = Vec::new();
-        for w in config.webhooks {
-            let roots = match &w.ca_file {
-                Some(ca) => {
-                    read_roots(ca).map_err(|e| anyhow::anyhow!("webhook {}: {e}", w.name))?
-                }
-                None => crate::http::public_roots(),
-            };
-            let timeout = Duration::from_secs(w.timeout_seconds.unwrap_or(10));
-            let client = crate::http::bare_builder()
-                .tls_certs_only(roots)
-                .timeout(timeout)
-                .connect_timeout(timeout.min(Duration::from_secs(5)))
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .map_err(|e| anyhow::anyhow!("webhook {}: {}", w.name, e.without_url()))?;
-            built.push((w, client));
-        }
-        let counted = &shared.counted;
-        let mut endpoints = Vec::new();
-        let mut started = Vec::new();
-        for (w, client) in built {
-            let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
-            let mut headers = http::HeaderMap::new();
-            for (k, v) in &w.headers {
-                if let (Ok(k), Ok(v)) = (
-                    http::HeaderName::from_bytes(k.as_bytes()),
-                    http::HeaderValue::from_str(v),
-                ) {
-                    headers.insert(k, v);
-                }
-            }
-            for n in Notification::ALL {
-                for r in ["delivered", "failed"] {
-                    counted.with_label_values(&[&w.name, n.as_str(), r]);
-                }
-            }
-            let worker = Worker {
-                name: w.name.clone(),
-                client,
-                url: w.url.clone(),
-                headers,
-                attempts: w.max_attempts.unwrap_or(5),
-                counted: counted.clone(),
-            };
-            started.push((
-                w.name.clone(),
-                tokio::spawn(worker.run(rx, shared.closing.subscribe())),
-            ));
-            info!(webhook = %w.name, format = ?w.format, "Webhook configured");
-            endpoints.push(Endpoint {
-                name: w.name,
-                format: w.format,
-                notifications: w.notifications.map_or_else(
-                    || Notification::ALL.into_iter().collect(),
-                    |n| n.into_iter().collect(),
-                ),
-                queue: tx,
-            });
-        }
+        let built = config
+            .webhooks
+            .into_iter()
+            .map(|w| client_for(&w).map(|c| (w, c)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (endpoints, started): (Vec<Endpoint>, Vec<_>) = built
+            .into_iter()
+            .map(|(w, client)| self.start_endpoint(w, client))
+            .unzip();
         {
             let mut workers = shared
                 .workers
@@ -211,6 +186,57 @@ impl Webhooks {
             endpoints,
         }));
         Ok(())
+    }
+
+    /// Starts the delivery worker of webhook `w` and gives its endpoint,
+    /// with the worker's name and task. Its delivered and failed series are
+    /// created at 0 for every notification, so that an alert on a rate sees
+    /// the first failure.
+    fn start_endpoint(
+        &self,
+        w: Webhook,
+        client: reqwest::Client,
+    ) -> (Endpoint, (String, tokio::task::JoinHandle<()>)) {
+        let shared = &self.shared;
+        let counted = &shared.counted;
+        let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
+        let mut headers = http::HeaderMap::new();
+        for (k, v) in &w.headers {
+            if let (Ok(k), Ok(v)) = (
+                http::HeaderName::from_bytes(k.as_bytes()),
+                http::HeaderValue::from_str(v),
+            ) {
+                headers.insert(k, v);
+            }
+        }
+        for n in Notification::ALL {
+            for r in ["delivered", "failed"] {
+                counted.with_label_values(&[&w.name, n.as_str(), r]);
+            }
+        }
+        let worker = Worker {
+            name: w.name.clone(),
+            client,
+            url: w.url.clone(),
+            headers,
+            attempts: w.max_attempts.unwrap_or(5),
+            counted: counted.clone(),
+        };
+        let task = (
+            w.name.clone(),
+            tokio::spawn(worker.run(rx, shared.closing.subscribe())),
+        );
+        info!(webhook = %w.name, format = ?w.format, "Webhook configured");
+        let endpoint = Endpoint {
+            name: w.name,
+            format: w.format,
+            notifications: w.notifications.map_or_else(
+                || Notification::ALL.into_iter().collect(),
+                |n| n.into_iter().collect(),
+            ),
+            queue: tx,
+        };
+        (endpoint, task)
     }
 
     /// The set in force, if any webhook is configured.
@@ -291,6 +317,32 @@ impl Webhooks {
     }
 }
 
+/// The HTTP client of webhook `w`: its `caFile`'s roots only (else the
+/// public roots), its timeout per attempt (default 10 s; connecting at most
+/// 5 s of it), and no redirect followed.
+///
+/// # Errors
+/// [`ReloadError::Client`] when the roots cannot be read or the client
+/// cannot be built.
+fn client_for(w: &Webhook) -> Result<reqwest::Client, ReloadError> {
+    let failed = |reason: String| ReloadError::Client {
+        webhook: w.name.clone(),
+        reason,
+    };
+    let roots = match &w.ca_file {
+        Some(ca) => read_roots(ca).map_err(failed)?,
+        None => crate::http::public_roots(),
+    };
+    let timeout = Duration::from_secs(w.timeout_seconds.unwrap_or(10));
+    crate::http::bare_builder()
+        .tls_certs_only(roots)
+        .timeout(timeout)
+        .connect_timeout(timeout.min(Duration::from_secs(5)))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| failed(e.without_url().to_string()))
+}
+
 /// Polls the webhooks file at `path` every
 /// [`crate::file_watch::POLL_INTERVAL`] (a Secret volume swaps a symlink: the
 /// content is compared, from `initial`, the text in force) and puts each
@@ -316,7 +368,7 @@ pub async fn watch(
         };
         let loaded = read
             .map_err(|source| {
-                anyhow::Error::from(Error::Read {
+                ReloadError::from(Error::Read {
                     path: shown.clone(),
                     source,
                 })
