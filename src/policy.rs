@@ -167,6 +167,50 @@ pub struct Rule {
     pub on_deadline: Option<DeadlineAction>,
 }
 
+impl Rule {
+    /// Whether the rule can be used under a policy whose
+    /// `drainMarginSeconds` is `drain_margin_seconds`: a duration range
+    /// that is not empty; a `drainLeadTimeSeconds` only for an action that
+    /// cordons, at most four weeks and at least the drain margin (else the
+    /// drain would have to be done before it may start); an `onDeadline`
+    /// only for an action that approves. The first fault, as the reason of
+    /// an [`Error::Invalid`].
+    fn check(&self, drain_margin_seconds: u64) -> Result<(), String> {
+        if let (Some(lo), Some(hi)) = (self.min_duration_seconds, self.max_duration_seconds)
+            && lo > hi
+        {
+            return Err(format!(
+                "minDurationSeconds {lo} is greater than maxDurationSeconds {hi}"
+            ));
+        }
+        if let Some(lead) = self.drain_lead_time_seconds {
+            if !self.action.cordons() {
+                return Err(format!(
+                    "drainLeadTimeSeconds is set, but action {} never cordons or drains",
+                    self.action.as_str()
+                ));
+            }
+            if lead > MAX_WAIT_SECONDS {
+                return Err(format!(
+                    "drainLeadTimeSeconds {lead} is longer than four weeks"
+                ));
+            }
+            if lead < drain_margin_seconds {
+                return Err(format!(
+                    "drainLeadTimeSeconds {lead} is shorter than drainMarginSeconds {drain_margin_seconds}: the drain would have to be done before it may start"
+                ));
+            }
+        }
+        if self.on_deadline.is_some() && !self.action.approves() {
+            return Err(format!(
+                "onDeadline is set, but action {} never approves",
+                self.action.as_str()
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// What an approving action does when what must be done before the
 /// approval (the drain of every affected node, and any other condition
 /// the controller waits for) is not done at the drain deadline,
@@ -503,117 +547,94 @@ impl Policy {
             source: Box::new(source),
         })?;
         for (index, r) in p.rules.iter().enumerate() {
-            let invalid = |reason: String| Error::Invalid {
+            r.check(p.drain_margin_seconds)
+                .map_err(|reason| Error::Invalid {
+                    path: path.into(),
+                    index,
+                    reason,
+                })?;
+        }
+        p.check_bounds()
+            .and_then(|()| p.check_waits())
+            .map_err(|reason| Error::Setting {
                 path: path.into(),
-                index,
                 reason,
-            };
-            if let (Some(lo), Some(hi)) = (r.min_duration_seconds, r.max_duration_seconds)
-                && lo > hi
-            {
-                return Err(invalid(format!(
-                    "minDurationSeconds {lo} is greater than maxDurationSeconds {hi}"
-                )));
-            }
-            if let Some(lead) = r.drain_lead_time_seconds {
-                if !r.action.cordons() {
-                    return Err(invalid(format!(
-                        "drainLeadTimeSeconds is set, but action {} never cordons or drains",
-                        r.action.as_str()
-                    )));
-                }
-                if lead > MAX_WAIT_SECONDS {
-                    return Err(invalid(format!(
-                        "drainLeadTimeSeconds {lead} is longer than four weeks"
-                    )));
-                }
-                if lead < p.drain_margin_seconds {
-                    return Err(invalid(format!(
-                        "drainLeadTimeSeconds {lead} is shorter than drainMarginSeconds {}: the drain would have to be done before it may start",
-                        p.drain_margin_seconds
-                    )));
-                }
-            }
-            if r.on_deadline.is_some() && !r.action.approves() {
-                return Err(invalid(format!(
-                    "onDeadline is set, but action {} never approves",
-                    r.action.as_str()
-                )));
-            }
+            })?;
+        Ok(p)
+    }
+
+    /// The policy-wide settings with a floor or a ceiling of their own:
+    /// `minGraceSeconds` at least 1 (a grace period of 0 deletes the pod
+    /// at once, a force delete), `retention` at most 10 years, `releaseDelaySeconds` at most an hour,
+    /// `drainMarginSeconds` at most a week (the longest notice Azure gives).
+    /// The first setting out of range, as the reason of an
+    /// [`Error::Setting`].
+    fn check_bounds(&self) -> Result<(), String> {
+        if self.min_grace_seconds < MIN_GRACE_SECONDS {
+            return Err(format!(
+                "minGraceSeconds must be at least 1 (0 is a force delete), got {}",
+                self.min_grace_seconds
+            ));
         }
-        if p.min_grace_seconds < MIN_GRACE_SECONDS {
-            return Err(Error::Setting {
-                path: path.into(),
-                reason: format!(
-                    "minGraceSeconds must be at least 1 (0 is a force delete), got {}",
-                    p.min_grace_seconds
-                ),
-            });
+        if self.retention > MAX_RETENTION {
+            return Err(format!(
+                "retention {} is longer than the 10 years allowed",
+                humantime::format_duration(self.retention)
+            ));
         }
-        if p.retention > MAX_RETENTION {
-            return Err(Error::Setting {
-                path: path.into(),
-                reason: format!(
-                    "retention {} is longer than the 10 years allowed",
-                    humantime::format_duration(p.retention)
-                ),
-            });
+        if self.release_delay_seconds > MAX_RELEASE_DELAY_SECONDS {
+            return Err(format!(
+                "releaseDelaySeconds {} is longer than an hour; nodes would stay cordoned long after their event",
+                self.release_delay_seconds
+            ));
         }
-        if p.release_delay_seconds > MAX_RELEASE_DELAY_SECONDS {
-            return Err(Error::Setting {
-                path: path.into(),
-                reason: format!(
-                    "releaseDelaySeconds {} is longer than an hour; nodes would stay cordoned long after their event",
-                    p.release_delay_seconds
-                ),
-            });
+        if self.drain_margin_seconds > MAX_DRAIN_MARGIN_SECONDS {
+            return Err(format!(
+                "drainMarginSeconds {} is longer than a week, the longest notice Azure gives",
+                self.drain_margin_seconds
+            ));
         }
-        if p.drain_margin_seconds > MAX_DRAIN_MARGIN_SECONDS {
-            return Err(Error::Setting {
-                path: path.into(),
-                reason: format!(
-                    "drainMarginSeconds {} is longer than a week, the longest notice Azure gives",
-                    p.drain_margin_seconds
-                ),
-            });
-        }
-        let ack_timeouts =
-            std::iter::once(("acknowledgeTimeoutSeconds", p.acknowledge_timeout_seconds)).chain(
-                p.rules
-                    .iter()
-                    .filter_map(|r| r.acknowledge_timeout_seconds)
-                    .map(|t| ("a rule's acknowledgeTimeoutSeconds", t)),
-            );
+        Ok(())
+    }
+
+    /// The waits: every `acknowledgeTimeoutSeconds` (the policy's, then
+    /// each rule's) at most an hour; `drainLeadTimeSeconds`,
+    /// `orphanedAfterSeconds` and `staleAfterSeconds` at most four weeks;
+    /// `drainLeadTimeSeconds` at least `drainMarginSeconds` (else the drain
+    /// would have to be done before it may start). The first out of
+    /// range, as the reason of an [`Error::Setting`].
+    fn check_waits(&self) -> Result<(), String> {
+        let ack_timeouts = std::iter::once((
+            "acknowledgeTimeoutSeconds",
+            self.acknowledge_timeout_seconds,
+        ))
+        .chain(
+            self.rules
+                .iter()
+                .filter_map(|r| r.acknowledge_timeout_seconds)
+                .map(|t| ("a rule's acknowledgeTimeoutSeconds", t)),
+        );
         for (name, value) in ack_timeouts {
             if value > MAX_ACKNOWLEDGE_TIMEOUT_SECONDS {
-                return Err(Error::Setting {
-                    path: path.into(),
-                    reason: format!("{name} {value} is longer than an hour"),
-                });
+                return Err(format!("{name} {value} is longer than an hour"));
             }
         }
         for (name, value) in [
-            ("drainLeadTimeSeconds", p.drain_lead_time_seconds),
-            ("orphanedAfterSeconds", p.orphaned_after_seconds),
-            ("staleAfterSeconds", p.stale_after_seconds),
+            ("drainLeadTimeSeconds", self.drain_lead_time_seconds),
+            ("orphanedAfterSeconds", self.orphaned_after_seconds),
+            ("staleAfterSeconds", self.stale_after_seconds),
         ] {
             if value > MAX_WAIT_SECONDS {
-                return Err(Error::Setting {
-                    path: path.into(),
-                    reason: format!("{name} {value} is longer than four weeks"),
-                });
+                return Err(format!("{name} {value} is longer than four weeks"));
             }
         }
-        if p.drain_lead_time_seconds < p.drain_margin_seconds {
-            return Err(Error::Setting {
-                path: path.into(),
-                reason: format!(
-                    "drainLeadTimeSeconds {} is shorter than drainMarginSeconds {}: the drain would have to be done before it may start",
-                    p.drain_lead_time_seconds, p.drain_margin_seconds
-                ),
-            });
+        if self.drain_lead_time_seconds < self.drain_margin_seconds {
+            return Err(format!(
+                "drainLeadTimeSeconds {} is shorter than drainMarginSeconds {}: the drain would have to be done before it may start",
+                self.drain_lead_time_seconds, self.drain_margin_seconds
+            ));
         }
-        Ok(p)
+        Ok(())
     }
 
     /// `secs` as a `chrono` duration, saturating at a thousand years

@@ -834,45 +834,14 @@ fn plan_drain(
         .filter(|n| n.vm_name.is_empty())
         .cloned()
         .collect();
-    // The drain lead time: an event announced long ahead (a predicted
-    // failure) is not drained until NotBefore minus the lead time. Once
-    // begun (a node holds the cordon for it), a drain goes on.
-    let holding = mapped.iter().any(|n| n.holds.contains(me));
-    if let Some(start) = ev
-        .spec
-        .not_before
-        .map(|nb| nb - Policy::seconds(known.lead_time_seconds))
-        .filter(|start| now < *start && !known.started && !known.decided && !holding)
-    {
-        p.drain_starts_at = Some(start);
-        p.phase = Phase::Pending;
-        p.node_writes = release(me, &stray);
-        p.requeue = (start - now)
-            .to_std()
-            .unwrap_or(Duration::from_secs(1))
-            .clamp(Duration::from_secs(1), Duration::from_secs(300));
+    if wait_for_lead_time(p, known, ev, &mapped, &stray, now) {
         return;
     }
     p.node_writes = cordon(me, &mapped);
     p.node_writes.extend(release(me, &stray));
     let ack = acknowledgement(p, ev, seen, policy, now);
     if action.drains() {
-        let (mut evictions, kept) = plan_evictions(
-            &mapped,
-            drain_budget(p.deadline, now),
-            policy.min_grace_seconds,
-            policy.evicts_unmanaged(event_type),
-        );
-        // A pod that asked to be waited for leaves once it acknowledged
-        // (or the wait is over), by the policy's evictAfterAcknowledgement.
-        if let Some(a) = ack
-            .as_ref()
-            .filter(|a| a.waiting && policy.evict_after_acknowledgement)
-        {
-            evictions.retain(|e| !a.pending_uids.contains(&e.pod.uid));
-        }
-        p.evictions = evictions;
-        p.kept = kept;
+        plan_drain_evictions(p, &mapped, ack.as_ref(), policy, event_type, now);
     }
 
     let all_drained =
@@ -886,22 +855,109 @@ fn plan_drain(
     }
     hold_for_workloads(p, ack);
     note_pending_approval(p, known, ev, seen);
-    // `Approved` means IMDS accepted the approval; a decided approval that
-    // no agent has sent yet keeps the phase where the drain is.
-    p.phase = if known.started {
+    p.phase = drain_phase(known, action, all_drained, !mapped.is_empty());
+    requeue_drain(p, ev, seen, policy, all_drained, now);
+}
+
+/// The drain lead time: an event announced long ahead (a predicted
+/// failure) is not drained until `NotBefore` minus the lead time. Before
+/// then, while the event has not started, no approval is decided and no
+/// `mapped` node holds the cordon for it (once begun, a drain goes on),
+/// the plan only waits: `Pending`, with when the drain starts, the
+/// `stray` nodes released, and a look again at the start (between 1 and
+/// 300 seconds from `now`). Returns whether it waits.
+fn wait_for_lead_time(
+    p: &mut Plan,
+    known: &Known,
+    ev: &ScheduledEvent,
+    mapped: &[&ObservedNode],
+    stray: &[ObservedNode],
+    now: DateTime<Utc>,
+) -> bool {
+    let me = &known.me;
+    let holding = mapped.iter().any(|n| n.holds.contains(me));
+    let Some(start) = ev
+        .spec
+        .not_before
+        .map(|nb| nb - Policy::seconds(known.lead_time_seconds))
+        .filter(|start| now < *start && !known.started && !known.decided && !holding)
+    else {
+        return false;
+    };
+    p.drain_starts_at = Some(start);
+    p.phase = Phase::Pending;
+    p.node_writes = release(me, stray);
+    p.requeue = (start - now)
+        .to_std()
+        .unwrap_or(Duration::from_secs(1))
+        .clamp(Duration::from_secs(1), Duration::from_secs(300));
+    true
+}
+
+/// The evictions of a draining action: the pods of the `mapped` nodes,
+/// their grace periods clipped to the drain deadline and floored at the
+/// policy's `minGraceSeconds`, pods without a controller kept unless the
+/// policy evicts them for `event_type`. A pod that asked to be waited for
+/// leaves once it acknowledged (or the wait `ack` is over), by the
+/// policy's `evictAfterAcknowledgement`.
+fn plan_drain_evictions(
+    p: &mut Plan,
+    mapped: &[&ObservedNode],
+    ack: Option<&AckState>,
+    policy: &Policy,
+    event_type: &EventType,
+    now: DateTime<Utc>,
+) {
+    let (mut evictions, kept) = plan_evictions(
+        mapped,
+        drain_budget(p.deadline, now),
+        policy.min_grace_seconds,
+        policy.evicts_unmanaged(event_type),
+    );
+    if let Some(a) = ack.filter(|a| a.waiting && policy.evict_after_acknowledgement) {
+        evictions.retain(|e| !a.pending_uids.contains(&e.pod.uid));
+    }
+    p.evictions = evictions;
+    p.kept = kept;
+}
+
+/// The phase of a drain in progress. `Approved` means IMDS accepted the
+/// approval; a decided approval that no agent has sent yet keeps the
+/// phase where the drain is: `Drained` once every mapped node is
+/// (`all_drained`), `Draining` while some node is mapped (`any_mapped`),
+/// else `Pending`. `Started` comes first, whatever the drain.
+fn drain_phase(known: &Known, action: Action, all_drained: bool, any_mapped: bool) -> Phase {
+    if known.started {
         Phase::Started
     } else if known.accepted {
         Phase::Approved
     } else if action.drains() && all_drained {
         Phase::Drained
-    } else if action.drains() && !mapped.is_empty() {
+    } else if action.drains() && any_mapped {
         Phase::Draining
     } else {
         Phase::Pending
-    };
+    }
+}
+
+/// When to look again at a drain in `p.phase`: every [`DRAIN_POLL`] while
+/// pods leave (`Draining`, or `Started` with nodes not `all_drained`),
+/// else 10 seconds once `Started`, else 5; sooner for a node due for
+/// release ([`release_ended`], whose releases it adds to the plan), a
+/// cordon written in this pass ([`AFTER_CORDON`]), something falling due
+/// (`p.due`) or the pods that take part ([`requeue_for_workloads`]).
+/// Sets `p.polls_progress` when the poll for progress decides.
+fn requeue_drain(
+    p: &mut Plan,
+    ev: &ScheduledEvent,
+    seen: &Observed,
+    policy: &Policy,
+    all_drained: bool,
+    now: DateTime<Utc>,
+) {
     let poll = match p.phase {
         Phase::Draining => Some(DRAIN_POLL),
-        Phase::Started if action.drains() && !all_drained => Some(DRAIN_POLL),
+        Phase::Started if p.action.drains() && !all_drained => Some(DRAIN_POLL),
         _ => None,
     };
     p.requeue = match p.phase {

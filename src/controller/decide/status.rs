@@ -11,6 +11,7 @@ use crate::api::{
     Acknowledgements, Approval, Condition, DryRun, EventStatus, NodeProgress, NodesNotListed,
     Phase, PreviousAppearance, ScheduledEvent, ScheduledEventStatus,
 };
+use crate::controller::decide::acknowledge::AckState;
 use crate::controller::decide::plan::NodeWrite;
 use crate::controller::decide::plan::{EvictionOutcome, Plan, must_leave, name_of};
 use crate::controller::observe::observed::{Observed, ObservedNode};
@@ -588,37 +589,8 @@ fn acknowledgement_condition(c: &mut Conditions<'_>, ev: &ScheduledEvent, plan: 
     let Some(a) = &plan.acknowledgement else {
         return;
     };
-    let name = name_of(ev);
-    let until = a.deadline.to_rfc3339();
     if a.waiting {
-        let mut parts = Vec::new();
-        if !a.pending.is_empty() {
-            parts.push(format!(
-                "{} to acknowledge (annotation ack.forewarn.dev/{name}: {})",
-                named(&a.pending, NAMED_IN_MESSAGE, ", "),
-                ev.spec.event_id
-            ));
-        }
-        if !a.undelivered.is_empty() {
-            parts.push(format!(
-                "the notice of {} to be stored",
-                named(&a.undelivered, NAMED_IN_MESSAGE, ", ")
-            ));
-        }
-        let reason = if a.pending.is_empty() {
-            "NoticePending"
-        } else {
-            "AwaitingPods"
-        };
-        c.set(
-            "AcknowledgementPending",
-            true,
-            reason,
-            format!(
-                "forewarn waits (the approval, and by evictAfterAcknowledgement the eviction of the pods that asked) until {until} for {}",
-                parts.join(" and ")
-            ),
-        );
+        acknowledgement_awaited(c, ev, a);
         return;
     }
     let was = c
@@ -626,7 +598,65 @@ fn acknowledgement_condition(c: &mut Conditions<'_>, ev: &ScheduledEvent, plan: 
         .iter()
         .find(|x| x.type_ == "AcknowledgementPending")
         .cloned();
-    let (reason, message) = if a.timed_out {
+    let (reason, message) = acknowledgement_over(a);
+    // Once the wait is over, its account stays (the pods that acknowledged
+    // may be evicted since).
+    match was {
+        Some(w) if w.status == "False" => c.out.push(w),
+        Some(_) => c.set("AcknowledgementPending", false, reason, message),
+        None if a.asked > 0 || a.timed_out => {
+            c.set("AcknowledgementPending", false, reason, message);
+        }
+        None => {}
+    }
+}
+
+/// `AcknowledgementPending` `True` while the wait `a` goes on, until its
+/// deadline: `AwaitingPods` naming the pods yet to acknowledge (with the
+/// annotation `ack.forewarn.dev/<event>: <EventId>` they write) and the
+/// notices not stored yet, or `NoticePending` when only notices are
+/// missing.
+fn acknowledgement_awaited(c: &mut Conditions<'_>, ev: &ScheduledEvent, a: &AckState) {
+    let name = name_of(ev);
+    let until = a.deadline.to_rfc3339();
+    let mut parts = Vec::new();
+    if !a.pending.is_empty() {
+        parts.push(format!(
+            "{} to acknowledge (annotation ack.forewarn.dev/{name}: {})",
+            named(&a.pending, NAMED_IN_MESSAGE, ", "),
+            ev.spec.event_id
+        ));
+    }
+    if !a.undelivered.is_empty() {
+        parts.push(format!(
+            "the notice of {} to be stored",
+            named(&a.undelivered, NAMED_IN_MESSAGE, ", ")
+        ));
+    }
+    let reason = if a.pending.is_empty() {
+        "NoticePending"
+    } else {
+        "AwaitingPods"
+    };
+    c.set(
+        "AcknowledgementPending",
+        true,
+        reason,
+        format!(
+            "forewarn waits (the approval, and by evictAfterAcknowledgement the eviction of the pods that asked) until {until} for {}",
+            parts.join(" and ")
+        ),
+    );
+}
+
+/// How the wait `a`, no longer going on, ended, as `(reason, message)` of
+/// `AcknowledgementPending` `False`: `TimedOut` (its deadline passed,
+/// naming the pods that did not answer), `Acknowledged` (every pod that
+/// asked did), `Notified` (every notice stored, no pod asked) or
+/// `NotAwaited` (the event is no longer `Scheduled`).
+fn acknowledgement_over(a: &AckState) -> (&'static str, String) {
+    let until = a.deadline.to_rfc3339();
+    if a.timed_out {
         let left: Vec<String> = a.pending.iter().chain(&a.undelivered).cloned().collect();
         (
             "TimedOut",
@@ -653,16 +683,6 @@ fn acknowledgement_condition(c: &mut Conditions<'_>, ev: &ScheduledEvent, plan: 
             "NotAwaited",
             "the event is no longer Scheduled: nothing waits for acknowledgements".into(),
         )
-    };
-    // Once the wait is over, its account stays (the pods that acknowledged
-    // may be evicted since).
-    match was {
-        Some(w) if w.status == "False" => c.out.push(w),
-        Some(_) => c.set("AcknowledgementPending", false, reason, message),
-        None if a.asked > 0 || a.timed_out => {
-            c.set("AcknowledgementPending", false, reason, message);
-        }
-        None => {}
     }
 }
 
@@ -692,6 +712,39 @@ fn conditions(
     if plan.action.drains() {
         drain_conditions(&mut c, nodes, plan, finished, now);
     }
+    incomplete_at_deadline(&mut c, plan);
+    completed_unobserved(&mut c, ev, plan, approval);
+    approval_pending_condition(&mut c, plan, approval);
+    drain_scheduled_condition(&mut c, ev, plan, finished);
+    trust_conditions(&mut c, seen);
+    if let Some((reason, message)) = &plan.ended_unobserved {
+        c.set("EndedWithoutObserver", true, reason, message.clone());
+    }
+    if !finished {
+        acknowledgement_condition(&mut c, ev, plan);
+    }
+    if let Some(why) = &plan.approval_withheld {
+        c.set(
+            "ApprovalWithheld",
+            true,
+            "DrainOrResourcesNotReady",
+            why.clone(),
+        );
+    }
+
+    c.out
+}
+
+/// `DrainIncomplete` as the drain deadline (`NotBefore` minus the margin)
+/// left it, by the policy's `onDeadline`: `ApprovedIncomplete` when the
+/// approval was decided there anyway (`Approve`), `DeadlinePassed` when it
+/// is withheld (`Hold`; the platform starts the event at `NotBefore` on
+/// its own), each with what was left. Under `Hold` the first account
+/// stays (what was left when the deadline passed), as for an unfinished
+/// drain; for an action that does not drain, a `True` one recorded before
+/// (the approval at the deadline waited for something else) is kept as
+/// it was.
+fn incomplete_at_deadline(c: &mut Conditions<'_>, plan: &Plan) {
     if let Some(left) = &plan.approved_incomplete {
         c.set(
             "DrainIncomplete",
@@ -702,7 +755,8 @@ fn conditions(
             ),
         );
     } else if let Some(left) = &plan.held_incomplete
-        && !prev_conditions
+        && !c
+            .prev
             .iter()
             .any(|x| x.type_ == "DrainIncomplete" && x.status == "True")
     {
@@ -717,7 +771,8 @@ fn conditions(
             ),
         );
     } else if !plan.action.drains()
-        && let Some(first) = prev_conditions
+        && let Some(first) = c
+            .prev
             .iter()
             .find(|x| x.type_ == "DrainIncomplete" && x.status == "True")
     {
@@ -726,32 +781,51 @@ fn conditions(
         c.out.retain(|x| x.type_ != "DrainIncomplete");
         c.out.push(first.clone());
     }
-    if plan.phase == Phase::Completed
-        && prev.started_at.is_none()
-        && !spec_started_ever(ev)
-        && !prev_conditions
-            .iter()
-            .any(|x| x.type_ == "CompletedUnobserved")
+}
+
+/// `CompletedUnobserved`, set once: the event is `Completed` (it left
+/// IMDS) without ever being seen `Started`. It is taken as run, not
+/// cancelled: `ApprovedThenGone` when IMDS had accepted its `approval`,
+/// else `NotBeforePassed`.
+fn completed_unobserved(
+    c: &mut Conditions<'_>,
+    ev: &ScheduledEvent,
+    plan: &Plan,
+    approval: Option<&Approval>,
+) {
+    let started_at = ev.status.as_ref().and_then(|s| s.started_at);
+    if plan.phase != Phase::Completed
+        || started_at.is_some()
+        || spec_started_ever(ev)
+        || c.prev.iter().any(|x| x.type_ == "CompletedUnobserved")
     {
-        let accepted =
-            approval.and_then(|a| a.result.as_deref()) == Some(crate::agent::approval::ACCEPTED);
-        let (reason, message) = if accepted {
-            (
-                "ApprovedThenGone",
-                "left IMDS after IMDS accepted its approval, without being seen Started: taken as run, not cancelled",
-            )
-        } else {
-            (
-                "NotBeforePassed",
-                "left IMDS after its NotBefore, without being seen Started (no agent could read IMDS meanwhile?): taken as run, not cancelled",
-            )
-        };
-        c.set("CompletedUnobserved", true, reason, message.into());
+        return;
     }
+    let accepted =
+        approval.and_then(|a| a.result.as_deref()) == Some(crate::agent::approval::ACCEPTED);
+    let (reason, message) = if accepted {
+        (
+            "ApprovedThenGone",
+            "left IMDS after IMDS accepted its approval, without being seen Started: taken as run, not cancelled",
+        )
+    } else {
+        (
+            "NotBeforePassed",
+            "left IMDS after its NotBefore, without being seen Started (no agent could read IMDS meanwhile?): taken as run, not cancelled",
+        )
+    };
+    c.set("CompletedUnobserved", true, reason, message.into());
+}
+
+/// `ApprovalPending`: `True` with the plan's `(reason, message)` while a
+/// decided approval waits for IMDS to accept it; once the event is
+/// `Approved`, or it no longer waits, `False`: `Accepted` only on the
+/// sender's own word that IMDS took its POST, else `NotSent`.
+fn approval_pending_condition(c: &mut Conditions<'_>, plan: &Plan, approval: Option<&Approval>) {
     if let Some((reason, message)) = &plan.approval_pending {
         c.set("ApprovalPending", true, reason, message.clone());
     } else if plan.phase == Phase::Approved
-        || prev_conditions
+        || c.prev
             .iter()
             .any(|x| x.type_ == "ApprovalPending" && x.status == "True")
     {
@@ -773,6 +847,19 @@ fn conditions(
         };
         c.set("ApprovalPending", false, reason, message);
     }
+}
+
+/// `DrainScheduled`: `True` (`WaitingForLeadTime`) while the cordon and
+/// drain wait for the drain lead time before `NotBefore`; then `False`,
+/// `LeadTimeReached`, or `EventEnded` when the event is over first. Once
+/// the wait is over its record stays: the drain started late on purpose,
+/// and when.
+fn drain_scheduled_condition(
+    c: &mut Conditions<'_>,
+    ev: &ScheduledEvent,
+    plan: &Plan,
+    finished: bool,
+) {
     if let Some(start) = plan.drain_starts_at {
         c.set(
             "DrainScheduled",
@@ -788,7 +875,8 @@ fn conditions(
                     .unwrap_or_default()
             ),
         );
-    } else if prev_conditions
+    } else if c
+        .prev
         .iter()
         .any(|x| x.type_ == "DrainScheduled" && x.status == "True")
     {
@@ -801,14 +889,19 @@ fn conditions(
             ("LeadTimeReached", "the drain lead time began")
         };
         c.set("DrainScheduled", false, reason, message.into());
-    } else if let Some(ended) = prev_conditions.iter().find(|x| x.type_ == "DrainScheduled") {
+    } else if let Some(ended) = c.prev.iter().find(|x| x.type_ == "DrainScheduled") {
         // Once the wait is over its record stays: the drain started late
         // on purpose, and when.
         c.out.retain(|x| x.type_ != "DrainScheduled");
         c.out.push(ended.clone());
     }
-    // Trust (README, "The trust model"): nodes left alone for want of a trusted report, and
-    // a completion no trusted report confirms.
+}
+
+/// Trust (README, "The trust model"): `NodesUnconfirmed` while nodes are
+/// left alone for want of a trusted report (their own agent's, or two
+/// other agents'), and `ReportsDisagree` while the agents of the VMs the
+/// event names report different events; each `False` once it clears.
+fn trust_conditions(c: &mut Conditions<'_>, seen: &Observed) {
     c.set_while(
         "NodesUnconfirmed",
         (!seen.unconfirmed.is_empty()).then(|| {
@@ -838,22 +931,6 @@ fn conditions(
             "the agents of the VMs the event names report the same event",
         ),
     );
-    if let Some((reason, message)) = &plan.ended_unobserved {
-        c.set("EndedWithoutObserver", true, reason, message.clone());
-    }
-    if !finished {
-        acknowledgement_condition(&mut c, ev, plan);
-    }
-    if let Some(why) = &plan.approval_withheld {
-        c.set(
-            "ApprovalWithheld",
-            true,
-            "DrainOrResourcesNotReady",
-            why.clone(),
-        );
-    }
-
-    c.out
 }
 
 fn spec_started_ever(ev: &ScheduledEvent) -> bool {
@@ -976,42 +1053,7 @@ fn drain_conditions(
         .map(|n| format!("{} ({} pods)", n.name, n.pods_remaining))
         .collect();
     if !finished {
-        let done = pending.is_empty() && !nodes.is_empty();
-        c.set(
-            "Drained",
-            done,
-            if done {
-                "AllNodesDrained"
-            } else {
-                "PodsRemaining"
-            },
-            named(&pending, NAMED_IN_MESSAGE, ", "),
-        );
-        let blocked: Vec<String> = nodes
-            .iter()
-            .filter_map(|n| n.blocked_by.as_ref().map(|b| format!("{}: {b}", n.name)))
-            .collect();
-        c.set(
-            "DrainBlocked",
-            !blocked.is_empty(),
-            if blocked.is_empty() {
-                "NotBlocked"
-            } else {
-                "EvictionRefused"
-            },
-            named(&blocked, NAMED_IN_MESSAGE, "; "),
-        );
-        let kept: Vec<&String> = nodes.iter().flat_map(|n| &n.pods_kept).collect();
-        c.set(
-            "PodsKept",
-            !kept.is_empty(),
-            if kept.is_empty() {
-                "NoneKept"
-            } else {
-                "UnmanagedPods"
-            },
-            named(&kept, NAMED_IN_MESSAGE, "; "),
-        );
+        progress_conditions(c, nodes, &pending);
     }
     // Keep the first account of an incomplete drain (the deadline passing
     // is reported as such, even after the event started or ended).
@@ -1049,6 +1091,50 @@ fn drain_conditions(
             "{why} with {} not drained",
             named(&pending, NAMED_IN_MESSAGE, ", ")
         ),
+    );
+}
+
+/// The drain's progress over the per-node records `nodes`, while the event
+/// is live: `Drained` (`True` once every node is, else `PodsRemaining`
+/// naming the `pending` nodes with their pods left), `DrainBlocked` (what
+/// refuses evictions: a PodDisruptionBudget, API server throttling) and
+/// `PodsKept` (pods left on their nodes on purpose: no controller).
+fn progress_conditions(c: &mut Conditions<'_>, nodes: &[NodeProgress], pending: &[String]) {
+    let done = pending.is_empty() && !nodes.is_empty();
+    c.set(
+        "Drained",
+        done,
+        if done {
+            "AllNodesDrained"
+        } else {
+            "PodsRemaining"
+        },
+        named(pending, NAMED_IN_MESSAGE, ", "),
+    );
+    let blocked: Vec<String> = nodes
+        .iter()
+        .filter_map(|n| n.blocked_by.as_ref().map(|b| format!("{}: {b}", n.name)))
+        .collect();
+    c.set(
+        "DrainBlocked",
+        !blocked.is_empty(),
+        if blocked.is_empty() {
+            "NotBlocked"
+        } else {
+            "EvictionRefused"
+        },
+        named(&blocked, NAMED_IN_MESSAGE, "; "),
+    );
+    let kept: Vec<&String> = nodes.iter().flat_map(|n| &n.pods_kept).collect();
+    c.set(
+        "PodsKept",
+        !kept.is_empty(),
+        if kept.is_empty() {
+            "NoneKept"
+        } else {
+            "UnmanagedPods"
+        },
+        named(&kept, NAMED_IN_MESSAGE, "; "),
     );
 }
 

@@ -394,71 +394,99 @@ pub fn assess<'a>(
 /// The verdict for `node`: its own report decides, at its own appearance
 /// and content; other agents' only while its agent is silent (`!up`).
 fn judge(node: &str, reports: &[Judged<'_>], built: &Built, up: bool) -> Verdict {
-    let own = reports.iter().find(|j| j.report.node == node);
-    // Who may vouch for the node: other agents of nodes with a providerID
-    // that report `digest` in `appearance` (any appearance when `None`).
-    let others = |appearance: Option<u32>, digest: &str| -> Vec<&Report> {
-        reports
-            .iter()
-            .filter(|j| {
-                j.report.node != node
-                    && j.vouches
-                    && j.digest == digest
-                    && appearance.is_none_or(|a| j.report.appearance == a)
-            })
-            .map(|j| j.report)
-            .collect()
-    };
-    let ended_by = |others: &[&Report]| -> Option<Verdict> {
-        let ended: Vec<&str> = others
-            .iter()
-            .filter(|r| !r.is_listed())
-            .map(|r| r.node.as_str())
-            .collect();
-        (ended.len() >= OTHERS_NEEDED).then(|| Verdict::Ended {
-            by: format!(
-                "agents on {} (its own agent is silent)",
-                named(&ended, NAMED_IN_MESSAGE, ", ")
-            ),
-        })
-    };
-    if let Some(own) = own {
-        if !own.named {
-            return Verdict::Unconfirmed {
-                why: format!(
-                    "its own agent lists the event without its VM among the Resources (it states VM {})",
-                    own.report.vm
-                ),
-            };
-        }
-        if !own.report.is_listed() {
-            return Verdict::Ended {
-                by: "its own agent".into(),
-            };
-        }
-        // Its own agent listed it last; silent since, the event may have
-        // ended without it: two others that saw its content leave say so.
-        if !up && let Some(ended) = ended_by(&others(None, &own.digest)) {
-            return ended;
-        }
-        let appearance = if with_spec(own.report, &own.digest, &built.spec, &built.digest) {
-            built.spec.appearance
-        } else {
-            own.report.appearance
-        };
-        return Verdict::Live {
-            by: "its own agent".into(),
-            status: own.report.event_status,
-            appearance,
-            digest: own.digest.clone(),
-        };
+    if let Some(own) = reports.iter().find(|j| j.report.node == node) {
+        return judge_own(own, reports, built, up);
     }
     if up {
         return Verdict::Unconfirmed {
             why: "its own agent is up and does not list the event".into(),
         };
     }
-    let others = others(Some(built.spec.appearance), &built.digest);
+    judge_by_others(node, reports, built)
+}
+
+/// Who may vouch for `node`: the reports of other agents, of nodes with a
+/// `providerID`, that report content `digest` in `appearance` (in any
+/// appearance when `None`), in the order of `reports`.
+fn vouching<'r>(
+    node: &str,
+    reports: &[Judged<'r>],
+    appearance: Option<u32>,
+    digest: &str,
+) -> Vec<&'r Report> {
+    reports
+        .iter()
+        .filter(|j| {
+            j.report.node != node
+                && j.vouches
+                && j.digest == digest
+                && appearance.is_none_or(|a| j.report.appearance == a)
+        })
+        .map(|j| j.report)
+        .collect()
+}
+
+/// `Ended` on the word of the `others` (vouching reports) that no longer
+/// list the event, when there are at least [`OTHERS_NEEDED`] of them;
+/// else `None`.
+fn ended_by(others: &[&Report]) -> Option<Verdict> {
+    let ended: Vec<&str> = others
+        .iter()
+        .filter(|r| !r.is_listed())
+        .map(|r| r.node.as_str())
+        .collect();
+    (ended.len() >= OTHERS_NEEDED).then(|| Verdict::Ended {
+        by: format!(
+            "agents on {} (its own agent is silent)",
+            named(&ended, NAMED_IN_MESSAGE, ", ")
+        ),
+    })
+}
+
+/// The verdict for a node whose own agent wrote the report `own`:
+/// unconfirmed if it does not name the node's VM, ended once it no longer
+/// lists the event (or, while the agent is silent, once two others that
+/// saw its content leave say so), else live at its own status, and at the
+/// spec's appearance when it is handled with the spec (its own otherwise).
+fn judge_own(own: &Judged<'_>, reports: &[Judged<'_>], built: &Built, up: bool) -> Verdict {
+    if !own.named {
+        return Verdict::Unconfirmed {
+            why: format!(
+                "its own agent lists the event without its VM among the Resources (it states VM {})",
+                own.report.vm
+            ),
+        };
+    }
+    if !own.report.is_listed() {
+        return Verdict::Ended {
+            by: "its own agent".into(),
+        };
+    }
+    // Its own agent listed it last; silent since, the event may have
+    // ended without it: two others that saw its content leave say so.
+    if !up && let Some(ended) = ended_by(&vouching(&own.report.node, reports, None, &own.digest)) {
+        return ended;
+    }
+    let appearance = if with_spec(own.report, &own.digest, &built.spec, &built.digest) {
+        built.spec.appearance
+    } else {
+        own.report.appearance
+    };
+    Verdict::Live {
+        by: "its own agent".into(),
+        status: own.report.event_status,
+        appearance,
+        digest: own.digest.clone(),
+    }
+}
+
+/// The verdict for `node` whose own agent is silent and never reported
+/// the event: the spec's content in the spec's appearance, as reported by
+/// at least [`OTHERS_NEEDED`] vouching agents, ends it (when that many no
+/// longer list it) or holds it live (`Started` if any of them says so,
+/// else `Scheduled`); fewer leave it unconfirmed.
+fn judge_by_others(node: &str, reports: &[Judged<'_>], built: &Built) -> Verdict {
+    let others = vouching(node, reports, Some(built.spec.appearance), &built.digest);
     if let Some(ended) = ended_by(&others) {
         return ended;
     }
