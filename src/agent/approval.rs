@@ -316,11 +316,7 @@ impl Approver {
                     .collect()
             })
             .unwrap_or_default();
-        let names: HashSet<String> = scheduled.iter().map(|e| e.object_name()).collect();
-        self.watch_only(&names);
-        self.attempts.retain(|n, _| names.contains(n));
-        self.decisions.retain(|(n, _), _| names.contains(n));
-        self.refused.retain(|(n, _)| names.contains(n));
+        self.keep_only(&scheduled);
         for ev in scheduled {
             let name = ev.object_name();
             // Only what this agent has reported of this very listing: the
@@ -329,70 +325,96 @@ impl Approver {
                 continue;
             };
             let digest = event_reports::digest_of(ev);
-            let Some(obj) = self.object(&name) else {
-                continue;
-            };
-            let approval = obj.status.as_ref().and_then(|s| s.approval.as_ref());
-            let key = (name.clone(), mine.appearance);
-            if decision(approval).is_none() {
-                self.decisions.remove(&key);
-                continue;
+            if self.due(ev, &name, &digest, mine) {
+                self.send(ev, name, mine.appearance, digest).await;
             }
-            if let Author::Foreign(_) = self.refuse_foreign(&name, &obj, approval) {
-                continue;
-            }
-            let first_seen = *self.decisions.entry(key).or_insert_with(|| {
-                debug!(event = %name, "Saw the approval decided");
-                Instant::now()
-            });
-            if !should_send(
-                ev,
-                &digest,
-                mine,
-                approval,
-                &self.vm,
-                first_seen.elapsed(),
-                self.fallback,
-            ) {
-                continue;
-            }
-            if self
-                .attempts
-                .get(&name)
-                .is_some_and(|t| t.elapsed() < APPROVAL_RETRY)
-            {
-                continue;
-            }
-            self.attempts.insert(name.clone(), Instant::now());
-            let sent_at = Utc::now();
-            let (status, body) = match self.imds.approve(std::slice::from_ref(&ev.event_id)).await {
-                Ok(body) => {
-                    self.metrics.approvals.with_label_values(&["ok"]).inc();
-                    info!(event = %name, appearance = mine.appearance, %digest, "Approved the event with IMDS (StartRequests)");
-                    (200, body)
-                }
-                Err(e) => {
-                    self.metrics.approvals.with_label_values(&["error"]).inc();
-                    warn!(event = %name, error = %error_chain(&e), "IMDS refused or missed the approval; will retry");
-                    let status = match &e {
-                        crate::imds::client::Error::Status { status, .. } => status.as_u16(),
-                        _ => 0,
-                    };
-                    (status, error_chain(&e))
-                }
-            };
-            // Recorded in this agent's report by the report writer.
-            let _ = self.sent.send((
-                name,
-                SentApproval {
-                    appearance: mine.appearance,
-                    digest,
-                    sent_at,
-                    status,
-                    body: truncate(&body, APPROVAL_BODY_BYTES),
-                },
-            ));
         }
+    }
+
+    /// Watches the events of `scheduled` (those the document lists as
+    /// `Scheduled`) and none other, and forgets the attempts, decisions and
+    /// refusals of any other.
+    fn keep_only(&mut self, scheduled: &[&Event]) {
+        let names: HashSet<String> = scheduled.iter().map(|e| e.object_name()).collect();
+        self.watch_only(&names);
+        self.attempts.retain(|n, _| names.contains(n));
+        self.decisions.retain(|(n, _), _| names.contains(n));
+        self.refused.retain(|(n, _)| names.contains(n));
+    }
+
+    /// Whether to send now the approval decided on the event `ev` (object
+    /// `name`, identity digest `digest`), this agent's report of which is
+    /// `mine`: the watched object holds a decision the controller alone
+    /// wrote ([`Approver::refuse_foreign`]), [`should_send`] says so (the
+    /// fallback delay counted from when this agent first saw the
+    /// decision), and the last attempt is [`APPROVAL_RETRY`] old.
+    fn due(&mut self, ev: &Event, name: &str, digest: &str, mine: &Report) -> bool {
+        let Some(obj) = self.object(name) else {
+            return false;
+        };
+        let approval = obj.status.as_ref().and_then(|s| s.approval.as_ref());
+        let key = (name.to_owned(), mine.appearance);
+        if decision(approval).is_none() {
+            self.decisions.remove(&key);
+            return false;
+        }
+        if let Author::Foreign(_) = self.refuse_foreign(name, &obj, approval) {
+            return false;
+        }
+        let first_seen = *self.decisions.entry(key).or_insert_with(|| {
+            debug!(event = %name, "Saw the approval decided");
+            Instant::now()
+        });
+        if !should_send(
+            ev,
+            digest,
+            mine,
+            approval,
+            &self.vm,
+            first_seen.elapsed(),
+            self.fallback,
+        ) {
+            return false;
+        }
+        self.attempts
+            .get(name)
+            .is_none_or(|t| t.elapsed() >= APPROVAL_RETRY)
+    }
+
+    /// Sends the approval of the event `ev` (object `name`, as reported in
+    /// its appearance `appearance`, identity digest `digest`) to IMDS, and
+    /// hands IMDS's answer (status 0 when there was none) to the report
+    /// writer, which records it in this agent's report.
+    async fn send(&mut self, ev: &Event, name: String, appearance: u32, digest: String) {
+        self.attempts.insert(name.clone(), Instant::now());
+        let sent_at = Utc::now();
+        let (status, body) = match self.imds.approve(std::slice::from_ref(&ev.event_id)).await {
+            Ok(body) => {
+                self.metrics.approvals.with_label_values(&["ok"]).inc();
+                info!(event = %name, appearance, %digest, "Approved the event with IMDS (StartRequests)");
+                (200, body)
+            }
+            Err(e) => {
+                self.metrics.approvals.with_label_values(&["error"]).inc();
+                warn!(event = %name, error = %error_chain(&e), "IMDS refused or missed the approval; will retry");
+                let status = match &e {
+                    crate::imds::client::Error::Status { status, .. } => status.as_u16(),
+                    _ => 0,
+                };
+                (status, error_chain(&e))
+            }
+        };
+        // Recorded in this agent's report by the report writer.
+        let _ = self.sent.send((
+            name,
+            SentApproval {
+                appearance,
+                digest,
+                sent_at,
+                status,
+                body: truncate(&body, APPROVAL_BODY_BYTES),
+            },
+        ));
     }
 
     /// Who wrote the approval of `obj` ([`author`]); a decision someone

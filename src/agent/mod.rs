@@ -21,15 +21,19 @@ pub mod event_reports;
 pub mod poll;
 pub mod vm_report;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use kube::api::Api;
 use prometheus::Registry;
+use tokio::task::JoinHandle;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::cli::AgentArgs;
 use crate::imds::client::Client as ImdsClient;
+use crate::imds::model::Compute;
 use crate::kubeclient::Clients;
 use crate::metrics::agent::AgentMetrics;
 use crate::server::{self, Liveness, Readiness};
@@ -118,50 +122,137 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let needs = crate::api::install::agent_needs();
     let check = crate::api::install::require(&clients.requests, &needs, "agent", || {});
     tokio::pin!(check);
-    let mut checked = false;
-    let compute = {
-        let fetch = (|| async {
-            live.beat(allowed);
-            imds.fetch_compute().await
-        })
-        .retry(
-            ExponentialBuilder::default()
-                .with_max_delay(MAX_COMPUTE_BACKOFF)
-                .with_jitter()
-                .without_max_times(),
-        )
-        .notify(|e, d| warn!(error = %error_chain(e), retry_in = ?d, "IMDS compute metadata not available yet"));
-        tokio::pin!(fetch);
-        loop {
-            tokio::select! {
-                _ = &mut shutdown => return Ok(()),
-                r = &mut check, if !checked => {
-                    r?;
-                    checked = true;
-                }
-                r = &mut fetch => break r?,
-            }
-        }
+    let fetched = await_compute(&imds, &live, allowed, shutdown.as_mut(), check.as_mut());
+    let Some((compute, checked)) = fetched.await? else {
+        return Ok(());
     };
     info!(node = %args.node_name, vm = %compute.name, "Agent started");
-    let vm_report = tokio::spawn(
+    let vm_report = spawn_vm_report(clients.requests.clone(), &args, &compute);
+    let started = Started {
+        requests: clients.requests.clone(),
+        watches: clients.watches,
+        imds,
+        metrics,
+        ready,
+        live,
+        vm: compute.name,
+    };
+    let tasks = spawn_tasks(&args, started);
+    if let Err(e) = until_shutdown(shutdown, check, checked).await {
+        for t in &tasks {
+            t.abort();
+        }
+        vm_report.abort();
+        return Err(e);
+    }
+    vm_report.abort();
+    for t in &tasks {
+        t.abort();
+    }
+    info!("Agent stopped");
+    Ok(())
+}
+
+/// The VM's compute metadata, asked of `imds` with backoff (at most
+/// [`MAX_COMPUTE_BACKOFF`] between two requests) until it answers, `live`
+/// beaten before each request (allowing `allowed` until the next);
+/// meanwhile `check` (whether the installed CRD fits) runs to its end.
+///
+/// Returns `None` on SIGTERM (`shutdown`), else the metadata and whether
+/// `check` passed already.
+///
+/// # Errors
+/// `check` failed: the installed CRD lacks fields this version writes
+/// (IMDS errors are retried, never returned).
+async fn await_compute(
+    imds: &ImdsClient,
+    live: &Liveness,
+    allowed: Duration,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    mut check: Pin<&mut impl Future<Output = anyhow::Result<()>>>,
+) -> anyhow::Result<Option<(Compute, bool)>> {
+    let mut checked = false;
+    let fetch = (|| async {
+        live.beat(allowed);
+        imds.fetch_compute().await
+    })
+    .retry(
+        ExponentialBuilder::default()
+            .with_max_delay(MAX_COMPUTE_BACKOFF)
+            .with_jitter()
+            .without_max_times(),
+    )
+    .notify(|e, d| warn!(error = %error_chain(e), retry_in = ?d, "IMDS compute metadata not available yet"));
+    tokio::pin!(fetch);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return Ok(None),
+            r = &mut check, if !checked => {
+                r?;
+                checked = true;
+            }
+            r = &mut fetch => return Ok(Some((r?, checked))),
+        }
+    }
+}
+
+/// Writes this VM's `VirtualMachineReport` (from `compute`) once, in a
+/// task of its own, through `client`, owned by the agent's pod when
+/// `--pod-name` and `--pod-uid` name it ([`vm_report::write`]).
+fn spawn_vm_report(client: kube::Client, args: &AgentArgs, compute: &Compute) -> JoinHandle<()> {
+    tokio::spawn(
         vm_report::write(
-            Api::all(clients.requests.clone()),
-            vm_report::report_of(&args.node_name, &compute),
+            Api::all(client),
+            vm_report::report_of(&args.node_name, compute),
             args.pod_name.clone().zip(args.pod_uid.clone()),
         )
         .instrument(info_span!("vm_report", node = %args.node_name)),
-    );
+    )
+}
 
+/// What the agent's three tasks share, once the VM's compute metadata is
+/// known.
+struct Started {
+    /// The Kubernetes client for requests.
+    requests: kube::Client,
+    /// The Kubernetes client for watches.
+    watches: kube::Client,
+    /// The IMDS client.
+    imds: ImdsClient,
+    /// The agent's metrics.
+    metrics: AgentMetrics,
+    /// What `/readyz` answers (the report writer sets it).
+    ready: Readiness,
+    /// What `/healthz` reads (the poller beats it).
+    live: Liveness,
+    /// This VM's name.
+    vm: String,
+}
+
+/// Starts the agent's three tasks (see [`run`]): the poller, the report
+/// writer and the approval sender, joined by channels that keep only the
+/// latest document and the latest reports written.
+///
+/// Returns their tasks, in that order.
+fn spawn_tasks(args: &AgentArgs, started: Started) -> [JoinHandle<()>; 3] {
+    let Started {
+        requests,
+        watches,
+        imds,
+        metrics,
+        ready,
+        live,
+        vm,
+    } = started;
     let (doc_tx, doc_rx) = tokio::sync::watch::channel(None);
     let (written_tx, written_rx) = tokio::sync::watch::channel(Default::default());
     let (sent_tx, sent_rx) = tokio::sync::mpsc::unbounded_channel();
-    let poller = poll::Poller::new(&args, imds.clone(), metrics.clone(), doc_tx, live);
+    let poller = poll::Poller::new(args, imds.clone(), metrics.clone(), doc_tx, live);
     let reporter = event_reports::Reporter {
-        api: Api::all(clients.requests.clone()),
-        watch_api: Api::all(clients.watches.clone()),
+        api: Api::all(requests),
+        watch_api: Api::all(watches.clone()),
         node: args.node_name.clone(),
-        vm: compute.name.clone(),
+        vm: vm.clone(),
         metrics: metrics.clone(),
         ready,
         docs: doc_rx.clone(),
@@ -170,8 +261,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     };
     let approver = approval::Approver::new(
         imds,
-        Api::all(clients.watches),
-        compute.name,
+        Api::all(watches),
+        vm,
         metrics,
         approval::fallback_for(&args.node_name, args.approval_fallback),
         args.poll_interval,
@@ -179,7 +270,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         written_rx,
         sent_tx,
     );
-    let tasks = [
+    [
         tokio::spawn(
             poller
                 .run()
@@ -195,29 +286,30 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                 .run()
                 .instrument(info_span!("approve", node = %args.node_name)),
         ),
-    ];
+    ]
+}
+
+/// Waits for SIGTERM (`shutdown`); meanwhile for `check` (whether the
+/// installed CRD fits) too, unless it passed already (`checked`).
+///
+/// # Errors
+/// `check` failed: the installed CRD lacks fields this version writes.
+async fn until_shutdown(
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    check: Pin<&mut impl Future<Output = anyhow::Result<()>>>,
+    checked: bool,
+) -> anyhow::Result<()> {
     if !checked {
         tokio::select! {
             _ = &mut shutdown => {}
-            r = &mut check => {
-                if let Err(e) = r {
-                    for t in &tasks {
-                        t.abort();
-                    }
-                    vm_report.abort();
-                    return Err(e);
-                }
+            r = check => {
+                r?;
                 shutdown.await;
             }
         }
     } else {
         shutdown.await;
     }
-    vm_report.abort();
-    for t in &tasks {
-        t.abort();
-    }
-    info!("Agent stopped");
     Ok(())
 }
 

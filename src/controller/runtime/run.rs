@@ -1,31 +1,47 @@
 //! Wiring of the controller role: clients, metrics server, node cache,
 //! leader election, and the kube-runtime `Controller` over `ScheduledEvent`s.
+//!
+//! [`run`] wires the steps in order; each task it starts is a function of
+//! its own, taking only what it needs. A replica first stands by (node
+//! cache, readiness, the Lease: [`Replica::stand_by`]), then leads (the
+//! other caches, the reconciles and the tasks around them:
+//! [`Replica::lead`]), then hands over ([`Replica::stop`]).
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::client::ClientBuilder;
+use kube::client::{Client, ClientBuilder};
 use kube::runtime::controller::{self, Action as Requeue, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector;
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
-use prometheus::Registry;
+use prometheus::{IntCounterVec, Registry};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::api::{CONTROLLER_MANAGER, ScheduledEvent, ScheduledEventReport};
 use crate::cli::ControllerArgs;
 use crate::controller::act::drain;
+use crate::controller::act::kube_events::EventSink;
 use crate::controller::act::spec;
 use crate::controller::act::writers::Writers;
 use crate::controller::context::{Context, Memory};
 use crate::controller::error::Error;
 use crate::controller::observe::caches::Caches;
+use crate::controller::observe::heartbeats::{Heartbeats, Trigger};
+use crate::controller::observe::impact::{BootIds, Change};
+use crate::controller::observe::pods::PodCache;
 use crate::controller::observe::watch::{cache, watch_backoff};
 use crate::controller::reconcile::reconcile;
 use crate::controller::runtime::lease;
@@ -33,6 +49,8 @@ use crate::controller::runtime::reload;
 use crate::controller::runtime::sweep;
 use crate::kubeclient::{self, Clients};
 use crate::metrics::controller::ControllerMetrics;
+use crate::notify::config::Config as WebhooksConfig;
+use crate::notify::webhooks::Webhooks;
 use crate::policy::Policy;
 use crate::server::{self, Liveness, Readiness};
 use crate::topology::VirtualMachineReport;
@@ -61,58 +79,21 @@ pub const HEARTBEAT_ALLOWED: Duration = Duration::from_secs(15);
 /// A bad policy file, no Kubernetes configuration, or a metrics address that
 /// cannot be bound; all later failures are retried.
 pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
-    let (policy, policy_text) = match &args.policy_file {
-        Some(path) => {
-            let shown = path.to_string_lossy();
-            let text =
-                std::fs::read_to_string(path).map_err(|source| crate::policy::Error::Read {
-                    path: shown.to_string(),
-                    source,
-                })?;
-            (Policy::parse(&text, &shown)?, text)
-        }
-        None => (Policy::default(), String::new()),
-    };
-    let (webhooks_config, webhooks_text) = match &args.webhooks_file {
-        Some(path) => crate::notify::config::Config::load_text(&path.to_string_lossy())?,
-        None => Default::default(),
-    };
-    let identity = args.identity.clone().unwrap_or_else(|| {
-        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "forewarn".into());
-        format!("{host}-{}", std::process::id())
-    });
+    let files = Files::read(args.policy_file.as_deref(), args.webhooks_file.as_deref())?;
+    let identity = replica_identity(args.identity.clone());
     let config = kubeclient::request_config(kube::Config::infer().await?, "controller", &identity)?;
     let clients = Clients::from_request_config(config.clone())?;
 
     let registry = Registry::new();
     let metrics = ControllerMetrics::register(&registry)?;
-    let ready = Readiness::default();
-    // `/healthz` fails when the runtime that runs the reconciles has not
-    // run this heartbeat for [`HEARTBEAT_ALLOWED`] (every worker blocked or
-    // starved): the kubelet restarts the process. An API server that is
-    // down does not count (restarting would not mend it); a leader that
-    // cannot renew its Lease exits on its own (see `lease`).
-    let live = Liveness::new(HEARTBEAT_ALLOWED);
-    let heartbeat = tokio::spawn({
-        let live = live.clone();
-        async move {
-            loop {
-                live.beat(HEARTBEAT_ALLOWED);
-                tokio::time::sleep(HEARTBEAT_EVERY).await;
-            }
-        }
-    });
-    // Tokens are reviewed through the unguarded request client: a standby
-    // answers its scrapes too.
-    let access = server::Access::new(args.metrics_auth, &clients.requests, &metrics.metrics_auth);
-    server::spawn(
-        args.metrics_addr,
-        registry,
-        ready.clone(),
-        Some(live),
-        access,
-    )
-    .await?;
+    let replica = Replica {
+        args,
+        identity,
+        clients,
+        metrics,
+        ready: Readiness::default(),
+    };
+    let heartbeat = replica.serve(registry).await?;
 
     let shutdown = crate::cli::shutdown_signal();
     tokio::pin!(shutdown);
@@ -124,187 +105,658 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let needs = crate::api::install::controller_needs();
     tokio::select! {
         _ = &mut shutdown => return Ok(()),
-        r = crate::api::install::require(&clients.requests, &needs, "controller", || {}) => r?,
+        r = crate::api::install::require(&replica.clients.requests, &needs, "controller", || {}) => r?,
     }
 
     // Leader election on a thread of its own (see `lease`); every write of
     // this process passes its guard.
     let election = lease::spawn(
         config.clone(),
-        &args.lease_namespace,
-        &args.lease_name,
-        &identity,
+        &replica.args.lease_namespace,
+        &replica.args.lease_name,
+        &replica.identity,
         lease::Timing::default(),
     )?;
-    let guard = lease::WritesWhileLeading(election.validity.clone());
-    let client = ClientBuilder::try_from(config.clone())?
-        .with_layer(&guard)
-        .build();
-    let mut evict_config = config;
-    evict_config.default_retry = false;
-    let evict_client = ClientBuilder::try_from(evict_config)?
-        .with_layer(&guard)
-        .build();
+    let writes = Writes::guarded(config, &election.validity)?;
 
     // The node cache runs whether or not this replica leads: readiness means
     // "healthy and synced", so a standby is Ready and a rolling update with
     // maxUnavailable 0 never waits for a Lease it cannot get.
-    let (nodes, node_stream) = cache::<Node>(clients.watches.clone(), |n: &mut Node| {
-        n.managed_fields_mut().clear();
-    });
-    // Every replica keeps each node's last bootID from its own cache, so
-    // that one that takes over neither misses nor repeats a restart (see
-    // `impact`); only the leader reports them. Each node change also wakes
-    // the fault-domain labels (see `labels`).
-    let (boot_ids, restarts) = crate::controller::observe::impact::BootIds::new();
-    let topology_changed = Arc::new(tokio::sync::Notify::new());
-    let node_stream = node_stream.for_each({
-        let boot_ids = boot_ids.clone();
-        let changed = topology_changed.clone();
-        move |r| {
-            match r {
-                Ok(node) => {
-                    boot_ids.observe(&node, chrono::Utc::now());
-                    changed.notify_one();
-                }
-                Err(e) => warn!(error = %e, "Node watch error (retrying)"),
-            }
-            async {}
-        }
-    });
-    let node_task = tokio::spawn(node_stream);
+    let (nodes, node_task) = NodeCache::spawn(replica.clients.watches.clone());
     let confinement = tokio::spawn(crate::controller::runtime::confinement::watch(
-        client.clone(),
-        args.agent_policy.clone(),
-        metrics.agent_confinement.clone(),
+        writes.client.clone(),
+        replica.args.agent_policy.clone(),
+        replica.metrics.agent_confinement.clone(),
     ));
-    let mut leadership = election.state.clone();
-    tokio::select! {
-        _ = &mut shutdown => { node_task.abort(); election.release().await; return Ok(()) }
-        r = nodes.wait_until_ready() => r?,
-    }
-    ready.set(true);
-
-    // Leader election (client-go's algorithm, see `lease`): API errors are
-    // retried, never a crash loop; a standby watching the Lease asks at once
-    // when the leader releases it on SIGTERM.
-    info!(%identity, lease = %args.lease_name, namespace = %args.lease_namespace, "Waiting for leadership");
-    let leading = tokio::select! {
-        _ = &mut shutdown => None,
-        r = leadership.wait_for(|l| *l != lease::Leadership::Standby) => r.ok().map(|l| l.clone()),
+    let standing = replica.stand_by(election, &nodes.store, &node_task, shutdown.as_mut());
+    let Some(election) = standing.await? else {
+        return Ok(());
     };
-    match leading {
-        Some(lease::Leadership::Leading) => {}
-        Some(lease::Leadership::Lost(why)) => {
-            node_task.abort();
-            anyhow::bail!("leader election stopped: {why}");
-        }
-        _ => {
-            node_task.abort();
-            election.release().await;
-            return Ok(());
-        }
-    }
-    metrics.leader.set(1);
-    boot_ids.lead();
-    // Ready while leading only once the caches the reconciles read are
-    // synced (a leader whose RBAC lacks pods, say, never is).
-    ready.set(false);
-    info!(%identity, ?policy, dry_run = args.dry_run, "Leading: reconciling ScheduledEvents");
-    if args.dry_run {
-        warn!(
-            "--dry-run: deciding and recording only; no node is cordoned, no pod evicted, no approval sent"
-        );
-    }
-    let shared: reload::Shared = Arc::new(std::sync::RwLock::new(Arc::new(policy)));
-    // A valid new policy file has every event reconciled again at once.
-    let (reload_tx, reload_rx) = futures::channel::mpsc::unbounded::<()>();
-    let reload_task = args.policy_file.clone().map(|path| {
-        tokio::spawn(reload::watch(
-            path,
-            policy_text,
-            shared.clone(),
-            metrics.clone(),
-            move || {
-                let _ = reload_tx.unbounded_send(());
-            },
-        ))
-    });
+    let tasks = Tasks {
+        nodes: Some(node_task),
+        heartbeat: Some(heartbeat),
+        confinement: Some(confinement),
+        ..Tasks::default()
+    };
+    replica
+        .lead(files, writes, nodes, election, tasks, shutdown)
+        .await
+}
 
-    // The agents' reports: one reflector feeds both the cache the trust
-    // assessment reads and the trigger of the event they are about, so a
-    // reconcile a report triggers always sees that report.
-    let (reports, report_stream) = cache::<ScheduledEventReport>(
-        clients.watches.clone(),
-        // Who last wrote it and when is read (see `reports_about`); which
-        // fields, never.
-        |r: &mut ScheduledEventReport| {
-            for m in r.managed_fields_mut() {
-                m.fields_v1 = None;
+/// This replica's identity in the Lease and in its Kubernetes Events:
+/// `given` (`--identity`), else `<HOSTNAME>-<pid>` (`forewarn-<pid>`
+/// without `HOSTNAME`).
+fn replica_identity(given: Option<String>) -> String {
+    given.unwrap_or_else(|| {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "forewarn".into());
+        format!("{host}-{}", std::process::id())
+    })
+}
+
+/// The files the controller reads at start, each with its text (what its
+/// reload task compares the file with).
+struct Files {
+    /// The policy in force at start ([`Policy::default`] without a file).
+    policy: Policy,
+    /// The policy file's text (empty without one).
+    policy_text: String,
+    /// The operators' webhooks at start (none without a file).
+    webhooks: WebhooksConfig,
+    /// The webhooks file's text (empty without one).
+    webhooks_text: String,
+}
+
+impl Files {
+    /// Reads `policy_file` (`--policy-file`), then `webhooks_file`
+    /// (`--webhooks-file`); either absent gives the default and no text.
+    ///
+    /// # Errors
+    /// A file that cannot be read or is not valid.
+    fn read(policy_file: Option<&Path>, webhooks_file: Option<&Path>) -> anyhow::Result<Self> {
+        let (policy, policy_text) = match policy_file {
+            Some(path) => {
+                let shown = path.to_string_lossy();
+                let text =
+                    std::fs::read_to_string(path).map_err(|source| crate::policy::Error::Read {
+                        path: shown.to_string(),
+                        source,
+                    })?;
+                (Policy::parse(&text, &shown)?, text)
             }
-        },
-    );
-    // The agents' reports of their VMs, for the fault-domain labels and
-    // the VM of each node without a providerID (see `nodes::identities`):
-    // a change has the events its node reported reconciled at once.
-    let (vm_reports, vm_report_stream) =
-        cache::<VirtualMachineReport>(clients.watches.clone(), |r: &mut VirtualMachineReport| {
-            r.managed_fields_mut().clear()
+            None => (Policy::default(), String::new()),
+        };
+        let (webhooks, webhooks_text) = match webhooks_file {
+            Some(path) => WebhooksConfig::load_text(&path.to_string_lossy())?,
+            None => Default::default(),
+        };
+        Ok(Files {
+            policy,
+            policy_text,
+            webhooks,
+            webhooks_text,
+        })
+    }
+}
+
+/// The clients this replica writes through, both behind the Lease guard
+/// ([`lease::WritesWhileLeading`]): no write leaves a replica that does not
+/// lead.
+struct Writes {
+    /// Every write but evictions.
+    client: Client,
+    /// Evictions: a client that does not retry 429s itself (see
+    /// [`drain::evict`]).
+    evict: Client,
+}
+
+impl Writes {
+    /// Both clients, built from `config` and guarded by `validity` (the
+    /// election's).
+    ///
+    /// # Errors
+    /// A client cannot be built from `config`.
+    fn guarded(config: kube::Config, validity: &lease::Validity) -> anyhow::Result<Self> {
+        let guard = lease::WritesWhileLeading(validity.clone());
+        let client = ClientBuilder::try_from(config.clone())?
+            .with_layer(&guard)
+            .build();
+        let mut evict_config = config;
+        evict_config.default_retry = false;
+        let evict = ClientBuilder::try_from(evict_config)?
+            .with_layer(&guard)
+            .build();
+        Ok(Writes { client, evict })
+    }
+}
+
+/// The node cache every replica keeps, leader or not, and what its watch
+/// feeds besides.
+struct NodeCache {
+    /// Every Node, without its managed fields.
+    store: Store<Node>,
+    /// Each node's last bootID, kept by every replica from its own cache,
+    /// so that one that takes over neither misses nor repeats a restart
+    /// (see `impact`); only the leader reports them.
+    boot_ids: Arc<BootIds>,
+    /// The restarts `boot_ids` saw, for the leader to report.
+    restarts: UnboundedReceiver<Change>,
+    /// Woken by each node change (and each `VirtualMachineReport` change,
+    /// see [`spawn_vm_reports`]): the fault-domain labels (see `labels`).
+    topology_changed: Arc<Notify>,
+}
+
+impl NodeCache {
+    /// Starts the watch of every Node on `client` (a watch client); each
+    /// node it shows is observed for restarts and wakes the fault-domain
+    /// labels; a watch error is logged and retried.
+    ///
+    /// Returns the cache and the watch's task.
+    fn spawn(client: Client) -> (Self, JoinHandle<()>) {
+        let (store, stream) = cache::<Node>(client, |n: &mut Node| {
+            n.managed_fields_mut().clear();
         });
-    let (vm_changed_tx, vm_changed) = futures::channel::mpsc::unbounded();
-    let vm_report_task = tokio::spawn(vm_report_stream.for_each({
-        let changed = topology_changed.clone();
-        let reports = reports.clone();
-        move |r| {
-            match r {
-                Ok(vmr) => {
-                    changed.notify_one();
-                    for r in reports.state() {
-                        if r.spec.report.node == vmr.spec.node {
-                            let _ = vm_changed_tx.unbounded_send(reflector::ObjectRef::<
-                                ScheduledEvent,
-                            >::new(
-                                &r.spec.scheduled_event
-                            ));
-                        }
+        let (boot_ids, restarts) = BootIds::new();
+        let topology_changed = Arc::new(Notify::new());
+        let stream = stream.for_each({
+            let boot_ids = boot_ids.clone();
+            let changed = topology_changed.clone();
+            move |r| {
+                match r {
+                    Ok(node) => {
+                        boot_ids.observe(&node, chrono::Utc::now());
+                        changed.notify_one();
                     }
+                    Err(e) => warn!(error = %e, "Node watch error (retrying)"),
                 }
-                Err(e) => warn!(error = %e, "VirtualMachineReport watch error (retrying)"),
+                async {}
             }
-            async {}
+        });
+        let task = tokio::spawn(stream);
+        let cache = NodeCache {
+            store,
+            boot_ids,
+            restarts,
+            topology_changed,
+        };
+        (cache, task)
+    }
+}
+
+/// The tasks a replica runs besides its controller loop, each kept once
+/// started so that [`Tasks::abort`] stops them all when the replica stops.
+#[derive(Default)]
+struct Tasks {
+    /// The node watch ([`NodeCache::spawn`]).
+    nodes: Option<JoinHandle<()>>,
+    /// The `VirtualMachineReport` watch ([`spawn_vm_reports`]).
+    vm_reports: Option<JoinHandle<()>>,
+    /// The fault-domain labels (none in a dry run).
+    labels: Option<JoinHandle<()>>,
+    /// The pod watch ([`PodCache::run`]).
+    pods: Option<JoinHandle<()>>,
+    /// The queue of Kubernetes Events ([`start_kube_events`]).
+    kube_events: Option<JoinHandle<()>>,
+    /// Readiness from the caches' sync ([`spawn_synced`]).
+    synced: Option<JoinHandle<()>>,
+    /// The runtime's liveness beat ([`spawn_heartbeat`]).
+    heartbeat: Option<JoinHandle<()>>,
+    /// The creation of the objects of reported events
+    /// ([`spec::create_missing`]).
+    creator: Option<JoinHandle<()>>,
+    /// The check of the agents' confinement policy.
+    confinement: Option<JoinHandle<()>>,
+    /// The sweep of holds of deleted events ([`sweep::sweep_orphaned_holds`]).
+    sweep: Option<JoinHandle<()>>,
+    /// The sweep of pods' notices of deleted events
+    /// ([`sweep::sweep_orphaned_notices`]).
+    notice_sweep: Option<JoinHandle<()>>,
+    /// The reports of node restarts.
+    restarts: Option<JoinHandle<()>>,
+    /// The expiry of the watches of nodes' Leases
+    /// ([`Heartbeats::run_expiry`]).
+    lease_watches: Option<JoinHandle<()>>,
+    /// The policy file's reload ([`spawn_policy_reload`]; none without a file).
+    policy_reload: Option<JoinHandle<()>>,
+    /// The webhooks file's reload (none without a file).
+    webhooks_reload: Option<JoinHandle<()>>,
+}
+
+impl Tasks {
+    /// Aborts every task started, in the order of the fields.
+    fn abort(&self) {
+        let all = [
+            &self.nodes,
+            &self.vm_reports,
+            &self.labels,
+            &self.pods,
+            &self.kube_events,
+            &self.synced,
+            &self.heartbeat,
+            &self.creator,
+            &self.confinement,
+            &self.sweep,
+            &self.notice_sweep,
+            &self.restarts,
+            &self.lease_watches,
+            &self.policy_reload,
+            &self.webhooks_reload,
+        ];
+        for task in all.into_iter().flatten() {
+            task.abort();
         }
-    }));
-    // The drain's pods, from one watch (see `pods`), while this replica leads;
-    // a pod's acknowledgement wakes the event it names.
-    let (ack_tx, ack_rx) = futures::channel::mpsc::unbounded::<String>();
-    let pods = crate::controller::observe::pods::PodCache::default()
-        .with_ack_trigger(ack_tx)
-        .with_agent_namespace(&args.lease_namespace);
-    let pod_task = tokio::spawn(pods.clone().run(clients.watches.clone()));
-    // Each report change also wakes the task that creates the objects of
-    // events that have reports and no object yet (see `spec`).
-    let report_changed = Arc::new(tokio::sync::Notify::new());
-    let notify = report_changed.clone();
-    let report_stream = report_stream.inspect(move |_| notify.notify_one());
-    let blocked: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
-    let pdb_blocked = blocked.clone();
-    // Reconciles asked for by a node's restart or the end of a freeze.
-    let (trigger, triggered) = futures::channel::mpsc::unbounded();
-    let controller = Controller::new(
-        Api::<ScheduledEvent>::all(clients.watches.clone()),
+    }
+}
+
+/// The events whose drains a PodDisruptionBudget blocks, with the passes
+/// it did so ([`Memory::blocked`]).
+type Blocked = Arc<Mutex<HashMap<String, u32>>>;
+
+/// What a replica holds from start-up to stop, leader or not.
+struct Replica {
+    /// Its command line.
+    args: ControllerArgs,
+    /// Its identity in the Lease and in its Kubernetes Events.
+    identity: String,
+    /// The clients without the Lease guard: requests (the CRD check,
+    /// token reviews) and watches.
+    clients: Clients,
+    /// Its metrics.
+    metrics: ControllerMetrics,
+    /// What `/readyz` answers.
+    ready: Readiness,
+}
+
+impl Replica {
+    /// Serves `/metrics` (from `registry`), `/healthz` and `/readyz` on
+    /// `--metrics-addr`, and starts the heartbeat `/healthz` reads
+    /// ([`spawn_heartbeat`]).
+    ///
+    /// Returns the heartbeat's task.
+    ///
+    /// # Errors
+    /// The metrics address cannot be bound.
+    async fn serve(&self, registry: Registry) -> anyhow::Result<JoinHandle<()>> {
+        // `/healthz` fails when the runtime that runs the reconciles has not
+        // run this heartbeat for [`HEARTBEAT_ALLOWED`] (every worker blocked or
+        // starved): the kubelet restarts the process. An API server that is
+        // down does not count (restarting would not mend it); a leader that
+        // cannot renew its Lease exits on its own (see `lease`).
+        let live = Liveness::new(HEARTBEAT_ALLOWED);
+        let heartbeat = spawn_heartbeat(live.clone());
+        // Tokens are reviewed through the unguarded request client: a standby
+        // answers its scrapes too.
+        let access = server::Access::new(
+            self.args.metrics_auth,
+            &self.clients.requests,
+            &self.metrics.metrics_auth,
+        );
+        server::spawn(
+            self.args.metrics_addr,
+            registry,
+            self.ready.clone(),
+            Some(live),
+            access,
+        )
+        .await?;
+        Ok(heartbeat)
+    }
+
+    /// Stands by until this replica leads: Ready once `nodes` (the node
+    /// cache) is synced, then waits for the Lease of `election`.
+    ///
+    /// Gives the election back once this replica leads; `None` on SIGTERM
+    /// (`shutdown`), the node watch (`node_task`) aborted and the Lease
+    /// released.
+    ///
+    /// # Errors
+    /// The node cache cannot sync, or the election stopped before this
+    /// replica led (the node watch aborted).
+    async fn stand_by(
+        &self,
+        election: lease::Election,
+        nodes: &Store<Node>,
+        node_task: &JoinHandle<()>,
+        mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) -> anyhow::Result<Option<lease::Election>> {
+        let mut leadership = election.state.clone();
+        tokio::select! {
+            _ = &mut shutdown => { node_task.abort(); election.release().await; return Ok(None) }
+            r = nodes.wait_until_ready() => r?,
+        }
+        self.ready.set(true);
+
+        // Leader election (client-go's algorithm, see `lease`): API errors
+        // are retried, never a crash loop; a standby watching the Lease asks
+        // at once when the leader releases it on SIGTERM.
+        let args = &self.args;
+        info!(identity = %self.identity, lease = %args.lease_name, namespace = %args.lease_namespace, "Waiting for leadership");
+        let leading = tokio::select! {
+            _ = &mut shutdown => None,
+            r = leadership.wait_for(|l| *l != lease::Leadership::Standby) => r.ok().map(|l| l.clone()),
+        };
+        match leading {
+            Some(lease::Leadership::Leading) => Ok(Some(election)),
+            Some(lease::Leadership::Lost(why)) => {
+                node_task.abort();
+                anyhow::bail!("leader election stopped: {why}");
+            }
+            _ => {
+                node_task.abort();
+                election.release().await;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Leads until SIGTERM (`shutdown`) or the loss of the Lease of
+    /// `election`: starts what only a leader runs
+    /// ([`Replica::start_leading`]), runs the controller loop
+    /// ([`reconcile_until_stopped`]), then aborts `tasks` (those started
+    /// before too) and hands over ([`Replica::stop`]).
+    ///
+    /// # Errors
+    /// The webhooks cannot start; the Lease was lost while leading (the
+    /// process exits so that a fresh one takes over).
+    async fn lead(
+        self,
+        files: Files,
+        writes: Writes,
+        nodes: NodeCache,
+        election: lease::Election,
+        mut tasks: Tasks,
+        shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) -> anyhow::Result<()> {
+        self.metrics.leader.set(1);
+        nodes.boot_ids.lead();
+        // Ready while leading only once the caches the reconciles read are
+        // synced (a leader whose RBAC lacks pods, say, never is).
+        self.ready.set(false);
+        info!(identity = %self.identity, policy = ?files.policy, dry_run = self.args.dry_run, "Leading: reconciling ScheduledEvents");
+        if self.args.dry_run {
+            warn!(
+                "--dry-run: deciding and recording only; no node is cordoned, no pod evicted, no approval sent"
+            );
+        }
+        let (controller, ctx) = self.start_leading(files, writes, nodes, &mut tasks)?;
+        let webhooks = ctx.writers.webhooks.clone();
+        let leadership = election.state.clone();
+        let outcome = reconcile_until_stopped(controller, ctx, leadership, shutdown).await;
+        tasks.abort();
+        self.stop(election, webhooks).await;
+        outcome
+    }
+
+    /// Starts what only a leader runs, keeping each task in `tasks`: the
+    /// policy in force (from `files`) and its reload, the caches besides
+    /// `nodes` and the `Controller` they wake ([`Replica::watch`]), the
+    /// fault-domain labels, the writers through `writes`
+    /// ([`Replica::writers`]), and the tasks around the reconciles
+    /// ([`spawn_leader_tasks`]).
+    ///
+    /// Returns the `Controller`, not yet running, and the context its
+    /// reconciles share.
+    ///
+    /// # Errors
+    /// The webhooks cannot start.
+    fn start_leading(
+        &self,
+        files: Files,
+        writes: Writes,
+        nodes: NodeCache,
+        tasks: &mut Tasks,
+    ) -> anyhow::Result<(Controller<ScheduledEvent>, Arc<Context>)> {
+        let shared: reload::Shared = Arc::new(std::sync::RwLock::new(Arc::new(files.policy)));
+        // A valid new policy file has every event reconciled again at once.
+        let (reload_tx, reload_rx) = futures::channel::mpsc::unbounded::<()>();
+        tasks.policy_reload = self.args.policy_file.clone().map(|path| {
+            let metrics = self.metrics.clone();
+            spawn_policy_reload(path, files.policy_text, shared.clone(), metrics, reload_tx)
+        });
+        let watched = self.watch(&nodes, reload_rx, tasks);
+        let events = watched.controller.store();
+        self.metrics
+            .watch_caches(nodes.store.clone(), events.clone());
+        // Dry run: decide and record only; no node is labelled either.
+        tasks.labels = (!self.args.dry_run).then(|| {
+            tokio::spawn(crate::controller::act::labels::run(
+                writes.client.clone(),
+                nodes.store.clone(),
+                watched.vm_reports.clone(),
+                nodes.topology_changed,
+                self.metrics.clone(),
+            ))
+        });
+        let writers = self.writers(
+            writes,
+            nodes.store.clone(),
+            files.webhooks,
+            files.webhooks_text,
+            tasks,
+        )?;
+        let ctx = Arc::new(Context {
+            caches: Caches {
+                nodes: nodes.store,
+                events,
+                reports: watched.reports,
+                vm_reports: watched.vm_reports,
+                pods: watched.pods,
+                boot_ids: nodes.boot_ids,
+                heartbeats: Heartbeats::new(writers.client.clone(), watched.trigger.clone()),
+            },
+            writers,
+            memory: Memory {
+                blocked: watched.blocked,
+                ..Memory::default()
+            },
+            policy: shared,
+            per_node: usize::from(self.args.max_evictions_per_node),
+            trigger: watched.trigger.clone(),
+        });
+        let (trigger, restarts) = (watched.trigger, nodes.restarts);
+        let report_changed = watched.report_changed;
+        spawn_leader_tasks(&ctx, &self.ready, trigger, restarts, report_changed, tasks);
+        Ok((watched.controller, ctx))
+    }
+
+    /// Starts the watches only a leader keeps besides the nodes' (the
+    /// agents' reports, their VMs' reports, the drain's pods), keeping
+    /// their tasks in `tasks`, and builds the `Controller` they wake
+    /// ([`event_controller`]); `reload` has every event reconciled again,
+    /// and each VM report change wakes `nodes`' fault-domain labels.
+    fn watch(
+        &self,
+        nodes: &NodeCache,
+        reload: UnboundedReceiver<()>,
+        tasks: &mut Tasks,
+    ) -> Watched {
+        let watches = &self.clients.watches;
+        // The agents' reports: one reflector feeds both the cache the trust
+        // assessment reads and the trigger of the event they are about, so a
+        // reconcile a report triggers always sees that report.
+        let (reports, report_stream) = cache::<ScheduledEventReport>(
+            watches.clone(),
+            // Who last wrote it and when is read (see `reports_about`); which
+            // fields, never.
+            |r: &mut ScheduledEventReport| {
+                for m in r.managed_fields_mut() {
+                    m.fields_v1 = None;
+                }
+            },
+        );
+        let changed = nodes.topology_changed.clone();
+        let (vm_reports, vm_changed, vm_task) =
+            spawn_vm_reports(watches.clone(), changed, reports.clone());
+        tasks.vm_reports = Some(vm_task);
+        // The drain's pods, from one watch (see `pods`), while this replica
+        // leads; a pod's acknowledgement wakes the event it names.
+        let (ack_tx, acks) = futures::channel::mpsc::unbounded::<String>();
+        let pods = PodCache::default()
+            .with_ack_trigger(ack_tx)
+            .with_agent_namespace(&self.args.lease_namespace);
+        tasks.pods = Some(tokio::spawn(pods.clone().run(watches.clone())));
+        // Each report change also wakes the task that creates the objects of
+        // events that have reports and no object yet (see `spec`).
+        let report_changed = Arc::new(Notify::new());
+        let notify = report_changed.clone();
+        let report_stream = report_stream.inspect(move |_| notify.notify_one());
+        let blocked: Blocked = Arc::default();
+        // Reconciles asked for by a node's restart or the end of a freeze.
+        let (trigger, triggered) = futures::channel::mpsc::unbounded();
+        let wakes = Wakes {
+            triggered,
+            acks,
+            vm_changed,
+            reload,
+        };
+        let concurrency = self.args.reconcile_concurrency;
+        let controller = event_controller(
+            watches.clone(),
+            report_stream,
+            blocked.clone(),
+            wakes,
+            concurrency,
+        );
+        Watched {
+            controller,
+            reports,
+            vm_reports,
+            pods,
+            report_changed,
+            blocked,
+            trigger,
+        }
+    }
+
+    /// What the reconciles write through: `writes`' clients, the eviction
+    /// rate budget, the Kubernetes Events queue and the operators'
+    /// webhooks (`webhooks`), the last two started here and their tasks
+    /// kept in `tasks`; the webhooks file, if any, is watched from
+    /// `webhooks_text` on. `nodes` names a node as an Event's subject.
+    ///
+    /// # Errors
+    /// The webhooks cannot start.
+    fn writers(
+        &self,
+        writes: Writes,
+        nodes: Store<Node>,
+        webhooks: WebhooksConfig,
+        webhooks_text: String,
+        tasks: &mut Tasks,
+    ) -> anyhow::Result<Writers> {
+        let (kube_events, event_task) = start_kube_events(
+            writes.client.clone(),
+            self.identity.clone(),
+            self.metrics.kube_events.clone(),
+        );
+        tasks.kube_events = Some(event_task);
+        let webhooks = Webhooks::start(
+            webhooks,
+            self.metrics.webhook_deliveries.clone(),
+            self.args.dry_run,
+        )?;
+        tasks.webhooks_reload = self.args.webhooks_file.clone().map(|path| {
+            tokio::spawn(crate::notify::webhooks::watch(
+                path,
+                webhooks_text,
+                webhooks.clone(),
+                self.metrics.clone(),
+            ))
+        });
+        Ok(Writers {
+            client: writes.client,
+            evict_client: writes.evict,
+            limiter: drain::rate_limiter(self.args.eviction_qps, self.args.eviction_burst),
+            kube_events,
+            webhooks,
+            metrics: self.metrics.clone(),
+            nodes,
+            dry_run: self.args.dry_run,
+        })
+    }
+
+    /// Hands over once the controller loop ended: not Ready; the Lease of
+    /// `election` released if this replica still holds it; the leader
+    /// gauge back to 0; the notifications `webhooks` still has queued sent
+    /// within [`WEBHOOK_FLUSH`].
+    async fn stop(&self, election: lease::Election, webhooks: Webhooks) {
+        self.ready.set(false);
+        // Releasing hands the Lease to a standby at once instead of after its
+        // duration; only a Lease this replica still holds is released.
+        if election.release().await {
+            info!("Released the leader-election Lease");
+        }
+        // 1 while this replica holds the Lease: until it was released.
+        self.metrics.leader.set(0);
+        // The notifications of what this leader recorded are still sent, after
+        // the Lease is handed over, within a bounded time.
+        let left = webhooks.finish(WEBHOOK_FLUSH).await;
+        if !left.is_empty() {
+            warn!(webhooks = ?left, "Notifications were left unsent at shutdown");
+        }
+        info!("Controller stopped");
+    }
+}
+
+/// What a leader watches besides the nodes ([`Replica::watch`]).
+struct Watched {
+    /// The `Controller` over every `ScheduledEvent`, not yet running.
+    controller: Controller<ScheduledEvent>,
+    /// The agents' `ScheduledEventReport`s.
+    reports: Store<ScheduledEventReport>,
+    /// The agents' `VirtualMachineReport`s.
+    vm_reports: Store<VirtualMachineReport>,
+    /// The drain's pods.
+    pods: PodCache,
+    /// Woken by each report change: the creation of the objects of
+    /// events that have reports and no object yet.
+    report_changed: Arc<Notify>,
+    /// The blocked drains the PodDisruptionBudget watch wakes.
+    blocked: Blocked,
+    /// Asks the `Controller` for a pass over an event.
+    trigger: Trigger,
+}
+
+/// What has the `Controller` reconcile an event besides the event's own
+/// changes, its reports' and the PodDisruptionBudgets'.
+struct Wakes {
+    /// A node's restart or the end of a freeze ([`Trigger`]).
+    triggered: UnboundedReceiver<ObjectRef<ScheduledEvent>>,
+    /// A pod's acknowledgement, by event name.
+    acks: UnboundedReceiver<String>,
+    /// A change of a VM report, the events its node reported
+    /// ([`spawn_vm_reports`]).
+    vm_changed: UnboundedReceiver<ObjectRef<ScheduledEvent>>,
+    /// A new policy: every event.
+    reload: UnboundedReceiver<()>,
+}
+
+/// The kube-runtime `Controller` over every `ScheduledEvent`, watched on
+/// `client`, running up to `concurrency` reconciles at once: an event is
+/// reconciled when it changes, when one of its reports does (`reports`,
+/// the reports cache's stream), when any PodDisruptionBudget does if its
+/// drain is `blocked`, and when `wakes` ask.
+fn event_controller(
+    client: Client,
+    reports: impl Stream<Item = Result<ScheduledEventReport, watcher::Error>> + Send + 'static,
+    blocked: Blocked,
+    wakes: Wakes,
+    concurrency: u16,
+) -> Controller<ScheduledEvent> {
+    Controller::new(
+        Api::<ScheduledEvent>::all(client.clone()),
         watcher::Config::default().any_semantic(),
     )
-    .watches_stream(report_stream, |r: ScheduledEventReport| {
+    .watches_stream(reports, |r: ScheduledEventReport| {
         std::iter::once(reflector::ObjectRef::new(&r.spec.scheduled_event))
     })
     // A blocked drain is looked at again as soon as a PodDisruptionBudget
     // changes (its status changes when a replacement pod becomes Ready, or
     // someone edits it), not only at its backoff's next pass.
     .watches(
-        Api::<PodDisruptionBudget>::all(clients.watches.clone()),
+        Api::<PodDisruptionBudget>::all(client),
         watcher::Config::default().any_semantic(),
         move |_budget| {
-            pdb_blocked
+            blocked
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .keys()
@@ -312,110 +764,162 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
                 .collect::<Vec<_>>()
         },
     )
-    .reconcile_on(triggered)
+    .reconcile_on(wakes.triggered)
     .trigger_backoff(watch_backoff())
-    .reconcile_on(ack_rx.map(|name| reflector::ObjectRef::new(&name)))
-    .reconcile_on(vm_changed)
-    .reconcile_all_on(reload_rx)
-    .with_config(controller::Config::default().concurrency(args.reconcile_concurrency));
-    let events = controller.store();
-    metrics.watch_caches(nodes.clone(), events.clone());
-    // Dry run: decide and record only; no node is labelled either.
-    let labels_task = (!args.dry_run).then(|| {
-        tokio::spawn(crate::controller::act::labels::run(
-            client.clone(),
-            nodes.clone(),
-            vm_reports.clone(),
-            topology_changed,
-            metrics.clone(),
-        ))
-    });
-    let (kube_events, event_task) = crate::controller::act::kube_events::EventSink::start(
-        {
-            let (client, identity) = (client.clone(), identity.clone());
-            move || {
-                Recorder::new(
-                    client.clone(),
-                    Reporter {
-                        controller: CONTROLLER_MANAGER.into(),
-                        instance: Some(identity.clone()),
-                    },
-                )
-            }
-        },
-        metrics.kube_events.clone(),
-    );
-    let webhooks = crate::notify::webhooks::Webhooks::start(
-        webhooks_config,
-        metrics.webhook_deliveries.clone(),
-        args.dry_run,
-    )?;
-    let webhooks_task = args.webhooks_file.clone().map(|path| {
-        tokio::spawn(crate::notify::webhooks::watch(
-            path,
-            webhooks_text,
-            webhooks.clone(),
-            metrics.clone(),
-        ))
-    });
-    let ctx = Arc::new(Context {
-        caches: Caches {
-            nodes: nodes.clone(),
-            events,
-            reports,
-            vm_reports,
-            pods: pods.clone(),
-            boot_ids,
-            heartbeats: crate::controller::observe::heartbeats::Heartbeats::new(
-                client.clone(),
-                trigger.clone(),
-            ),
-        },
-        writers: Writers {
-            client: client.clone(),
-            evict_client,
-            limiter: drain::rate_limiter(args.eviction_qps, args.eviction_burst),
-            kube_events,
-            webhooks: webhooks.clone(),
-            metrics: metrics.clone(),
-            nodes,
-            dry_run: args.dry_run,
-        },
-        memory: Memory {
-            blocked: blocked.clone(),
-            ..Memory::default()
-        },
-        policy: shared,
-        per_node: usize::from(args.max_evictions_per_node),
-        trigger: trigger.clone(),
-    });
-    let restart_task = tokio::spawn(crate::controller::act::restarts::report_restarts(
-        ctx.caches.clone(),
-        ctx.writers.clone(),
-        trigger,
-        restarts,
-    ));
-    let heartbeat_task = tokio::spawn(ctx.caches.heartbeats.clone().run_expiry());
+    .reconcile_on(wakes.acks.map(|name| reflector::ObjectRef::new(&name)))
+    .reconcile_on(wakes.vm_changed)
+    .reconcile_all_on(wakes.reload)
+    .with_config(controller::Config::default().concurrency(concurrency))
+}
 
-    let synced = tokio::spawn({
-        let (ctx, ready) = (ctx.clone(), ready.clone());
-        async move {
-            loop {
-                ready.set(ctx.caches.synced());
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
+/// Beats `live` every [`HEARTBEAT_EVERY`], allowing [`HEARTBEAT_ALLOWED`]
+/// each time, until aborted.
+fn spawn_heartbeat(live: Liveness) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            live.beat(HEARTBEAT_ALLOWED);
+            tokio::time::sleep(HEARTBEAT_EVERY).await;
         }
-    });
-    let leader_gauge = metrics.leader.clone();
+    })
+}
+
+/// Watches the policy file at `path` (read as `text` at start), putting
+/// each valid new policy in force in `shared` and asking, on `reload`, for
+/// every event to be reconciled again ([`reload::watch`]).
+fn spawn_policy_reload(
+    path: std::path::PathBuf,
+    text: String,
+    shared: reload::Shared,
+    metrics: ControllerMetrics,
+    reload: UnboundedSender<()>,
+) -> JoinHandle<()> {
+    tokio::spawn(reload::watch(path, text, shared, metrics, move || {
+        let _ = reload.unbounded_send(());
+    }))
+}
+
+/// The agents' reports of their VMs, watched on `client`, for the
+/// fault-domain labels and the VM of each node without a providerID (see
+/// `nodes::identities`): a change wakes the labels (`topology_changed`)
+/// and has the events its node reported (in `reports`) reconciled at once.
+/// A watch error is logged and retried.
+///
+/// Returns the cache, the events to reconcile, and the watch's task.
+fn spawn_vm_reports(
+    client: Client,
+    topology_changed: Arc<Notify>,
+    reports: Store<ScheduledEventReport>,
+) -> (
+    Store<VirtualMachineReport>,
+    UnboundedReceiver<ObjectRef<ScheduledEvent>>,
+    JoinHandle<()>,
+) {
+    let (vm_reports, vm_report_stream) =
+        cache::<VirtualMachineReport>(client, |r: &mut VirtualMachineReport| {
+            r.managed_fields_mut().clear()
+        });
+    let (vm_changed_tx, vm_changed) = futures::channel::mpsc::unbounded();
+    let task = tokio::spawn(vm_report_stream.for_each(move |r| {
+        match r {
+            Ok(vmr) => {
+                topology_changed.notify_one();
+                for r in reports.state() {
+                    if r.spec.report.node == vmr.spec.node {
+                        let _ = vm_changed_tx.unbounded_send(
+                            reflector::ObjectRef::<ScheduledEvent>::new(&r.spec.scheduled_event),
+                        );
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "VirtualMachineReport watch error (retrying)"),
+        }
+        async {}
+    }));
+    (vm_reports, vm_changed, task)
+}
+
+/// Starts the queue of Kubernetes Events, posted through `client` as
+/// [`CONTROLLER_MANAGER`], instance `identity`, and counted in `counted`.
+///
+/// Returns the queue and its task.
+fn start_kube_events(
+    client: Client,
+    identity: String,
+    counted: IntCounterVec,
+) -> (EventSink, JoinHandle<()>) {
+    EventSink::start(
+        move || {
+            Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: CONTROLLER_MANAGER.into(),
+                    instance: Some(identity.clone()),
+                },
+            )
+        },
+        counted,
+    )
+}
+
+/// Starts the leader's tasks around the reconciles, each kept in `tasks`:
+/// the reports of node restarts (`restarts`, asking passes on `trigger`),
+/// the expiry of the watches of nodes' Leases, the readiness from the
+/// caches' sync, the sweeps of deleted events' holds and notices, and the
+/// creation of the objects of reported events (woken by `report_changed`).
+fn spawn_leader_tasks(
+    ctx: &Arc<Context>,
+    ready: &Readiness,
+    trigger: Trigger,
+    restarts: UnboundedReceiver<Change>,
+    report_changed: Arc<Notify>,
+    tasks: &mut Tasks,
+) {
+    tasks.restarts = Some(tokio::spawn(
+        crate::controller::act::restarts::report_restarts(
+            ctx.caches.clone(),
+            ctx.writers.clone(),
+            trigger,
+            restarts,
+        ),
+    ));
+    tasks.lease_watches = Some(tokio::spawn(ctx.caches.heartbeats.clone().run_expiry()));
+    tasks.synced = Some(spawn_synced(ctx.clone(), ready.clone()));
     // A dry run writes no node, so it releases no hold either (its sweep
     // only forgets deleted events' bookkeeping).
-    let sweep = tokio::spawn(sweep::sweep_orphaned_holds(ctx.clone()));
-    let notice_sweep = tokio::spawn(sweep::sweep_orphaned_notices(ctx.clone()));
-    let creator = tokio::spawn(spec::create_missing(
+    tasks.sweep = Some(tokio::spawn(sweep::sweep_orphaned_holds(ctx.clone())));
+    tasks.notice_sweep = Some(tokio::spawn(sweep::sweep_orphaned_notices(ctx.clone())));
+    tasks.creator = Some(tokio::spawn(spec::create_missing(
         ctx.caches.clone(),
         ctx.writers.clone(),
         report_changed,
-    ));
+    )));
+}
+
+/// Keeps `ready` at whether the caches the reconciles read are synced
+/// ([`Caches::synced`]), every 500 ms, until aborted.
+fn spawn_synced(ctx: Arc<Context>, ready: Readiness) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            ready.set(ctx.caches.synced());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+}
+
+/// Runs `controller`'s reconciles (sharing `ctx`; a failed one is logged,
+/// and retried as [`error_policy`] says) until SIGTERM (`shutdown`), the
+/// loss of the Lease (`leadership`), or the end of the controller's
+/// stream.
+///
+/// # Errors
+/// The Lease was lost, or the election thread stopped: the process exits so
+/// that a fresh one takes over.
+async fn reconcile_until_stopped(
+    controller: Controller<ScheduledEvent>,
+    ctx: Arc<Context>,
+    mut leadership: watch::Receiver<lease::Leadership>,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+) -> anyhow::Result<()> {
     let controller = controller
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {
@@ -423,7 +927,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
                 warn!(error = %e, "Reconcile failed");
             }
         });
-    let outcome = tokio::select! {
+    tokio::select! {
         _ = &mut shutdown => Ok(()),
         l = leadership.wait_for(|l| matches!(l, lease::Leadership::Lost(_))) => {
             let why = match l.as_deref() {
@@ -433,44 +937,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
             Err(anyhow::anyhow!("stopped acting as leader: {why}; exiting so that a fresh process takes over"))
         }
         _ = controller => Ok(()),
-    };
-    node_task.abort();
-    vm_report_task.abort();
-    if let Some(t) = labels_task {
-        t.abort();
     }
-    pod_task.abort();
-    event_task.abort();
-    synced.abort();
-    heartbeat.abort();
-    creator.abort();
-    confinement.abort();
-    sweep.abort();
-    notice_sweep.abort();
-    restart_task.abort();
-    heartbeat_task.abort();
-    if let Some(reload) = reload_task {
-        reload.abort();
-    }
-    if let Some(reload) = webhooks_task {
-        reload.abort();
-    }
-    ready.set(false);
-    // Releasing hands the Lease to a standby at once instead of after its
-    // duration; only a Lease this replica still holds is released.
-    if election.release().await {
-        info!("Released the leader-election Lease");
-    }
-    // 1 while this replica holds the Lease: until it was released.
-    leader_gauge.set(0);
-    // The notifications of what this leader recorded are still sent, after
-    // the Lease is handed over, within a bounded time.
-    let left = webhooks.finish(WEBHOOK_FLUSH).await;
-    if !left.is_empty() {
-        warn!(webhooks = ?left, "Notifications were left unsent at shutdown");
-    }
-    info!("Controller stopped");
-    outcome
 }
 
 /// The delay before retrying a failed reconcile: 200 ms after a conflict
