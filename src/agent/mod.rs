@@ -205,7 +205,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                         t.abort();
                     }
                     vm_report.abort();
-                    return Err(e);
+                    return Err(e.into());
                 }
                 shutdown.await;
             }
