@@ -8,9 +8,9 @@
 //! watcher guards it with its own idle timeout (the server-side watch
 //! timeout plus 5 s), after which it resumes.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use backon::ExponentialBuilder;
 use kube::runtime::watcher;
 use kube::{Client, Config};
@@ -22,6 +22,94 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Read and write timeout of the request client: the longest one request
 /// (a list of every report of a large event included) may take.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Why a process has no Kubernetes configuration or clients.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The role or identity (a host or node name, `--identity`) has a
+    /// character an HTTP header cannot carry.
+    #[error("cannot send the User-Agent {agent:?}: {source}")]
+    UserAgent {
+        /// The `User-Agent` that was to be sent.
+        agent: String,
+        /// Why it is not a header value.
+        #[source]
+        source: http::header::InvalidHeaderValue,
+    },
+    /// Neither a kubeconfig nor the in-cluster ServiceAccount was found or
+    /// could be read.
+    #[error(
+        "no Kubernetes configuration (set KUBECONFIG, or run in a pod with a ServiceAccount token): {source}"
+    )]
+    Infer {
+        /// What kube tried, and why each failed.
+        #[source]
+        source: kube::config::InferConfigError,
+    },
+    /// A client could not be built from the configuration (e.g. a CA or a
+    /// client certificate it cannot use).
+    #[error("failed to build the Kubernetes {client} client: {source}")]
+    Client {
+        /// Which one: `request` or `watch`.
+        client: &'static str,
+        /// kube's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// An environment variable the in-cluster configuration needs is not
+    /// set (or not Unicode): the process does not run in a pod.
+    #[error("{name} is not set: not in a cluster ({source})")]
+    NotInCluster {
+        /// The variable.
+        name: &'static str,
+        /// Why it could not be read.
+        #[source]
+        source: std::env::VarError,
+    },
+    /// `KUBERNETES_SERVICE_PORT` is not a port number.
+    #[error("KUBERNETES_SERVICE_PORT {port:?} is not a port: {source}")]
+    Port {
+        /// The value given.
+        port: String,
+        /// The parse error.
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    /// The ServiceAccount's `namespace` file could not be read.
+    #[error("failed to read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The ServiceAccount's `ca.crt` or `token` is not a file.
+    #[error("{} is missing", path.display())]
+    Missing {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The in-cluster kubeconfig built from the ServiceAccount's files does
+    /// not deserialize (a path that is not valid there).
+    #[error("failed to build the in-cluster kubeconfig for {}: {source}", dir.display())]
+    Kubeconfig {
+        /// The ServiceAccount directory.
+        dir: PathBuf,
+        /// The deserialization error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// kube refused the in-cluster kubeconfig (e.g. a CA that is not PEM).
+    #[error("failed to load the in-cluster configuration from {}: {source}", dir.display())]
+    InCluster {
+        /// The ServiceAccount directory.
+        dir: PathBuf,
+        /// kube's error.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+}
 
 /// A process's two clients, built from one configuration.
 #[derive(Clone)]
@@ -39,8 +127,9 @@ pub struct Clients {
 /// that the API server's audit log and metrics tell the processes apart.
 ///
 /// # Errors
-/// `identity` cannot be sent in an HTTP header.
-pub fn request_config(mut config: Config, role: &str, identity: &str) -> anyhow::Result<Config> {
+/// [`Error::UserAgent`]: `role` or `identity` cannot be sent in an HTTP
+/// header.
+pub fn request_config(mut config: Config, role: &str, identity: &str) -> Result<Config, Error> {
     config.connect_timeout = Some(CONNECT_TIMEOUT);
     config.read_timeout = Some(REQUEST_TIMEOUT);
     config.write_timeout = Some(REQUEST_TIMEOUT);
@@ -51,8 +140,10 @@ pub fn request_config(mut config: Config, role: &str, identity: &str) -> anyhow:
     );
     config.headers.push((
         http::header::USER_AGENT,
-        http::HeaderValue::from_str(&agent)
-            .map_err(|e| anyhow::anyhow!("cannot send the User-Agent {agent:?}: {e}"))?,
+        http::HeaderValue::from_str(&agent).map_err(|source| Error::UserAgent {
+            agent: agent.clone(),
+            source,
+        })?,
     ));
     Ok(config)
 }
@@ -62,8 +153,10 @@ impl Clients {
     /// `KUBECONFIG`), for `role` as `identity` (see [`request_config`]).
     ///
     /// # Errors
-    /// No Kubernetes configuration, or a client that cannot be built.
-    pub async fn infer(role: &str, identity: &str) -> anyhow::Result<Self> {
+    /// Those of [`infer_config`] (no Kubernetes configuration),
+    /// [`Error::UserAgent`] (see [`request_config`]), and
+    /// [`Error::Client`] (a client that cannot be built).
+    pub async fn infer(role: &str, identity: &str) -> Result<Self, Error> {
         let config = request_config(infer_config().await?, role, identity)?;
         Self::from_request_config(config)
     }
@@ -71,14 +164,17 @@ impl Clients {
     /// Both clients from a configuration made by [`request_config`].
     ///
     /// # Errors
-    /// A client that cannot be built.
-    pub fn from_request_config(config: Config) -> anyhow::Result<Self> {
+    /// [`Error::Client`]: a client that cannot be built.
+    pub fn from_request_config(config: Config) -> Result<Self, Error> {
         let mut watch = config.clone();
         watch.read_timeout = None;
         watch.write_timeout = Some(REQUEST_TIMEOUT);
+        let build = |client, config| {
+            Client::try_from(config).map_err(|source| Error::Client { client, source })
+        };
         Ok(Clients {
-            requests: Client::try_from(config)?,
-            watches: Client::try_from(watch)?,
+            requests: build("request", config)?,
+            watches: build("watch", watch)?,
         })
     }
 }
@@ -103,8 +199,10 @@ pub const SANDBOX_MOUNT_POINT_ENV: &str = "CONTAINER_SANDBOX_MOUNT_POINT";
 /// are there.
 ///
 /// # Errors
-/// No configuration found, or one that cannot be read.
-pub async fn infer_config() -> anyhow::Result<Config> {
+/// [`Error::Infer`]: no configuration found, or one that cannot be read;
+/// under a sandbox mount point, [`Error::NotInCluster`] and those of
+/// [`in_cluster_under`].
+pub async fn infer_config() -> Result<Config, Error> {
     #[cfg(windows)]
     {
         if std::env::var_os("KUBECONFIG").is_none()
@@ -113,9 +211,8 @@ pub async fn infer_config() -> anyhow::Result<Config> {
             let root = std::path::PathBuf::from(root);
             if root.join(SERVICE_ACCOUNT_DIR).join("token").is_file() {
                 tracing::info!(root = %root.display(), "In-cluster configuration under the container's sandbox mount point");
-                let var = |name: &str| {
-                    std::env::var(name)
-                        .with_context(|| format!("{name} is not set: not in a cluster"))
+                let var = |name: &'static str| {
+                    std::env::var(name).map_err(|source| Error::NotInCluster { name, source })
                 };
                 let (host, port) = (
                     var("KUBERNETES_SERVICE_HOST")?,
@@ -125,7 +222,9 @@ pub async fn infer_config() -> anyhow::Result<Config> {
             }
         }
     }
-    Ok(Config::infer().await?)
+    Config::infer()
+        .await
+        .map_err(|source| Error::Infer { source })
 }
 
 /// The in-cluster configuration with the ServiceAccount's files (`token`,
@@ -136,26 +235,35 @@ pub async fn infer_config() -> anyhow::Result<Config> {
 /// kube does for in-cluster tokens (they are rotated).
 ///
 /// # Errors
-/// A port that is not one, a file missing, or a CA that is not PEM.
+/// [`Error::Port`]: a port that is not one; [`Error::Read`]: the
+/// namespace file unreadable; [`Error::Missing`]: no CA or token file;
+/// [`Error::Kubeconfig`], [`Error::InCluster`]: a configuration kube
+/// refuses (a CA that is not PEM).
 pub async fn in_cluster_under(
     root: &std::path::Path,
     host: &str,
     port: &str,
-) -> anyhow::Result<Config> {
+) -> Result<Config, Error> {
     let dir = root.join(SERVICE_ACCOUNT_DIR);
-    let port: u16 = port
-        .parse()
-        .with_context(|| format!("KUBERNETES_SERVICE_PORT {port:?} is not a port"))?;
+    let port: u16 = port.parse().map_err(|source| Error::Port {
+        port: port.to_string(),
+        source,
+    })?;
     let server = match host.parse::<std::net::IpAddr>() {
         Ok(ip) => format!("https://{}", std::net::SocketAddr::new(ip, port)),
         Err(_) => format!("https://{host}:{port}"),
     };
-    let namespace = std::fs::read_to_string(dir.join("namespace"))
-        .with_context(|| format!("failed to read {}", dir.join("namespace").display()))?;
+    let namespace_file = dir.join("namespace");
+    let namespace = std::fs::read_to_string(&namespace_file).map_err(|source| Error::Read {
+        path: namespace_file,
+        source,
+    })?;
     let ca = dir.join("ca.crt");
     let token = dir.join("token");
     for f in [&ca, &token] {
-        anyhow::ensure!(f.is_file(), "{} is missing", f.display());
+        if !f.is_file() {
+            return Err(Error::Missing { path: f.clone() });
+        }
     }
     let kubeconfig: kube::config::Kubeconfig = serde_json::from_value(serde_json::json!({
         "clusters": [{"name": "in-cluster", "cluster": {
@@ -169,11 +277,15 @@ pub async fn in_cluster_under(
             "namespace": namespace.trim(),
         }}],
         "current-context": "in-cluster",
-    }))?;
+    }))
+    .map_err(|source| Error::Kubeconfig {
+        dir: dir.clone(),
+        source,
+    })?;
     let mut config =
         Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
             .await
-            .with_context(|| format!("in-cluster configuration from {}", dir.display()))?;
+            .map_err(|source| Error::InCluster { dir, source })?;
     // As kube's in-cluster configuration: the CA is read again when it
     // changes (rotation).
     config.root_cert_file = Some(ca);
@@ -232,7 +344,11 @@ mod tests {
         let missing = in_cluster_under(&root, "10.0.0.1", "443")
             .await
             .unwrap_err();
-        assert!(format!("{missing:#}").contains("token"), "{missing:#}");
+        assert!(
+            matches!(&missing, super::Error::Missing { path } if path.ends_with("token")),
+            "{missing}"
+        );
+        assert!(missing.to_string().contains("token"), "{missing}");
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -169,7 +169,7 @@ async fn await_compute(
     live: &Liveness,
     allowed: Duration,
     mut shutdown: Pin<&mut impl Future<Output = ()>>,
-    mut check: Pin<&mut impl Future<Output = anyhow::Result<()>>>,
+    mut check: Pin<&mut impl Future<Output = Result<(), crate::api::install::Error>>>,
 ) -> anyhow::Result<Option<(Compute, bool)>> {
     let mut checked = false;
     let fetch = (|| async {
@@ -296,7 +296,7 @@ fn spawn_tasks(args: &AgentArgs, started: Started) -> [JoinHandle<()>; 3] {
 /// `check` failed: the installed CRD lacks fields this version writes.
 async fn until_shutdown(
     mut shutdown: Pin<&mut impl Future<Output = ()>>,
-    check: Pin<&mut impl Future<Output = anyhow::Result<()>>>,
+    check: Pin<&mut impl Future<Output = Result<(), crate::api::install::Error>>>,
     checked: bool,
 ) -> anyhow::Result<()> {
     if !checked {

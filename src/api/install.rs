@@ -218,6 +218,52 @@ pub fn refusal(unfit: &[(String, Unfit)]) -> String {
     format!("{}. {}", parts.join("; "), remedy())
 }
 
+/// Why the start-up check refused to go on, or `forewarn crds apply`
+/// failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Reading a CRD failed with an answer that will not change by itself
+    /// (or, for [`apply`], any error once its timeout has passed).
+    #[error("failed to read the CustomResourceDefinition {name}: {source}")]
+    Read {
+        /// The CRD's name.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The server-side apply of a CRD was refused (403, 422, ...) or did
+    /// not succeed before the timeout.
+    #[error("failed to apply the CustomResourceDefinition {name}: {source}")]
+    Apply {
+        /// The CRD's name.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// CRDs that are not installed or lack fields this binary uses: the
+    /// message is [`refusal`]'s, which names them and the command that
+    /// mends it.
+    #[error("{}", refusal(crds))]
+    Unfit {
+        /// Each unfit CRD's name, and why.
+        crds: Vec<(String, Unfit)>,
+    },
+    /// An applied CRD was not established, or did not fit, before the
+    /// timeout.
+    #[error("the CustomResourceDefinition {name} is not ready after {timeout:?}: {why}")]
+    NotReady {
+        /// The CRD's name.
+        name: String,
+        /// [`apply`]'s timeout.
+        timeout: Duration,
+        /// What it was still waiting for (a condition, missing fields, the
+        /// last transient error).
+        why: String,
+    },
+}
+
 /// Whether a failed request is worth asking again: anything but an answer
 /// that will not change by itself (400, 401, 403, 404, 422).
 fn transient(e: &kube::Error) -> bool {
@@ -251,14 +297,15 @@ fn backoff() -> ExponentialBuilder {
 /// `waiting` is called before each retry (the agent beats its liveness).
 ///
 /// # Errors
-/// A CRD that is not installed or lacks fields: [`refusal`], which names
-/// them and the command to run.
+/// [`Error::Unfit`]: a CRD that is not installed or lacks fields (its
+/// message is [`refusal`]'s, which names them and the command to run);
+/// [`Error::Read`]: an API error that is neither transient nor 403.
 pub async fn require(
     client: &Client,
     needs: &[CustomResourceDefinition],
     role: &str,
     waiting: impl Fn(),
-) -> anyhow::Result<()> {
+) -> Result<(), Error> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut unfit = Vec::new();
     for wanted in needs {
@@ -282,19 +329,15 @@ pub async fn require(
                 error = %s.message,
                 "Cannot check the installed CRD: no RBAC permission to get it (the chart's ClusterRole grants get on customresourcedefinitions of forewarn's names); going on unchecked"
             ),
-            Err(e) => {
-                return Err(anyhow::anyhow!(e).context(format!(
-                    "failed to read the CustomResourceDefinition {name}"
-                )));
-            }
+            Err(source) => return Err(Error::Read { name, source }),
         }
     }
     if unfit.is_empty() {
         return Ok(());
     }
-    let message = refusal(&unfit);
-    tracing::error!(%role, "{message}");
-    anyhow::bail!(message)
+    let error = Error::Unfit { crds: unfit };
+    tracing::error!(%role, "{error}");
+    Err(error)
 }
 
 /// What [`apply`] did to one CRD.
@@ -318,8 +361,10 @@ pub enum Applied {
 /// these names (the chart's hook ClusterRole).
 ///
 /// # Errors
-/// A refusal (403, 422, ...), or `timeout` passed.
-pub async fn apply(client: &Client, timeout: Duration) -> anyhow::Result<Vec<(String, Applied)>> {
+/// [`Error::Read`], [`Error::Apply`]: a refusal (403, 422, ...), or a
+/// transient error that lasted past `timeout`; [`Error::NotReady`]: a CRD
+/// not established, or not fitting, when `timeout` has passed.
+pub async fn apply(client: &Client, timeout: Duration) -> Result<Vec<(String, Applied)>, Error> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let deadline = Instant::now() + timeout;
     let within = |what: String| {
@@ -343,10 +388,9 @@ pub async fn apply(client: &Client, timeout: Duration) -> anyhow::Result<Vec<(St
         .retry(backoff())
         .when(within(format!("Reading CRD {name}")))
         .await
-        .map_err(|e| {
-            anyhow::anyhow!(e).context(format!(
-                "failed to read the CustomResourceDefinition {name}"
-            ))
+        .map_err(|source| Error::Read {
+            name: name.clone(),
+            source,
         })?;
         let params = PatchParams::apply(APPLY_MANAGER).force();
         let patch = Patch::Apply(&crd);
@@ -354,10 +398,9 @@ pub async fn apply(client: &Client, timeout: Duration) -> anyhow::Result<Vec<(St
             .retry(backoff())
             .when(within(format!("Applying CRD {name}")))
             .await
-            .map_err(|e| {
-                anyhow::anyhow!(e).context(format!(
-                    "failed to apply the CustomResourceDefinition {name}"
-                ))
+            .map_err(|source| Error::Apply {
+                name: name.clone(),
+                source,
             })?;
         let applied = match before {
             None => Applied::Created,
@@ -384,16 +427,10 @@ pub async fn apply(client: &Client, timeout: Duration) -> anyhow::Result<Vec<(St
                     Some(why) => why,
                 },
                 Err(e) if transient(&e) => e.to_string(),
-                Err(e) => {
-                    return Err(anyhow::anyhow!(e).context(format!(
-                        "failed to read the CustomResourceDefinition {name}"
-                    )));
-                }
+                Err(source) => return Err(Error::Read { name, source }),
             };
             if Instant::now() >= deadline {
-                anyhow::bail!(
-                    "the CustomResourceDefinition {name} is not ready after {timeout:?}: {why}"
-                );
+                return Err(Error::NotReady { name, timeout, why });
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -591,6 +628,13 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("crds.upgradeJob.enabled"), "{text}");
+        let error = Error::Unfit {
+            crds: vec![(REPORTS_CRD.into(), Unfit::Absent)],
+        };
+        assert_eq!(
+            error.to_string(),
+            refusal(&[(REPORTS_CRD.into(), Unfit::Absent)])
+        );
     }
 
     #[test]
