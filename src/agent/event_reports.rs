@@ -1,7 +1,7 @@
 //! The agent's only write: its own `ScheduledEventReport` per event, its
 //! complete view of the event from its own IMDS document (README, "The trust model").
 //!
-//! The pure part ([`plan`]) says which reports a document asks for, from
+//! The pure part ([`reports_to_write`]) says which reports a document asks for, from
 //! what the agent last wrote; the I/O part applies them by server-side apply
 //! (field manager `forewarn-agent`) and, at start, reads back the reports
 //! this agent wrote before it restarted ([`Reporter`], a task of its own:
@@ -92,7 +92,7 @@ fn same_view(a: &Report, b: &Report) -> bool {
 ///   it could read counts as listed (neither written nor ended).
 ///
 /// Approvals already sent stay in the report of the same appearance.
-pub fn plan(
+pub fn reports_to_write(
     doc: &Document,
     reported: &HashMap<String, Report>,
     node: &str,
@@ -166,7 +166,7 @@ impl Drop for OwnWatch {
 }
 
 /// The report writer: the only task that writes to the API server. It
-/// turns each new document into the reports it asks for ([`plan`]), records
+/// turns each new document into the reports it asks for ([`reports_to_write`]), records
 /// the approvals the approval task sent, writes again a report someone
 /// deleted while its event is listed, and forgets a report of an ended
 /// event once the controller deleted it (so its memory is bounded by the
@@ -234,7 +234,7 @@ impl Reporter {
                     let doc = self.docs.borrow_and_update().clone();
                     if let Some(doc) = doc {
                         let desired = desired(&written, &pending);
-                        pending.extend(plan(&doc, &desired, &self.node, &self.vm));
+                        pending.extend(reports_to_write(&doc, &desired, &self.node, &self.vm));
                         self.ready.set(true);
                     }
                 }
@@ -513,7 +513,7 @@ mod tests {
     #[test]
     fn one_write_per_change_of_the_view() {
         let mut reported = HashMap::new();
-        let first = plan(&doc(SCHEDULED), &reported, "n1", "vm_1");
+        let first = reports_to_write(&doc(SCHEDULED), &reported, "n1", "vm_1");
         assert_eq!(first.len(), 1);
         let (name, r) = &first[0];
         assert_eq!(name, &object_name("ABC-1"));
@@ -527,27 +527,27 @@ mod tests {
         apply(&mut reported, &first);
         // The same document again, or another incarnation with the same
         // event: nothing to write.
-        assert!(plan(&doc(SCHEDULED), &reported, "n1", "vm_1").is_empty());
+        assert!(reports_to_write(&doc(SCHEDULED), &reported, "n1", "vm_1").is_empty());
         let other_incarnation =
             SCHEDULED.replace("\"DocumentIncarnation\":2", "\"DocumentIncarnation\":7");
-        assert!(plan(&doc(&other_incarnation), &reported, "n1", "vm_1").is_empty());
+        assert!(reports_to_write(&doc(&other_incarnation), &reported, "n1", "vm_1").is_empty());
         // Started: one write, NotBefore gone.
-        let started = plan(&doc(STARTED), &reported, "n1", "vm_1");
+        let started = reports_to_write(&doc(STARTED), &reported, "n1", "vm_1");
         assert_eq!(started.len(), 1);
         assert_eq!(started[0].1.event_status, CrdStatus::Started);
         assert_eq!(started[0].1.not_before, None);
         apply(&mut reported, &started);
         // Gone: one write, Completed, same appearance.
-        let gone = plan(&doc(EMPTY), &reported, "n1", "vm_1");
+        let gone = reports_to_write(&doc(EMPTY), &reported, "n1", "vm_1");
         assert_eq!(gone.len(), 1);
         assert_eq!(
             (gone[0].1.event_status, gone[0].1.appearance),
             (CrdStatus::Completed, 1)
         );
         apply(&mut reported, &gone);
-        assert!(plan(&doc(EMPTY), &reported, "n1", "vm_1").is_empty());
+        assert!(reports_to_write(&doc(EMPTY), &reported, "n1", "vm_1").is_empty());
         // Back: a new appearance.
-        let back = plan(&doc(SCHEDULED), &reported, "n1", "vm_1");
+        let back = reports_to_write(&doc(SCHEDULED), &reported, "n1", "vm_1");
         assert_eq!(
             (back[0].1.event_status, back[0].1.appearance),
             (CrdStatus::Scheduled, 2)
@@ -585,19 +585,19 @@ mod tests {
     #[test]
     fn an_unknown_status_is_reported_as_started_and_a_rejected_entry_is_not_gone() {
         let paused = SCHEDULED.replace("\"Scheduled\"", "\"Paused\"");
-        let w = plan(&doc(&paused), &HashMap::new(), "n1", "vm_1");
+        let w = reports_to_write(&doc(&paused), &HashMap::new(), "n1", "vm_1");
         assert_eq!(w[0].1.event_status, CrdStatus::Started);
         let mut reported = HashMap::new();
         apply(&mut reported, &w);
         // The same event, now unparsable (its EventId still readable).
         let broken = r#"{"DocumentIncarnation":5,"Events":[{"EventId":"ABC-1","EventStatus":"Scheduled","EventType":"Reboot","ResourceType":"VirtualMachine","Resources":"not a list"}]}"#;
-        assert!(plan(&doc(broken), &reported, "n1", "vm_1").is_empty());
+        assert!(reports_to_write(&doc(broken), &reported, "n1", "vm_1").is_empty());
     }
 
     #[test]
     fn approvals_sent_stay_in_the_report_of_their_appearance_only() {
         let mut reported = HashMap::new();
-        let first = plan(&doc(SCHEDULED), &reported, "n1", "vm_9");
+        let first = reports_to_write(&doc(SCHEDULED), &reported, "n1", "vm_9");
         assert!(!first[0].1.named);
         apply(&mut reported, &first);
         let name = first[0].0.clone();
@@ -612,12 +612,12 @@ mod tests {
                 status: 200,
                 body: String::new(),
             });
-        let started = plan(&doc(STARTED), &reported, "n1", "vm_9");
+        let started = reports_to_write(&doc(STARTED), &reported, "n1", "vm_9");
         assert_eq!(started[0].1.approvals.len(), 1);
         apply(&mut reported, &started);
-        let gone = plan(&doc(EMPTY), &reported, "n1", "vm_9");
+        let gone = reports_to_write(&doc(EMPTY), &reported, "n1", "vm_9");
         apply(&mut reported, &gone);
-        let back = plan(&doc(SCHEDULED), &reported, "n1", "vm_9");
+        let back = reports_to_write(&doc(SCHEDULED), &reported, "n1", "vm_9");
         assert_eq!(back[0].1.appearance, 2);
         assert!(back[0].1.approvals.is_empty());
     }
