@@ -50,8 +50,7 @@
 # tests/real_node.rs is removed by the chart test first.
 #
 # One real node per machine: the kubelet's ports 10250/10248 and some of its
-# paths are fixed. Facts this relies on: /work/shared/REAL-NODE.md (not read
-# at run time).
+# paths are fixed.
 set -euo pipefail
 
 K8S_VERSION=1.36.3

@@ -708,7 +708,7 @@ async fn chart_drives_a_redeploy_of_the_real_node() {
     // ServiceAccount, and passes (CRDs established, the Lease held and
     // renewed, every agent Ready): helm exits 0 only then. Helm deletes
     // the Pod once it passed (so no `--logs`: helm would look for the
-    // deleted Pod's logs and fail, helm/helm#9098).
+    // deleted Pod's logs and fail).
     let tested = Instant::now();
     let out = helm(
         &[
