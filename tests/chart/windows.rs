@@ -412,9 +412,30 @@ fn windows_agents_run_on_windows_nodes_and_are_confined_like_linux_agents() {
         None,
     );
     assert!(!other.ok, "another node's report was stored");
+    // Another node's VirtualMachineReport, with the VM it already states
+    // when one is stored (an earlier test's agent may have written it): the
+    // CRD refuses a change of `spec.vm` before any admission policy sees
+    // the write, so only an unchanged VM leaves the refusal to the agents'
+    // policy, which is what this checks.
+    let stored_vm = k.run(
+        &[
+            "get",
+            "virtualmachinereport",
+            "node-000001",
+            "-o",
+            "jsonpath={.spec.vm}",
+        ],
+        None,
+    );
+    let vm = match stored_vm.stdout.trim() {
+        vm if stored_vm.ok && !vm.is_empty() => vm.to_string(),
+        _ => "vm-1".to_string(),
+    };
     let out = apply_report(
         &agent,
-        "apiVersion: forewarn.dev/v1alpha1\nkind: VirtualMachineReport\nmetadata:\n  name: node-000001\nspec:\n  node: node-000001\n  vm: vm-1\n",
+        &format!(
+            "apiVersion: forewarn.dev/v1alpha1\nkind: VirtualMachineReport\nmetadata:\n  name: node-000001\nspec:\n  node: node-000001\n  vm: {vm}\n"
+        ),
     );
     assert!(!out.ok, "the Windows agent stated another node's VM");
     assert!(out.stderr.contains(AGENT_POLICY), "{}", out.stderr);
