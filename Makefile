@@ -61,11 +61,12 @@ release:
 	@test -n "$(REGISTRY)" -a -n "$(VERSION)" || { echo "usage: make release REGISTRY=host[:port][/path] VERSION=x.y.z" >&2; exit 2; }
 	PLAIN_HTTP=$(PLAIN_HTTP) CARGO=$(CARGO) bash hack/release.sh "$(REGISTRY)" "$(VERSION)"
 
-## lint: cargo fmt --check, clippy and rustdoc (no broken intra-doc link) with warnings as errors
+## lint: cargo fmt --check, clippy and rustdoc (no broken intra-doc link) with warnings as errors, and no import circle among the modules (hack/module-graph.py)
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --features forewarn/real-node -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --lib --document-private-items
+	python3 hack/module-graph.py
 
 ## unit: the unit tests only (no cluster)
 unit:
