@@ -63,7 +63,7 @@ def main() -> int:
                     parts = parts[:-1]
                 if parts and parts != mod:
                     targets.add(parts)
-        # `use crate::a::{b, c}` lists: each name under the prefix
+            # `use crate::a::{b, c}` lists: each name under the prefix
             for m in re.finditer(r"crate((?:::[a-z_][a-z0-9_]*)+)::\{([^}]*)\}", line):
                 base = tuple(m.group(1).strip(":").split("::"))
                 for name in re.findall(r"[a-z_][a-z0-9_]*", m.group(2)):
@@ -103,18 +103,13 @@ def main() -> int:
                 visit(v)
         return out
 
-    def folder(mod, depth=None):
-        path = files[mod].relative_to(SRC)
-        parts = path.parent.parts if path.stem not in ("mod",) else path.parent.parent.parts
-        if path.stem != "mod" and (SRC / path.with_suffix("")).is_dir():
-            parts = path.with_suffix("").parts
-        if depth is not None:
-            parts = parts[:depth] if parts else (path.stem,)
-        return "src/" + "/".join(parts) if parts else "src/" + path.stem
+    def top(mod):
+        """The top-level module a module belongs to (`lib` for the crate root)."""
+        return "src/" + (mod[0] if mod else "lib")
 
     found = 0
     for name, key in (("files", lambda m: m),
-                      ("top-level modules", lambda m: folder(m, 1))):
+                      ("top-level modules", top)):
         graph = {}
         for a, bs in edges.items():
             for b in bs:
