@@ -241,7 +241,9 @@ pub struct ControllerArgs {
     /// Absent: no policy is expected, and the gauge is 0.
     #[arg(long, env = "FOREWARN_AGENT_POLICY")]
     pub agent_policy: Option<String>,
-    /// `ScheduledEvent`s reconciled at once.
+    /// `ScheduledEvent`s reconciled at once; when more are due, the one
+    /// whose deadline is nearest goes first (its `NotBefore` while its
+    /// approval is not yet accepted).
     #[arg(long, env = "FOREWARN_RECONCILE_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub reconcile_concurrency: u16,
 }

@@ -2,6 +2,7 @@
 //! policy reloads, the sweep of orphaned holds, the confinement check.
 
 pub mod confinement;
+pub mod gate;
 pub mod lease;
 pub mod reload;
 pub mod run;

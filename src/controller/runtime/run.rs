@@ -44,6 +44,7 @@ use crate::controller::observe::impact::{BootIds, Change};
 use crate::controller::observe::pods::PodCache;
 use crate::controller::observe::watch::{cache, watch_backoff};
 use crate::controller::reconcile::reconcile;
+use crate::controller::runtime::gate::{self, Gate};
 use crate::controller::runtime::lease;
 use crate::controller::runtime::reload;
 use crate::controller::runtime::sweep;
@@ -480,7 +481,8 @@ impl Replica {
         let (controller, ctx) = self.start_leading(files, writes, nodes, &mut tasks)?;
         let webhooks = ctx.writers.webhooks.clone();
         let leadership = election.state.clone();
-        let outcome = reconcile_until_stopped(controller, ctx, leadership, shutdown).await;
+        let gate = Gate::new(usize::from(self.args.reconcile_concurrency));
+        let outcome = reconcile_until_stopped(controller, ctx, gate, leadership, shutdown).await;
         tasks.abort();
         self.stop(election, webhooks).await;
         outcome
@@ -608,14 +610,7 @@ impl Replica {
             vm_changed,
             reload,
         };
-        let concurrency = self.args.reconcile_concurrency;
-        let controller = event_controller(
-            watches.clone(),
-            report_stream,
-            blocked.clone(),
-            wakes,
-            concurrency,
-        );
+        let controller = event_controller(watches.clone(), report_stream, blocked.clone(), wakes);
         Watched {
             controller,
             reports,
@@ -740,7 +735,6 @@ fn event_controller(
     reports: impl Stream<Item = Result<ScheduledEventReport, watcher::Error>> + Send + 'static,
     blocked: Blocked,
     wakes: Wakes,
-    concurrency: u16,
 ) -> Controller<ScheduledEvent> {
     Controller::new(
         Api::<ScheduledEvent>::all(client.clone()),
@@ -769,7 +763,13 @@ fn event_controller(
     .reconcile_on(wakes.acks.map(|name| reflector::ObjectRef::new(&name)))
     .reconcile_on(wakes.vm_changed)
     .reconcile_all_on(wakes.reload)
-    .with_config(controller::Config::default().concurrency(concurrency))
+    // No limit of kube-runtime's own: its scheduler hands out due
+    // reconciles in an order unrelated to the events' deadlines, so every
+    // reconcile waits at the deadline-ordered gate instead
+    // ([`crate::controller::runtime::gate`]), which lets `concurrency` run
+    // at once, nearest `NotBefore` first. kube-runtime still never runs two
+    // reconciles of one object at once.
+    .with_config(controller::Config::default().concurrency(0))
 }
 
 /// Beats `live` every [`HEARTBEAT_EVERY`], allowing [`HEARTBEAT_ALLOWED`]
@@ -907,9 +907,9 @@ fn spawn_synced(ctx: Arc<Context>, ready: Readiness) -> JoinHandle<()> {
 }
 
 /// Runs `controller`'s reconciles (sharing `ctx`; a failed one is logged,
-/// and retried as [`error_policy`] says) until SIGTERM (`shutdown`), the
-/// loss of the Lease (`leadership`), or the end of the controller's
-/// stream.
+/// and retried as [`error_policy`] says), each once it holds a permit of
+/// `gate` ([`gated`]), until SIGTERM (`shutdown`), the loss of the Lease
+/// (`leadership`), or the end of the controller's stream.
 ///
 /// # Errors
 /// The Lease was lost, or the election thread stopped: the process exits so
@@ -917,11 +917,16 @@ fn spawn_synced(ctx: Arc<Context>, ready: Readiness) -> JoinHandle<()> {
 async fn reconcile_until_stopped(
     controller: Controller<ScheduledEvent>,
     ctx: Arc<Context>,
+    gate: Gate,
     mut leadership: watch::Receiver<lease::Leadership>,
     mut shutdown: Pin<&mut impl Future<Output = ()>>,
 ) -> anyhow::Result<()> {
     let controller = controller
-        .run(reconcile, error_policy, ctx)
+        .run(
+            move |ev, ctx| gated(ev, ctx, gate.clone()),
+            error_policy,
+            ctx,
+        )
         .for_each(|r| async move {
             if let Err(e) = r {
                 warn!(error = %e, "Reconcile failed");
@@ -937,6 +942,26 @@ async fn reconcile_until_stopped(
             Err(anyhow::anyhow!("stopped acting as leader: {why}; exiting so that a fresh process takes over"))
         }
         _ = controller => Ok(()),
+    }
+}
+
+/// One pass over `ev` once it holds a permit of `gate` (nearest deadline
+/// first: [`gate::deadline_of`]), over the event as the cache holds it
+/// then, not as it was when the pass was asked for: a pass that waited
+/// behind others would otherwise act on a version its own earlier pass,
+/// or Azure's progress, has since replaced. An event deleted meanwhile
+/// needs no pass.
+///
+/// # Errors
+/// As [`reconcile`].
+async fn gated(ev: Arc<ScheduledEvent>, ctx: Arc<Context>, gate: Gate) -> Result<Requeue, Error> {
+    let _permit = gate
+        .acquire(gate::deadline_of(&ev, chrono::Utc::now()))
+        .await;
+    // The same store the pass was asked from: as new, or newer.
+    match ctx.caches.events.get(&ObjectRef::from_obj(ev.as_ref())) {
+        Some(current) => reconcile(current, ctx).await,
+        None => Ok(Requeue::await_change()),
     }
 }
 

@@ -1,0 +1,329 @@
+//! The deadline-ordered gate in front of the reconciles: at most `permits`
+//! reconciles run at once, and when more are due, the one whose event's
+//! `NotBefore` is nearest goes next.
+//!
+//! kube-runtime's controller runs a due reconcile as soon as it has a free
+//! slot, in the order its scheduler yields them, which is not the order of
+//! the events' deadlines: under a flood, an event whose `NotBefore` is near
+//! could wait behind events announced later with more notice. So the
+//! controller runs kube-runtime without a limit of its own (it still never
+//! reconciles one object twice at once) and every reconcile first takes a
+//! [`Permit`] here, by [`Deadline`].
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use chrono::{DateTime, Utc};
+use tokio::sync::oneshot;
+
+use crate::api::{Phase, ScheduledEvent};
+
+/// How long the remaining work of an event without a deadline (approved,
+/// started, ended, ignored: following Azure's progress, releasing its
+/// nodes) may wait behind events that have one: it is served as if its
+/// deadline were this long after it asked, so a flood of events with
+/// deadlines never starves the release of another event's nodes.
+pub const NO_DEADLINE_SLACK: chrono::TimeDelta = chrono::TimeDelta::seconds(30);
+
+/// When an event must be handled by: ordered nearest first; waiters with
+/// the same deadline are served in their order of arrival, so that an
+/// event reconciled again (its own writes trigger it) goes behind those of
+/// the same deadline that have not had their turn yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Deadline(DateTime<Utc>);
+
+impl Deadline {
+    /// The deadline `at`.
+    pub fn new(at: DateTime<Utc>) -> Self {
+        Self(at)
+    }
+}
+
+/// The deadline of `event` at `now`: its `NotBefore` (Azure starts the
+/// event then, approved or not) while the approval it may need is not yet
+/// accepted by IMDS (no phase yet, `Pending`, `Draining` or `Drained`);
+/// else [`NO_DEADLINE_SLACK`] after `now`.
+pub fn deadline_of(event: &ScheduledEvent, now: DateTime<Utc>) -> Deadline {
+    let phase = event.status.as_ref().and_then(|s| s.phase.as_ref());
+    let pending = matches!(
+        phase,
+        None | Some(Phase::Pending | Phase::Draining | Phase::Drained)
+    );
+    Deadline(
+        event
+            .spec
+            .not_before
+            .filter(|_| pending)
+            .unwrap_or(now + NO_DEADLINE_SLACK),
+    )
+}
+
+/// A reconcile's right to run; given back to the gate when dropped.
+#[derive(Debug)]
+pub struct Permit {
+    /// `None` once it is known not to count (a permit whose waiter was
+    /// gone when it was sent).
+    gate: Option<Arc<Shared>>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(gate) = self.gate.take() {
+            gate.release();
+        }
+    }
+}
+
+/// At most `permits` holders at once; waiters served nearest deadline
+/// first.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    free: usize,
+    /// Waiters by deadline, then by arrival.
+    waiting: BTreeMap<(Deadline, u64), oneshot::Sender<Permit>>,
+    arrivals: u64,
+}
+
+impl Gate {
+    /// A gate of `permits` (at least 1) holders at once.
+    pub fn new(permits: usize) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    free: permits.max(1),
+                    waiting: BTreeMap::new(),
+                    arrivals: 0,
+                }),
+            }),
+        }
+    }
+
+    /// Waits for a permit; among waiters, the nearest `deadline` is served
+    /// first. Cancel-safe: a waiter dropped before it is served takes no
+    /// permit, and one dropped with a permit on its way gives it back.
+    pub async fn acquire(&self, deadline: Deadline) -> Permit {
+        let rx = {
+            let mut state = self.shared.lock();
+            if state.free > 0 && state.waiting.is_empty() {
+                state.free -= 1;
+                return Permit {
+                    gate: Some(self.shared.clone()),
+                };
+            }
+            let (tx, rx) = oneshot::channel();
+            state.arrivals += 1;
+            let arrival = state.arrivals;
+            state.waiting.insert((deadline, arrival), tx);
+            rx
+        };
+        match rx.await {
+            Ok(permit) => permit,
+            // The sender is only dropped with a permit sent or by the gate
+            // itself, which lives as long as `self`.
+            Err(_) => unreachable!("a waiter's sender is dropped only after sending"),
+        }
+    }
+
+    /// How many reconciles wait for a permit.
+    pub fn waiting(&self) -> usize {
+        self.shared.lock().waiting.len()
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A permit came back: to the nearest waiter still there, else free.
+    fn release(self: &Arc<Self>) {
+        loop {
+            let next = {
+                let mut state = self.lock();
+                match state.waiting.pop_first() {
+                    Some((_, tx)) => tx,
+                    None => {
+                        state.free += 1;
+                        return;
+                    }
+                }
+            };
+            // Sent outside the lock: a permit that comes back at once (its
+            // waiter gone) releases again.
+            let permit = Permit {
+                gate: Some(self.clone()),
+            };
+            match next.send(permit) {
+                Ok(()) => return,
+                Err(mut permit) => {
+                    // The waiter was dropped: the next one. This permit
+                    // does not count, so its drop releases nothing.
+                    permit.gate = None;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone as _;
+    use std::time::Duration;
+
+    fn at(s: i64) -> DateTime<Utc> {
+        Utc.timestamp_opt(1_800_000_000 + s, 0).unwrap()
+    }
+
+    fn d(s: i64) -> Deadline {
+        Deadline::new(at(s))
+    }
+
+    #[test]
+    fn an_event_has_its_not_before_as_deadline_until_imds_accepts_its_approval() {
+        let now = at(0);
+        let mut ev = ScheduledEvent::new(
+            "e",
+            crate::fixtures::spec("E")
+                .vms(["vm_1"])
+                .not_before(at(60))
+                .build(),
+        );
+        assert_eq!(deadline_of(&ev, now), d(60), "no status yet");
+        for phase in [Phase::Pending, Phase::Draining, Phase::Drained] {
+            ev.status = Some(crate::api::ScheduledEventStatus {
+                phase: Some(phase),
+                ..Default::default()
+            });
+            assert_eq!(deadline_of(&ev, now), d(60), "{phase:?}");
+        }
+        for phase in [
+            Phase::Approved,
+            Phase::Started,
+            Phase::Completed,
+            Phase::Cancelled,
+            Phase::Ignored,
+        ] {
+            ev.status = Some(crate::api::ScheduledEventStatus {
+                phase: Some(phase),
+                ..Default::default()
+            });
+            assert_eq!(deadline_of(&ev, now), d(30), "{phase:?}: the slack");
+        }
+        ev.status = None;
+        ev.spec.not_before = None;
+        assert_eq!(deadline_of(&ev, now), d(30), "started: no NotBefore");
+    }
+
+    /// While the only permit is held, waiters arrive in an order unrelated
+    /// to their deadlines (latest first, the way a scheduler that yields
+    /// the newest trigger first would hand them out); once it is given
+    /// back they run one at a time, nearest deadline first, and two of the
+    /// same deadline in their order of arrival.
+    #[tokio::test]
+    async fn waiters_are_served_nearest_deadline_first_whatever_their_arrival() {
+        let gate = Gate::new(1);
+        let held = gate.acquire(d(0)).await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        // Arrival order: a tie, an ended event (deadline +200 s), +90 s ..
+        // +10 s, +5 s, the tie's second.
+        let arrivals: Vec<(DateTime<Utc>, String)> = [(at(55), "tie1".to_string())]
+            .into_iter()
+            .chain(std::iter::once((at(200), "ended".to_string())))
+            .chain((1..=9).rev().map(|i| (at(i * 10), format!("e{i}"))))
+            .chain([(at(5), "urgent".into()), (at(55), "tie2".into())])
+            .collect();
+        for (nb, name) in arrivals {
+            let (g, order) = (gate.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let _permit = g.acquire(Deadline::new(nb)).await;
+                order.lock().unwrap().push(name);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }));
+            // Each waits before the next arrives.
+            while gate.waiting() < tasks.len() {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(held);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let order = order.lock().unwrap().clone();
+        let expected: Vec<String> = std::iter::once("urgent".to_string())
+            .chain((1..=5).map(|i| format!("e{i}")))
+            .chain(["tie1".into(), "tie2".into()])
+            .chain((6..=9).map(|i| format!("e{i}")))
+            .chain(std::iter::once("ended".to_string()))
+            .collect();
+        assert_eq!(order, expected);
+        assert_eq!(gate.waiting(), 0);
+    }
+
+    /// A waiter cancelled before its turn takes no permit: the permits
+    /// all come back, and the gate serves as many holders as before.
+    #[tokio::test]
+    async fn a_cancelled_waiter_leaks_no_permit() {
+        let gate = Gate::new(2);
+        let a = gate.acquire(d(1)).await;
+        let b = gate.acquire(d(2)).await;
+        let waiter = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.acquire(d(3)).await }
+        });
+        while gate.waiting() < 1 {
+            tokio::task::yield_now().await;
+        }
+        waiter.abort();
+        assert!(waiter.await.unwrap_err().is_cancelled());
+        drop(a);
+        drop(b);
+        // Both permits are free again: two holders at once, no waiting.
+        let x = tokio::time::timeout(Duration::from_secs(5), gate.acquire(d(100)))
+            .await
+            .expect("a free permit");
+        let y = tokio::time::timeout(Duration::from_secs(5), gate.acquire(d(100)))
+            .await
+            .expect("a second free permit");
+        assert_eq!(gate.shared.lock().free, 0);
+        drop((x, y));
+        assert_eq!(gate.shared.lock().free, 2);
+    }
+
+    /// More holders than permits never run at once.
+    #[tokio::test]
+    async fn never_more_holders_than_permits() {
+        let gate = Gate::new(3);
+        let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let peak = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..40)
+            .map(|i| {
+                let (gate, running, peak) = (gate.clone(), running.clone(), peak.clone());
+                tokio::spawn(async move {
+                    let _p = gate.acquire(d(i % 7)).await;
+                    let now = running.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    peak.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    running.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let peak = peak.load(std::sync::atomic::Ordering::SeqCst);
+        assert!((2..=3).contains(&peak), "{peak} holders at once");
+        assert_eq!(gate.shared.lock().free, 3);
+    }
+}
