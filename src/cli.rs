@@ -155,6 +155,13 @@ pub struct AgentArgs {
     /// itself (the affected node's agent goes first).
     #[arg(long, env = "FOREWARN_APPROVAL_FALLBACK", value_parser = humantime::parse_duration, default_value = "5s")]
     pub approval_fallback: Duration,
+    /// The witnesses ConfigMap (`NAMESPACE/NAME`) the controller writes
+    /// (its `--witnesses-configmap`, in its namespace): the agent reports
+    /// the events naming its own VM, and those of other VMs only while
+    /// the controller lists one of them as silent (see
+    /// `forewarn::witnesses`). Absent: every event it sees.
+    #[arg(long, env = "FOREWARN_WITNESSES")]
+    pub witnesses: Option<crate::agent::witnesses::ConfigMapRef>,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "FOREWARN_METRICS_ADDR", default_value = "127.0.0.1:9101")]
     pub metrics_addr: SocketAddr,
@@ -215,6 +222,11 @@ pub struct ControllerArgs {
         default_value = "forewarn-controller"
     )]
     pub lease_name: String,
+    /// Name of the witnesses ConfigMap, in the Lease's namespace: the VMs
+    /// whose agents are silent, whose events the other agents then report
+    /// (the agents' `--witnesses`; see `forewarn::witnesses`).
+    #[arg(long, env = "FOREWARN_WITNESSES_CONFIGMAP", default_value = crate::witnesses::DEFAULT_CONFIGMAP)]
+    pub witnesses_configmap: String,
     /// This replica's identity in the Lease (default: the host name and process id).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,

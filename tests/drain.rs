@@ -589,7 +589,12 @@ async fn eviction_reaches_the_api_server_with_its_grace_and_uid_precondition() {
         }),
         grace_seconds: 7,
     };
-    let outcome = drain::evict(&evict_client, &planned(old_uid)).await;
+    // No budget selects p: an empty budget cache says as much.
+    let no_budgets = kube::runtime::reflector::store::Writer::<
+        k8s_openapi::api::policy::v1::PodDisruptionBudget,
+    >::default()
+    .as_reader();
+    let outcome = drain::evict(&evict_client, &planned(old_uid), &no_budgets).await;
     assert_eq!(
         outcome,
         EvictionOutcome::Gone,
@@ -601,7 +606,7 @@ async fn eviction_reaches_the_api_server_with_its_grace_and_uid_precondition() {
         "the recreated pod was evicted in its predecessor's place"
     );
 
-    let outcome = drain::evict(&evict_client, &planned(second.uid().unwrap())).await;
+    let outcome = drain::evict(&evict_client, &planned(second.uid().unwrap()), &no_budgets).await;
     assert_eq!(outcome, EvictionOutcome::Evicted);
     let evicted = pods.get("p").await.expect("p terminating");
     assert_eq!(

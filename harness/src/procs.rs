@@ -374,8 +374,13 @@ impl Launch {
 
     /// Starts the agent of `node`; its port is read with
     /// [`Proc::metrics_port`], after all are started when there are many.
+    ///
+    /// With the chart's credentials, it runs as the chart runs it: it
+    /// reports other VMs' events only as a witness the controller asks for
+    /// (`--witnesses`, the controller's default ConfigMap in the Lease's
+    /// namespace).
     fn agent(&self, node: &str, vm: &str, file: &str) -> anyhow::Result<Proc> {
-        let args = [
+        let mut args = vec![
             "agent".to_string(),
             "--node-name".into(),
             node.into(),
@@ -384,6 +389,14 @@ impl Launch {
             "--metrics-addr".into(),
             "127.0.0.1:0".into(),
         ];
+        if let Some(c) = &self.credentials {
+            args.push("--witnesses".into());
+            args.push(format!(
+                "{}/{}",
+                c.lease_namespace,
+                forewarn::witnesses::DEFAULT_CONFIGMAP
+            ));
+        }
         let kubeconfig = match &self.credentials {
             Some(c) => Some(
                 c.agents

@@ -32,6 +32,7 @@ use crate::imds::model::{Document, Event, object_name};
 use crate::kubeclient::watch_backoff;
 use crate::metrics::agent::AgentMetrics;
 use crate::server::Readiness;
+use crate::witnesses::Witnessing;
 
 /// This agent's view of `ev`, listed in a document of `incarnation`, as
 /// appearance `appearance`. An `EventStatus` this version does not know is
@@ -86,7 +87,10 @@ fn same_view(a: &Report, b: &Report) -> bool {
 /// the reports it last wrote (`reported`):
 ///
 /// - a listed event not reported, or reported `Completed` (it came back:
-///   the appearance goes up by one), or whose view changed;
+///   the appearance goes up by one), or whose view changed, if it names
+///   this agent's VM, or `witnessing` wants it (it names a VM whose agent
+///   is silent: [`crate::witnesses`]), or this agent reports it live
+///   already (it follows what it reported to its end);
 /// - a reported live event the document no longer lists: `Completed`, with
 ///   the content it had. An entry the parser rejected but whose `EventId`
 ///   it could read counts as listed (neither written nor ended).
@@ -97,6 +101,7 @@ pub fn reports_to_write(
     reported: &HashMap<String, Report>,
     node: &str,
     vm: &str,
+    witnessing: &Witnessing,
 ) -> Vec<(String, Report)> {
     let mut out = Vec::new();
     let mut listed = HashSet::new();
@@ -106,6 +111,10 @@ pub fn reports_to_write(
             continue;
         }
         let before = reported.get(&name);
+        let follows = before.is_some_and(Report::is_listed);
+        if !(follows || ev.names_vm(vm) || witnessing.wanted(&ev.resources)) {
+            continue;
+        }
         let appearance = match before {
             None => 1,
             Some(b) if !b.is_listed() => b.appearance.saturating_add(1),
@@ -192,6 +201,9 @@ pub struct Reporter {
     /// Where the reports as last written are published (for the approval
     /// task: it sends only for an appearance this agent has reported).
     pub written_tx: watch::Sender<Arc<HashMap<String, Report>>>,
+    /// Which events of other VMs to report ([`crate::witnesses`]): the
+    /// latest list of silent VMs the controller published.
+    pub witnessing: watch::Receiver<Witnessing>,
 }
 
 /// At most this many report writes are in flight at once.
@@ -233,9 +245,19 @@ impl Reporter {
                     }
                     let doc = self.docs.borrow_and_update().clone();
                     if let Some(doc) = doc {
+                        let witnessing = self.witnessing.borrow_and_update().clone();
                         let desired = desired(&written, &pending);
-                        pending.extend(reports_to_write(&doc, &desired, &self.node, &self.vm));
+                        pending.extend(reports_to_write(&doc, &desired, &self.node, &self.vm, &witnessing));
                         self.ready.set(true);
+                    }
+                }
+                // New witnesses wanted: the latest document again.
+                Ok(()) = self.witnessing.changed() => {
+                    let witnessing = self.witnessing.borrow_and_update().clone();
+                    let doc = self.docs.borrow().clone();
+                    if let Some(doc) = doc {
+                        let desired = desired(&written, &pending);
+                        pending.extend(reports_to_write(&doc, &desired, &self.node, &self.vm, &witnessing));
                     }
                 }
                 Some((name, sent)) = self.sent.recv() => {
@@ -495,6 +517,7 @@ pub async fn apply_report(
 mod tests {
     use super::*;
     use crate::imds::model::parse_document;
+    use crate::witnesses::SilentVms;
 
     fn doc(json: &str) -> Document {
         parse_document(json.as_bytes()).unwrap()
@@ -513,7 +536,7 @@ mod tests {
     #[test]
     fn one_write_per_change_of_the_view() {
         let mut reported = HashMap::new();
-        let first = reports_to_write(&doc(SCHEDULED), &reported, "n1", "vm_1");
+        let first = reports_to_write(&doc(SCHEDULED), &reported, "n1", "vm_1", &Witnessing::All);
         assert_eq!(first.len(), 1);
         let (name, r) = &first[0];
         assert_eq!(name, &object_name("ABC-1"));
@@ -527,27 +550,40 @@ mod tests {
         apply(&mut reported, &first);
         // The same document again, or another incarnation with the same
         // event: nothing to write.
-        assert!(reports_to_write(&doc(SCHEDULED), &reported, "n1", "vm_1").is_empty());
+        assert!(
+            reports_to_write(&doc(SCHEDULED), &reported, "n1", "vm_1", &Witnessing::All).is_empty()
+        );
         let other_incarnation =
             SCHEDULED.replace("\"DocumentIncarnation\":2", "\"DocumentIncarnation\":7");
-        assert!(reports_to_write(&doc(&other_incarnation), &reported, "n1", "vm_1").is_empty());
+        assert!(
+            reports_to_write(
+                &doc(&other_incarnation),
+                &reported,
+                "n1",
+                "vm_1",
+                &Witnessing::All
+            )
+            .is_empty()
+        );
         // Started: one write, NotBefore gone.
-        let started = reports_to_write(&doc(STARTED), &reported, "n1", "vm_1");
+        let started = reports_to_write(&doc(STARTED), &reported, "n1", "vm_1", &Witnessing::All);
         assert_eq!(started.len(), 1);
         assert_eq!(started[0].1.event_status, CrdStatus::Started);
         assert_eq!(started[0].1.not_before, None);
         apply(&mut reported, &started);
         // Gone: one write, Completed, same appearance.
-        let gone = reports_to_write(&doc(EMPTY), &reported, "n1", "vm_1");
+        let gone = reports_to_write(&doc(EMPTY), &reported, "n1", "vm_1", &Witnessing::All);
         assert_eq!(gone.len(), 1);
         assert_eq!(
             (gone[0].1.event_status, gone[0].1.appearance),
             (CrdStatus::Completed, 1)
         );
         apply(&mut reported, &gone);
-        assert!(reports_to_write(&doc(EMPTY), &reported, "n1", "vm_1").is_empty());
+        assert!(
+            reports_to_write(&doc(EMPTY), &reported, "n1", "vm_1", &Witnessing::All).is_empty()
+        );
         // Back: a new appearance.
-        let back = reports_to_write(&doc(SCHEDULED), &reported, "n1", "vm_1");
+        let back = reports_to_write(&doc(SCHEDULED), &reported, "n1", "vm_1", &Witnessing::All);
         assert_eq!(
             (back[0].1.event_status, back[0].1.appearance),
             (CrdStatus::Scheduled, 2)
@@ -585,19 +621,27 @@ mod tests {
     #[test]
     fn an_unknown_status_is_reported_as_started_and_a_rejected_entry_is_not_gone() {
         let paused = SCHEDULED.replace("\"Scheduled\"", "\"Paused\"");
-        let w = reports_to_write(&doc(&paused), &HashMap::new(), "n1", "vm_1");
+        let w = reports_to_write(
+            &doc(&paused),
+            &HashMap::new(),
+            "n1",
+            "vm_1",
+            &Witnessing::All,
+        );
         assert_eq!(w[0].1.event_status, CrdStatus::Started);
         let mut reported = HashMap::new();
         apply(&mut reported, &w);
         // The same event, now unparsable (its EventId still readable).
         let broken = r#"{"DocumentIncarnation":5,"Events":[{"EventId":"ABC-1","EventStatus":"Scheduled","EventType":"Reboot","ResourceType":"VirtualMachine","Resources":"not a list"}]}"#;
-        assert!(reports_to_write(&doc(broken), &reported, "n1", "vm_1").is_empty());
+        assert!(
+            reports_to_write(&doc(broken), &reported, "n1", "vm_1", &Witnessing::All).is_empty()
+        );
     }
 
     #[test]
     fn approvals_sent_stay_in_the_report_of_their_appearance_only() {
         let mut reported = HashMap::new();
-        let first = reports_to_write(&doc(SCHEDULED), &reported, "n1", "vm_9");
+        let first = reports_to_write(&doc(SCHEDULED), &reported, "n1", "vm_9", &Witnessing::All);
         assert!(!first[0].1.named);
         apply(&mut reported, &first);
         let name = first[0].0.clone();
@@ -612,13 +656,52 @@ mod tests {
                 status: 200,
                 body: String::new(),
             });
-        let started = reports_to_write(&doc(STARTED), &reported, "n1", "vm_9");
+        let started = reports_to_write(&doc(STARTED), &reported, "n1", "vm_9", &Witnessing::All);
         assert_eq!(started[0].1.approvals.len(), 1);
         apply(&mut reported, &started);
-        let gone = reports_to_write(&doc(EMPTY), &reported, "n1", "vm_9");
+        let gone = reports_to_write(&doc(EMPTY), &reported, "n1", "vm_9", &Witnessing::All);
         apply(&mut reported, &gone);
-        let back = reports_to_write(&doc(SCHEDULED), &reported, "n1", "vm_9");
+        let back = reports_to_write(&doc(SCHEDULED), &reported, "n1", "vm_9", &Witnessing::All);
         assert_eq!(back[0].1.appearance, 2);
         assert!(back[0].1.approvals.is_empty());
+    }
+
+    /// A wave: every agent sees every event of its placement group, and
+    /// writes only the one that names its own VM, until the controller
+    /// asks for witnesses of a silent VM; an event it reports, it follows
+    /// to its end even once no witness is wanted any more.
+    #[test]
+    fn events_of_other_vms_are_reported_only_as_witnesses_of_a_silent_vm() {
+        let wave = r#"{"DocumentIncarnation":2,"Events":[
+            {"EventId":"E-1","EventStatus":"Scheduled","EventType":"Preempt","ResourceType":"VirtualMachine","Resources":["vm_1"],"NotBefore":"Mon, 11 Apr 2022 22:26:58 GMT","Description":"","EventSource":"Platform","DurationInSeconds":-1},
+            {"EventId":"E-2","EventStatus":"Scheduled","EventType":"Preempt","ResourceType":"VirtualMachine","Resources":["VM_2"],"NotBefore":"Mon, 11 Apr 2022 22:26:58 GMT","Description":"","EventSource":"Platform","DurationInSeconds":-1},
+            {"EventId":"E-3","EventStatus":"Scheduled","EventType":"Preempt","ResourceType":"VirtualMachine","Resources":["vm_3"],"NotBefore":"Mon, 11 Apr 2022 22:26:58 GMT","Description":"","EventSource":"Platform","DurationInSeconds":-1}]}"#;
+        let ids = |w: &[(String, Report)]| -> Vec<String> {
+            w.iter().map(|(_, r)| r.event_id.clone()).collect()
+        };
+        let none = Witnessing::For(SilentVms::default());
+        let mut reported = HashMap::new();
+        let own = reports_to_write(&doc(wave), &reported, "n1", "vm_1", &none);
+        assert_eq!(ids(&own), ["E-1"], "only its own VM's event");
+        apply(&mut reported, &own);
+        assert!(reports_to_write(&doc(wave), &reported, "n1", "vm_1", &none).is_empty());
+        // The controller lists vm_2 as silent: its event gets this witness.
+        let silent = Witnessing::For(SilentVms::new(["vm_2"]));
+        let witness = reports_to_write(&doc(wave), &reported, "n1", "vm_1", &silent);
+        assert_eq!(ids(&witness), ["E-2"]);
+        assert!(!witness[0].1.named);
+        apply(&mut reported, &witness);
+        // vm_2's agent is back: the report already written is still
+        // ended when the event leaves the document, and nothing else is
+        // written meanwhile.
+        assert!(reports_to_write(&doc(wave), &reported, "n1", "vm_1", &none).is_empty());
+        let gone = reports_to_write(&doc(EMPTY), &reported, "n1", "vm_1", &none);
+        let mut ended = ids(&gone);
+        ended.sort();
+        assert_eq!(ended, ["E-1", "E-2"]);
+        assert!(gone.iter().all(|(_, r)| !r.is_listed()));
+        // Without a witnesses ConfigMap, every event is reported.
+        let all = reports_to_write(&doc(wave), &HashMap::new(), "n1", "vm_1", &Witnessing::All);
+        assert_eq!(ids(&all), ["E-1", "E-2", "E-3"]);
     }
 }

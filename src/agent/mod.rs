@@ -20,6 +20,7 @@ pub mod approval;
 pub mod event_reports;
 pub mod poll;
 pub mod vm_report;
+pub mod witnesses;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -37,6 +38,7 @@ use crate::imds::model::Compute;
 use crate::kubeclient::Clients;
 use crate::metrics::agent::AgentMetrics;
 use crate::server::{self, Liveness, Readiness};
+use crate::witnesses::Witnessing;
 
 /// Errors of the agent's Kubernetes side.
 #[derive(Debug, thiserror::Error)]
@@ -231,10 +233,12 @@ struct Started {
 
 /// Starts the agent's three tasks (see [`run`]): the poller, the report
 /// writer and the approval sender, joined by channels that keep only the
-/// latest document and the latest reports written.
+/// latest document and the latest reports written; and, with
+/// `--witnesses`, the watch of the list of silent VMs whose events the
+/// report writer reports too ([`crate::witnesses`]).
 ///
 /// Returns their tasks, in that order.
-fn spawn_tasks(args: &AgentArgs, started: Started) -> [JoinHandle<()>; 3] {
+fn spawn_tasks(args: &AgentArgs, started: Started) -> Vec<JoinHandle<()>> {
     let Started {
         requests,
         watches,
@@ -247,6 +251,18 @@ fn spawn_tasks(args: &AgentArgs, started: Started) -> [JoinHandle<()>; 3] {
     let (doc_tx, doc_rx) = tokio::sync::watch::channel(None);
     let (written_tx, written_rx) = tokio::sync::watch::channel(Default::default());
     let (sent_tx, sent_rx) = tokio::sync::mpsc::unbounded_channel();
+    // Without a witnesses ConfigMap, every event seen is reported (the
+    // sender then lives as long as the report writer).
+    let (witness_tx, witness_rx) = tokio::sync::watch::channel(match &args.witnesses {
+        Some(_) => Witnessing::For(Default::default()),
+        None => Witnessing::All,
+    });
+    let witness_task = match &args.witnesses {
+        Some(at) => tokio::spawn(witnesses::watch(watches.clone(), at.clone(), witness_tx)),
+        None => tokio::spawn(async move {
+            witness_tx.closed().await;
+        }),
+    };
     let poller = poll::Poller::new(args, imds.clone(), metrics.clone(), doc_tx, live);
     let reporter = event_reports::Reporter {
         api: Api::all(requests),
@@ -258,6 +274,7 @@ fn spawn_tasks(args: &AgentArgs, started: Started) -> [JoinHandle<()>; 3] {
         docs: doc_rx.clone(),
         sent: sent_rx,
         written_tx,
+        witnessing: witness_rx,
     };
     let approver = approval::Approver::new(
         imds,
@@ -270,7 +287,7 @@ fn spawn_tasks(args: &AgentArgs, started: Started) -> [JoinHandle<()>; 3] {
         written_rx,
         sent_tx,
     );
-    [
+    vec![
         tokio::spawn(
             poller
                 .run()
@@ -286,6 +303,7 @@ fn spawn_tasks(args: &AgentArgs, started: Started) -> [JoinHandle<()>; 3] {
                 .run()
                 .instrument(info_span!("approve", node = %args.node_name)),
         ),
+        witness_task,
     ]
 }
 

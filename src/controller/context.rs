@@ -3,11 +3,12 @@
 //! controller remembers between passes ([`Memory`]). Each step takes only
 //! the part it uses; the reconcile and the runtime's tasks hold the whole.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kube::ResourceExt;
 
+use crate::controller::act::drain;
 use crate::controller::act::node_condition::Written;
 use crate::controller::act::publish::Announced;
 use crate::controller::act::writers::Writers;
@@ -33,16 +34,32 @@ pub struct Context {
     pub trigger: Trigger,
 }
 
+/// A drain PodDisruptionBudgets block.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct BlockedDrain {
+    /// Consecutive blocked passes, for the blocked drain's backoff.
+    pub passes: u32,
+    /// The budgets that refused its last pass's evictions,
+    /// `namespace/name`.
+    pub budgets: BTreeSet<String>,
+}
+
+/// The blocked drains, by event name.
+pub type Blocked = Arc<Mutex<HashMap<String, BlockedDrain>>>;
+
 /// The bookkeeping of passes, per event; forgotten with the event.
 #[derive(Default)]
 pub struct Memory {
     /// Consecutive failed passes per object, for exponential backoff.
     pub failures: Mutex<HashMap<String, u32>>,
-    /// Consecutive passes per event whose evictions a PodDisruptionBudget
-    /// refused, for the blocked drain's backoff (an entry lives while its
-    /// drain is blocked). Shared with the PodDisruptionBudget watch, which
-    /// triggers a pass over every event in it when a budget changes.
-    pub blocked: Arc<Mutex<HashMap<String, u32>>>,
+    /// The events whose evictions a PodDisruptionBudget refused (an entry
+    /// lives while the drain is blocked). Shared with the
+    /// PodDisruptionBudget watch, which triggers a pass over an event here
+    /// when one of the budgets that blocks it allows a disruption.
+    pub blocked: Blocked,
+    /// The pods a PodDisruptionBudget refused, not asked for again while
+    /// their budgets allow none ([`drain::Refusals`]).
+    pub refusals: drain::Refusals,
     /// The drains announced without a listed record.
     pub announced: Announced,
     /// Recent writes of the node condition.
@@ -63,11 +80,22 @@ impl Context {
         let live = self.caches.events.state();
         let names: HashSet<String> = live.iter().map(|e| e.name_any()).collect();
         let uids: HashSet<String> = live.iter().filter_map(|e| e.metadata.uid.clone()).collect();
-        for map in [&self.memory.failures, &*self.memory.blocked] {
-            map.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .retain(|name, _| names.contains(name));
-        }
+        self.memory
+            .failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|name, _| names.contains(name));
+        self.memory
+            .blocked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|name, _| names.contains(name));
+        // A refusal whose floor ended minutes ago is of a pod gone or a
+        // drain over.
+        self.memory.refusals.forget_older(
+            tokio::time::Instant::now(),
+            std::time::Duration::from_secs(300),
+        );
         self.memory.announced.retain(&uids);
         self.writers.metrics.forget_observed_except(&uids);
     }

@@ -206,7 +206,14 @@ async fn act(
         .cloned()
         .collect();
     let later = plan.evictions.len() - now_evicted.len();
-    let (outcomes, deferred) = carry_out::evict(ev, &now_evicted, w, ctx.per_node).await;
+    let (outcomes, deferred) = carry_out::evict(
+        ev,
+        &now_evicted,
+        w,
+        (&ctx.caches.budgets, &ctx.memory.refusals),
+        ctx.per_node,
+    )
+    .await;
     Ok((outcomes, deferred + later))
 }
 
@@ -327,9 +334,19 @@ fn next_pass(
                 .blocked
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            let n = b.entry(name.to_owned()).or_insert(0);
-            *n = n.saturating_add(1);
-            Evictions::Blocked { passes: *n }
+            let entry = b.entry(name.to_owned()).or_default();
+            entry.passes = entry.passes.saturating_add(1);
+            entry.budgets = outcomes
+                .iter()
+                .filter_map(|(_, _, o)| match o {
+                    EvictionOutcome::Blocked { budgets, .. } => Some(budgets.iter().cloned()),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            Evictions::Blocked {
+                passes: entry.passes,
+            }
         }
         None => {
             forget_blocked(memory, name);

@@ -1007,6 +1007,7 @@ fn installed_chart_confines_each_service_account() {
                     &["create", "patch"],
                 ),
                 ("scheduledevents.forewarn.dev", "", &["list", "watch"]),
+                ("configmaps", "forewarn-witnesses", &["list", "watch"]),
                 (
                     "customresourcedefinitions.apiextensions.k8s.io",
                     "scheduledeventreports.forewarn.dev",
@@ -1036,7 +1037,8 @@ fn installed_chart_confines_each_service_account() {
                 ("nodes/status", "", &["patch"]),
                 ("pods", "", &["list", "patch", "watch"]),
                 ("pods/eviction", "", &["create"]),
-                ("poddisruptionbudgets.policy", "", &["get", "list", "watch"]),
+                ("poddisruptionbudgets.policy", "", &["list", "watch"]),
+                ("configmaps", "forewarn-witnesses", &["patch"]),
                 ("events.events.k8s.io", "", &["create", "patch"]),
                 (
                     "validatingadmissionpolicies.admissionregistration.k8s.io",

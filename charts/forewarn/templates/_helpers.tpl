@@ -180,6 +180,7 @@ args:
   - --poll-interval={{ .Values.agent.pollInterval }}
   - --imds-timeout={{ .Values.agent.imdsTimeout }}
   - --approval-fallback={{ .Values.agent.approvalFallback }}
+  - --witnesses={{ .Release.Namespace }}/{{ .Values.controller.witnessesConfigMap }}
   {{- if .Values.metrics.auth.enabled }}
   - --metrics-auth=kubernetes
   {{- end }}

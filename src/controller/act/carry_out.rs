@@ -196,18 +196,24 @@ fn first_named(mut names: Vec<&str>) -> String {
     named(&names, NAMED_IN_EVENT, ", ")
 }
 
-/// Requests `evictions` for at most [`EVICTION_PASS`] and reports
+/// Requests `evictions` for at most [`EVICTION_PASS`] (the budgets
+/// from the cache, and the pods they refused, `budgets`) and reports
 /// each outcome; returns the outcomes and how many were deferred to the next
 /// pass.
 pub async fn evict(
     ev: &ScheduledEvent,
     evictions: &[crate::controller::decide::plan::Eviction],
     writers: &Writers,
+    budgets: (
+        &kube::runtime::reflector::Store<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
+        &drain::Refusals,
+    ),
     per_node: usize,
 ) -> (Vec<Outcome>, usize) {
     let drain::Evicted { outcomes, deferred } = drain::evict_all(
         &writers.evict_client,
         &writers.limiter,
+        budgets,
         evictions,
         per_node,
         tokio::time::Instant::now() + EVICTION_PASS,

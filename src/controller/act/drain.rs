@@ -17,8 +17,9 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::{Eviction as EvictionBody, PodDisruptionBudget};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, LabelSelector, Preconditions};
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta, PostParams};
 use kube::core::Status;
+use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
 use crate::controller::decide::plan::{Eviction, EvictionOutcome};
@@ -127,46 +128,60 @@ pub fn selects(
     labels_ok && exprs_ok
 }
 
-/// The PodDisruptionBudgets of `namespace` that select `pod`, `namespace/name`.
-async fn budgets_of(client: &Client, pod: &PodInfo) -> Vec<String> {
-    let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &pod.namespace);
-    match api.list(&ListParams::default()).await {
-        Ok(list) => list
-            .items
-            .iter()
-            .filter(|b| {
-                b.spec
-                    .as_ref()
-                    .and_then(|s| s.selector.as_ref())
-                    // An empty selector selects every pod of the namespace (policy/v1).
-                    .is_some_and(|sel| selects(sel, &pod.labels))
-            })
-            .map(|b| format!("{}/{}", pod.namespace, b.name_any()))
-            .collect(),
-        Err(_) => Vec::new(),
-    }
+/// The PodDisruptionBudgets of the pod's namespace that select `pod`, as
+/// the cache `budgets` holds them.
+pub fn budgets_of(
+    budgets: &Store<PodDisruptionBudget>,
+    pod: &PodInfo,
+) -> Vec<Arc<PodDisruptionBudget>> {
+    budgets
+        .state()
+        .into_iter()
+        .filter(|b| b.namespace().as_deref() == Some(pod.namespace.as_str()))
+        .filter(|b| {
+            b.spec
+                .as_ref()
+                .and_then(|s| s.selector.as_ref())
+                // An empty selector selects every pod of the namespace (policy/v1).
+                .is_some_and(|sel| selects(sel, &pod.labels))
+        })
+        .collect()
 }
 
-/// A note when a budget has been wedged by a pod it still lists as
+/// `namespace/name` of a budget.
+fn budget_key(b: &PodDisruptionBudget) -> String {
+    format!("{}/{}", b.namespace().unwrap_or_default(), b.name_any())
+}
+
+/// Whether `b`'s status, as of its current generation, allows no
+/// disruption (`status.disruptionsAllowed` 0). A status the disruption
+/// controller has not yet computed for this generation says nothing.
+pub fn allows_none(b: &PodDisruptionBudget) -> bool {
+    let current = b.status.as_ref().is_some_and(|s| {
+        s.observed_generation.is_some() && s.observed_generation == b.metadata.generation
+    });
+    current
+        && b.status
+            .as_ref()
+            .is_some_and(|s| s.disruptions_allowed.unwrap_or(0) <= 0)
+}
+
+/// A note when the budget `pdb` has been wedged by a pod it still lists as
 /// disrupted long after the eviction (the pod never went away).
-async fn wedged_note(
-    client: &Client,
-    namespace: &str,
-    budget: &str,
-    now: DateTime<Utc>,
-) -> Option<String> {
-    let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), namespace);
-    let pdb = api.get_opt(budget).await.ok()??;
+fn wedged_note(pdb: &PodDisruptionBudget, now: DateTime<Utc>) -> Option<String> {
     let stale: Vec<String> = pdb
-        .status?
-        .disrupted_pods?
+        .status
+        .as_ref()?
+        .disrupted_pods
+        .as_ref()?
         .iter()
         .filter(|(_, t)| now - chrono_time(&t.0) > WEDGED_AFTER)
         .map(|(p, t)| format!("{p} (since {})", chrono_time(&t.0).to_rfc3339()))
         .collect();
     (!stale.is_empty()).then(|| {
         format!(
-            "PodDisruptionBudget {namespace}/{budget} looks wedged: it still counts {} as disrupted",
+            "PodDisruptionBudget {} looks wedged: it still counts {} as disrupted",
+            budget_key(pdb),
             stale.join(", ")
         )
     })
@@ -175,7 +190,11 @@ async fn wedged_note(
 /// Requests one eviction and classifies the answer. `client` must not retry
 /// 429s by itself (kube's default retry policy would hide a blocking
 /// PodDisruptionBudget for minutes).
-pub async fn evict(client: &Client, e: &Eviction) -> EvictionOutcome {
+pub async fn evict(
+    client: &Client,
+    e: &Eviction,
+    budgets: &Store<PodDisruptionBudget>,
+) -> EvictionOutcome {
     let api: Api<Pod> = Api::namespaced(client.clone(), &e.pod.namespace);
     let body = eviction_body(e);
     let outcome = match api
@@ -192,25 +211,130 @@ pub async fn evict(client: &Client, e: &Eviction) -> EvictionOutcome {
         Err(err) => EvictionOutcome::Retry(err.to_string()),
     };
     match outcome {
-        EvictionOutcome::Blocked { budgets, message } => {
-            let budgets = if budgets.is_empty() {
-                budgets_of(client, &e.pod).await
+        // The budgets and their state from the cache: no read per refusal.
+        EvictionOutcome::Blocked {
+            budgets: named,
+            message,
+        } => {
+            let selecting = budgets_of(budgets, &e.pod);
+            let named = if named.is_empty() {
+                selecting.iter().map(|b| budget_key(b)).collect()
             } else {
-                budgets
+                named
                     .into_iter()
                     .map(|b| format!("{}/{b}", e.pod.namespace))
-                    .collect()
+                    .collect::<Vec<_>>()
             };
             let mut message = message;
-            for b in &budgets {
-                let name = b.rsplit('/').next().unwrap_or(b);
-                if let Some(note) = wedged_note(client, &e.pod.namespace, name, Utc::now()).await {
+            let now = Utc::now();
+            for b in selecting.iter().filter(|b| named.contains(&budget_key(b))) {
+                if let Some(note) = wedged_note(b, now) {
                     message = format!("{message}; {note}");
                 }
             }
-            EvictionOutcome::Blocked { budgets, message }
+            EvictionOutcome::Blocked {
+                budgets: named,
+                message,
+            }
         }
         other => other,
+    }
+}
+
+/// The pods a PodDisruptionBudget refused, so that they are not asked for
+/// again on every pass while their budgets still allow no disruption: a
+/// refused pod is asked again as soon as the budget cache shows one of its
+/// budgets allowing a disruption (the budget watch then also triggers a
+/// pass), and otherwise only after a backoff of its own (1 s doubling to
+/// 16 s), a floor against a cache that missed a change.
+#[derive(Debug, Default, Clone)]
+pub struct Refusals(Arc<std::sync::Mutex<HashMap<String, Refused>>>);
+
+/// One refused pod's backoff.
+#[derive(Debug, Clone, Copy)]
+struct Refused {
+    /// Refusals in a row.
+    count: u32,
+    /// Not asked again before this, while its budgets allow none.
+    next: tokio::time::Instant,
+}
+
+/// The first pause after a refusal; it doubles with each refusal in a row.
+const REFUSED_FLOOR: Duration = Duration::from_secs(1);
+
+/// The longest pause between two asks of a refused pod.
+const MAX_REFUSED_FLOOR: Duration = Duration::from_secs(16);
+
+impl Refusals {
+    fn key(pod: &PodInfo) -> String {
+        format!("{}/{}/{}", pod.namespace, pod.name, pod.uid)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Refused>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The refusal that stands for `pod` now, without asking: it was
+    /// refused, its floor is not over, and every budget selecting it
+    /// (`selecting`, from the cache; at least one) allows no disruption.
+    fn standing(
+        &self,
+        pod: &PodInfo,
+        selecting: &[Arc<PodDisruptionBudget>],
+        now: tokio::time::Instant,
+    ) -> Option<EvictionOutcome> {
+        let r = *self.lock().get(&Self::key(pod))?;
+        if now >= r.next || selecting.is_empty() || !selecting.iter().all(|b| allows_none(b)) {
+            return None;
+        }
+        let budgets: Vec<String> = selecting.iter().map(|b| budget_key(b)).collect();
+        Some(EvictionOutcome::Blocked {
+            message: format!(
+                "not asked again yet: PodDisruptionBudget {} allows no disruption (asked again as soon as one does, or within {}s)",
+                budgets.join(", "),
+                (r.next - now).as_secs().max(1)
+            ),
+            budgets,
+        })
+    }
+
+    /// Records the outcome of asking for `pod`'s eviction at `now`.
+    fn record(&self, pod: &PodInfo, outcome: &EvictionOutcome, now: tokio::time::Instant) {
+        let key = Self::key(pod);
+        let mut map = self.lock();
+        if matches!(outcome, EvictionOutcome::Blocked { .. }) {
+            let count = map.get(&key).map_or(0, |r| r.count).saturating_add(1);
+            let floor =
+                (REFUSED_FLOOR * (1u32 << count.saturating_sub(1).min(8))).min(MAX_REFUSED_FLOOR);
+            map.insert(
+                key,
+                Refused {
+                    count,
+                    next: now + floor,
+                },
+            );
+        } else {
+            map.remove(&key);
+        }
+    }
+
+    /// Forgets refusals whose floor ended more than `after` before `now`
+    /// (pods gone or drains over), so that the map stays as small as the
+    /// drains under way.
+    pub fn forget_older(&self, now: tokio::time::Instant, after: Duration) {
+        self.lock().retain(|_, r| r.next + after > now);
+    }
+
+    /// How many pods are remembered.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
     }
 }
 
@@ -268,10 +392,12 @@ pub struct Evicted {
 pub async fn evict_all(
     client: &Client,
     limiter: &DefaultDirectRateLimiter,
+    budgets: (&Store<PodDisruptionBudget>, &Refusals),
     evictions: &[Eviction],
     per_node: usize,
     until: tokio::time::Instant,
 ) -> Evicted {
+    let (cache, refusals) = budgets;
     // Indices, by node in the plan's order: an eviction is copied only when
     // it is asked for (a 10,000-pod plan copied whole cost megabytes a pass).
     let mut index: HashMap<&str, usize> = HashMap::new();
@@ -295,6 +421,11 @@ pub async fn evict_all(
                     if let Some(o) = refused_alike(refused, &e.pod) {
                         return Some((e.node, e.pod.name.clone(), o));
                     }
+                    let now = tokio::time::Instant::now();
+                    let selecting = budgets_of(cache, &e.pod);
+                    if let Some(o) = refusals.standing(&e.pod, &selecting, now) {
+                        return Some((e.node, e.pod.name.clone(), o));
+                    }
                     // Past the pass's time, nothing more is asked for (a
                     // token already there would otherwise be spent).
                     // Waiting for a token is cancel-safe: a deferred
@@ -305,7 +436,8 @@ pub async fn evict_all(
                     tokio::time::timeout_at(until, limiter.until_ready())
                         .await
                         .ok()?;
-                    let outcome = evict(client, &e).await;
+                    let outcome = evict(client, &e, cache).await;
+                    refusals.record(&e.pod, &outcome, tokio::time::Instant::now());
                     if matches!(outcome, EvictionOutcome::Blocked { .. }) {
                         refused
                             .lock()
@@ -531,5 +663,131 @@ mod tests {
             selects(&sel(None, vec![]), &labels),
             "an empty selector selects every pod"
         );
+    }
+
+    fn budget(
+        name: &str,
+        allowed: i32,
+        generation: i64,
+        observed: Option<i64>,
+    ) -> PodDisruptionBudget {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "shop", "generation": generation},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}, "maxUnavailable": 1},
+            "status": {"disruptionsAllowed": allowed, "observedGeneration": observed,
+                       "currentHealthy": 3, "desiredHealthy": 3, "expectedPods": 3},
+        }))
+        .unwrap()
+    }
+
+    fn web_pod() -> PodInfo {
+        PodInfo {
+            namespace: "shop".into(),
+            name: "web-1".into(),
+            uid: "u1".into(),
+            labels: Arc::new([("app".to_string(), "web".to_string())].into()),
+            ..PodInfo::default()
+        }
+    }
+
+    #[test]
+    fn a_budget_allows_none_only_by_a_status_of_its_current_generation() {
+        assert!(allows_none(&budget("b", 0, 2, Some(2))));
+        assert!(!allows_none(&budget("b", 1, 2, Some(2))));
+        assert!(
+            !allows_none(&budget("b", 0, 3, Some(2))),
+            "a status of an older spec"
+        );
+        assert!(
+            !allows_none(&budget("b", 0, 2, None)),
+            "no status computed yet"
+        );
+    }
+
+    #[test]
+    fn budgets_are_read_from_the_cache_by_namespace_and_selector() {
+        let (reader, mut writer) = kube::runtime::reflector::store();
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(budget(
+            "web",
+            0,
+            1,
+            Some(1),
+        )));
+        let mut other = budget("elsewhere", 0, 1, Some(1));
+        other.metadata.namespace = Some("other".into());
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(other));
+        let found: Vec<String> = budgets_of(&reader, &web_pod())
+            .iter()
+            .map(|b| budget_key(b))
+            .collect();
+        assert_eq!(found, ["shop/web"]);
+    }
+
+    /// A refused pod is not asked again while its budgets allow none and
+    /// its floor (1 s doubling to 16 s) is not over; it is asked again at
+    /// once when the cache shows a budget allowing one, and forgotten once
+    /// evicted.
+    #[test]
+    fn a_refused_pod_waits_for_its_budget_or_its_floor() {
+        let refusals = Refusals::default();
+        let pod = web_pod();
+        let shut = [Arc::new(budget("web", 0, 1, Some(1)))];
+        let open = [Arc::new(budget("web", 1, 1, Some(1)))];
+        let t0 = tokio::time::Instant::now();
+        assert_eq!(
+            refusals.standing(&pod, &shut, t0),
+            None,
+            "never refused: asked"
+        );
+        let refused = EvictionOutcome::Blocked {
+            budgets: vec!["shop/web".into()],
+            message: "m".into(),
+        };
+        refusals.record(&pod, &refused, t0);
+        let standing = refusals.standing(&pod, &shut, t0 + Duration::from_millis(500));
+        assert!(
+            matches!(&standing, Some(EvictionOutcome::Blocked { budgets, .. }) if budgets == &["shop/web"]),
+            "{standing:?}"
+        );
+        assert_eq!(
+            refusals.standing(&pod, &open, t0),
+            None,
+            "the budget allows one: asked at once"
+        );
+        assert_eq!(
+            refusals.standing(&pod, &[], t0),
+            None,
+            "no budget known: asked"
+        );
+        assert_eq!(
+            refusals.standing(&pod, &shut, t0 + Duration::from_secs(1)),
+            None,
+            "the floor is over"
+        );
+        // Refused again: the floor doubles, up to 16 s.
+        for (n, floor) in [(2, 2), (3, 4), (4, 8), (5, 16), (6, 16)] {
+            let t = t0 + Duration::from_secs(100 * n);
+            refusals.record(&pod, &refused, t);
+            assert!(
+                refusals
+                    .standing(
+                        &pod,
+                        &shut,
+                        t + Duration::from_secs(floor) - Duration::from_millis(1)
+                    )
+                    .is_some(),
+                "refusal {n}"
+            );
+            assert_eq!(
+                refusals.standing(&pod, &shut, t + Duration::from_secs(floor)),
+                None,
+                "refusal {n}"
+            );
+        }
+        refusals.record(&pod, &EvictionOutcome::Evicted, t0);
+        assert!(refusals.is_empty());
+        refusals.record(&pod, &refused, t0);
+        refusals.forget_older(t0 + Duration::from_secs(400), Duration::from_secs(300));
+        assert!(refusals.is_empty(), "a refusal long over is forgotten");
     }
 }

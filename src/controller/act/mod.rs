@@ -13,4 +13,5 @@ pub mod notice;
 pub mod publish;
 pub mod restarts;
 pub mod spec;
+pub mod witnesses;
 pub mod writers;

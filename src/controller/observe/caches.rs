@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::reflector::Store;
 
 use crate::api::{ScheduledEvent, ScheduledEventReport};
@@ -32,6 +33,10 @@ pub struct Caches {
     pub vm_reports: Store<VirtualMachineReport>,
     /// The pods the drain considers, by node.
     pub pods: PodCache,
+    /// Every PodDisruptionBudget: which budgets select a pod, whether they
+    /// allow a disruption, and whether one is wedged, read without a
+    /// request per refusal.
+    pub budgets: Store<PodDisruptionBudget>,
     /// The last `bootID` of every node (see
     /// [`crate::controller::observe::impact`]).
     pub boot_ids: Arc<BootIds>,

@@ -7,11 +7,10 @@
 //! other caches, the reconciles and the tasks around them:
 //! [`Replica::lead`]), then hands over ([`Replica::stop`]).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
@@ -36,7 +35,7 @@ use crate::controller::act::drain;
 use crate::controller::act::kube_events::EventSink;
 use crate::controller::act::spec;
 use crate::controller::act::writers::Writers;
-use crate::controller::context::{Context, Memory};
+use crate::controller::context::{Blocked, Context, Memory};
 use crate::controller::error::Error;
 use crate::controller::observe::caches::Caches;
 use crate::controller::observe::heartbeats::{Heartbeats, Trigger};
@@ -320,6 +319,8 @@ struct Tasks {
     policy_reload: Option<JoinHandle<()>>,
     /// The webhooks file's reload (none without a file).
     webhooks_reload: Option<JoinHandle<()>>,
+    /// The witnesses ConfigMap ([`crate::controller::act::witnesses::publish`]).
+    witnesses: Option<JoinHandle<()>>,
 }
 
 impl Tasks {
@@ -341,16 +342,13 @@ impl Tasks {
             &self.lease_watches,
             &self.policy_reload,
             &self.webhooks_reload,
+            &self.witnesses,
         ];
         for task in all.into_iter().flatten() {
             task.abort();
         }
     }
 }
-
-/// The events whose drains a PodDisruptionBudget blocks, with the passes
-/// it did so ([`Memory::blocked`]).
-type Blocked = Arc<Mutex<HashMap<String, u32>>>;
 
 /// What a replica holds from start-up to stop, leader or not.
 struct Replica {
@@ -542,6 +540,7 @@ impl Replica {
                 reports: watched.reports,
                 vm_reports: watched.vm_reports,
                 pods: watched.pods,
+                budgets: watched.budgets,
                 boot_ids: nodes.boot_ids,
                 heartbeats: Heartbeats::new(writers.client.clone(), watched.trigger.clone()),
             },
@@ -557,6 +556,12 @@ impl Replica {
         let (trigger, restarts) = (watched.trigger, nodes.restarts);
         let report_changed = watched.report_changed;
         spawn_leader_tasks(&ctx, &self.ready, trigger, restarts, report_changed, tasks);
+        tasks.witnesses = Some(tokio::spawn(crate::controller::act::witnesses::publish(
+            ctx.caches.clone(),
+            ctx.writers.client.clone(),
+            self.args.lease_namespace.clone(),
+            self.args.witnesses_configmap.clone(),
+        )));
         Ok((watched.controller, ctx))
     }
 
@@ -610,7 +615,19 @@ impl Replica {
             vm_changed,
             reload,
         };
-        let controller = event_controller(watches.clone(), report_stream, blocked.clone(), wakes);
+        // The budgets: one reflector feeds both the cache the drain reads
+        // and the wake of the drains they block.
+        let (budgets, budget_stream) =
+            cache::<PodDisruptionBudget>(watches.clone(), |b: &mut PodDisruptionBudget| {
+                b.managed_fields_mut().clear()
+            });
+        let controller = event_controller(
+            watches.clone(),
+            report_stream,
+            budget_stream,
+            blocked.clone(),
+            wakes,
+        );
         Watched {
             controller,
             reports,
@@ -618,6 +635,7 @@ impl Replica {
             pods,
             report_changed,
             blocked,
+            budgets,
             trigger,
         }
     }
@@ -707,6 +725,8 @@ struct Watched {
     report_changed: Arc<Notify>,
     /// The blocked drains the PodDisruptionBudget watch wakes.
     blocked: Blocked,
+    /// Every PodDisruptionBudget.
+    budgets: Store<PodDisruptionBudget>,
     /// Asks the `Controller` for a pass over an event.
     trigger: Trigger,
 }
@@ -733,6 +753,7 @@ struct Wakes {
 fn event_controller(
     client: Client,
     reports: impl Stream<Item = Result<ScheduledEventReport, watcher::Error>> + Send + 'static,
+    budgets: impl Stream<Item = Result<PodDisruptionBudget, watcher::Error>> + Send + 'static,
     blocked: Blocked,
     wakes: Wakes,
 ) -> Controller<ScheduledEvent> {
@@ -743,21 +764,27 @@ fn event_controller(
     .watches_stream(reports, |r: ScheduledEventReport| {
         std::iter::once(reflector::ObjectRef::new(&r.spec.scheduled_event))
     })
-    // A blocked drain is looked at again as soon as a PodDisruptionBudget
-    // changes (its status changes when a replacement pod becomes Ready, or
-    // someone edits it), not only at its backoff's next pass.
-    .watches(
-        Api::<PodDisruptionBudget>::all(client),
-        watcher::Config::default().any_semantic(),
-        move |_budget| {
-            blocked
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .keys()
-                .map(|name| reflector::ObjectRef::new(name))
-                .collect::<Vec<_>>()
-        },
-    )
+    // A blocked drain is looked at again as soon as a budget that blocks
+    // it allows a disruption (its status changes when a replacement pod
+    // becomes Ready, or someone edits it), not only at its backoff's next
+    // pass; a change that still allows none wakes nothing.
+    .watches_stream(budgets, move |budget: PodDisruptionBudget| {
+        if drain::allows_none(&budget) {
+            return Vec::new();
+        }
+        let key = format!(
+            "{}/{}",
+            budget.namespace().unwrap_or_default(),
+            budget.name_any()
+        );
+        blocked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|(_, b)| b.budgets.is_empty() || b.budgets.contains(&key))
+            .map(|(name, _)| reflector::ObjectRef::new(name))
+            .collect::<Vec<_>>()
+    })
     .reconcile_on(wakes.triggered)
     .trigger_backoff(watch_backoff())
     .reconcile_on(wakes.acks.map(|name| reflector::ObjectRef::new(&name)))

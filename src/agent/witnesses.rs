@@ -1,0 +1,107 @@
+//! The agent's watch of the witnesses ConfigMap ([`crate::witnesses`]):
+//! which events of other VMs it reports.
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::error_chain;
+use crate::kubeclient::watch_backoff;
+use crate::witnesses::{SilentVms, Witnessing};
+
+/// Where the witnesses ConfigMap is: `NAMESPACE/NAME`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigMapRef {
+    /// Its namespace (the controller's).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl std::str::FromStr for ConfigMapRef {
+    type Err = String;
+
+    /// `NAMESPACE/NAME`, both non-empty.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(ConfigMapRef {
+                    namespace: ns.into(),
+                    name: name.into(),
+                })
+            }
+            _ => Err(format!("{s:?} is not NAMESPACE/NAME")),
+        }
+    }
+}
+
+/// Keeps `tx` at what the ConfigMap `at` says, watched by name through
+/// `client` until aborted: no ConfigMap (not written yet, deleted) wants
+/// no witness; a failed watch keeps the last list and resumes after a
+/// backoff.
+pub async fn watch(client: kube::Client, at: ConfigMapRef, tx: watch::Sender<Witnessing>) {
+    let api: Api<ConfigMap> = Api::namespaced(client, &at.namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", at.name));
+    let stream = watcher(api, config).backoff(watch_backoff());
+    futures::pin_mut!(stream);
+    // The list being read, while a (re)list is under way.
+    let mut listing: Option<SilentVms> = None;
+    while let Some(item) = stream.next().await {
+        let next = match item {
+            Ok(watcher::Event::Apply(cm)) => Some(SilentVms::from_data(cm.data.as_ref())),
+            Ok(watcher::Event::Delete(_)) => Some(SilentVms::default()),
+            Ok(watcher::Event::Init) => {
+                listing = Some(SilentVms::default());
+                None
+            }
+            Ok(watcher::Event::InitApply(cm)) => {
+                listing = Some(SilentVms::from_data(cm.data.as_ref()));
+                None
+            }
+            Ok(watcher::Event::InitDone) => listing.take(),
+            Err(e) => {
+                warn!(error = %error_chain(&e), configmap = %at.name, "Watch of the witnesses ConfigMap failed; resuming after a backoff");
+                None
+            }
+        };
+        if let Some(silent) = next {
+            let next = Witnessing::For(silent);
+            tx.send_if_modified(|now| {
+                if *now == next {
+                    return false;
+                }
+                if let Witnessing::For(s) = &next {
+                    info!(
+                        silent_vms = s.len(),
+                        "Witnesses wanted for the events of VMs whose agents are silent"
+                    );
+                }
+                *now = next;
+                true
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_configmap_is_named_namespace_slash_name() {
+        let r: ConfigMapRef = "forewarn/forewarn-witnesses".parse().unwrap();
+        assert_eq!(
+            r,
+            ConfigMapRef {
+                namespace: "forewarn".into(),
+                name: "forewarn-witnesses".into()
+            }
+        );
+        for bad in ["", "x", "/x", "x/", "a/b/c"] {
+            assert!(bad.parse::<ConfigMapRef>().is_err(), "{bad:?}");
+        }
+    }
+}
