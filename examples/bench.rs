@@ -32,8 +32,9 @@
 //!   impersonating a user of its own (`bench:controller`,
 //!   `bench:agent:<node>`).
 //! - `scale`: `--scale-nodes` KWOK nodes with `--scale-pods` pods, agents on
-//!   `--scale-agents` of them (the other nodes get an Azure `providerID`,
-//!   as on AKS, so the controller maps their VMs); controller RSS idle, then
+//!   `--scale-agents` of them (every node gets an Azure `providerID`, as on
+//!   AKS, so the controller maps their VMs and the agents vouch for the
+//!   nodes without one); controller RSS idle, then
 //!   one event naming every VM: time until all are cordoned, against its
 //!   reference (this program's own cordons of every node, timed before the
 //!   event), and the controller's peak RSS, CPU and requests over the event.
@@ -1139,9 +1140,10 @@ async fn scale_on(
         args.scale_pods,
         t.elapsed().as_secs_f64()
     ));
-    // Nodes without an agent: their VM from the providerID, as on AKS (the
-    // controller maps the others by the VM their agents state).
-    merge_patch_nodes(client, agents..n, |i| {
+    // Every node's VM from its providerID, as on AKS: the nodes without an
+    // agent are then confirmed by the agents of nodes with one (only an
+    // agent whose node has a providerID vouches for another node).
+    merge_patch_nodes(client, 0..n, |i| {
         json!({"spec": {"providerID": format!(
             "azure:///subscriptions/bench/resourceGroups/bench/providers/Microsoft.Compute/virtualMachineScaleSets/bench-vmss/virtualMachines/{i}"
         )}})

@@ -7,6 +7,7 @@
 //! and returns a [`report::Report`]; [`cluster`] starts the control plane,
 //! [`procs`] forewarn's processes.
 
+pub mod agent_pods;
 pub mod bench_report;
 pub mod cluster;
 pub mod inspect;
