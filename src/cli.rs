@@ -161,7 +161,7 @@ pub struct AgentArgs {
     /// the controller lists one of them as silent (see
     /// `forewarn::witnesses`). Absent: every event it sees.
     #[arg(long, env = "FOREWARN_WITNESSES")]
-    pub witnesses: Option<crate::agent::witnesses::ConfigMapRef>,
+    pub witnesses: Option<crate::witnesses::ConfigMapRef>,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "FOREWARN_METRICS_ADDR", default_value = "127.0.0.1:9101")]
     pub metrics_addr: SocketAddr,

@@ -96,6 +96,32 @@ impl Witnessing {
     }
 }
 
+/// Where the witnesses ConfigMap is: `NAMESPACE/NAME`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigMapRef {
+    /// Its namespace (the controller's).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl std::str::FromStr for ConfigMapRef {
+    type Err = String;
+
+    /// `NAMESPACE/NAME`, both non-empty.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(ConfigMapRef {
+                    namespace: ns.into(),
+                    name: name.into(),
+                })
+            }
+            _ => Err(format!("{s:?} is not NAMESPACE/NAME")),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,5 +143,20 @@ mod tests {
         assert!(!w.wanted(&["vm_1".into(), "vm_3".into()]));
         assert!(!w.wanted(&[]));
         assert!(Witnessing::All.wanted(&["vm_1".into()]));
+    }
+
+    #[test]
+    fn a_configmap_is_named_namespace_slash_name() {
+        let r: ConfigMapRef = "forewarn/forewarn-witnesses".parse().unwrap();
+        assert_eq!(
+            r,
+            ConfigMapRef {
+                namespace: "forewarn".into(),
+                name: "forewarn-witnesses".into()
+            }
+        );
+        for bad in ["", "x", "/x", "x/", "a/b/c"] {
+            assert!(bad.parse::<ConfigMapRef>().is_err(), "{bad:?}");
+        }
     }
 }

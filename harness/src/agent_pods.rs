@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::Client;
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 /// The label that puts a node in the DaemonSet.
@@ -86,7 +86,10 @@ pub async fn start(
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("{ready} of {} agent pods Ready within {within:?}", nodes.len());
+            bail!(
+                "{ready} of {} agent pods Ready within {within:?}",
+                nodes.len()
+            );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

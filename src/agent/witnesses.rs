@@ -10,33 +10,7 @@ use tracing::{info, warn};
 
 use super::error_chain;
 use crate::kubeclient::watch_backoff;
-use crate::witnesses::{SilentVms, Witnessing};
-
-/// Where the witnesses ConfigMap is: `NAMESPACE/NAME`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigMapRef {
-    /// Its namespace (the controller's).
-    pub namespace: String,
-    /// Its name.
-    pub name: String,
-}
-
-impl std::str::FromStr for ConfigMapRef {
-    type Err = String;
-
-    /// `NAMESPACE/NAME`, both non-empty.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.split_once('/') {
-            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-                Ok(ConfigMapRef {
-                    namespace: ns.into(),
-                    name: name.into(),
-                })
-            }
-            _ => Err(format!("{s:?} is not NAMESPACE/NAME")),
-        }
-    }
-}
+use crate::witnesses::{ConfigMapRef, SilentVms, Witnessing};
 
 /// Keeps `tx` at what the ConfigMap `at` says, watched by name through
 /// `client` until aborted: no ConfigMap (not written yet, deleted) wants
@@ -82,26 +56,6 @@ pub async fn watch(client: kube::Client, at: ConfigMapRef, tx: watch::Sender<Wit
                 *now = next;
                 true
             });
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_configmap_is_named_namespace_slash_name() {
-        let r: ConfigMapRef = "forewarn/forewarn-witnesses".parse().unwrap();
-        assert_eq!(
-            r,
-            ConfigMapRef {
-                namespace: "forewarn".into(),
-                name: "forewarn-witnesses".into()
-            }
-        );
-        for bad in ["", "x", "/x", "x/", "a/b/c"] {
-            assert!(bad.parse::<ConfigMapRef>().is_err(), "{bad:?}");
         }
     }
 }
