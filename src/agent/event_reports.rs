@@ -206,6 +206,15 @@ pub struct Reporter {
     pub witnessing: watch::Receiver<Witnessing>,
 }
 
+/// How long the record of an approval this agent sent waits before it is
+/// written, unless the event changes meanwhile: IMDS usually starts an
+/// approved event within a poll or two, and the approval and `Started`
+/// then go in one write (a wave of N events costs N writes fewer). The
+/// controller learns of the accepted approval that much later; it has
+/// decided it already, and nothing waits on the record but the phase
+/// `Approved`.
+const APPROVAL_RECORD_WAIT: Duration = Duration::from_secs(2);
+
 /// At most this many report writes are in flight at once.
 const PARALLEL_WRITES: usize = 8;
 
@@ -234,10 +243,17 @@ impl Reporter {
         // Per event: the delays still to come and the earliest next try,
         // after a failed write (one failing write holds back no other).
         let mut retry: HashMap<String, (ExponentialBackoff, Instant)> = HashMap::new();
+        // Per event: until when the record of an approval just sent waits
+        // for the change it usually brings (see [`APPROVAL_RECORD_WAIT`]).
+        let mut held: HashMap<String, Instant> = HashMap::new();
         let mut own: Option<OwnWatch> = None;
         self.docs.mark_changed();
         loop {
-            let next_retry = retry.values().map(|(_, at)| *at).min();
+            let next_retry = retry
+                .values()
+                .map(|(_, at)| *at)
+                .chain(held.values().copied())
+                .min();
             tokio::select! {
                 changed = self.docs.changed() => {
                     if changed.is_err() {
@@ -247,7 +263,13 @@ impl Reporter {
                     if let Some(doc) = doc {
                         let witnessing = self.witnessing.borrow_and_update().clone();
                         let desired = desired(&written, &pending);
-                        pending.extend(reports_to_write(&doc, &desired, &self.node, &self.vm, &witnessing));
+                        let changed = reports_to_write(&doc, &desired, &self.node, &self.vm, &witnessing);
+                        // A change of the event itself goes at once, with
+                        // any approval record held for it.
+                        for (name, _) in &changed {
+                            held.remove(name);
+                        }
+                        pending.extend(changed);
                         self.ready.set(true);
                     }
                 }
@@ -261,6 +283,7 @@ impl Reporter {
                     }
                 }
                 Some((name, sent)) = self.sent.recv() => {
+                    held.entry(name.clone()).or_insert_with(|| Instant::now() + APPROVAL_RECORD_WAIT);
                     self.record_sent(&written, &mut pending, name, sent);
                 }
                 Some(seen) = async { match &mut own { Some(w) => w.seen.recv().await, None => std::future::pending().await } } => {
@@ -271,13 +294,17 @@ impl Reporter {
             // Every message already queued is taken before writing, so one
             // burst of changes is one write per report.
             while let Ok((name, sent)) = self.sent.try_recv() {
+                held.entry(name.clone())
+                    .or_insert_with(|| Instant::now() + APPROVAL_RECORD_WAIT);
                 self.record_sent(&written, &mut pending, name, sent);
             }
             retry.retain(|name, _| pending.contains_key(name));
             let now = Instant::now();
+            held.retain(|name, until| pending.contains_key(name) && *until > now);
             let due: Vec<String> = pending
                 .keys()
                 .filter(|n| retry.get(*n).is_none_or(|(_, at)| *at <= now))
+                .filter(|n| !held.contains_key(*n))
                 .cloned()
                 .collect();
             if !due.is_empty() {
