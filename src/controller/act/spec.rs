@@ -38,11 +38,11 @@ const RESCAN: Duration = Duration::from_secs(1);
 /// How long an object just created is taken to exist before the cache
 /// shows it.
 const CREATED_GRACE: Duration = Duration::from_secs(5);
-/// At most this many creations in flight at once: a flood of events (issue
-/// 14: 200 in one second) is created in parallel rather than one round
-/// trip after another, which under load left the last events without an
-/// object for a minute.
-const CREATE_CONCURRENCY: usize = 8;
+/// At most this many creations in flight at once: a flood of events (200
+/// in one second) is created in parallel rather than one round trip after
+/// another, which under load left the last events without an object for a
+/// minute (a create is a round trip of the API server's, not work of ours).
+const CREATE_CONCURRENCY: usize = 16;
 /// How many objects one scan creates before it looks again: the reports
 /// are read afresh between batches, so that an event reported during a
 /// flood waits for at most one batch (a few round trips at

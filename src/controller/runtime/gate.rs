@@ -25,37 +25,50 @@ use crate::api::{Phase, ScheduledEvent};
 /// deadlines never starves the release of another event's nodes.
 pub const NO_DEADLINE_SLACK: chrono::TimeDelta = chrono::TimeDelta::seconds(30);
 
-/// When an event must be handled by: ordered nearest first; waiters with
-/// the same deadline are served in their order of arrival, so that an
-/// event reconciled again (its own writes trigger it) goes behind those of
-/// the same deadline that have not had their turn yet.
+/// When an event must be handled by: ordered nearest first; among equal
+/// deadlines, an event not yet handled at all (no phase: its nodes not yet
+/// cordoned) before one under way; then in their order of arrival, so that
+/// an event reconciled again (its own writes trigger it) goes behind those
+/// of the same deadline that have not had their turn yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Deadline(DateTime<Utc>);
+pub struct Deadline {
+    at: DateTime<Utc>,
+    /// 0 for an event no pass has handled yet, 1 once one has.
+    under_way: u8,
+}
 
 impl Deadline {
-    /// The deadline `at`.
+    /// The deadline `at` of an event a pass has handled already.
     pub fn new(at: DateTime<Utc>) -> Self {
-        Self(at)
+        Self { at, under_way: 1 }
+    }
+
+    /// The deadline `at` of an event no pass has handled yet.
+    pub fn first(at: DateTime<Utc>) -> Self {
+        Self { at, under_way: 0 }
     }
 }
 
 /// The deadline of `event` at `now`: its `NotBefore` (Azure starts the
 /// event then, approved or not) while the approval it may need is not yet
 /// accepted by IMDS (no phase yet, `Pending`, `Draining` or `Drained`);
-/// else [`NO_DEADLINE_SLACK`] after `now`.
+/// else [`NO_DEADLINE_SLACK`] after `now`. An event without a phase has
+/// had no pass yet: [`Deadline::first`].
 pub fn deadline_of(event: &ScheduledEvent, now: DateTime<Utc>) -> Deadline {
     let phase = event.status.as_ref().and_then(|s| s.phase.as_ref());
     let pending = matches!(
         phase,
         None | Some(Phase::Pending | Phase::Draining | Phase::Drained)
     );
-    Deadline(
-        event
-            .spec
-            .not_before
-            .filter(|_| pending)
-            .unwrap_or(now + NO_DEADLINE_SLACK),
-    )
+    let at = event
+        .spec
+        .not_before
+        .filter(|_| pending)
+        .unwrap_or(now + NO_DEADLINE_SLACK);
+    match phase {
+        None => Deadline::first(at),
+        Some(_) => Deadline::new(at),
+    }
 }
 
 /// A reconcile's right to run; given back to the gate when dropped.
@@ -199,7 +212,16 @@ mod tests {
                 .not_before(at(60))
                 .build(),
         );
-        assert_eq!(deadline_of(&ev, now), d(60), "no status yet");
+        assert_eq!(
+            deadline_of(&ev, now),
+            Deadline::first(at(60)),
+            "no status yet"
+        );
+        assert!(Deadline::first(at(60)) < d(60), "first passes go first");
+        assert!(
+            d(59) < Deadline::first(at(60)),
+            "but not before a nearer deadline"
+        );
         for phase in [Phase::Pending, Phase::Draining, Phase::Drained] {
             ev.status = Some(crate::api::ScheduledEventStatus {
                 phase: Some(phase),
@@ -220,7 +242,10 @@ mod tests {
             });
             assert_eq!(deadline_of(&ev, now), d(30), "{phase:?}: the slack");
         }
-        ev.status = None;
+        ev.status = Some(crate::api::ScheduledEventStatus {
+            phase: Some(Phase::Started),
+            ..Default::default()
+        });
         ev.spec.not_before = None;
         assert_eq!(deadline_of(&ev, now), d(30), "started: no NotBefore");
     }

@@ -992,12 +992,17 @@ async fn gated(ev: Arc<ScheduledEvent>, ctx: Arc<Context>, gate: Gate) -> Result
     }
 }
 
-/// The delay before retrying a failed reconcile: 200 ms after a conflict
-/// (someone wrote the node since it was read), else 1 s doubling per
-/// consecutive failure of the same object, capped at [`MAX_ERROR_BACKOFF`].
+/// The delay before retrying a failed reconcile: after a conflict
+/// (someone, often another event's pass, wrote the node since the cache
+/// showed it) 200 ms plus up to 400 ms by the count of failures, never
+/// growing: a conflict means another writer made progress, and events
+/// that share a node must not back off each other out of their notice;
+/// else 1 s doubling per consecutive failure of the same object, capped at
+/// [`MAX_ERROR_BACKOFF`].
 pub fn error_backoff(err: &Error, failures: u32) -> Duration {
-    if err.category() == "conflict" && failures < 5 {
-        return Duration::from_millis(200);
+    if err.category() == "conflict" {
+        // Spread so that passes that lost the same race do not meet again.
+        return Duration::from_millis(200 + u64::from(failures.wrapping_mul(97) % 5) * 100);
     }
     let exp = failures.saturating_sub(1).min(16);
     Duration::from_secs(1u64 << exp).min(MAX_ERROR_BACKOFF)
@@ -1052,13 +1057,17 @@ mod tests {
         let e = status_error(500);
         let d: Vec<u64> = (1..=9).map(|n| error_backoff(&e, n).as_secs()).collect();
         assert_eq!(d, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
-        assert_eq!(
+        // Conflicts: 200 to 600 ms, however many in a row.
+        for n in 1..=50 {
+            let d = error_backoff(&status_error(409), n);
+            assert!(
+                (Duration::from_millis(200)..=Duration::from_millis(600)).contains(&d),
+                "{n}: {d:?}"
+            );
+        }
+        assert_ne!(
             error_backoff(&status_error(409), 1),
-            Duration::from_millis(200)
-        );
-        assert_eq!(
-            error_backoff(&status_error(409), 6),
-            Duration::from_secs(32)
+            error_backoff(&status_error(409), 2)
         );
     }
 }
