@@ -650,6 +650,9 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
     }
     if unmanaged {
         plan_ignored(&mut p, &known, seen);
+        // Node changes wake no pass: look again soon, for a node labelled
+        // into the selector meanwhile.
+        p.requeue = UNMANAGED_POLL;
         return p;
     }
     match action {
@@ -1028,6 +1031,10 @@ fn requeue_drain(
     requeue_for_workloads(p, now);
     p.polls_progress = poll == Some(p.requeue);
 }
+
+/// How often an event none of whose nodes is managed is looked at: a node
+/// labelled into the policy's `nodeSelector` is handled within this.
+const UNMANAGED_POLL: Duration = Duration::from_secs(10);
 
 /// How often a drain in progress is looked at while pods leave.
 const DRAIN_POLL: Duration = Duration::from_secs(2);

@@ -71,6 +71,7 @@ fn an_event_on_unmanaged_nodes_only_is_recorded_and_left_alone() {
         assert_eq!((p.action, p.phase), (Action::Ignore, Phase::Ignored));
         assert!(p.node_writes.is_empty() && p.evictions.is_empty());
         assert_eq!(p.decide_approval, None, "forewarn sends no approval");
+        assert_eq!(p.requeue, Duration::from_secs(10));
         let st = next_status(&ev, &seen, &p, &[], now());
         assert_eq!(
             st.unmanaged_nodes,
