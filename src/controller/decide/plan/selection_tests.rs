@@ -256,3 +256,29 @@ fn a_mixed_event_keeps_its_action_once_its_managed_node_is_released() {
         Action::DrainAndApprove
     );
 }
+
+#[test]
+fn a_cordon_someone_else_lifts_mid_event_is_taken_over() {
+    // AKS cordoned node-1 first (forewarn recorded nothing on it), then
+    // lifted its cordon while the event is live: forewarn cordons it, its
+    // own cordon now.
+    let ev = scheduled("Redeploy", &["vm_1"]);
+    let aks_first = Observed {
+        nodes: vec![node("node-1", "vm_1", false, vec![])],
+        ..Observed::default()
+    };
+    let mut theirs = aks_first.clone();
+    theirs.nodes[0].cordoned = true;
+    assert!(
+        plan(&ev, &theirs, &Policy::default(), now())
+            .node_writes
+            .is_empty()
+    );
+    assert_eq!(
+        plan(&ev, &aks_first, &Policy::default(), now()).node_writes,
+        vec![NodeWrite::Cordon {
+            node: "node-1".into(),
+            holds: vec!["ev-1".into()]
+        }]
+    );
+}
