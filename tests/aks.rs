@@ -49,8 +49,9 @@ const AKS_FIRST: &str = "node-000001";
 /// The node forewarn cordons before the remediator comes.
 const FOREWARN_FIRST: &str = "node-000002";
 /// How long the remediator keeps its marks after the event ended: longer
-/// than forewarn's `releaseDelaySeconds` (5), so forewarn releases first.
-const LINGER: Duration = Duration::from_secs(8);
+/// than forewarn's `releaseDelaySeconds` (5), so forewarn releases first
+/// (10 s of room for a controller slowed by a loaded machine).
+const LINGER: Duration = Duration::from_secs(15);
 
 fn cluster() -> Cluster {
     forewarn_harness::cluster::shared(
