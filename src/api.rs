@@ -466,6 +466,12 @@ pub struct ScheduledEventStatus {
     /// then `and N more VMs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unmapped_resources: Option<Vec<String>>,
+    /// Nodes the event's `Resources` map to that forewarn does not manage
+    /// (outside the policy's `nodeSelector`): left alone, neither cordoned,
+    /// drained nor waited for by the approval. At most 100, then `and N
+    /// more nodes`; absent when every node is managed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unmanaged_nodes: Option<Vec<String>>,
     /// The approval: decided by the controller, sent by an agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<Approval>,

@@ -25,6 +25,7 @@ pub mod http;
 pub mod imds;
 pub mod install_check;
 pub mod kubeclient;
+pub mod label_selector;
 pub mod metrics;
 pub mod metrics_auth;
 pub mod notify;

@@ -43,6 +43,15 @@
 //!                              # wait is over)
 //! excludeFromLoadBalancers: false  # label the nodes forewarn holds
 //!                              # node.kubernetes.io/exclude-from-external-load-balancers
+//! nodeSelector:                # the nodes forewarn manages (a label selector); others are
+//!   matchLabels:               # recorded and left alone. Absent: every node
+//!     kubernetes.azure.com/scalesetpriority: spot
+//! excludePods:                 # pods never evicted (kept and reported), when any matches:
+//!   namespaces: [monitoring]   # the namespace's name,
+//!   namespaceSelector:         # the namespace's labels (a label selector),
+//!     matchLabels: {forewarn.dev/drain: skip}
+//!   podSelector:               # the pod's labels (a label selector)
+//!     matchLabels: {app: node-cache}
 //! ```
 //!
 //! The file is read again when it changes (see [`crate::controller::runtime::reload`]);
@@ -50,11 +59,13 @@
 //! The chart's `values.schema.json` takes its `controller.policy` part from
 //! these types ([`crate::values_schema`]), so Helm refuses what the controller would.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::imds::model::EventType;
+use crate::label_selector::LabelSelector;
 
 /// What `retention` must look like: a humantime duration (`24h`, `1h 30m`,
 /// `1.5d`, `2 weeks`), the units of `humantime::parse_duration`.
@@ -407,6 +418,113 @@ pub struct Policy {
     /// removed within 30 s. Default false.
     #[serde(default)]
     pub exclude_from_load_balancers: bool,
+
+    /// The nodes forewarn manages, by their labels (a Kubernetes label
+    /// selector: `matchLabels` and `matchExpressions` with `In`, `NotIn`,
+    /// `Exists`, `DoesNotExist`). An event on a node outside it is recorded
+    /// (its `ScheduledEvent`, the node named in `status.unmanagedNodes` and
+    /// the condition `NodesUnmanaged`) and the node is left alone: never
+    /// cordoned, drained or released. The approval waits for the managed
+    /// nodes only; an event none of whose nodes is managed gets no approval
+    /// from forewarn (the platform starts it at `NotBefore`). Absent: every
+    /// node; `{}` also selects every node.
+    #[serde(default)]
+    pub node_selector: Option<LabelSelector>,
+    /// Pods a drain never evicts: kept on their nodes and reported with the
+    /// other kept pods, not waited for by the approval.
+    #[serde(default)]
+    pub exclude_pods: PodExclusion,
+}
+
+/// The pods a drain leaves on their nodes on purpose (the policy's
+/// `excludePods`): a pod is excluded when its namespace is listed in
+/// `namespaces`, or its namespace's labels match `namespaceSelector`, or
+/// its own labels match `podSelector`. An excluded pod is kept and reported
+/// (`status.nodes[].podsKept`, condition `PodsKept`) and does not hold up
+/// the approval: it is the operator's choice that it stays; every other
+/// pod is evicted through the Eviction API as always, its
+/// PodDisruptionBudgets honoured.
+///
+/// ```yaml
+/// excludePods:
+///   namespaces: [monitoring]
+///   namespaceSelector: {matchLabels: {forewarn.dev/drain: skip}}
+///   podSelector: {matchExpressions: [{key: app, operator: In, values: [node-cache]}]}
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodExclusion {
+    /// Namespaces whose pods are never evicted, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
+    /// Namespaces whose pods are never evicted, by the namespace's labels.
+    /// Needs the controller to list namespaces: the chart grants it only
+    /// when this is set. `{}` selects every namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    /// Pods never evicted, by the pod's labels. `{}` selects every pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
+}
+
+impl PodExclusion {
+    /// Whether nothing is excluded.
+    pub fn is_empty(&self) -> bool {
+        self.namespaces.is_empty()
+            && self.namespace_selector.is_none()
+            && self.pod_selector.is_none()
+    }
+
+    /// Whether deciding needs the namespaces' labels (`namespaceSelector` set).
+    pub fn needs_namespace_labels(&self) -> bool {
+        self.namespace_selector.is_some()
+    }
+
+    /// Whether a namespace with `labels` matches `namespaceSelector` (none
+    /// matches without one).
+    pub fn selects_namespace(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.namespace_selector
+            .as_ref()
+            .is_some_and(|s| s.matches(labels))
+    }
+
+    /// Why a pod in `namespace` with `pod_labels` is excluded, or `None`
+    /// when it is evicted like any other. `namespace_selected`: whether its
+    /// namespace's labels match `namespaceSelector` ([`Self::selects_namespace`],
+    /// on labels the caller read).
+    pub fn excludes(
+        &self,
+        namespace: &str,
+        namespace_selected: bool,
+        pod_labels: &BTreeMap<String, String>,
+    ) -> Option<&'static str> {
+        if self.namespaces.iter().any(|n| n == namespace) {
+            Some("its namespace is in the policy's excludePods.namespaces")
+        } else if namespace_selected {
+            Some("its namespace matches the policy's excludePods.namespaceSelector")
+        } else if self
+            .pod_selector
+            .as_ref()
+            .is_some_and(|s| s.matches(pod_labels))
+        {
+            Some("it matches the policy's excludePods.podSelector")
+        } else {
+            None
+        }
+    }
+
+    /// The selectors' faults, as for [`LabelSelector::check`].
+    fn check(&self) -> Result<(), String> {
+        for (name, s) in [
+            ("excludePods.namespaceSelector", &self.namespace_selector),
+            ("excludePods.podSelector", &self.pod_selector),
+        ] {
+            if let Some(s) = s {
+                s.check().map_err(|e| format!("{name}: {e}"))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The longest `acknowledgeTimeoutSeconds` accepted: an hour, far beyond
@@ -479,6 +597,8 @@ impl Default for Policy {
             evict_after_acknowledgement: true,
 
             exclude_from_load_balancers: false,
+            node_selector: None,
+            exclude_pods: PodExclusion::default(),
         }
     }
 }
@@ -556,6 +676,7 @@ impl Policy {
         }
         p.check_bounds()
             .and_then(|()| p.check_waits())
+            .and_then(|()| p.check_selectors())
             .map_err(|reason| Error::Setting {
                 path: path.into(),
                 reason,
@@ -635,6 +756,24 @@ impl Policy {
             ));
         }
         Ok(())
+    }
+
+    /// The selectors (`nodeSelector`, `excludePods`): each one the API
+    /// server would accept as a LabelSelector. The first fault, as the
+    /// reason of an [`Error::Setting`].
+    fn check_selectors(&self) -> Result<(), String> {
+        if let Some(s) = &self.node_selector {
+            s.check().map_err(|e| format!("nodeSelector: {e}"))?;
+        }
+        self.exclude_pods.check()
+    }
+
+    /// Whether forewarn manages a node with `labels`: it matches
+    /// `nodeSelector`, or there is none.
+    pub fn manages(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.node_selector
+            .as_ref()
+            .is_none_or(|s| s.matches(labels))
     }
 
     /// `secs` as a `chrono` duration, saturating at a thousand years
@@ -844,6 +983,87 @@ mod tests {
             e.to_string().contains("rule's acknowledgeTimeoutSeconds"),
             "{e}"
         );
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn every_node_is_managed_without_a_node_selector() {
+        assert!(Policy::default().manages(&labels(&[])));
+        let p = Policy::parse("nodeSelector: {}\n", "p").unwrap();
+        assert!(p.manages(&labels(&[("any", "thing")])));
+    }
+
+    #[test]
+    fn node_selector_picks_the_managed_nodes() {
+        let p = Policy::parse(
+            "nodeSelector:\n  matchLabels: {kubernetes.azure.com/scalesetpriority: spot}\n  matchExpressions:\n  - {key: forewarn.dev/skip, operator: DoesNotExist}\n",
+            "p",
+        )
+        .unwrap();
+        let spot = ("kubernetes.azure.com/scalesetpriority", "spot");
+        assert!(p.manages(&labels(&[spot])));
+        assert!(!p.manages(&labels(&[spot, ("forewarn.dev/skip", "")])));
+        assert!(!p.manages(&labels(&[("kubernetes.azure.com/mode", "system")])));
+    }
+
+    #[test]
+    fn bad_selectors_are_refused_naming_the_setting() {
+        let e = Policy::parse(
+            "nodeSelector: {matchExpressions: [{key: a, operator: In}]}\n",
+            "p",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("nodeSelector"), "{e}");
+        let e = Policy::parse(
+            "excludePods: {podSelector: {matchExpressions: [{key: a, operator: Exists, values: [b]}]}}\n",
+            "p",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("excludePods.podSelector"), "{e}");
+        assert!(Policy::parse("excludePods: {namespace: [a]}\n", "p").is_err());
+        assert!(Policy::parse("nodeSelector: {matchLabel: {a: b}}\n", "p").is_err());
+    }
+
+    #[test]
+    fn excluded_pods_by_namespace_name_namespace_labels_or_pod_labels() {
+        let p = Policy::parse(
+            "excludePods:\n  namespaces: [monitoring]\n  namespaceSelector: {matchLabels: {drain: skip}}\n  podSelector: {matchExpressions: [{key: app, operator: In, values: [cache]}]}\n",
+            "p",
+        )
+        .unwrap();
+        let x = &p.exclude_pods;
+        assert!(!x.is_empty() && x.needs_namespace_labels());
+        let web = labels(&[("app", "web")]);
+        assert!(
+            x.excludes("monitoring", false, &web)
+                .unwrap()
+                .contains("namespaces")
+        );
+        assert!(x.selects_namespace(&labels(&[("drain", "skip")])));
+        assert!(!x.selects_namespace(&labels(&[("drain", "yes")])));
+        assert!(
+            x.excludes("shop", true, &web)
+                .unwrap()
+                .contains("namespaceSelector")
+        );
+        let cache = labels(&[("app", "cache")]);
+        assert!(
+            x.excludes("shop", false, &cache)
+                .unwrap()
+                .contains("podSelector")
+        );
+        assert_eq!(x.excludes("shop", false, &web), None);
+        // Nothing excluded by default, and no namespace read.
+        let none = Policy::default().exclude_pods;
+        assert!(none.is_empty() && !none.needs_namespace_labels());
+        assert_eq!(none.excludes("kube-system", false, &cache), None);
+        assert!(!none.selects_namespace(&labels(&[])));
     }
 
     #[test]

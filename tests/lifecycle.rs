@@ -926,6 +926,7 @@ async fn the_status_of_an_event_naming_ten_thousand_vms_is_stored_small() {
                 })
                 .map(Arc::new)
                 .collect(),
+            excluded: Vec::new(),
             ended: false,
             participants: Vec::new(),
         })

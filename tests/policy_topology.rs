@@ -487,3 +487,267 @@ async fn agents_report_fault_domains_and_the_controller_labels_the_nodes_once() 
     let ev = sev(&client, ID).await;
     assert_eq!(ev.status.and_then(|s| s.fault_domains), Some(2));
 }
+
+/// The label that puts a node under forewarn in
+/// [`only_selected_nodes_are_drained_and_excluded_pods_stay`]'s policy.
+const POOL_LABEL: &str = "forewarn-test/pool";
+
+/// A Deployment of one pod labelled `app: name` in `ns`, pinned to `node`.
+fn pinned_in(ns: &str, name: &str, node: &str) -> serde_json::Value {
+    let mut d = pinned(name, 1, node);
+    d["metadata"]["namespace"] = json!(ns);
+    d
+}
+
+/// The pods of `ns` as the API server has them: `(name, uid, node,
+/// deletionTimestamp set)`.
+async fn pods_of(client: &Client, ns: &str) -> Vec<(String, String, String, bool)> {
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .expect("list pods")
+        .items
+        .into_iter()
+        .map(|p| {
+            (
+                p.name_any(),
+                p.uid().unwrap_or_default(),
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .unwrap_or_default(),
+                p.metadata.deletion_timestamp.is_some(),
+            )
+        })
+        .collect()
+}
+
+/// Waits until every pod of `ns` is bound and running (60 s at most).
+async fn wait_bound(client: &Client, ns: &str, count: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .expect("list pods");
+        let running = pods
+            .items
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .count();
+        if running >= count {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{ns}: {running}/{count} pods running after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The policy's `nodeSelector` and `excludePods`, on the API server. Only
+/// node-000001 carries the pool label the selector asks for. A Reboot
+/// names node-000001 and node-000002: node-000001 is cordoned and drained
+/// but for the pods the policy excludes (by namespace name, by namespace
+/// label, by pod label), which keep their uid and never get a
+/// deletionTimestamp; node-000002 is never cordoned, tainted or drained;
+/// the approval reaches IMDS once node-000001 is drained. A Redeploy
+/// naming only node-000000 (unmanaged) is recorded with `NoManagedNode`,
+/// no approval reaches IMDS, and the platform starts it at `NotBefore`.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_selected_nodes_are_drained_and_excluded_pods_stay() {
+    let _turn = TURN.lock().await;
+    const MIXED: &str = "8B4DAE6F-4051-4273-BD74-E5F607182901";
+    const UNMANAGED: &str = "8B4DAE6F-4051-4273-BD74-E5F607182902";
+    const BY_NAME: &str = "sel-left-alone";
+    const BY_LABEL: &str = "sel-labelled";
+    let cluster = shared_cluster().await;
+    let client = cluster.client().await.expect("client");
+    cluster
+        .kubectl(&[
+            "label",
+            "node",
+            "node-000001",
+            &format!("{POOL_LABEL}=spot"),
+            "--overwrite",
+        ])
+        .expect("label node-000001");
+    // Two namespaces of pods the policy excludes, each pod on node-000001.
+    for (ns, labels) in [
+        (BY_NAME, json!({})),
+        (BY_LABEL, json!({"forewarn-test/drain": "skip"})),
+    ] {
+        let _ = cluster.kubectl(&["delete", "namespace", ns, "--wait=true"]);
+        let objects = json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}},
+            pinned_in(ns, "kept", "node-000001"),
+        ]});
+        let file = std::env::temp_dir().join(format!("forewarn-{ns}.json"));
+        std::fs::write(&file, objects.to_string()).expect("write objects");
+        cluster
+            .kubectl(&["apply", "-f", &file.to_string_lossy()])
+            .expect("create the namespace and its Deployment");
+    }
+    wait_bound(&client, BY_NAME, 1).await;
+    wait_bound(&client, BY_LABEL, 1).await;
+    let before: Vec<_> = [
+        pods_of(&client, BY_NAME).await,
+        pods_of(&client, BY_LABEL).await,
+    ]
+    .concat();
+
+    let run = std::panic::AssertUnwindSafe(play_with("selection.yaml", |o| {
+        o.policy = Some(format!(
+            "nodeSelector:\n  matchExpressions: [{{key: {POOL_LABEL}, operator: In, values: [spot]}}]\nexcludePods:\n  namespaces: [{BY_NAME}]\n  namespaceSelector: {{matchLabels: {{forewarn-test/drain: skip}}}}\n  podSelector: {{matchLabels: {{app: cache}}}}\n"
+        ));
+        // The workload namespace's own excluded pod, by its label.
+        o.extra_objects = vec![pinned("cache", 1, "node-000001")];
+    }));
+    let outcome = futures::FutureExt::catch_unwind(run).await;
+    let after_shop = pods_of(&client, "shop").await;
+    let after: Vec<_> = [
+        pods_of(&client, BY_NAME).await,
+        pods_of(&client, BY_LABEL).await,
+    ]
+    .concat();
+    let nodes: Vec<Node> = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("nodes")
+        .items;
+    let mixed = sev(&client, MIXED).await;
+    let unmanaged = sev(&client, UNMANAGED).await;
+    // The shared cluster's other tests see neither.
+    let _ = cluster.kubectl(&["label", "node", "node-000001", &format!("{POOL_LABEL}-")]);
+    for ns in [BY_NAME, BY_LABEL] {
+        let _ = cluster.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+    }
+    let (report, _) = match outcome {
+        Ok(r) => r,
+        Err(p) => std::panic::resume_unwind(p),
+    };
+
+    // Nodes, from the harness's watch: only node-000001 was ever cordoned.
+    assert!(
+        report.first_cordon("node-000001").is_some(),
+        "node-000001 was never cordoned"
+    );
+    for n in ["node-000000", "node-000002"] {
+        assert_eq!(
+            report.first_cordon(n),
+            None,
+            "{n} is unmanaged, but was cordoned"
+        );
+    }
+    // And as stored at the end: no taint, no hold on any node.
+    for n in &nodes {
+        let taints = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        assert!(
+            !taints
+                .iter()
+                .any(|t| t.key == forewarn::controller::act::cordon::TAINT_KEY),
+            "{} keeps forewarn's taint: {taints:?}",
+            n.name_any()
+        );
+        assert!(
+            !n.annotations()
+                .contains_key(forewarn::api::CORDONED_FOR_ANNOTATION),
+            "{} keeps a hold",
+            n.name_any()
+        );
+    }
+    // Pods: nothing evicted on the unmanaged nodes, the workload's pods
+    // evicted from node-000001 but for the excluded one.
+    for d in &report.deletions {
+        assert_eq!(
+            d.node, "node-000001",
+            "{} deleted on an unmanaged node",
+            d.pod
+        );
+        assert!(
+            d.pod.starts_with("shop/web-"),
+            "{} was evicted, but is excluded",
+            d.pod
+        );
+    }
+    assert!(
+        report
+            .deletions
+            .iter()
+            .any(|d| d.pod.starts_with("shop/web-")),
+        "no workload pod was evicted from node-000001"
+    );
+    let cache: Vec<_> = after_shop
+        .iter()
+        .filter(|p| p.0.starts_with("cache-"))
+        .collect();
+    assert!(
+        cache.len() == 1 && cache[0].2 == "node-000001" && !cache[0].3,
+        "the excluded shop/cache pod did not stay: {cache:?}"
+    );
+    assert_eq!(before, after, "the pods of the excluded namespaces changed");
+    assert!(
+        after.iter().all(|p| p.2 == "node-000001" && !p.3),
+        "{after:?}"
+    );
+
+    // The mixed event: approved on node-000001's drain alone; node-000002
+    // named as unmanaged, the excluded pods as kept.
+    let st = mixed.status.clone().expect("status");
+    assert_eq!(st.unmanaged_nodes, Some(vec!["node-000002".to_string()]));
+    assert_eq!(st.nodes_drained.as_deref(), Some("1/1"));
+    let (status, reason, _) = condition(&mixed, "NodesUnmanaged").expect("NodesUnmanaged");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "OutsideNodeSelector")
+    );
+    let record = st
+        .nodes
+        .iter()
+        .flatten()
+        .find(|n| n.name == "node-000001")
+        .expect("node-000001's record");
+    let kept = record.pods_kept.join("\n");
+    for (what, why) in [
+        (format!("{BY_NAME}/kept-"), "excludePods.namespaces"),
+        (format!("{BY_LABEL}/kept-"), "excludePods.namespaceSelector"),
+        ("shop/cache-".to_string(), "excludePods.podSelector"),
+    ] {
+        assert!(
+            kept.lines()
+                .any(|l| l.starts_with(&what) && l.contains(why)),
+            "{what} not reported kept for {why}:\n{kept}"
+        );
+    }
+    assert!(
+        st.approval.as_ref().and_then(|a| a.reason.as_deref())
+            == Some("all 1 affected nodes drained"),
+        "{:?}",
+        st.approval
+    );
+
+    // The unmanaged event: recorded, ignored, never approved by forewarn
+    // (the scenario's expectation, from the mock's log), started by the
+    // platform at NotBefore.
+    let st = unmanaged.status.clone().expect("status");
+    assert_eq!(st.unmanaged_nodes, Some(vec!["node-000000".to_string()]));
+    assert_eq!(st.action, Some(forewarn::policy::Action::Ignore));
+    assert!(st.approval.is_none(), "{:?}", st.approval);
+    let (status, reason, _) = condition(&unmanaged, "NodesUnmanaged").expect("NodesUnmanaged");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "NoManagedNode")
+    );
+    assert!(
+        report
+            .imds_log
+            .iter()
+            .any(|e| e.event_id.eq_ignore_ascii_case(UNMANAGED) && e.what == "Started"),
+        "the platform never started the unmanaged event"
+    );
+}

@@ -61,7 +61,7 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
     event::copy_sent_approval(&mut ev, &reports);
     let Observation {
         mut seen,
-        dissent,
+        mut dissent,
         snapshots,
     } = event::observe(
         &ev,
@@ -73,6 +73,19 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         ctx.writers.dry_run,
     );
     seen.last_report = last_report.or_else(|| created(&ev));
+    // The pods the policy keeps on their nodes (excludePods); the
+    // namespaces' labels are read only when a node has pods to judge.
+    let any_pods = seen
+        .nodes
+        .iter()
+        .chain(dissent.iter().flat_map(|(_, nodes)| nodes))
+        .any(|n| !n.pods.is_empty());
+    let excluded_namespaces = if any_pods {
+        event::namespaces_selected(&ctx.writers.client, &policy).await?
+    } else {
+        HashSet::new()
+    };
+    event::exclude_pods(&mut seen, &mut dissent, &policy, excluded_namespaces);
     // Decide.
     let (plan, notices) = decide(&ev, &mut seen, dissent, &policy, now, &ctx).await?;
     // Never while a node's own agent still lists the event: its report

@@ -721,3 +721,54 @@ fn controller_host_network_is_opt_in_and_keeps_its_own_port() {
     assert!(!out.ok, "a string controller.hostNetwork was accepted");
     assert!(out.stderr.contains("hostNetwork"), "{}", out.stderr);
 }
+
+/// The controller may list namespaces only when the policy's
+/// `excludePods.namespaceSelector` needs their labels; a namespace
+/// selector the controller would refuse is refused by the schema.
+#[test]
+fn namespaces_are_listed_only_for_a_namespace_selector() {
+    let namespace_rules = |extra: &[&str]| -> Vec<Value> {
+        documents(&render(extra))
+            .into_iter()
+            .filter(|d| d["kind"] == "ClusterRole")
+            .flat_map(|d| d["rules"].as_array().cloned().unwrap_or_default())
+            .filter(|r| {
+                r["resources"]
+                    .as_array()
+                    .is_some_and(|rs| rs.iter().any(|x| x == "namespaces"))
+            })
+            .collect()
+    };
+    assert!(
+        namespace_rules(&[]).is_empty(),
+        "namespaces granted by default"
+    );
+    assert!(
+        namespace_rules(&[
+            "--set-json",
+            r#"controller.policy.excludePods={"namespaces":["monitoring"]}"#
+        ])
+        .is_empty(),
+        "namespaces granted for names alone"
+    );
+    for selector in ["{}", r#"{"matchLabels":{"forewarn.dev/drain":"skip"}}"#] {
+        let rules = namespace_rules(&[
+            "--set-json",
+            &format!(r#"controller.policy.excludePods={{"namespaceSelector":{selector}}}"#),
+        ]);
+        assert_eq!(rules.len(), 1, "{selector}: {rules:?}");
+        assert_eq!(rules[0]["verbs"], serde_json::json!(["list"]), "{selector}");
+    }
+    let chart = chart_dir();
+    let out = helm(&[
+        "template",
+        RELEASE,
+        &chart,
+        "--api-versions",
+        VAP_API,
+        "--set-json",
+        r#"controller.policy.nodeSelector={"matchExpressions":[{"key":"a","operator":"in","values":["b"]}]}"#,
+    ]);
+    assert!(!out.ok, "an unknown operator was accepted");
+    assert!(out.stderr.contains("operator"), "{}", out.stderr);
+}

@@ -133,6 +133,7 @@ mod tests {
                 grace_seconds: 30,
                 ..PodInfo::default()
             })],
+            excluded: Vec::new(),
             ended: false,
             participants: participant
                 .then(|| {

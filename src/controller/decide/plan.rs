@@ -100,6 +100,10 @@ pub struct Kept {
     pub pod: String,
     /// Why, e.g. `no controller`.
     pub reason: String,
+    /// Kept because the policy's `excludePods` names it: the operator's
+    /// choice, so the approval does not wait for it (a pod kept for want
+    /// of a controller holds the drain up).
+    pub excluded: bool,
 }
 
 /// What to do next for one event.
@@ -244,7 +248,8 @@ pub fn approval_gate(
 }
 
 /// What is left before an approval: each mapped node not drained (with
-/// the pods that must still leave it, a few named), each pod kept, and
+/// the pods that must still leave it, a few named), each pod kept (but
+/// those the policy's `excludePods` keeps), and
 /// each acknowledgement `awaiting` ([`awaited`]).
 fn left_before_approval(
     mapped: &[&ObservedNode],
@@ -275,7 +280,11 @@ fn left_before_approval(
             }
         })
         .collect();
-    left.extend(kept.iter().map(|k| format!("{} kept on {}", k.pod, k.node)));
+    left.extend(
+        kept.iter()
+            .filter(|k| !k.excluded)
+            .map(|k| format!("{} kept on {}", k.pod, k.node)),
+    );
     left.extend(awaiting.iter().cloned());
     left
 }
@@ -452,6 +461,7 @@ pub fn must_leave(pod: &PodInfo, now: DateTime<Utc>) -> bool {
 /// --ignore-daemonsets --delete-emptydir-data`: DaemonSet and mirror pods
 /// are not in `pods` at all; terminating pods are waited for; pods without a
 /// controller are kept unless the policy evicts them for this event type).
+/// The pods the policy's `excludePods` names (`excluded`) are kept too.
 fn plan_evictions(
     mapped: &[&ObservedNode],
     budget: Option<i64>,
@@ -467,6 +477,7 @@ fn plan_evictions(
                     node: n.name.clone(),
                     pod: pod.key(),
                     reason: "no controller: nothing would recreate it (the policy's evictUnmanagedPods does not name this event type)".into(),
+                    excluded: false,
                 });
                 continue;
             }
@@ -476,6 +487,12 @@ fn plan_evictions(
                 pod: Arc::clone(pod),
             });
         }
+        kept.extend(n.excluded.iter().map(|(pod, why)| Kept {
+            node: n.name.clone(),
+            pod: pod.key(),
+            reason: format!("excluded from eviction: {why}"),
+            excluded: true,
+        }));
     }
     (evictions, kept)
 }
@@ -613,6 +630,12 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         acknowledgement: None,
     };
 
+    // Every node of the event outside the policy's nodeSelector: recorded
+    // as ignored, whatever the rule says, also once it is over.
+    let unmanaged = all_unmanaged(ev, seen);
+    if unmanaged {
+        p.action = Action::Ignore;
+    }
     if is_over(ev) {
         plan_finished(&mut p, ev, seen, policy, now, known.started);
         return p;
@@ -623,6 +646,13 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         let ran = known.started || known.accepted || not_before_passed(ev, now);
         p.ended_unobserved = Some(end);
         plan_finished(&mut p, ev, seen, policy, now, ran);
+        return p;
+    }
+    if unmanaged {
+        plan_ignored(&mut p, &known, seen);
+        // Node changes wake no pass: look again soon, for a node labelled
+        // into the selector meanwhile.
+        p.requeue = UNMANAGED_POLL;
         return p;
     }
     match action {
@@ -640,6 +670,26 @@ fn plan_ignored(p: &mut Plan, known: &Known, seen: &Observed) {
     p.phase = Phase::Ignored;
     p.node_writes = release(&known.me, &seen.nodes);
     p.requeue = Duration::from_secs(300);
+}
+
+/// Whether every node the event maps to is outside the policy's
+/// `nodeSelector`: some are, none is managed (mapped, awaiting a trusted
+/// report, handled now or recorded before: a node released once its part
+/// ended still counts). Such an event is
+/// recorded and left alone, as `Ignore` would (no cordon, no drain, no
+/// approval: the platform starts it at `NotBefore`); whatever it held is
+/// released (a node whose labels changed during the event).
+pub fn all_unmanaged(ev: &ScheduledEvent, seen: &Observed) -> bool {
+    let recorded = ev
+        .status
+        .as_ref()
+        .and_then(|s| s.nodes.as_ref())
+        .is_some_and(|nodes| nodes.iter().any(|n| !n.vm_name.is_empty()));
+    !seen.unmanaged.is_empty()
+        && !seen.any_managed
+        && !recorded
+        && seen.unconfirmed.is_empty()
+        && seen.nodes.iter().all(|n| n.vm_name.is_empty())
 }
 
 /// `Approve`: decide the approval at once (rule 2 still holds: every VM
@@ -982,6 +1032,10 @@ fn requeue_drain(
     p.polls_progress = poll == Some(p.requeue);
 }
 
+/// How often an event none of whose nodes is managed is looked at: a node
+/// labelled into the policy's `nodeSelector` is handled within this.
+const UNMANAGED_POLL: Duration = Duration::from_secs(10);
+
 /// How often a drain in progress is looked at while pods leave.
 const DRAIN_POLL: Duration = Duration::from_secs(2);
 
@@ -1114,11 +1168,15 @@ fn decide_approval(
         ));
     } else if gate == Gate::AtDeadline && foreign_ok {
         approve_at_deadline(p, &left);
-    } else if !p.kept.is_empty() {
+    } else if p.kept.iter().any(|k| !k.excluded) {
         p.approval_withheld = Some(format!(
             "pods without a controller stay on their nodes, so the drain cannot finish: {}",
             named(
-                &p.kept.iter().map(|k| k.pod.as_str()).collect::<Vec<_>>(),
+                &p.kept
+                    .iter()
+                    .filter(|k| !k.excluded)
+                    .map(|k| k.pod.as_str())
+                    .collect::<Vec<_>>(),
                 NAMED_IN_MESSAGE,
                 ", "
             )
@@ -1188,6 +1246,8 @@ fn waiting_message(
     }
 }
 
+#[cfg(test)]
+mod selection_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -359,6 +359,8 @@ pub fn next(
         nodes: Some(nodes),
         nodes_not_listed,
         unmapped_resources: Some(listed_at_most(&seen.unmapped, UNMAPPED_LISTED, "VMs")),
+        unmanaged_nodes: (!seen.unmanaged.is_empty())
+            .then(|| listed_at_most(&seen.unmanaged, UNMAPPED_LISTED, "nodes")),
         fault_domains: fault_domains(&prev, seen, finished),
         approval,
         acknowledgements,
@@ -717,6 +719,7 @@ fn conditions(
     approval_pending_condition(&mut c, plan, approval);
     drain_scheduled_condition(&mut c, ev, plan, finished);
     trust_conditions(&mut c, seen);
+    unmanaged_condition(&mut c, ev, seen);
     if let Some((reason, message)) = &plan.ended_unobserved {
         c.set("EndedWithoutObserver", true, reason, message.clone());
     }
@@ -933,6 +936,38 @@ fn trust_conditions(c: &mut Conditions<'_>, seen: &Observed) {
     );
 }
 
+/// `NodesUnmanaged` while nodes of the event are outside the policy's
+/// `nodeSelector` (reason `OutsideNodeSelector`, or `NoManagedNode` when
+/// every node is, and forewarn sends no approval); `False` once it clears.
+fn unmanaged_condition(c: &mut Conditions<'_>, ev: &ScheduledEvent, seen: &Observed) {
+    let every = crate::controller::decide::plan::all_unmanaged(ev, seen);
+    c.set_while(
+        "NodesUnmanaged",
+        (!seen.unmanaged.is_empty()).then(|| {
+            let nodes = named(&seen.unmanaged, NAMED_IN_MESSAGE, ", ");
+            if every {
+                (
+                    "NoManagedNode",
+                    format!(
+                        "no node of the event matches the policy's nodeSelector, so forewarn leaves it alone: no cordon, no drain, no approval (the platform starts it at NotBefore): {nodes}"
+                    ),
+                )
+            } else {
+                (
+                    "OutsideNodeSelector",
+                    format!(
+                        "left alone (not cordoned, not drained, not waited for by the approval), outside the policy's nodeSelector: {nodes}"
+                    ),
+                )
+            }
+        }),
+        (
+            "AllManaged",
+            "every node of the event matches the policy's nodeSelector",
+        ),
+    );
+}
+
 fn spec_started_ever(ev: &ScheduledEvent) -> bool {
     ev.spec.event_status == EventStatus::Started
 }
@@ -1094,11 +1129,17 @@ fn drain_conditions(
     );
 }
 
+/// What the record of a pod the policy's `excludePods` keeps says after
+/// its name (see `plan_evictions`).
+const EXCLUDED_MARK: &str = ": excluded from eviction: ";
+
 /// The drain's progress over the per-node records `nodes`, while the event
 /// is live: `Drained` (`True` once every node is, else `PodsRemaining`
 /// naming the `pending` nodes with their pods left), `DrainBlocked` (what
 /// refuses evictions: a PodDisruptionBudget, API server throttling) and
-/// `PodsKept` (pods left on their nodes on purpose: no controller).
+/// `PodsKept` (pods left on their nodes on purpose: `UnmanagedPods` for
+/// pods without a controller, `ExcludedByPolicy` when every one kept is
+/// one the policy's `excludePods` names).
 fn progress_conditions(c: &mut Conditions<'_>, nodes: &[NodeProgress], pending: &[String]) {
     let done = pending.is_empty() && !nodes.is_empty();
     c.set(
@@ -1126,11 +1167,14 @@ fn progress_conditions(c: &mut Conditions<'_>, nodes: &[NodeProgress], pending: 
         named(&blocked, NAMED_IN_MESSAGE, "; "),
     );
     let kept: Vec<&String> = nodes.iter().flat_map(|n| &n.pods_kept).collect();
+    let only_excluded = kept.iter().all(|k| k.contains(EXCLUDED_MARK));
     c.set(
         "PodsKept",
         !kept.is_empty(),
         if kept.is_empty() {
             "NoneKept"
+        } else if only_excluded {
+            "ExcludedByPolicy"
         } else {
             "UnmanagedPods"
         },

@@ -46,13 +46,16 @@ pub fn contents(built: &trust::Built) -> Vec<(&ScheduledEventSpec, &str)> {
 /// whose spec is over still claims the nodes whose own agents report it
 /// live, see [`trust::Dissent`]). Only the events whose reports name one of
 /// `vms` (lower case: the VMs of the nodes this pass handles) are judged: a
-/// pass does not judge every event of the cluster.
+/// pass does not judge every event of the cluster. A node forewarn does not
+/// manage (`managed` false: outside the policy's `nodeSelector`) is claimed
+/// by none: no event will hold it.
 fn claims(
     me: &str,
     vms: &std::collections::HashSet<String>,
     caches: &Caches,
     policy: &Policy,
     facts: &Facts,
+    managed: impl Fn(&str) -> bool,
 ) -> HashMap<String, Vec<String>> {
     let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
     for other in caches.events.state() {
@@ -81,7 +84,9 @@ fn claims(
             );
             if action.cordons() {
                 for (_, node) in facts.map(&spec.resources).mapped {
-                    mapped.push((node, spec.appearance, digest.to_owned()));
+                    if managed(&node) {
+                        mapped.push((node, spec.appearance, digest.to_owned()));
+                    }
                 }
             }
         }
@@ -162,10 +167,15 @@ pub fn observe(
     let by_name: HashMap<String, &Arc<Node>> =
         facts.nodes.iter().map(|n| (n.name_any(), n)).collect();
     let contents = contents(built);
-    let mappings: Vec<nodes::Mapping> = contents
+    let mut mappings: Vec<nodes::Mapping> = contents
         .iter()
         .map(|(spec, _)| facts.map(&spec.resources))
         .collect();
+    // Where the event lands, managed or not.
+    let domains = fault_domains(&mappings[0], &by_name);
+    let managed = |node: &str| by_name.get(node).is_none_or(|n| policy.manages(n.labels()));
+    let unmanaged = leave_unmanaged(&mut mappings, managed);
+    let any_managed = mappings.iter().any(|m| !m.mapped.is_empty());
     let assessment = trust::assess(
         built,
         judged,
@@ -200,7 +210,7 @@ pub fn observe(
         .filter(|vm| !vm.is_empty())
         .map(|vm| vm.to_ascii_lowercase())
         .collect();
-    let claims = claims(&me, &vms, caches, policy, facts);
+    let claims = claims(&me, &vms, caches, policy, facts, managed);
     let read = read_nodes(ev, wanted, &contents, &claims, &by_name, caches, policy);
     let mut seen = Observed {
         nodes: Vec::new(),
@@ -211,7 +221,10 @@ pub fn observe(
         last_report: None,
         deleted: deleted_nodes(ev, &by_name),
         dry_run,
-        fault_domains: fault_domains(&mappings[0], &by_name),
+        fault_domains: domains,
+        unmanaged,
+        any_managed,
+        excluded_namespaces: HashSet::new(),
     };
     let mut dissent: Vec<(ScheduledEventSpec, Vec<ObservedNode>)> = contents[1..]
         .iter()
@@ -232,6 +245,27 @@ pub fn observe(
         dissent,
         snapshots,
     }
+}
+
+/// Takes out of each mapping the nodes forewarn does not manage (`managed`
+/// false: outside the policy's `nodeSelector`), so that they are neither
+/// judged, cordoned, drained nor waited for; a node among them that still
+/// holds this event's cordon (its labels changed during the event) is
+/// released as any node that no longer maps to it ([`held_nodes`]). Returns
+/// their names, each once, sorted.
+fn leave_unmanaged(mappings: &mut [nodes::Mapping], managed: impl Fn(&str) -> bool) -> Vec<String> {
+    let mut unmanaged: Vec<String> = Vec::new();
+    for m in mappings.iter_mut() {
+        m.mapped.retain(|(_, node)| {
+            let keep = managed(node);
+            if !keep && !unmanaged.contains(node) {
+                unmanaged.push(node.clone());
+            }
+            keep
+        });
+    }
+    unmanaged.sort();
+    unmanaged
 }
 
 /// A node a pass handles: its name, its VM (empty when unknown), which
@@ -406,6 +440,7 @@ fn read_nodes(
                 name: h.node,
                 vm_name: h.vm,
                 pods,
+                excluded: Vec::new(),
                 ended: h.ended,
             };
             Some((observed, i, node))
@@ -437,6 +472,80 @@ fn fault_domains(mapping: &nodes::Mapping, by_name: &HashMap<String, &Arc<Node>>
         .filter_map(|n| crate::topology::fault_domain_of(n))
         .collect();
     (!domains.is_empty()).then_some(domains.len())
+}
+
+/// Sets the pods the policy's `excludePods` keeps apart on every node of
+/// `seen` and `dissent`: out of `pods` (so they are neither evicted nor
+/// waited for) into `excluded`, with why. `excluded_namespaces`: the
+/// namespaces whose labels match `excludePods.namespaceSelector`, as read
+/// for this pass ([`namespaces_selected`]).
+pub fn exclude_pods(
+    seen: &mut Observed,
+    dissent: &mut [(ScheduledEventSpec, Vec<ObservedNode>)],
+    policy: &Policy,
+    excluded_namespaces: HashSet<String>,
+) {
+    seen.excluded_namespaces = excluded_namespaces;
+    let rule = &policy.exclude_pods;
+    if rule.is_empty() {
+        return;
+    }
+    let namespaces = &seen.excluded_namespaces;
+    for node in seen
+        .nodes
+        .iter_mut()
+        .chain(dissent.iter_mut().flat_map(|(_, nodes)| nodes.iter_mut()))
+    {
+        split_excluded(node, rule, namespaces);
+    }
+}
+
+/// Moves `node`'s pods that `rule` excludes from `pods` to `excluded`.
+fn split_excluded(
+    node: &mut ObservedNode,
+    rule: &crate::policy::PodExclusion,
+    namespaces: &HashSet<String>,
+) {
+    let (kept, evictable): (Vec<_>, Vec<_>) = std::mem::take(&mut node.pods)
+        .into_iter()
+        .map(|p| {
+            let why = rule.excludes(&p.namespace, namespaces.contains(&p.namespace), &p.labels);
+            (p, why)
+        })
+        .partition(|(_, why)| why.is_some());
+    node.pods = evictable.into_iter().map(|(p, _)| p).collect();
+    node.excluded = kept
+        .into_iter()
+        .filter_map(|(p, why)| why.map(|w| (p, w)))
+        .collect();
+}
+
+/// The names of the namespaces whose labels match the policy's
+/// `excludePods.namespaceSelector`, from one LIST of the namespaces; empty
+/// without a selector (and then nothing is read). Read once a pass of an
+/// event whose action drains: a namespace labelled mid-drain counts from
+/// the next pass.
+///
+/// # Errors
+/// [`pod_list::Error::ListNamespaces`] when the API server cannot be read.
+pub async fn namespaces_selected(
+    client: &Client,
+    policy: &Policy,
+) -> Result<HashSet<String>, pod_list::Error> {
+    if !policy.exclude_pods.needs_namespace_labels() {
+        return Ok(HashSet::new());
+    }
+    let api: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
+    let list = api
+        .list_metadata(&kube::api::ListParams::default())
+        .await
+        .map_err(pod_list::Error::ListNamespaces)?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|ns| policy.exclude_pods.selects_namespace(ns.labels()))
+        .map(|ns| ns.name_any())
+        .collect())
 }
 
 /// Reads the pods of each node whose pods this pass read from the cache
@@ -491,9 +600,16 @@ pub async fn fresh_pods(
     for (i, pods) in read {
         let mut pods: Vec<Arc<PodInfo>> = pods.into_iter().map(Arc::new).collect();
         pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-        if seen.nodes[i].pods != pods {
+        let mut fresh = ObservedNode {
+            pods,
+            ..ObservedNode::default()
+        };
+        split_excluded(&mut fresh, &policy.exclude_pods, &seen.excluded_namespaces);
+        let node = &mut seen.nodes[i];
+        if node.pods != fresh.pods || node.excluded != fresh.excluded {
             changed = true;
-            seen.nodes[i].pods = pods;
+            node.pods = fresh.pods;
+            node.excluded = fresh.excluded;
         }
     }
     Ok(changed)
@@ -530,4 +646,66 @@ pub fn copy_sent_approval(ev: &mut ScheduledEvent, reports: &[Report]) {
     } else {
         format!("Failed: IMDS answered {}: {}", s.status, s.body)
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::PodExclusion;
+
+    fn mapping(nodes: &[&str]) -> nodes::Mapping {
+        nodes::Mapping {
+            mapped: nodes
+                .iter()
+                .map(|n| (format!("vm-{n}"), (*n).to_owned()))
+                .collect(),
+            ..nodes::Mapping::default()
+        }
+    }
+
+    #[test]
+    fn unmanaged_nodes_are_taken_out_of_every_content_and_named_once() {
+        let mut mappings = vec![mapping(&["a", "b", "c"]), mapping(&["c", "d"])];
+        let unmanaged = leave_unmanaged(&mut mappings, |n| n == "a" || n == "d");
+        assert_eq!(unmanaged, ["b", "c"]);
+        let left: Vec<Vec<&str>> = mappings
+            .iter()
+            .map(|m| m.mapped.iter().map(|(_, n)| n.as_str()).collect())
+            .collect();
+        assert_eq!(left, [vec!["a"], vec!["d"]]);
+    }
+
+    #[test]
+    fn excluded_pods_move_out_of_the_drain_with_their_reason() {
+        let pod = |ns: &str, name: &str, app: &str| {
+            Arc::new(PodInfo {
+                namespace: ns.into(),
+                name: name.into(),
+                labels: Arc::new([("app".to_owned(), app.to_owned())].into()),
+                ..PodInfo::default()
+            })
+        };
+        let mut node = ObservedNode {
+            pods: vec![
+                pod("shop", "web-0", "web"),
+                pod("monitoring", "prom-0", "prom"),
+                pod("batch", "job-0", "job"),
+                pod("shop", "cache-0", "cache"),
+            ],
+            ..ObservedNode::default()
+        };
+        let rule: PodExclusion = serde_saphyr::from_str(
+            "namespaces: [monitoring]\nnamespaceSelector: {matchLabels: {drain: skip}}\npodSelector: {matchLabels: {app: cache}}\n",
+        )
+        .unwrap();
+        let selected: HashSet<String> = ["batch".to_owned()].into();
+        split_excluded(&mut node, &rule, &selected);
+        let left: Vec<String> = node.pods.iter().map(|p| p.key()).collect();
+        assert_eq!(left, ["shop/web-0"]);
+        let kept: Vec<(String, &str)> = node.excluded.iter().map(|(p, w)| (p.key(), *w)).collect();
+        assert_eq!(kept.len(), 3);
+        assert!(kept[0].0 == "monitoring/prom-0" && kept[0].1.contains("namespaces"));
+        assert!(kept[1].0 == "batch/job-0" && kept[1].1.contains("namespaceSelector"));
+        assert!(kept[2].0 == "shop/cache-0" && kept[2].1.contains("podSelector"));
+    }
 }

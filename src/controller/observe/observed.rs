@@ -27,8 +27,12 @@ pub struct ObservedNode {
     /// uncordoning, whether or not they have written their hold yet.
     pub claimed_by: Vec<String>,
     /// Pods on the node that are not DaemonSet, mirror or finished pods,
-    /// shared with the pod cache (a pass over 10,000 pods copies no pod).
+    /// shared with the pod cache (a pass over 10,000 pods copies no pod);
+    /// without those the policy's `excludePods` names (see `excluded`).
     pub pods: Vec<Arc<PodInfo>>,
+    /// Pods on the node the policy's `excludePods` keeps, with why: never
+    /// evicted, reported as kept, not waited for.
+    pub excluded: Vec<(Arc<PodInfo>, &'static str)>,
     /// The node's own part of the event ended (see [`crate::controller::observe::trust`]) while
     /// it still holds the event's cordon: released after the release delay,
     /// not drained, not counted for the approval.
@@ -68,4 +72,15 @@ pub struct Observed {
     /// in, as their labels say ([`crate::topology::fault_domain_of`]);
     /// `None` when no such node's is known.
     pub fault_domains: Option<usize>,
+    /// Nodes the event's `Resources` map to that are outside the policy's
+    /// `nodeSelector`: recorded, left alone (not cordoned, drained or
+    /// waited for), sorted.
+    pub unmanaged: Vec<String>,
+    /// Whether the event's `Resources` (any content's) map to a node the
+    /// policy's `nodeSelector` selects, trusted yet or not.
+    pub any_managed: bool,
+    /// Namespaces whose labels match the policy's
+    /// `excludePods.namespaceSelector`, read for this pass (empty without
+    /// one): their pods are never evicted.
+    pub excluded_namespaces: std::collections::HashSet<String>,
 }

@@ -116,6 +116,10 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// Listing the namespaces (for the policy's
+    /// `excludePods.namespaceSelector`) failed.
+    #[error("failed to list namespaces for excludePods.namespaceSelector: {0}")]
+    ListNamespaces(#[source] kube::Error),
 }
 
 /// The pod as the drain sees it, or `None` when the pod stays on the node or

@@ -46,6 +46,7 @@ fn node(name: &str, vm: &str, cordoned: bool, holds: &[&str], pods: Vec<PodInfo>
         holds: holds.iter().map(|s| s.to_string()).collect(),
         claimed_by: Vec::new(),
         pods: pods.into_iter().map(Arc::new).collect(),
+        excluded: Vec::new(),
         ended: false,
         participants: Vec::new(),
     }
