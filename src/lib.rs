@@ -34,3 +34,4 @@ pub mod telemetry;
 pub mod text;
 pub mod topology;
 pub mod values_schema;
+pub mod what_if;

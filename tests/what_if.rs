@@ -1,0 +1,418 @@
+//! `forewarn what-if` against a real local control plane (kube-apiserver,
+//! kube-controller-manager, KWOK nodes): its prediction is made on the
+//! cluster as it stands before the event, then the event comes (the IMDS
+//! mock, the agents and the controller play it) and the prediction is
+//! compared with what the API server recorded: the pods deleted with their
+//! `deletionGracePeriodSeconds`, the budgets the controller found blocking,
+//! the approvals the mock received. Fails, never skips, when the cluster
+//! cannot start.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use forewarn::api::ScheduledEvent;
+use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::options::RunOptions;
+use forewarn_harness::report::{Report, summary};
+use forewarn_harness::run::run_scenario;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+/// One cluster for the whole test binary; tests take turns on it.
+fn cluster() -> Cluster {
+    forewarn_harness::cluster::shared(
+        &std::env::var("FOREWARN_WHATIF_CLUSTER").unwrap_or_else(|_| "forewarn-whatif".into()),
+        3,
+    )
+}
+
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const NODE: &str = "node-000001";
+
+fn pinned(name: &str, replicas: i32, grace: i64) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {
+                "terminationGracePeriodSeconds": grace,
+                "nodeSelector": {"kubernetes.io/hostname": NODE},
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+            }},
+        },
+    })
+}
+
+fn pdb(name: &str, app: &str, spec: Value) -> Value {
+    let mut spec = spec;
+    spec["selector"] = json!({"matchLabels": {"app": app}});
+    json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name}, "spec": spec})
+}
+
+/// Every kind of pod a drain treats apart, on [`NODE`].
+fn zoo() -> Vec<Value> {
+    vec![
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "bare", "labels": {"app": "bare"}},
+            "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+        }),
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "static-web", "annotations": {"kubernetes.io/config.mirror": "abc", "kubernetes.io/config.source": "file"}},
+            "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+        }),
+        json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "everywhere"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "everywhere"}},
+                "template": {
+                    "metadata": {"labels": {"app": "everywhere"}},
+                    "spec": {
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+                    },
+                },
+            },
+        }),
+        pinned("free", 2, 20),
+        pinned("stuck", 2, 25),
+        pdb("stuck", "stuck", json!({"minAvailable": 2})),
+        pinned("two", 1, 15),
+        pdb("two-a", "two", json!({"maxUnavailable": 1})),
+        pdb("two-b", "two", json!({"maxUnavailable": 1})),
+    ]
+}
+
+/// Waits until the workload of [`zoo`] and the harness's `web` are up in
+/// the namespace `shop` made for this run (created at or after `since`),
+/// with every budget's status computed for its current generation.
+async fn wait_for_workload(client: &Client, since: chrono::DateTime<chrono::Utc>) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the workload was not up within 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let fresh = Api::<Namespace>::all(client.clone())
+            .get_opt("shop")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|n| n.metadata.creation_timestamp)
+            .is_some_and(|t| t.0.as_second() >= since.timestamp());
+        if !fresh {
+            continue;
+        }
+        let deployments = Api::<Deployment>::namespaced(client.clone(), "shop");
+        let mut up = true;
+        for name in ["web", "free", "stuck", "two"] {
+            let ready = deployments
+                .get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|d| {
+                    let s = d.status.unwrap_or_default();
+                    let want = d.spec.and_then(|s| s.replicas).unwrap_or(1);
+                    s.ready_replicas == Some(want) && s.updated_replicas == Some(want)
+                });
+            up &= ready;
+        }
+        let ds = Api::<DaemonSet>::namespaced(client.clone(), "shop")
+            .get_opt("everywhere")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|d| d.status)
+            .is_some_and(|s| s.number_ready == 3);
+        let pods = Api::<Pod>::namespaced(client.clone(), "shop")
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let running = |n: &str| {
+            pods.iter().any(|p| {
+                p.name_any() == n
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            })
+        };
+        let budgets = Api::<PodDisruptionBudget>::namespaced(client.clone(), "shop")
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let computed = budgets.len() == 4
+            && budgets.iter().all(|b| {
+                let s = b.status.clone().unwrap_or_default();
+                s.observed_generation == b.metadata.generation && s.expected_pods.unwrap_or(0) > 0
+            });
+        if up && ds && running("bare") && running("static-web") && computed {
+            return;
+        }
+    }
+}
+
+/// Runs `forewarn what-if` as a user would, with the cluster's kubeconfig.
+fn what_if(cluster: &Cluster, args: &[&str]) -> Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_forewarn"))
+        .arg("what-if")
+        .args(args)
+        .args(["-o", "json"])
+        .env("KUBECONFIG", &cluster.kubeconfig)
+        .env_remove("HTTPS_PROXY")
+        .env_remove("HTTP_PROXY")
+        .output()
+        .expect("run forewarn what-if");
+    assert!(
+        out.status.success(),
+        "what-if failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("what-if prints JSON")
+}
+
+fn strings(v: &Value, key: &str) -> Vec<String> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|x| x[key].as_str().map(String::from))
+        .collect()
+}
+
+async fn play(
+    file: &str,
+    objects: Vec<Value>,
+    what_if_args: Vec<String>,
+) -> (Report, Value, Cluster) {
+    let cluster = tokio::task::spawn_blocking(cluster)
+        .await
+        .expect("cluster start panicked");
+    let client = cluster.client().await.expect("client");
+    let since = chrono::Utc::now();
+    let mut opts = RunOptions::new(
+        repo_root().join("tests/fixtures").join(file),
+        PathBuf::from(env!("CARGO_BIN_EXE_forewarn")),
+    );
+    opts.timeout = Duration::from_secs(240);
+    opts.extra_objects = objects;
+    // The prediction is made while the processes start, before the event
+    // appears (8 s after the mock starts): checked below from the objects.
+    let predicting = {
+        let cluster = cluster.clone();
+        let client = client.clone();
+        tokio::spawn(async move {
+            wait_for_workload(&client, since).await;
+            let args: Vec<&str> = what_if_args.iter().map(String::as_str).collect();
+            let before = Api::<ScheduledEvent>::all(client.clone())
+                .list(&ListParams::default())
+                .await
+                .expect("list ScheduledEvents")
+                .items
+                .len();
+            let prediction = tokio::task::spawn_blocking({
+                let cluster = cluster.clone();
+                let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+                move || {
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    what_if(&cluster, &args)
+                }
+            })
+            .await
+            .expect("what-if panicked");
+            let after = Api::<ScheduledEvent>::all(client.clone())
+                .list(&ListParams::default())
+                .await
+                .expect("list ScheduledEvents")
+                .items
+                .len();
+            let cordoned = Api::<Node>::all(client.clone())
+                .get(NODE)
+                .await
+                .expect("node")
+                .spec
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false);
+            assert_eq!(
+                (before, after, cordoned),
+                (0, 0, false),
+                "the prediction must be made before the event: ScheduledEvents before and after, node cordoned"
+            );
+            prediction
+        })
+    };
+    let report = run_scenario(&cluster, &opts)
+        .await
+        .unwrap_or_else(|e| panic!("{file}: could not run: {e:#}"));
+    println!("{}\n{}", report.timeline.join("\n"), summary(&report));
+    assert!(
+        report.ok(),
+        "{file}:\n{}\n{}",
+        report.timeline.join("\n"),
+        summary(&report)
+    );
+    let prediction = predicting.await.expect("the prediction failed");
+    println!(
+        "prediction: {}",
+        serde_json::to_string_pretty(&prediction).unwrap_or_default()
+    );
+    (report, prediction, cluster)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn what_if_predicts_the_pods_evicted_the_budgets_blocking_and_no_approval() {
+    let _turn = TURN.lock().await;
+    let args = ["--node", NODE, "--type", "Reboot", "--notice", "45s"]
+        .map(String::from)
+        .to_vec();
+    let (r, p, cluster) = play("what-if-reboot.yaml", zoo(), args).await;
+    assert_eq!(p["policy"]["action"], "DrainAndApprove", "{p:#}");
+    assert_eq!(p["cordons"], true);
+
+    // The pods evicted, with their grace, as the API server applied them.
+    let mut predicted: Vec<(String, i64)> = p["evicted"]
+        .as_array()
+        .expect("evicted")
+        .iter()
+        .map(|e| {
+            (
+                e["pod"].as_str().unwrap_or_default().to_string(),
+                e["graceSeconds"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect();
+    predicted.sort();
+    let mut deleted: Vec<(String, i64)> = r
+        .deletions
+        .iter()
+        .filter(|d| d.node == NODE && d.pod.starts_with("shop/"))
+        .map(|d| (d.pod.clone(), d.grace_seconds.unwrap_or(-1)))
+        .collect();
+    deleted.sort();
+    assert_eq!(
+        predicted, deleted,
+        "predicted evictions (pod, grace) vs the deletions the API server recorded"
+    );
+    assert!(
+        predicted.iter().any(|(p, _)| p.starts_with("shop/free-")),
+        "the unblocked pods are predicted evicted: {predicted:?}"
+    );
+
+    // The pods kept, each for its reason.
+    let kept: Vec<(String, String)> = p["kept"]
+        .as_array()
+        .expect("kept")
+        .iter()
+        .map(|k| {
+            (
+                k["pod"].as_str().unwrap_or_default().to_string(),
+                k["reason"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    let reason_of = |prefix: &str| {
+        kept.iter()
+            .filter(|(p, _)| p.starts_with(prefix))
+            .map(|(_, r)| r.clone())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        reason_of("shop/bare")[0].starts_with("no controller"),
+        "{kept:?}"
+    );
+    assert!(
+        reason_of("shop/static-web")[0].starts_with("mirror pod"),
+        "{kept:?}"
+    );
+    assert!(
+        reason_of("shop/everywhere-")[0].starts_with("DaemonSet pod"),
+        "{kept:?}"
+    );
+    assert_eq!(reason_of("shop/stuck-").len(), 2, "{kept:?}");
+    assert!(
+        reason_of("shop/two-")[0].contains("more than one PodDisruptionBudget"),
+        "{kept:?}"
+    );
+
+    // The budgets that hold the drain to its end are those the controller
+    // found blocking in its last pass; `web` lets its pods go one by one.
+    let budgets = p["budgets"].as_array().expect("budgets");
+    let mut whole: Vec<String> = budgets
+        .iter()
+        .filter(|b| b["blocking"] == "WholeDrain" || b["blocking"] == "MoreThanOneBudget")
+        .filter_map(|b| b["name"].as_str().map(String::from))
+        .collect();
+    whole.sort();
+    let client = cluster.client().await.expect("client");
+    let ev: ScheduledEvent = Api::all(client.clone())
+        .get("7a1d0c3e-4b5f-4e60-8c71-92a3b4c5d6a1")
+        .await
+        .expect("ScheduledEvent");
+    let status = ev.status.expect("status");
+    let node = &status.nodes.as_ref().expect("nodes")[0];
+    let mut recorded = node.blocking_budgets.clone();
+    recorded.sort();
+    assert_eq!(
+        whole, recorded,
+        "budgets predicted to hold the drain vs recorded"
+    );
+    assert_eq!(whole, ["shop/stuck", "shop/two-a", "shop/two-b"]);
+    let web = budgets
+        .iter()
+        .find(|b| b["name"] == "shop/web")
+        .expect("the budget web is named");
+    let web_on_node = strings(&p["evicted"], "pod")
+        .into_iter()
+        .filter(|p| p.starts_with("shop/web-"))
+        .count();
+    assert_eq!(web["pods"].as_array().map(Vec::len), Some(web_on_node));
+    if web_on_node > 1 {
+        assert_eq!(web["blocking"], "UntilReplacementsReady", "{web:#}");
+    }
+
+    // No approval, as predicted: the mock's log holds none.
+    assert_eq!(p["approval"]["when"], "Never", "{:#}", p["approval"]);
+    assert_eq!(p["approval"]["beforeNotBefore"], false);
+    assert!(r.approvals.is_empty(), "approved: {:?}", r.approvals);
+}
+
+/// Invoked as `kubectl-forewarn` (kubectl's plugin name, here a symlink),
+/// the binary takes forewarn's subcommands and its help says `kubectl
+/// forewarn`; invoked as `forewarn`, it says `forewarn`.
+#[test]
+fn invoked_as_kubectl_forewarn_it_is_a_kubectl_plugin() {
+    let dir = repo_root().join("target/forewarn-runs/kubectl-plugin");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("plugin dir");
+    let plugin = dir.join("kubectl-forewarn");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_forewarn"), &plugin).expect("symlink");
+    let help = std::process::Command::new(&plugin)
+        .args(["what-if", "--help"])
+        .output()
+        .expect("run kubectl-forewarn");
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(help.status.success(), "{text}");
+    assert!(text.contains("Usage: kubectl forewarn what-if"), "{text}");
+    assert!(text.contains("--notice"), "{text}");
+    let wrong = std::process::Command::new(&plugin)
+        .args(["what-if", "--node", "n", "--type", "Nap"])
+        .output()
+        .expect("run kubectl-forewarn");
+    assert!(!wrong.status.success());
+    let err = String::from_utf8_lossy(&wrong.stderr);
+    assert!(err.contains("Reboot"), "the types are listed: {err}");
+    let plain = std::process::Command::new(env!("CARGO_BIN_EXE_forewarn"))
+        .args(["what-if", "--help"])
+        .output()
+        .expect("run forewarn");
+    assert!(String::from_utf8_lossy(&plain.stdout).contains("Usage: forewarn what-if"));
+}
