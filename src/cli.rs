@@ -89,6 +89,23 @@ pub enum Command {
     /// approval would come before NotBefore. Reads the cluster with the
     /// kubeconfig, as kubectl does; writes nothing.
     WhatIf(WhatIfArgs),
+    /// Hold the approval of a ScheduledEvent (annotation
+    /// forewarn.dev/hold): the controller sends none; the drain goes on and
+    /// Azure starts the event at NotBefore.
+    Hold(EventArg),
+    /// Remove the hold (annotation forewarn.dev/hold).
+    ReleaseHold(EventArg),
+    /// Send the approval of a ScheduledEvent now, whatever is left of the
+    /// drain (annotation forewarn.dev/approve-now). Nothing is forced: no
+    /// pod is force-deleted, no PodDisruptionBudget bypassed.
+    Approve(EventArg),
+}
+
+/// The `ScheduledEvent` a command for people acts on.
+#[derive(Debug, Clone, Args)]
+pub struct EventArg {
+    /// The ScheduledEvent's name (`kubectl get sev`), or its EventId in any case.
+    pub event: String,
 }
 
 /// An event type `forewarn what-if` can imagine (Azure's `EventType`s).

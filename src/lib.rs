@@ -16,6 +16,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod by_hand;
 pub mod cli;
 pub mod controller;
 pub mod file_watch;

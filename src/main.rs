@@ -32,6 +32,16 @@ fn parse() -> Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = parse();
+    let by_hand = match &cli.command {
+        Command::Hold(e) => Some((e, forewarn::by_hand::Change::Hold)),
+        Command::ReleaseHold(e) => Some((e, forewarn::by_hand::Change::ReleaseHold)),
+        Command::Approve(e) => Some((e, forewarn::by_hand::Change::ApproveNow)),
+        _ => None,
+    };
+    if let Some((e, change)) = by_hand {
+        print!("{}", forewarn::by_hand::run(&e.event, change).await?);
+        return Ok(());
+    }
     if let Command::WhatIf(args) = &cli.command {
         let req = forewarn::what_if::Request {
             node: args.node.clone(),
@@ -97,7 +107,12 @@ async fn main() -> anyhow::Result<()> {
             forewarn::api::install::apply(&clients.requests, timeout).await?;
             Ok(())
         }
-        Command::Crd { .. } | Command::ValuesSchema { .. } | Command::WhatIf(_) => Ok(()),
+        Command::Crd { .. }
+        | Command::ValuesSchema { .. }
+        | Command::WhatIf(_)
+        | Command::Hold(_)
+        | Command::ReleaseHold(_)
+        | Command::Approve(_) => Ok(()),
     }
 }
 

@@ -416,3 +416,288 @@ fn invoked_as_kubectl_forewarn_it_is_a_kubectl_plugin() {
         .expect("run forewarn");
     assert!(String::from_utf8_lossy(&plain.stdout).contains("Usage: forewarn what-if"));
 }
+
+/// Runs `forewarn ARGS` as an operator would, with the cluster's
+/// kubeconfig (the admin's), and returns its output.
+fn operator(cluster: &Cluster, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_forewarn"))
+        .args(args)
+        .env("KUBECONFIG", &cluster.kubeconfig)
+        .env_remove("HTTPS_PROXY")
+        .env_remove("HTTP_PROXY")
+        .output()
+        .expect("run forewarn");
+    assert!(
+        out.status.success(),
+        "forewarn {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits (polling the API server) until the ScheduledEvent `name` exists
+/// and `ready` holds of it.
+async fn wait_for_event(client: &Client, name: &str, ready: impl Fn(&ScheduledEvent) -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "ScheduledEvent {name} not as awaited within 120 s"
+        );
+        if let Ok(Some(ev)) = Api::<ScheduledEvent>::all(client.clone())
+            .get_opt(name)
+            .await
+            && ready(&ev)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Plays `file` while an operator runs `forewarn command EVENT` once `ready`
+/// holds of the event; returns the report, the command's output and the
+/// final object.
+async fn play_by_hand(
+    file: &str,
+    event: &'static str,
+    command: &'static str,
+    ready: fn(&ScheduledEvent) -> bool,
+    adjust: impl FnOnce(&mut RunOptions),
+) -> (Report, String, ScheduledEvent, Cluster) {
+    let cluster = tokio::task::spawn_blocking(cluster)
+        .await
+        .expect("cluster start panicked");
+    let client = cluster.client().await.expect("client");
+    let mut opts = RunOptions::new(
+        repo_root().join("tests/fixtures").join(file),
+        PathBuf::from(env!("CARGO_BIN_EXE_forewarn")),
+    );
+    opts.timeout = Duration::from_secs(240);
+    adjust(&mut opts);
+    // An object of an earlier run of the same scenario is gone once the
+    // run resets the cluster; wait for this run's.
+    let _ = Api::<ScheduledEvent>::all(client.clone())
+        .delete(event, &Default::default())
+        .await;
+    let acting = {
+        let cluster = cluster.clone();
+        let client = client.clone();
+        tokio::spawn(async move {
+            wait_for_event(&client, event, ready).await;
+            tokio::task::spawn_blocking(move || operator(&cluster, &[command, event]))
+                .await
+                .expect("operator panicked")
+        })
+    };
+    let report = run_scenario(&cluster, &opts)
+        .await
+        .unwrap_or_else(|e| panic!("{file}: could not run: {e:#}"));
+    println!("{}\n{}", report.timeline.join("\n"), summary(&report));
+    let said = acting.await.expect("the operator's command failed");
+    println!("operator: {said}");
+    let ev = Api::<ScheduledEvent>::all(client)
+        .get(event)
+        .await
+        .expect("ScheduledEvent");
+    (report, said, ev, cluster)
+}
+
+fn condition(ev: &ScheduledEvent, type_: &str) -> Option<(String, String, String)> {
+    ev.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+async fn event_notes(client: &Client, reason: &str) -> Vec<String> {
+    Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list Events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+/// The field managers owning `metadata.annotations[key]` of `ev`, as the
+/// API server recorded them.
+fn annotation_owners(ev: &ScheduledEvent, key: &str) -> Vec<String> {
+    ev.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:metadata"))
+                .and_then(|m| m.get("f:annotations"))
+                .and_then(|a| a.get(format!("f:{key}")))
+                .is_some()
+        })
+        .filter_map(|m| m.manager.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hold_keeps_the_approval_back_and_the_drain_goes_on() {
+    let _turn = TURN.lock().await;
+    const EVENT: &str = "7a1d0c3e-4b5f-4e60-8c71-92a3b4c5d6a2";
+    let (r, said, ev, cluster) = play_by_hand(
+        "what-if-hold.yaml",
+        EVENT,
+        "hold",
+        |_| true,
+        |o| {
+            o.policy = Some("drainLeadTimeSeconds: 20\n".into());
+        },
+    )
+    .await;
+    assert!(r.ok(), "{}\n{}", r.timeline.join("\n"), summary(&r));
+    assert!(
+        said.contains("forewarn.dev/hold set (as kubectl-forewarn/"),
+        "{said}"
+    );
+    // No approval reached IMDS (the mock's log), and the drain happened.
+    assert!(r.approvals.is_empty(), "approved: {:?}", r.approvals);
+    assert!(
+        r.deletions
+            .iter()
+            .any(|d| d.node == NODE && d.pod.starts_with("shop/web-")),
+        "the held event's node was not drained: {:#?}",
+        r.deletions
+    );
+    assert!(r.deletions.iter().all(|d| d.grace_seconds.unwrap_or(0) > 0));
+    let status = ev.status.clone().expect("status");
+    assert!(
+        status
+            .approval
+            .as_ref()
+            .is_none_or(|a| a.decided_at.is_none()),
+        "{:?}",
+        status.approval
+    );
+    let (st, reason, message) = condition(&ev, "ApprovalHeld").expect("ApprovalHeld");
+    assert_eq!((st.as_str(), reason.as_str()), ("True", "HoldAnnotation"));
+    assert!(message.contains("set by kubectl-forewarn/"), "{message}");
+    // After every pass of the controller, the operator's annotation is
+    // still there and still the operator's.
+    assert_eq!(
+        ev.annotations()
+            .get("forewarn.dev/hold")
+            .map(String::as_str),
+        Some("true")
+    );
+    let owners = annotation_owners(&ev, "forewarn.dev/hold");
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    assert!(owners[0].starts_with("kubectl-forewarn/"), "{owners:?}");
+    assert!(
+        ev.metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .any(
+                |m| m.manager.as_deref() == Some(forewarn::api::CONTROLLER_MANAGER)
+                    && m.time.as_ref().is_some_and(|t| {
+                        ev.metadata
+                            .managed_fields
+                            .iter()
+                            .flatten()
+                            .filter(|h| h.manager.as_deref() == Some(owners[0].as_str()))
+                            .all(|h| h.time.as_ref().is_some_and(|h| h.0 < t.0))
+                    })
+            ),
+        "the controller wrote after the hold: {:#?}",
+        ev.metadata.managed_fields
+    );
+    let client = cluster.client().await.expect("client");
+    let notes = event_notes(&client, "ApprovalHeld").await;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with(EVENT) && n.contains("kubectl-forewarn/")),
+        "no ApprovalHeld Event naming who: {notes:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn approve_now_sends_the_approval_while_a_budget_blocks_and_forces_nothing() {
+    let _turn = TURN.lock().await;
+    const EVENT: &str = "7a1d0c3e-4b5f-4e60-8c71-92a3b4c5d6a3";
+    let blocked = |ev: &ScheduledEvent| {
+        ev.status
+            .as_ref()
+            .and_then(|s| s.nodes.as_ref())
+            .is_some_and(|n| {
+                n.iter()
+                    .any(|n| n.blocking_budgets.contains(&"shop/stuck".to_string()))
+            })
+    };
+    let (r, said, ev, cluster) =
+        play_by_hand("what-if-approve-now.yaml", EVENT, "approve", blocked, |o| {
+            o.extra_objects = vec![
+                pinned("stuck", 2, 25),
+                pdb("stuck", "stuck", json!({"minAvailable": 2})),
+            ];
+        })
+        .await;
+    // The harness's own check of rule 2 sees the approval decided before the
+    // drain: that is what approve-now is for; every other rule holds.
+    assert!(r.finished, "{}\n{}", r.timeline.join("\n"), summary(&r));
+    let others: Vec<&String> = r
+        .violations
+        .iter()
+        .filter(|v| !(v.starts_with("rule 2: ") && v.contains("approval decided before")))
+        .collect();
+    assert!(others.is_empty(), "{others:#?}");
+    assert!(
+        said.contains("forewarn.dev/approve-now set (as kubectl-forewarn/"),
+        "{said}"
+    );
+    // The approval reached IMDS (the mock's log).
+    assert!(!r.approvals.is_empty(), "no approval reached IMDS");
+    // The budget held: no pod it protects was deleted; nothing was forced.
+    assert!(
+        r.deletions
+            .iter()
+            .all(|d| !d.pod.starts_with("shop/stuck-")),
+        "a pod of the blocking budget was deleted: {:#?}",
+        r.deletions
+    );
+    assert!(
+        r.deletions.iter().all(|d| d.grace_seconds.unwrap_or(0) > 0),
+        "a force delete: {:#?}",
+        r.deletions
+    );
+    let status = ev.status.clone().expect("status");
+    let approval = status.approval.clone().expect("approval");
+    assert!(
+        approval.reason.as_deref().is_some_and(|r| r.starts_with(
+            "approved by hand: annotation forewarn.dev/approve-now set by kubectl-forewarn/"
+        )),
+        "{approval:?}"
+    );
+    let (st, reason, _) = condition(&ev, "ApprovedByHand").expect("ApprovedByHand");
+    assert_eq!(
+        (st.as_str(), reason.as_str()),
+        ("True", "ApproveNowAnnotation")
+    );
+    let owners = annotation_owners(&ev, "forewarn.dev/approve-now");
+    assert!(
+        owners.len() == 1 && owners[0].starts_with("kubectl-forewarn/"),
+        "{owners:?}"
+    );
+    let client = cluster.client().await.expect("client");
+    let notes = event_notes(&client, "ApprovedByHand").await;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with(EVENT) && n.contains("kubectl-forewarn/")),
+        "no ApprovedByHand Event naming who: {notes:?}"
+    );
+}
