@@ -701,3 +701,180 @@ async fn approve_now_sends_the_approval_while_a_budget_blocks_and_forces_nothing
         "no ApprovedByHand Event naming who: {notes:?}"
     );
 }
+
+/// Whether the API server's authorizer lets `user` do `verb` on
+/// `resource` (of forewarn.dev unless `group` says otherwise).
+async fn may(client: &Client, user: &str, verb: &str, group: &str, resource: &str) -> bool {
+    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+    let review: SubjectAccessReview = serde_json::from_value(json!({
+        "spec": {"user": user, "resourceAttributes": {
+            "group": group, "resource": resource.split('/').next(),
+            "subresource": resource.split('/').nth(1).unwrap_or(""), "verb": verb}}
+    }))
+    .expect("review");
+    Api::<SubjectAccessReview>::all(client.clone())
+        .create(&Default::default(), &review)
+        .await
+        .expect("SubjectAccessReview")
+        .status
+        .is_some_and(|s| s.allowed)
+}
+
+/// A kubeconfig for `token` on `cluster`'s API server, written under target/.
+fn kubeconfig_with_token(cluster: &Cluster, token: &str, name: &str) -> PathBuf {
+    let raw = cluster
+        .kubectl(&[
+            "config",
+            "view",
+            "--raw",
+            "--minify",
+            "--flatten",
+            "-o",
+            "json",
+        ])
+        .expect("kubectl config view");
+    let mut config: Value = serde_json::from_str(&raw).expect("kubeconfig JSON");
+    config["users"] = json!([{"name": "u", "user": {"token": token}}]);
+    let context = config["contexts"][0]["context"]["cluster"].clone();
+    config["contexts"] = json!([{"name": "c", "context": {"cluster": context, "user": "u"}}]);
+    config["current-context"] = json!("c");
+    let path = repo_root().join(format!("target/forewarn-runs/{name}.kubeconfig"));
+    std::fs::create_dir_all(path.parent().expect("dir")).expect("dir");
+    std::fs::write(&path, config.to_string()).expect("write kubeconfig");
+    path
+}
+
+/// The chart's on-call ClusterRole and agents' role on a real API server:
+/// its authorizer lets the on-call role read and patch ScheduledEvents and
+/// nothing else asked, and refuses the agents any write of one; `forewarn
+/// hold` run with an on-call token annotates the event under the field
+/// manager naming that user (the API server's own answer to who it is),
+/// and run with an agent's token is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_on_call_role_may_hold_an_event_and_the_agents_may_not() {
+    let _turn = TURN.lock().await;
+    let cluster = tokio::task::spawn_blocking(cluster)
+        .await
+        .expect("cluster start panicked");
+    let client = cluster.client().await.expect("client");
+    let rendered = std::process::Command::new(forewarn_harness::cluster::helm_bin())
+        .args(["template", "forewarn"])
+        .arg(repo_root().join("charts/forewarn"))
+        .args(["--namespace", "forewarn"])
+        .args([
+            "--api-versions",
+            "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+        ])
+        .args([
+            "-s",
+            "templates/rbac-oncall.yaml",
+            "-s",
+            "templates/rbac-agent.yaml",
+        ])
+        .args(["-s", "templates/serviceaccounts.yaml"])
+        .output()
+        .expect("helm template");
+    assert!(
+        rendered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+    let file = repo_root().join("target/forewarn-runs/on-call-rbac.yaml");
+    std::fs::create_dir_all(file.parent().expect("dir")).expect("dir");
+    std::fs::write(&file, &rendered.stdout).expect("write");
+    let _ = cluster.kubectl(&["create", "namespace", "forewarn"]);
+    cluster
+        .kubectl(&["apply", "-f", &file.to_string_lossy()])
+        .expect("apply the chart's RBAC");
+    let _ = cluster.kubectl(&["create", "serviceaccount", "on-call", "-n", "forewarn"]);
+    let _ = cluster.kubectl(&[
+        "create",
+        "clusterrolebinding",
+        "forewarn-on-call",
+        "--clusterrole=forewarn-on-call",
+        "--serviceaccount=forewarn:on-call",
+    ]);
+    let on_call = "system:serviceaccount:forewarn:on-call";
+    let agent = "system:serviceaccount:forewarn:forewarn-agent";
+    for verb in ["get", "list", "watch", "patch"] {
+        assert!(
+            may(&client, on_call, verb, "forewarn.dev", "scheduledevents").await,
+            "{verb}"
+        );
+    }
+    for (verb, group, resource) in [
+        ("update", "forewarn.dev", "scheduledevents"),
+        ("delete", "forewarn.dev", "scheduledevents"),
+        ("create", "forewarn.dev", "scheduledevents"),
+        ("patch", "forewarn.dev", "scheduledevents/status"),
+        ("patch", "forewarn.dev", "scheduledeventreports"),
+        ("patch", "", "nodes"),
+        ("create", "", "pods/eviction"),
+    ] {
+        assert!(
+            !may(&client, on_call, verb, group, resource).await,
+            "on-call may {verb} {resource}"
+        );
+    }
+    for verb in ["patch", "update", "create", "delete"] {
+        for resource in ["scheduledevents", "scheduledevents/status"] {
+            assert!(
+                !may(&client, agent, verb, "forewarn.dev", resource).await,
+                "the agents may {verb} {resource}"
+            );
+        }
+    }
+
+    const NAME: &str = "on-call-check";
+    let sevs = Api::<ScheduledEvent>::all(client.clone());
+    let _ = sevs.delete(NAME, &Default::default()).await;
+    let ev: ScheduledEvent = serde_json::from_value(json!({
+        "apiVersion": "forewarn.dev/v1alpha1", "kind": "ScheduledEvent",
+        "metadata": {"name": NAME},
+        "spec": {"eventId": "ON-CALL-CHECK", "eventType": "Reboot", "eventStatus": "Scheduled",
+                 "eventSource": "Platform", "resourceType": "VirtualMachine", "resources": ["vm-x"]},
+    }))
+    .expect("event");
+    sevs.create(&Default::default(), &ev)
+        .await
+        .expect("create the event");
+    let token = cluster
+        .kubectl(&["create", "token", "on-call", "-n", "forewarn"])
+        .expect("token");
+    let config = kubeconfig_with_token(&cluster, token.trim(), "on-call");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_forewarn"))
+        .args(["hold", NAME])
+        .env("KUBECONFIG", &config)
+        .output()
+        .expect("forewarn hold");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stored = sevs.get(NAME).await.expect("the event");
+    assert_eq!(
+        annotation_owners(&stored, "forewarn.dev/hold"),
+        [format!("kubectl-forewarn/{on_call}")]
+    );
+    let agent_token = cluster
+        .kubectl(&["create", "token", "forewarn-agent", "-n", "forewarn"])
+        .expect("token");
+    let config = kubeconfig_with_token(&cluster, agent_token.trim(), "agent");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_forewarn"))
+        .args(["approve", NAME])
+        .env("KUBECONFIG", &config)
+        .output()
+        .expect("forewarn approve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("forbidden"), "{err}");
+    let stored = sevs.get(NAME).await.expect("the event");
+    assert!(
+        !stored
+            .annotations()
+            .contains_key("forewarn.dev/approve-now")
+    );
+    sevs.delete(NAME, &Default::default())
+        .await
+        .expect("delete");
+}
