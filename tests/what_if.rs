@@ -92,10 +92,29 @@ fn zoo() -> Vec<Value> {
     ]
 }
 
-/// Waits until the workload of [`zoo`] and the harness's `web` are up in
+/// The names of the `objects` of `kind`.
+fn names(objects: &[Value], kind: &str) -> Vec<String> {
+    objects
+        .iter()
+        .filter(|o| o["kind"] == kind)
+        .filter_map(|o| o["metadata"]["name"].as_str().map(String::from))
+        .collect()
+}
+
+/// Waits until `objects` (Deployments, DaemonSets, Pods,
+/// PodDisruptionBudgets) and the harness's `web` with its budget are up in
 /// the namespace `shop` made for this run (created at or after `since`),
 /// with every budget's status computed for its current generation.
-async fn wait_for_workload(client: &Client, since: chrono::DateTime<chrono::Utc>) {
+async fn wait_for_workload(
+    client: &Client,
+    since: chrono::DateTime<chrono::Utc>,
+    objects: &[Value],
+) {
+    let mut want_deployments = names(objects, "Deployment");
+    want_deployments.push("web".into());
+    let want_daemonsets = names(objects, "DaemonSet");
+    let want_pods = names(objects, "Pod");
+    let want_budgets = names(objects, "PodDisruptionBudget").len() + 1;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
         assert!(
@@ -115,7 +134,7 @@ async fn wait_for_workload(client: &Client, since: chrono::DateTime<chrono::Utc>
         }
         let deployments = Api::<Deployment>::namespaced(client.clone(), "shop");
         let mut up = true;
-        for name in ["web", "free", "stuck", "two"] {
+        for name in &want_deployments {
             let ready = deployments
                 .get_opt(name)
                 .await
@@ -128,13 +147,16 @@ async fn wait_for_workload(client: &Client, since: chrono::DateTime<chrono::Utc>
                 });
             up &= ready;
         }
-        let ds = Api::<DaemonSet>::namespaced(client.clone(), "shop")
-            .get_opt("everywhere")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|d| d.status)
-            .is_some_and(|s| s.number_ready == 3);
+        let mut ds = true;
+        for name in &want_daemonsets {
+            ds &= Api::<DaemonSet>::namespaced(client.clone(), "shop")
+                .get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|d| d.status)
+                .is_some_and(|s| s.number_ready == 3);
+        }
         let pods = Api::<Pod>::namespaced(client.clone(), "shop")
             .list(&ListParams::default())
             .await
@@ -151,12 +173,12 @@ async fn wait_for_workload(client: &Client, since: chrono::DateTime<chrono::Utc>
             .await
             .map(|l| l.items)
             .unwrap_or_default();
-        let computed = budgets.len() == 4
+        let computed = budgets.len() == want_budgets
             && budgets.iter().all(|b| {
                 let s = b.status.clone().unwrap_or_default();
                 s.observed_generation == b.metadata.generation && s.expected_pods.unwrap_or(0) > 0
             });
-        if up && ds && running("bare") && running("static-web") && computed {
+        if up && ds && want_pods.iter().all(|p| running(p)) && computed {
             return;
         }
     }
@@ -204,14 +226,14 @@ async fn play(
         PathBuf::from(env!("CARGO_BIN_EXE_forewarn")),
     );
     opts.timeout = Duration::from_secs(240);
-    opts.extra_objects = objects;
+    opts.extra_objects = objects.clone();
     // The prediction is made while the processes start, before the event
     // appears (8 s after the mock starts): checked below from the objects.
     let predicting = {
         let cluster = cluster.clone();
         let client = client.clone();
         tokio::spawn(async move {
-            wait_for_workload(&client, since).await;
+            wait_for_workload(&client, since, &objects).await;
             let args: Vec<&str> = what_if_args.iter().map(String::as_str).collect();
             let before = Api::<ScheduledEvent>::all(client.clone())
                 .list(&ListParams::default())
@@ -877,4 +899,56 @@ async fn the_on_call_role_may_hold_an_event_and_the_agents_may_not() {
     sevs.delete(NAME, &Default::default())
         .await
         .expect("delete");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn what_if_predicts_a_drain_and_an_approval_before_not_before() {
+    let _turn = TURN.lock().await;
+    let args = ["--node", NODE, "--type", "Redeploy", "--notice", "45s"]
+        .map(String::from)
+        .to_vec();
+    let (r, p, _cluster) = play("what-if-redeploy.yaml", vec![pinned("free", 2, 20)], args).await;
+    assert_eq!(p["policy"]["action"], "DrainAndApprove", "{p:#}");
+    let mut predicted: Vec<(String, i64)> = p["evicted"]
+        .as_array()
+        .expect("evicted")
+        .iter()
+        .map(|e| {
+            (
+                e["pod"].as_str().unwrap_or_default().to_string(),
+                e["graceSeconds"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect();
+    predicted.sort();
+    let mut deleted: Vec<(String, i64)> = r
+        .deletions
+        .iter()
+        .filter(|d| d.node == NODE && d.pod.starts_with("shop/"))
+        .map(|d| (d.pod.clone(), d.grace_seconds.unwrap_or(-1)))
+        .collect();
+    deleted.sort();
+    assert_eq!(
+        predicted, deleted,
+        "predicted evictions vs the API server's deletions"
+    );
+    assert!(
+        p["budgets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|b| b["blocking"] == "No" || b["blocking"] == "UntilReplacementsReady"),
+        "{:#}",
+        p["budgets"]
+    );
+    assert_eq!(p["approval"]["when"], "AfterDrain", "{:#}", p["approval"]);
+    assert_eq!(p["approval"]["beforeNotBefore"], true);
+    // The approval reached IMDS before NotBefore, as predicted.
+    let not_before = r.started + chrono::Duration::seconds(8 + 45);
+    assert!(!r.approvals.is_empty(), "no approval reached IMDS");
+    assert!(
+        r.approvals.iter().all(|a| a.time < not_before),
+        "approved at {:?}, NotBefore {not_before}",
+        r.approvals.iter().map(|a| a.time).collect::<Vec<_>>()
+    );
 }
