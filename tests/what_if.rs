@@ -771,7 +771,8 @@ fn kubeconfig_with_token(cluster: &Cluster, token: &str, name: &str) -> PathBuf 
 /// nothing else asked, and refuses the agents any write of one; `forewarn
 /// hold` run with an on-call token annotates the event under the field
 /// manager naming that user (the API server's own answer to who it is),
-/// and run with an agent's token is refused.
+/// `release-hold` removes it, and `approve` run with an agent's token is
+/// refused.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_on_call_role_may_hold_an_event_and_the_agents_may_not() {
     let _turn = TURN.lock().await;
@@ -879,6 +880,19 @@ async fn the_on_call_role_may_hold_an_event_and_the_agents_may_not() {
         annotation_owners(&stored, "forewarn.dev/hold"),
         [format!("kubectl-forewarn/{on_call}")]
     );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_forewarn"))
+        .args(["release-hold", NAME])
+        .env("KUBECONFIG", &config)
+        .output()
+        .expect("forewarn release-hold");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stored = sevs.get(NAME).await.expect("the event");
+    assert!(!stored.annotations().contains_key("forewarn.dev/hold"));
+    assert!(annotation_owners(&stored, "forewarn.dev/hold").is_empty());
     let agent_token = cluster
         .kubectl(&["create", "token", "forewarn-agent", "-n", "forewarn"])
         .expect("token");
