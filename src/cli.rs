@@ -83,6 +83,97 @@ pub enum Command {
     /// Check an installed release (the chart's `helm test`): CRDs
     /// Established, a controller leading, every agent Ready.
     CheckInstall(CheckInstallArgs),
+    /// Print what the policy would do if Azure announced an event for a
+    /// node now: the action, the pods evicted (with their grace periods)
+    /// and kept, the PodDisruptionBudgets that would block, and whether the
+    /// approval would come before NotBefore. Reads the cluster with the
+    /// kubeconfig, as kubectl does; writes nothing.
+    WhatIf(WhatIfArgs),
+    /// Hold the approval of a ScheduledEvent (annotation
+    /// forewarn.dev/hold): the controller sends none; the drain goes on and
+    /// Azure starts the event at NotBefore.
+    Hold(EventArg),
+    /// Remove the hold (annotation forewarn.dev/hold).
+    ReleaseHold(EventArg),
+    /// Send the approval of a ScheduledEvent now, whatever is left of the
+    /// drain (annotation forewarn.dev/approve-now). Nothing is forced: no
+    /// pod is force-deleted, no PodDisruptionBudget bypassed.
+    Approve(EventArg),
+}
+
+/// The `ScheduledEvent` a command for people acts on.
+#[derive(Debug, Clone, Args)]
+pub struct EventArg {
+    /// The ScheduledEvent's name (`kubectl get sev`), or its EventId in any case.
+    pub event: String,
+}
+
+/// An event type `forewarn what-if` can imagine (Azure's `EventType`s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "PascalCase")]
+pub enum WhatIfType {
+    /// The VM restarts.
+    Reboot,
+    /// The VM moves to another host.
+    Redeploy,
+    /// The VM is paused (`--duration` seconds).
+    Freeze,
+    /// A Spot VM is deleted.
+    Preempt,
+    /// A scale-set VM is deleted.
+    Terminate,
+}
+
+/// `EventSource` for `forewarn what-if`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "PascalCase")]
+pub enum WhatIfSource {
+    /// Azure's maintenance.
+    Platform,
+    /// The VM's owner.
+    User,
+}
+
+/// Output format of the commands for people.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Readable text.
+    Text,
+    /// JSON, for machines.
+    Json,
+}
+
+/// Flags of `forewarn what-if`.
+#[derive(Debug, Clone, Args)]
+pub struct WhatIfArgs {
+    /// The node the event would name.
+    #[arg(long)]
+    pub node: String,
+    /// The event's type.
+    #[arg(long = "type", value_enum)]
+    pub event_type: WhatIfType,
+    /// The event's source.
+    #[arg(long, value_enum, default_value_t = WhatIfSource::Platform)]
+    pub source: WhatIfSource,
+    /// How long before NotBefore the event is announced (humantime: 15m,
+    /// 90s).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "15m")]
+    pub notice: Duration,
+    /// DurationInSeconds: the expected interruption in seconds (a Freeze's
+    /// length), -1 for unknown.
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    pub duration: i64,
+    /// Policy file (YAML, the controller's format); wins over the cluster's.
+    #[arg(long, conflicts_with = "policy_configmap")]
+    pub policy_file: Option<PathBuf>,
+    /// The ConfigMap holding the policy (`NAMESPACE/NAME`, key
+    /// `policy.yaml`). Without it and without `--policy-file`, the one the
+    /// chart installed is looked for; none found: the built-in default.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pub policy_configmap: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
 }
 
 /// Flags of `forewarn check-install`.

@@ -16,6 +16,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod by_hand;
 pub mod cli;
 pub mod controller;
 pub mod file_watch;
@@ -36,3 +37,4 @@ pub mod text;
 pub mod topology;
 pub mod values_schema;
 pub mod witnesses;
+pub mod what_if;

@@ -5,9 +5,64 @@ use anyhow::Context as _;
 use clap::Parser;
 use forewarn::cli::{Cli, Command, CrdsAction};
 
+/// The executable's name as `kubectl` runs it as a plugin: `kubectl
+/// forewarn ARGS` runs `kubectl-forewarn ARGS` from `PATH`.
+const KUBECTL_PLUGIN: &str = "kubectl-forewarn";
+
+/// The command line; invoked as [`KUBECTL_PLUGIN`] (a symlink or copy of
+/// the binary under that name), its help and errors say `kubectl forewarn`.
+fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let plugin = std::env::args_os()
+        .next()
+        .as_deref()
+        .map(std::path::Path::new)
+        .and_then(std::path::Path::file_stem)
+        .is_some_and(|s| s == KUBECTL_PLUGIN);
+    if !plugin {
+        return Cli::parse();
+    }
+    let matches = Cli::command()
+        .name("kubectl forewarn")
+        .bin_name("kubectl forewarn")
+        .get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = parse();
+    let by_hand = match &cli.command {
+        Command::Hold(e) => Some((e, forewarn::by_hand::Change::Hold)),
+        Command::ReleaseHold(e) => Some((e, forewarn::by_hand::Change::ReleaseHold)),
+        Command::Approve(e) => Some((e, forewarn::by_hand::Change::ApproveNow)),
+        _ => None,
+    };
+    if let Some((e, change)) = by_hand {
+        print!("{}", forewarn::by_hand::run(&e.event, change).await?);
+        return Ok(());
+    }
+    if let Command::WhatIf(args) = &cli.command {
+        let req = forewarn::what_if::Request {
+            node: args.node.clone(),
+            event_type: format!("{:?}", args.event_type),
+            event_source: format!("{:?}", args.source),
+            notice: args.notice,
+            duration_seconds: args.duration,
+        };
+        let out = forewarn::what_if::run(
+            &req,
+            args.policy_file
+                .as_deref()
+                .map(|p| p.to_string_lossy())
+                .as_deref(),
+            args.policy_configmap.as_deref(),
+            args.output == forewarn::cli::Output::Json,
+        )
+        .await?;
+        print!("{out}");
+        return Ok(());
+    }
     if let Command::Crd {
         reports,
         vm_reports,
@@ -52,7 +107,12 @@ async fn main() -> anyhow::Result<()> {
             forewarn::api::install::apply(&clients.requests, timeout).await?;
             Ok(())
         }
-        Command::Crd { .. } | Command::ValuesSchema { .. } => Ok(()),
+        Command::Crd { .. }
+        | Command::ValuesSchema { .. }
+        | Command::WhatIf(_)
+        | Command::Hold(_)
+        | Command::ReleaseHold(_)
+        | Command::Approve(_) => Ok(()),
     }
 }
 

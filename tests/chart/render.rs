@@ -544,6 +544,34 @@ fn chart_refuses_unconfined_agents_unless_acknowledged() {
             {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "resourceNames": ["scheduledeventreports.forewarn.dev", "virtualmachinereports.forewarn.dev"], "verbs": ["get"]}
         ])
     );
+    // The on-call humans' role: what `kubectl forewarn hold|approve` and
+    // `kubectl get sev` need, nothing more.
+    assert_eq!(
+        rules("forewarn-on-call"),
+        serde_json::json!([
+            {"apiGroups": ["forewarn.dev"], "resources": ["scheduledevents"], "verbs": ["get", "list", "watch", "patch"]}
+        ])
+    );
+    // No role of the agents may patch (or otherwise write) a
+    // ScheduledEvent: the hold and approve-now annotations are the humans'.
+    for d in docs.iter().filter(|d| {
+        d["kind"] == "ClusterRole"
+            && d["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("forewarn-agent"))
+    }) {
+        for r in d["rules"].as_array().into_iter().flatten() {
+            let events = r["resources"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|x| x == "scheduledevents" || x == "*");
+            let writes = r["verbs"].as_array().into_iter().flatten().any(|v| {
+                ["patch", "update", "create", "delete", "*"].contains(&v.as_str().unwrap_or(""))
+            });
+            assert!(!(events && writes), "{}: {r}", d["metadata"]["name"]);
+        }
+    }
     let controller = rules("forewarn-controller");
     let admission: Vec<&Value> = controller
         .as_array()

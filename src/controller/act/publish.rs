@@ -62,6 +62,7 @@ pub async fn report(
         report_dry_run(ev, &prev, status, writers);
     }
     announce_disagreement(ev, &prev, status, writers);
+    announce_manual(ev, &prev, status, writers);
     report_acknowledgements(ev, &prev, status, writers);
     announce_drain(ev, &prev, status, plan, writers);
     notify_webhooks(ev, &prev, stored, status, plan, writers);
@@ -164,6 +165,32 @@ fn announce_nodes(
 /// The Warning Events of an event that ended before any agent saw it
 /// (`EndedWithoutObserver`) and of agents whose reports disagree
 /// (`ReportsDisagree`), when their condition turns true.
+/// The Events of an operator's annotation, each once it is newly
+/// recorded: `ApprovalHeld` (the hold set) and `ApprovedByHand` (the
+/// approval decided for approve-now), each naming who set it (see
+/// [`crate::controller::decide::manual::setter`]).
+fn announce_manual(
+    ev: &ScheduledEvent,
+    prev: &ScheduledEventStatus,
+    status: &ScheduledEventStatus,
+    writers: &Writers,
+) {
+    let name = ev.name_any();
+    for reason in ["ApprovalHeld", "ApprovedByHand"] {
+        if let Some(message) = newly_true(prev, status, reason) {
+            info!(%message, "{reason}");
+            publish(
+                writers,
+                ev,
+                Subject::Event,
+                KubeEventType::Normal,
+                reason,
+                format!("{name}: {message}"),
+            );
+        }
+    }
+}
+
 fn announce_disagreement(
     ev: &ScheduledEvent,
     prev: &ScheduledEventStatus,

@@ -3,6 +3,7 @@
 //! workloads' acknowledgements, and the status to write. No I/O.
 
 pub mod acknowledge;
+pub mod manual;
 pub mod pass;
 pub mod plan;
 pub mod requeue;

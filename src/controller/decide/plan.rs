@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 
 use crate::api::{EventStatus, Phase, ScheduledEvent};
 use crate::controller::decide::acknowledge::{self, AckState};
+use crate::controller::decide::manual::{self, Override};
 use crate::controller::observe::observed::{Observed, ObservedNode};
 use crate::controller::observe::pod_list::PodInfo;
 use crate::imds::model::EventType;
@@ -158,6 +159,9 @@ pub struct Plan {
     /// acknowledgements): see [`crate::controller::decide::acknowledge`]. `None` when no pod
     /// takes part and none did, or while the drain waits for its lead time.
     pub acknowledgement: Option<AckState>,
+    /// An operator's hold or approve-now annotation on the event, as
+    /// applied to this plan ([`crate::controller::decide::manual`]).
+    pub manual: Option<Override>,
 }
 
 /// How an eviction request ended, classified from the API server's answer.
@@ -628,6 +632,7 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         requeue: Duration::from_secs(5),
         polls_progress: false,
         acknowledgement: None,
+        manual: None,
     };
 
     // Every node of the event outside the policy's nodeSelector: recorded
@@ -638,6 +643,7 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
     }
     if is_over(ev) {
         plan_finished(&mut p, ev, seen, policy, now, known.started);
+        apply_manual(&mut p, &known, ev, seen, false);
         return p;
     }
     if let Some(end) = unobserved_end(ev, seen, policy, now) {
@@ -646,6 +652,7 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         let ran = known.started || known.accepted || not_before_passed(ev, now);
         p.ended_unobserved = Some(end);
         plan_finished(&mut p, ev, seen, policy, now, ran);
+        apply_manual(&mut p, &known, ev, seen, false);
         return p;
     }
     if unmanaged {
@@ -662,7 +669,39 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
             plan_drain(&mut p, &known, ev, seen, policy, &event_type, now);
         }
     }
+    apply_manual(&mut p, &known, ev, seen, true);
     p
+}
+
+/// An operator's hold or approve-now annotation ([`manual::read`]): on a
+/// `live` event a hold takes back the approval this pass would decide and
+/// an approve-now decides it; on one that is over it is only recorded
+/// (the status keeps saying it was held).
+fn apply_manual(p: &mut Plan, known: &Known, ev: &ScheduledEvent, seen: &Observed, live: bool) {
+    let in_doubt = !seen.disagreement.is_empty() || !seen.doubts.is_empty();
+    let deciding = p.decide_approval.is_some();
+    let decided = known.decided || !live;
+    let Some((o, effect)) = manual::read(ev, decided, known.started, in_doubt, deciding) else {
+        return;
+    };
+    let effect = if live {
+        effect
+    } else {
+        manual::Effect::Nothing
+    };
+    match effect {
+        manual::Effect::Nothing => {}
+        manual::Effect::Withhold => {
+            p.decide_approval = None;
+            p.approved_incomplete = None;
+        }
+        manual::Effect::Decide(reason) => {
+            p.decide_approval = Some(reason);
+            p.approval_withheld = None;
+            p.approved_incomplete = None;
+        }
+    }
+    p.manual = Some(o);
 }
 
 /// `Ignore`: record only; release whatever the event held.

@@ -12,6 +12,7 @@ use crate::api::{
     Phase, PreviousAppearance, ScheduledEvent, ScheduledEventStatus,
 };
 use crate::controller::decide::acknowledge::AckState;
+use crate::controller::decide::manual::{self, Override};
 use crate::controller::decide::plan::NodeWrite;
 use crate::controller::decide::plan::{EvictionOutcome, Plan, must_leave, name_of};
 use crate::controller::observe::observed::{Observed, ObservedNode};
@@ -726,6 +727,7 @@ fn conditions(
     if !finished {
         acknowledgement_condition(&mut c, ev, plan);
     }
+    manual_conditions(&mut c, plan);
     if let Some(why) = &plan.approval_withheld {
         c.set(
             "ApprovalWithheld",
@@ -736,6 +738,42 @@ fn conditions(
     }
 
     c.out
+}
+
+/// An operator's annotation ([`crate::controller::decide::manual`]):
+/// `ApprovalHeld` `True` while the hold is set, `False` (`HoldReleased`)
+/// once it is removed; `ApprovedByHand` `True` from the pass that decided
+/// the approval for the approve-now annotation, kept as recorded after.
+fn manual_conditions(c: &mut Conditions<'_>, plan: &Plan) {
+    let now = c.now;
+    let held = match &plan.manual {
+        Some(o @ Override::Hold { .. }) => Some(manual::condition(o, now)),
+        _ => None,
+    };
+    c.set_while(
+        "ApprovalHeld",
+        held.map(|(_, reason, message)| (reason, message)),
+        (
+            "HoldReleased",
+            "the annotation forewarn.dev/hold was removed: the approval is decided as the policy says",
+        ),
+    );
+    let kept = c
+        .prev
+        .iter()
+        .find(|x| x.type_ == "ApprovedByHand" && x.status == "True")
+        .cloned();
+    match (&plan.manual, kept) {
+        (_, Some(first)) => {
+            c.out.retain(|x| x.type_ != "ApprovedByHand");
+            c.out.push(first);
+        }
+        (Some(o @ Override::ApproveNow { decides: true, .. }), None) => {
+            let (type_, reason, message) = manual::condition(o, now);
+            c.set(type_, true, reason, message);
+        }
+        _ => {}
+    }
 }
 
 /// `DrainIncomplete` as the drain deadline (`NotBefore` minus the margin)

@@ -122,23 +122,70 @@ pub enum Error {
     ListNamespaces(#[source] kube::Error),
 }
 
-/// The pod as the drain sees it, or `None` when the pod stays on the node or
-/// does not count: owned by a DaemonSet, a mirror pod, or finished.
-pub fn classify_pod(pod: &Pod) -> Option<PodInfo> {
-    let controller = pod
+/// Why a pod is left out of a drain altogether (`kubectl drain
+/// --ignore-daemonsets`): it stays on its node, or it no longer counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeftOut {
+    /// Its controller is a DaemonSet: the DaemonSet controller ignores the
+    /// cordon and would recreate it on the node at once.
+    DaemonSet,
+    /// A mirror pod of a static pod (annotation
+    /// `kubernetes.io/config.mirror`): the kubelet runs it from a file, the
+    /// API server cannot evict it.
+    Mirror,
+    /// Phase `Succeeded` or `Failed`: its containers have stopped.
+    Finished,
+}
+
+impl LeftOut {
+    /// Why, for people: `DaemonSet pod`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            LeftOut::DaemonSet => {
+                "DaemonSet pod: stays on its node (kubectl drain --ignore-daemonsets)"
+            }
+            LeftOut::Mirror => {
+                "mirror pod of a static pod: the kubelet runs it, it cannot be evicted"
+            }
+            LeftOut::Finished => "finished (Succeeded or Failed): nothing left to stop",
+        }
+    }
+}
+
+/// Whether the drain leaves `pod` out altogether, and why; `None` when it
+/// is the drain's to consider ([`classify_pod`]).
+pub fn left_out(pod: &Pod) -> Option<LeftOut> {
+    let daemonset = pod
         .owner_references()
         .iter()
-        .find(|o| o.controller == Some(true));
-    let daemonset = controller.is_some_and(|o| o.kind == "DaemonSet");
-    let mirror = pod.annotations().contains_key(MIRROR_ANNOTATION);
+        .find(|o| o.controller == Some(true))
+        .is_some_and(|o| o.kind == "DaemonSet");
     let finished = pod
         .status
         .as_ref()
         .and_then(|s| s.phase.as_deref())
         .is_some_and(|p| p == "Succeeded" || p == "Failed");
-    if daemonset || mirror || finished {
+    if daemonset {
+        Some(LeftOut::DaemonSet)
+    } else if pod.annotations().contains_key(MIRROR_ANNOTATION) {
+        Some(LeftOut::Mirror)
+    } else if finished {
+        Some(LeftOut::Finished)
+    } else {
+        None
+    }
+}
+
+/// The pod as the drain sees it, or `None` when the pod stays on the node or
+/// does not count ([`left_out`]): owned by a DaemonSet, a mirror pod, or finished.
+pub fn classify_pod(pod: &Pod) -> Option<PodInfo> {
+    if left_out(pod).is_some() {
         return None;
     }
+    let controller = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true));
     Some(PodInfo {
         namespace: pod.namespace().unwrap_or_default(),
         name: pod.name_any(),
