@@ -43,6 +43,8 @@
 //!                              # wait is over)
 //! excludeFromLoadBalancers: false  # label the nodes forewarn holds
 //!                              # node.kubernetes.io/exclude-from-external-load-balancers
+//! taintEffect: NoSchedule      # NoSchedule | PreferNoSchedule: the effect of the taint
+//!                              # forewarn.dev/scheduled-event on the nodes it holds
 //! ```
 //!
 //! The file is read again when it changes (see [`crate::controller::runtime::reload`]);
@@ -407,6 +409,39 @@ pub struct Policy {
     /// removed within 30 s. Default false.
     #[serde(default)]
     pub exclude_from_load_balancers: bool,
+
+    /// The effect of the taint `forewarn.dev/scheduled-event` forewarn
+    /// puts beside its cordon. A taint is written with the effect in force
+    /// when the node is taken, kept as written while it is held (a policy
+    /// changed meanwhile does not rewrite it), and removed on release
+    /// whatever its effect. Default `NoSchedule`.
+    #[serde(default)]
+    pub taint_effect: TaintEffect,
+}
+
+/// The effect of forewarn's taint (Kubernetes' taint effects; `NoExecute`
+/// is not offered: the drain, not the taint manager, decides what leaves).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub enum TaintEffect {
+    /// The scheduler places no new pod on the node that does not tolerate
+    /// the taint (the cordon does so already; the taint says why).
+    #[default]
+    NoSchedule,
+    /// The scheduler avoids the node for pods that do not tolerate it, but
+    /// may still use it.
+    PreferNoSchedule,
+}
+
+impl TaintEffect {
+    /// Its name, as in the policy file and in a Node's `spec.taints`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaintEffect::NoSchedule => "NoSchedule",
+            TaintEffect::PreferNoSchedule => "PreferNoSchedule",
+        }
+    }
 }
 
 /// The longest `acknowledgeTimeoutSeconds` accepted: an hour, far beyond
@@ -479,6 +514,7 @@ impl Default for Policy {
             evict_after_acknowledgement: true,
 
             exclude_from_load_balancers: false,
+            taint_effect: TaintEffect::NoSchedule,
         }
     }
 }
@@ -864,5 +900,16 @@ mod tests {
         assert_eq!(p.expiry(t), t + chrono::Duration::hours(24));
         p.retention = Duration::MAX;
         assert_eq!(p.expiry(t), chrono::DateTime::<chrono::Utc>::MAX_UTC);
+    }
+
+    #[test]
+    fn the_taint_effect_is_no_schedule_or_prefer_no_schedule() {
+        assert_eq!(Policy::default().taint_effect, TaintEffect::NoSchedule);
+        let p = Policy::parse("taintEffect: PreferNoSchedule\n", "p").unwrap();
+        assert_eq!(p.taint_effect, TaintEffect::PreferNoSchedule);
+        assert_eq!(p.taint_effect.as_str(), "PreferNoSchedule");
+        // NoExecute would have Kubernetes evict what the drain keeps.
+        let e = Policy::parse("taintEffect: NoExecute\n", "p").unwrap_err();
+        assert!(e.to_string().contains("NoExecute"), "{e}");
     }
 }
