@@ -52,6 +52,8 @@
 //!     matchLabels: {forewarn.dev/drain: skip}
 //!   podSelector:               # the pod's labels (a label selector)
 //!     matchLabels: {app: node-cache}
+//! taintEffect: NoSchedule      # NoSchedule | PreferNoSchedule: the effect of the taint
+//!                              # forewarn.dev/scheduled-event on the nodes it holds
 //! ```
 //!
 //! The file is read again when it changes (see [`crate::controller::runtime::reload`]);
@@ -434,6 +436,13 @@ pub struct Policy {
     /// other kept pods, not waited for by the approval.
     #[serde(default)]
     pub exclude_pods: PodExclusion,
+    /// The effect of the taint `forewarn.dev/scheduled-event` forewarn
+    /// puts beside its cordon. A taint is written with the effect in force
+    /// when the node is taken, kept as written while it is held (a policy
+    /// changed meanwhile does not rewrite it), and removed on release
+    /// whatever its effect. Default `NoSchedule`.
+    #[serde(default)]
+    pub taint_effect: TaintEffect,
 }
 
 /// The pods a drain leaves on their nodes on purpose (the policy's
@@ -527,6 +536,31 @@ impl PodExclusion {
     }
 }
 
+/// The effect of forewarn's taint (Kubernetes' taint effects; `NoExecute`
+/// is not offered: the drain, not the taint manager, decides what leaves).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub enum TaintEffect {
+    /// The scheduler places no new pod on the node that does not tolerate
+    /// the taint (the cordon does so already; the taint says why).
+    #[default]
+    NoSchedule,
+    /// The scheduler avoids the node for pods that do not tolerate it, but
+    /// may still use it.
+    PreferNoSchedule,
+}
+
+impl TaintEffect {
+    /// Its name, as in the policy file and in a Node's `spec.taints`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaintEffect::NoSchedule => "NoSchedule",
+            TaintEffect::PreferNoSchedule => "PreferNoSchedule",
+        }
+    }
+}
+
 /// The longest `acknowledgeTimeoutSeconds` accepted: an hour, far beyond
 /// any routine notice (the drain deadline bounds the wait anyway).
 const MAX_ACKNOWLEDGE_TIMEOUT_SECONDS: u64 = 3600;
@@ -599,6 +633,7 @@ impl Default for Policy {
             exclude_from_load_balancers: false,
             node_selector: None,
             exclude_pods: PodExclusion::default(),
+            taint_effect: TaintEffect::NoSchedule,
         }
     }
 }
@@ -1084,5 +1119,16 @@ mod tests {
         assert_eq!(p.expiry(t), t + chrono::Duration::hours(24));
         p.retention = Duration::MAX;
         assert_eq!(p.expiry(t), chrono::DateTime::<chrono::Utc>::MAX_UTC);
+    }
+
+    #[test]
+    fn the_taint_effect_is_no_schedule_or_prefer_no_schedule() {
+        assert_eq!(Policy::default().taint_effect, TaintEffect::NoSchedule);
+        let p = Policy::parse("taintEffect: PreferNoSchedule\n", "p").unwrap();
+        assert_eq!(p.taint_effect, TaintEffect::PreferNoSchedule);
+        assert_eq!(p.taint_effect.as_str(), "PreferNoSchedule");
+        // NoExecute would have Kubernetes evict what the drain keeps.
+        let e = Policy::parse("taintEffect: NoExecute\n", "p").unwrap_err();
+        assert!(e.to_string().contains("NoExecute"), "{e}");
     }
 }

@@ -1,7 +1,8 @@
 //! End-to-end tests of the event lifecycle on a real local control
 //! plane: events whose only observers vanish still end; a predicted failure
 //! days ahead is not drained early; `--dry-run` touches nothing; the policy
-//! file is re-read mid-run; the API server itself refuses nonsense in a
+//! file is re-read mid-run; forewarn's taint takes the policy's effect and
+//! is removed whatever its effect; the API server itself refuses nonsense in a
 //! `ScheduledEvent`. Every check reads what the API server holds (nodes from
 //! a watch, pod deletions, the object, its Events) or the IMDS mock's own
 //! log, never forewarn's word. They fail, never skip, when the cluster
@@ -1624,4 +1625,106 @@ async fn approved_event_that_ran_during_an_imds_outage_is_completed_unobserved()
         "released before IMDS was back"
     );
     assert!(holds_anywhere(&client).await.is_empty());
+}
+
+/// The taint's effect comes from the policy: with `taintEffect:
+/// PreferNoSchedule` both nodes of the Reboot are tainted so, as the API
+/// server stores them; the policy then turns to `NoSchedule` (12 s in,
+/// while both are held) and neither taint is rewritten; each is removed on
+/// release all the same, leaving no taint of forewarn's key on any node.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_taint_takes_the_policys_effect_and_is_removed_whatever_its_effect() {
+    use k8s_openapi::api::core::v1::Taint;
+    let _turn = TURN.lock().await;
+    let cluster = shared_cluster().await;
+    let client = cluster.client().await.expect("client");
+    let nodes: Api<Node> = Api::all(client.clone());
+    // Every version of each node, with its taints, as the watch gave it.
+    type Versions = Vec<(DateTime<Utc>, String, Vec<Taint>)>;
+    let seen: Arc<Mutex<Versions>> = Arc::default();
+    let watch = tokio::spawn({
+        let (seen, nodes) = (seen.clone(), nodes.clone());
+        async move {
+            let stream = watcher(nodes, watcher::Config::default())
+                .backoff(forewarn::controller::observe::watch::watch_backoff())
+                .applied_objects();
+            futures::pin_mut!(stream);
+            while let Some(item) = stream.next().await {
+                let Ok(n) = item else { continue };
+                let taints = n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.clone())
+                    .unwrap_or_default();
+                seen.lock()
+                    .expect("lock")
+                    .push((Utc::now(), n.name_any(), taints));
+            }
+        }
+    });
+    // A hang bound: the scenario is over about 65 s after its start.
+    let (report, _) = play_with("lifecycle-part-ends.yaml", |o| {
+        o.policy = Some("taintEffect: PreferNoSchedule\n".into());
+        o.timed_policy = vec![(Duration::from_secs(12), "taintEffect: NoSchedule\n".into())];
+    })
+    .await;
+    watch.abort();
+    let seen = seen.lock().expect("lock").clone();
+    let ours = |t: &[Taint]| -> Vec<String> {
+        t.iter()
+            .filter(|t| t.key == TAINT_KEY)
+            .map(|t| t.effect.clone())
+            .collect()
+    };
+    for node in ["node-000001", "node-000002"] {
+        let versions: Vec<(DateTime<Utc>, Vec<String>)> = seen
+            .iter()
+            .filter(|(_, n, _)| n == node)
+            .map(|(at, _, t)| (*at, ours(t)))
+            .collect();
+        println!("{node}: {versions:?}");
+        assert!(
+            versions
+                .iter()
+                .any(|(_, e)| e.as_slice() == ["PreferNoSchedule"]),
+            "{node} was never tainted PreferNoSchedule: {versions:?}"
+        );
+        assert!(
+            versions
+                .iter()
+                .all(|(_, e)| e.is_empty() || e.as_slice() == ["PreferNoSchedule"]),
+            "{node} got another effect, or two taints of forewarn's key: {versions:?}"
+        );
+        // Held, with its taint as written, after the new policy was put in
+        // force (read every 2 s; a few seconds of slack).
+        let after_change = report.started + chrono::TimeDelta::seconds(18);
+        let held_after = versions
+            .iter()
+            .rfind(|(at, _)| *at <= after_change)
+            .map(|(_, e)| e.clone());
+        assert_eq!(
+            held_after.as_deref(),
+            Some(&["PreferNoSchedule".to_string()][..]),
+            "{node} was not held with its taint when the policy changed"
+        );
+    }
+    let metrics = &report
+        .metrics
+        .iter()
+        .find(|(name, _)| name == "controller")
+        .expect("controller metrics")
+        .1;
+    assert!(
+        metrics.contains("forewarn_controller_policy_reloads_total{result=\"loaded\"} 1"),
+        "the NoSchedule policy was never loaded: {metrics}"
+    );
+    // Released: no node carries forewarn's taint.
+    for n in nodes.list(&ListParams::default()).await.expect("nodes") {
+        let taints = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        assert!(ours(&taints).is_empty(), "{}: {taints:?}", n.name_any());
+    }
 }

@@ -36,7 +36,9 @@ const TOKEN: &str = "T0KEN-b4d5e6f7a8";
 struct Got {
     at: DateTime<Utc>,
     path: String,
+    /// The body parsed as JSON, or as a JSON string when it is not JSON.
     body: Value,
+    content_type: String,
     answered: u16,
 }
 
@@ -50,8 +52,15 @@ struct Receiver {
 async fn receive(
     State(r): State<Arc<Receiver>>,
     Path(path): Path<String>,
-    axum::Json(body): axum::Json<Value>,
+    headers: axum::http::HeaderMap,
+    body: String,
 ) -> StatusCode {
+    let content_type = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let body = serde_json::from_str(&body).unwrap_or(Value::String(body));
     let mut got = r.got.lock().unwrap();
     let first_here = !got.iter().any(|g| g.path == path);
     let answered = if path.starts_with("reject") {
@@ -65,6 +74,7 @@ async fn receive(
         at: Utc::now(),
         path,
         body,
+        content_type,
         answered,
     });
     StatusCode::from_u16(answered).unwrap()
@@ -101,7 +111,10 @@ fn deliveries(report: &Report, webhook: &str, notification: &str, result: &str) 
 /// before the budget is relaxed). The JSON webhook gets all six
 /// notifications, in the order of the event's life, the first retried
 /// after a 503; the Slack and Teams webhooks only
-/// those they asked for, in their formats; a 400 is not retried; every
+/// those they asked for, in their formats; a webhook with its own body
+/// template (a PagerDuty Events API v2 body) gets a trigger while the drain
+/// is blocked and a resolve once it is over, and one with a `text/plain`
+/// template gets that `Content-Type`; a 400 is not retried; every
 /// outcome is counted; the URL's token reaches no log.
 #[tokio::test(flavor = "multi_thread")]
 async fn each_step_of_an_event_reaches_the_webhooks_in_order_retried_and_counted() {
@@ -136,13 +149,29 @@ async fn each_step_of_an_event_reaches_the_webhooks_in_order_retried_and_counted
     // A hang bound: the scenario is over about 20 s after its start.
     opts.timeout = Duration::from_secs(240);
     let file = std::env::temp_dir().join(format!("forewarn-webhooks-{}.yaml", std::process::id()));
+    // An Events API v2 body (PagerDuty's shape): a trigger while the drain
+    // is blocked, a resolve once the event is over, one alert per event.
+    let pagerduty = indent(
+        r#"{"routing_key": "R0UT1NG-KEY",
+ "event_action": {{ ("resolve" if notification == "Completed" else "trigger")|tojson }},
+ "dedup_key": {{ event.eventId|tojson }},
+ "payload": {
+   "summary": {{ summary|tojson }},
+   "source": {{ cluster|tojson }},
+   "severity": {{ ("info" if notification == "Completed" else "warning")|tojson }},
+   "timestamp": {{ time|tojson }},
+   "custom_details": {"nodes": {{ nodes|tojson }}, "blockers": {{ blockers|tojson }},
+                      "phase": {{ event.phase|default(none)|tojson }}}}}"#,
+    );
     let webhooks = format!(
         "cluster: test-cluster\n\
          webhooks:\n\
          - {{name: json, url: '{base}/json/{TOKEN}', maxAttempts: 3}}\n\
          - {{name: slack, url: '{base}/slack/{TOKEN}', format: Slack, notifications: [DrainBlocked, Completed]}}\n\
          - {{name: teams, url: '{base}/teams/{TOKEN}', format: Teams, notifications: [Approved]}}\n\
-         - {{name: reject, url: '{base}/reject/{TOKEN}', notifications: [Received]}}\n"
+         - {{name: reject, url: '{base}/reject/{TOKEN}', notifications: [Received]}}\n\
+         - name: pagerduty\n  url: '{base}/pagerduty/{TOKEN}'\n  notifications: [DrainBlocked, Completed]\n  template: |\n{pagerduty}\n\
+         - {{name: text, url: '{base}/text/{TOKEN}', notifications: [Approved], contentType: text/plain, template: '{{{{ title }}}}'}}\n"
     );
     std::fs::write(&file, &webhooks).expect("write the webhooks file");
     // Once the JSON webhook accepted Received, the file gains a webhook
@@ -232,16 +261,19 @@ async fn each_step_of_an_event_reaches_the_webhooks_in_order_retried_and_counted
     // checks below).
     let completed_everywhere = || {
         let got = receiver.got.lock().unwrap();
-        ["json/", "slack/", "late/"].iter().all(|path| {
-            got.iter().any(|g| {
-                g.path.starts_with(path)
-                    && g.answered == 200
-                    && (g.body["notification"] == "Completed"
-                        || g.body["text"]
-                            .as_str()
-                            .is_some_and(|t| t.contains(": event over: ")))
+        ["json/", "slack/", "late/", "pagerduty/"]
+            .iter()
+            .all(|path| {
+                got.iter().any(|g| {
+                    g.path.starts_with(path)
+                        && g.answered == 200
+                        && (g.body["notification"] == "Completed"
+                            || g.body["event_action"] == "resolve"
+                            || g.body["text"]
+                                .as_str()
+                                .is_some_and(|t| t.contains(": event over: ")))
+                })
             })
-        })
     };
     let by = std::time::Instant::now() + Duration::from_secs(60);
     while !completed_everywhere() && std::time::Instant::now() < by {
@@ -370,6 +402,53 @@ async fn each_step_of_an_event_reaches_the_webhooks_in_order_retried_and_counted
         "application/vnd.microsoft.card.adaptive"
     );
     assert_eq!(card["content"]["type"], "AdaptiveCard");
+    // PagerDuty: triggers while the drain is blocked, then the resolve,
+    // one alert (the EventId); the bodies as the Events API v2 has them.
+    let pd = at("pagerduty/");
+    assert!(pd.len() >= 2, "{pd:#?}");
+    for g in &pd {
+        assert_eq!(g.content_type, "application/json", "{g:?}");
+        assert_eq!(g.body["routing_key"], "R0UT1NG-KEY", "{g:?}");
+        assert_eq!(g.body["dedup_key"], EVENT, "{g:?}");
+        assert_eq!(g.body["payload"]["source"], "test-cluster", "{g:?}");
+    }
+    let (resolve, triggers) = pd.split_last().unwrap();
+    assert!(
+        triggers.iter().all(|g| g.body["event_action"] == "trigger"
+            && g.body["payload"]["severity"] == "warning"
+            && g.body["payload"]["custom_details"]["phase"] == "Draining"),
+        "{pd:#?}"
+    );
+    let pd_stuck = triggers
+        .iter()
+        .find_map(|g| names_stuck(&g.body["payload"]["custom_details"]))
+        .unwrap_or_else(|| panic!("no trigger names shop/stuck: {pd:#?}"));
+    assert_eq!(pd_stuck, by_stuck);
+    assert_eq!(resolve.body["event_action"], "resolve", "{pd:#?}");
+    assert_eq!(resolve.body["payload"]["severity"], "info");
+    assert_eq!(
+        resolve.body["payload"]["custom_details"]["phase"],
+        "Completed"
+    );
+    assert_eq!(
+        resolve.body["payload"]["summary"], completed.body["summary"],
+        "the resolve carries the Completed message's summary"
+    );
+    assert_eq!(resolve.body["payload"]["timestamp"], completed.body["time"]);
+    assert_eq!(
+        resolve.body["payload"]["custom_details"]["nodes"],
+        json!(["node-000001"])
+    );
+    // A text/plain template: the header says so, the body is the title.
+    let text = at("text/");
+    assert_eq!(text.len(), 1, "{text:#?}");
+    assert_eq!(text[0].content_type, "text/plain");
+    assert_eq!(
+        text[0].body,
+        json!(format!(
+            "forewarn [test-cluster]: approved: Redeploy {EVENT}"
+        ))
+    );
     // A 400 is not retried.
     assert_eq!(at("reject/").len(), 1, "{:#?}", at("reject/"));
     // The webhook added to the file mid-run got the event's Completed, and
@@ -412,6 +491,11 @@ async fn each_step_of_an_event_reaches_the_webhooks_in_order_retried_and_counted
     assert_eq!(deliveries(&report, "reject", "Received", "rejected"), 1.0);
     assert!(deliveries(&report, "slack", "DrainBlocked", "delivered") >= 1.0);
     assert_eq!(deliveries(&report, "teams", "Approved", "delivered"), 1.0);
+    assert_eq!(deliveries(&report, "text", "Approved", "delivered"), 1.0);
+    assert_eq!(
+        deliveries(&report, "pagerduty", "Completed", "delivered"),
+        1.0
+    );
     assert_eq!(deliveries(&report, "json", "Received", "failed"), 0.0);
 
     // The URLs' token is in no log of the run.
@@ -430,4 +514,12 @@ async fn each_step_of_an_event_reaches_the_webhooks_in_order_retried_and_counted
     }
     assert!(logs > 0, "no log in {}", report.log_dir.display());
     let _ = std::fs::remove_file(file);
+}
+
+/// `text` indented by four spaces: a YAML block scalar's lines.
+fn indent(text: &str) -> String {
+    text.lines()
+        .map(|l| format!("    {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }

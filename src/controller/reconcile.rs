@@ -205,7 +205,15 @@ async fn act(
     let name = ev.name_any();
     let writes = notice::writes(&name, notices, &ctx.caches.pods.holders_of(&name));
     notice::write(&name, &writes, &w.client, &w.metrics).await;
-    carry_out::write_nodes(ev, plan, snapshots, w, policy.exclude_from_load_balancers).await?;
+    carry_out::write_nodes(
+        ev,
+        plan,
+        snapshots,
+        w,
+        policy.exclude_from_load_balancers,
+        policy.taint_effect,
+    )
+    .await?;
     let cordoned_now: HashSet<&str> = plan
         .node_writes
         .iter()

@@ -1,75 +1,61 @@
 //! The webhooks file (`--webhooks-file`): which endpoints get which
-//! notifications, in which body format, with which headers, timeout,
+//! notifications, in which body format or template
+//! ([`crate::notify::template`]), with which headers, timeout,
 //! attempts and trusted roots ([`Config`]); parsed and checked whole, a bad
 //! file refused with the webhook and the reason. Its schema is generated
 //! into the chart's values schema.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::notify::message::Notification;
+use crate::notify::template::{self, BodyTemplate, TemplateError};
+
 /// At most this many webhooks.
 pub const MAX_WEBHOOKS: usize = 16;
-/// What a message is about.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
-)]
-pub enum Notification {
-    /// forewarn saw the event for the first time (its `ScheduledEvent`'s
-    /// `status.firstSeen` was set).
-    Received,
-    /// A PodDisruptionBudget refused an eviction of the event's drain (the
-    /// condition `DrainBlocked` became true): the message names each node,
-    /// budget and pod.
-    DrainBlocked,
-    /// IMDS accepted the approval (Azure may start the event now).
-    Approved,
-    /// The event started (IMDS lists it `Started`).
-    Started,
-    /// The event is over: phase `Completed`, or `Cancelled` (the `phase`
-    /// field says which).
-    Completed,
-    /// A node's `bootID` changed outside any event that announces a restart
-    /// (the Warning Event `UnexpectedRestart`).
-    UnexpectedRestart,
-}
+/// The body's `Content-Type` unless the webhook gives one.
+pub const DEFAULT_CONTENT_TYPE: &str = "application/json";
 
-impl Notification {
-    /// Every notification, in the order of an event's life.
-    pub const ALL: [Notification; 6] = [
-        Notification::Received,
-        Notification::DrainBlocked,
-        Notification::Approved,
-        Notification::Started,
-        Notification::Completed,
-        Notification::UnexpectedRestart,
-    ];
-
-    /// Its name, as in the file and the metric.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Notification::Received => "Received",
-            Notification::DrainBlocked => "DrainBlocked",
-            Notification::Approved => "Approved",
-            Notification::Started => "Started",
-            Notification::Completed => "Completed",
-            Notification::UnexpectedRestart => "UnexpectedRestart",
-        }
+impl Webhook {
+    /// The body's `Content-Type`: `contentType`, else a `Content-Type` of
+    /// `headers`, else [`DEFAULT_CONTENT_TYPE`].
+    pub fn content_type(&self) -> &str {
+        self.content_type
+            .as_deref()
+            .or_else(|| {
+                self.headers
+                    .iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+                    .map(|(_, v)| v.as_str())
+            })
+            .unwrap_or(DEFAULT_CONTENT_TYPE)
     }
 
-    pub fn title(self) -> &'static str {
-        match self {
-            Notification::Received => "event received",
-            Notification::DrainBlocked => "drain blocked",
-            Notification::Approved => "approved",
-            Notification::Started => "event started",
-            Notification::Completed => "event over",
-            Notification::UnexpectedRestart => "unexpected node restart",
-        }
+    /// The notifications this webhook gets.
+    pub fn wanted(&self) -> Vec<Notification> {
+        self.notifications
+            .clone()
+            .unwrap_or_else(|| Notification::ALL.to_vec())
+    }
+
+    /// Its body template: its own `template` compiled, or its format's
+    /// shipped one.
+    ///
+    /// # Errors
+    /// [`TemplateError::Syntax`] when `template` does not parse.
+    pub fn body_template(&self) -> Result<Arc<BodyTemplate>, TemplateError> {
+        let [json, slack, teams] = template::built_in();
+        Ok(match (&self.template, self.format.unwrap_or_default()) {
+            (Some(source), _) => Arc::new(BodyTemplate::compile(source)?),
+            (None, Format::Json) => json.clone(),
+            (None, Format::Slack) => slack.clone(),
+            (None, Format::Teams) => teams.clone(),
+        })
     }
 }
-
 /// The body a webhook receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 pub enum Format {
@@ -95,9 +81,18 @@ pub struct Webhook {
     /// `https://` (or `http://`, e.g. a receiver in the cluster) URL the
     /// message is POSTed to. A credential: never logged.
     pub url: String,
-    /// The body's format. Default `JSON`.
-    #[serde(default)]
-    pub format: Format,
+    /// The body's built-in format. Default `JSON`; not with `template`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<Format>,
+    /// The body as a MiniJinja (Jinja2) template over the message's fields
+    /// (README "Body templates"), instead of a built-in format. Checked at
+    /// load: it must parse, render every notification the webhook gets,
+    /// and, when `contentType` is JSON, render JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// The body's `Content-Type`. Default `application/json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
     /// The notifications this webhook gets. Default: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notifications: Option<Vec<Notification>>,
@@ -256,6 +251,37 @@ impl Config {
                         format!("header {k:?} has a value that cannot be sent"),
                     ));
                 }
+            }
+            if w.template.is_some() && w.format.is_some() {
+                return Err(invalid(&label, "give format or template, not both".into()));
+            }
+            if let Some(ct) = &w.content_type {
+                if w.headers
+                    .keys()
+                    .any(|k| k.eq_ignore_ascii_case("content-type"))
+                {
+                    return Err(invalid(
+                        &label,
+                        "contentType and a Content-Type header: give contentType only".into(),
+                    ));
+                }
+                if ct.parse::<http::HeaderValue>().is_err() || !ct.contains('/') {
+                    return Err(invalid(
+                        &label,
+                        format!("contentType {ct:?} is not a media type"),
+                    ));
+                }
+            }
+            if w.template.is_some() {
+                w.body_template()
+                    .and_then(|t| {
+                        t.check(
+                            &w.wanted(),
+                            self.cluster.as_deref(),
+                            template::is_json(w.content_type()),
+                        )
+                    })
+                    .map_err(|e| invalid(&label, e.to_string()))?;
             }
             if let Some(ca) = &w.ca_file {
                 read_roots(ca).map_err(|reason| invalid(&label, reason))?;

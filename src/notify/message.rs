@@ -1,14 +1,71 @@
-//! One notification's content ([`Message`]) from an event's facts, and its
-//! body in each format: forewarn's own JSON, a Slack or a Microsoft Teams
-//! incoming webhook's.
+//! One notification's content ([`Message`]) from an event's facts, and the
+//! fields its body template renders ([`Message::context`]).
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::api::{ScheduledEvent, ScheduledEventStatus};
 
-use crate::notify::config::{Format, Notification};
+/// What a message is about.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+pub enum Notification {
+    /// forewarn saw the event for the first time (its `ScheduledEvent`'s
+    /// `status.firstSeen` was set).
+    Received,
+    /// A PodDisruptionBudget refused an eviction of the event's drain (the
+    /// condition `DrainBlocked` became true): the message names each node,
+    /// budget and pod.
+    DrainBlocked,
+    /// IMDS accepted the approval (Azure may start the event now).
+    Approved,
+    /// The event started (IMDS lists it `Started`).
+    Started,
+    /// The event is over: phase `Completed`, or `Cancelled` (the `phase`
+    /// field says which).
+    Completed,
+    /// A node's `bootID` changed outside any event that announces a restart
+    /// (the Warning Event `UnexpectedRestart`).
+    UnexpectedRestart,
+}
+
+impl Notification {
+    /// Every notification, in the order of an event's life.
+    pub const ALL: [Notification; 6] = [
+        Notification::Received,
+        Notification::DrainBlocked,
+        Notification::Approved,
+        Notification::Started,
+        Notification::Completed,
+        Notification::UnexpectedRestart,
+    ];
+
+    /// Its name, as in the file and the metric.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Notification::Received => "Received",
+            Notification::DrainBlocked => "DrainBlocked",
+            Notification::Approved => "Approved",
+            Notification::Started => "Started",
+            Notification::Completed => "Completed",
+            Notification::UnexpectedRestart => "UnexpectedRestart",
+        }
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Notification::Received => "event received",
+            Notification::DrainBlocked => "drain blocked",
+            Notification::Approved => "approved",
+            Notification::Started => "event started",
+            Notification::Completed => "event over",
+            Notification::UnexpectedRestart => "unexpected node restart",
+        }
+    }
+}
 
 /// Nodes (and blockers) named in a message; the rest are counted.
 pub const NAMED: usize = 20;
@@ -142,31 +199,40 @@ impl Message {
         }
     }
 
-    /// forewarn's JSON document (`format: JSON`):
+    /// The fields a body template renders ([`crate::notify::template`]),
+    /// `cluster` being the webhooks file's:
     ///
     /// ```json
-    /// {"apiVersion": "forewarn.dev/v1", "kind": "Notification",
-    ///  "notification": "DrainBlocked", "time": "2026-11-26T10:00:00Z",
+    /// {"notification": "DrainBlocked", "time": "2026-11-26T10:00:00Z",
     ///  "cluster": "prod", "dryRun": false, "summary": "…",
+    ///  "title": "forewarn [prod]: drain blocked: Reboot <EventId>",
     ///  "event": {"name", "eventId", "type", "source", "status", "notBefore",
     ///            "durationSeconds", "resources", "phase"},
     ///  "nodes": ["…"], "nodesOmitted": 0,
     ///  "blockers": [{"node", "podDisruptionBudgets", "pods", "reason"}],
-    ///  "bootId": {"old": "…", "new": "…"}}
+    ///  "bootId": {"old": "…", "new": "…"},
+    ///  "facts": [{"name": "EventId", "value": "…"}]}
     /// ```
     ///
-    /// `cluster`, `event`, `blockers` and `bootId` are left out when they
-    /// do not apply; at most [`NAMED`] nodes and blockers are listed.
-    pub fn json(&self, cluster: Option<&str>) -> Value {
+    /// `cluster`, `event` (and in it `notBefore` and `phase`), a blocker's
+    /// `reason` and `bootId` are absent when they do not apply; `blockers`
+    /// is then empty. At most [`NAMED`] nodes and blockers are listed;
+    /// `time` and `notBefore` are RFC 3339 in UTC (`Z`).
+    pub fn context(&self, cluster: Option<&str>) -> Value {
         let mut doc = json!({
-            "apiVersion": "forewarn.dev/v1",
-            "kind": "Notification",
             "notification": self.notification.as_str(),
             "time": self.time,
             "dryRun": self.dry_run,
             "summary": self.summary,
+            "title": self.title(cluster),
             "nodes": self.nodes.iter().take(NAMED).collect::<Vec<_>>(),
             "nodesOmitted": self.nodes.len().saturating_sub(NAMED),
+            "blockers": self.blockers.iter().take(NAMED).collect::<Vec<_>>(),
+            "facts": self
+                .facts()
+                .into_iter()
+                .map(|(name, value)| json!({"name": name, "value": value}))
+                .collect::<Vec<_>>(),
         });
         let m = doc.as_object_mut().expect("an object");
         if let Some(c) = cluster {
@@ -175,19 +241,14 @@ impl Message {
         if let Some(e) = &self.event {
             m.insert("event".into(), json!(e));
         }
-        if !self.blockers.is_empty() {
-            m.insert(
-                "blockers".into(),
-                json!(self.blockers.iter().take(NAMED).collect::<Vec<_>>()),
-            );
-        }
         if let Some((old, new)) = &self.boot_id {
             m.insert("bootId".into(), json!({"old": old, "new": new}));
         }
         doc
     }
 
-    /// The title line: `forewarn [cluster]: drain blocked: Reboot <EventId>`.
+    /// The title line: `forewarn [cluster] (dry run): drain blocked:
+    /// Reboot <EventId>`.
     fn title(&self, cluster: Option<&str>) -> String {
         let mut t = String::from("forewarn");
         if let Some(c) = cluster {
@@ -235,49 +296,6 @@ impl Message {
         }
         f
     }
-
-    /// The body for `format`.
-    pub fn body(&self, format: Format, cluster: Option<&str>) -> Value {
-        match format {
-            Format::Json => self.json(cluster),
-            Format::Slack => {
-                let mut text = format!(
-                    "*{}*\n{}",
-                    slack_escape(&self.title(cluster)),
-                    slack_escape(&self.summary)
-                );
-                for (k, v) in self.facts() {
-                    text.push_str(&format!("\n• *{}*: {}", slack_escape(&k), slack_escape(&v)));
-                }
-                json!({ "text": text })
-            }
-            Format::Teams => {
-                let facts: Vec<Value> = self
-                    .facts()
-                    .into_iter()
-                    .map(|(k, v)| json!({"title": k, "value": v}))
-                    .collect();
-                json!({
-                    "type": "message",
-                    "attachments": [{
-                        "contentType": "application/vnd.microsoft.card.adaptive",
-                        "contentUrl": null,
-                        "content": {
-                            "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
-                            "type": "AdaptiveCard",
-                            "version": "1.4",
-                            "body": [
-                                {"type": "TextBlock", "size": "Medium", "weight": "Bolder",
-                                 "text": self.title(cluster), "wrap": true},
-                                {"type": "TextBlock", "text": self.summary, "wrap": true},
-                                {"type": "FactSet", "facts": facts},
-                            ],
-                        },
-                    }],
-                })
-            }
-        }
-    }
 }
 
 /// The first [`NAMED`] of `items`, comma-joined, and how many more.
@@ -292,11 +310,4 @@ pub fn listed(items: &[String]) -> String {
         s.push_str(&format!(" and {} more", items.len() - NAMED));
     }
     s
-}
-
-/// Slack's mrkdwn escapes: `&`, `<` and `>` (Slack's "Formatting text").
-fn slack_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }

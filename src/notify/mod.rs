@@ -1,6 +1,7 @@
 //! Notifications to the operators' webhooks: their configuration, the
-//! messages, their delivery.
+//! messages, their bodies (templates), their delivery.
 
 pub mod config;
 pub mod message;
+pub mod template;
 pub mod webhooks;

@@ -1,7 +1,8 @@
-//! Operators' webhooks: a JSON POST per notification (an event received,
-//! its drain blocked, its approval accepted by IMDS, started, completed,
-//! and a node's unexpected restart), in forewarn's own JSON or ready for a
-//! Slack or Microsoft Teams incoming webhook.
+//! Operators' webhooks: a POST per notification (an event received, its
+//! drain blocked, its approval accepted by IMDS, started, completed, and a
+//! node's unexpected restart), its body forewarn's own JSON, ready for a
+//! Slack or Microsoft Teams incoming webhook, or the webhook's own template
+//! ([`crate::notify::template`]).
 //!
 //! The endpoints come from a YAML file (`--webhooks-file`; in the chart a
 //! Secret, since a webhook URL is a credential), read at start; a bad file
@@ -23,6 +24,11 @@
 //!     timeoutSeconds: 10         # per attempt, 1..=60 (default 10)
 //!     maxAttempts: 5             # 1..=10 (default 5)
 //!     caFile: /etc/forewarn/webhooks/ca.pem              # optional: trust these roots only
+//!   - name: pager
+//!     url: https://events.example.com/v2/enqueue
+//!     contentType: application/json                     # the default
+//!     template: |                                       # instead of format
+//!       {"summary": {{ summary|tojson }}, "nodes": {{ nodes|tojson }}}
 //! ```
 //!
 //! Delivery: only the leader sends (the notifications come from its
@@ -48,11 +54,11 @@ use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use prometheus::IntCounterVec;
-use serde_json::Value;
 use tracing::{error, info, warn};
 
-use crate::notify::config::{Config, Error, Format, Notification, Webhook, read_roots};
+use crate::notify::config::{Config, Error, Notification, Webhook, read_roots};
 use crate::notify::message::Message;
+use crate::notify::template::{BodyTemplate, TemplateError};
 
 /// Messages that may wait for one webhook; beyond it new ones are dropped
 /// (counted `dropped`).
@@ -62,9 +68,9 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 /// One webhook's queue.
 struct Endpoint {
     name: String,
-    format: Format,
+    template: Arc<BodyTemplate>,
     notifications: HashSet<Notification>,
-    queue: tokio::sync::mpsc::Sender<(Notification, Value)>,
+    queue: tokio::sync::mpsc::Sender<(Notification, String)>,
 }
 
 /// The configured webhooks; cheap to clone (the clones share them).
@@ -99,6 +105,14 @@ pub enum ReloadError {
     /// The file is unreadable or invalid.
     #[error(transparent)]
     File(#[from] Error),
+    /// A webhook's body template does not parse.
+    #[error("webhook {webhook}: {source}")]
+    Template {
+        /// The webhook's name.
+        webhook: String,
+        /// Why.
+        source: TemplateError,
+    },
     /// A webhook's HTTP client cannot be built (its `caFile`).
     #[error("webhook {webhook}: {reason}")]
     Client {
@@ -159,16 +173,22 @@ impl Webhooks {
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
             return Ok(());
         }
-        // Every client first: a webhook that cannot be built leaves the set
-        // in force alone.
+        // Every client and template first: a webhook that cannot be built
+        // leaves the set in force alone.
         let built = config
             .webhooks
             .into_iter()
-            .map(|w| client_for(&w).map(|c| (w, c)))
+            .map(|w| {
+                let template = w.body_template().map_err(|source| ReloadError::Template {
+                    webhook: w.name.clone(),
+                    source,
+                })?;
+                client_for(&w).map(|c| (w, c, template))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let (endpoints, started): (Vec<Endpoint>, Vec<_>) = built
             .into_iter()
-            .map(|(w, client)| self.start_endpoint(w, client))
+            .map(|(w, client, template)| self.start_endpoint(w, client, template))
             .unzip();
         {
             let mut workers = shared
@@ -188,7 +208,8 @@ impl Webhooks {
         Ok(())
     }
 
-    /// Starts the delivery worker of webhook `w` and gives its endpoint,
+    /// Starts the delivery worker of webhook `w` (sending with `client` the
+    /// bodies `template` renders) and gives its endpoint,
     /// with the worker's name and task. Its delivered and failed series are
     /// created at 0 for every notification, so that an alert on a rate sees
     /// the first failure.
@@ -196,6 +217,7 @@ impl Webhooks {
         &self,
         w: Webhook,
         client: reqwest::Client,
+        template: Arc<BodyTemplate>,
     ) -> (Endpoint, (String, tokio::task::JoinHandle<()>)) {
         let shared = &self.shared;
         let counted = &shared.counted;
@@ -208,6 +230,9 @@ impl Webhooks {
             ) {
                 headers.insert(k, v);
             }
+        }
+        if let Ok(v) = http::HeaderValue::from_str(w.content_type()) {
+            headers.insert(http::header::CONTENT_TYPE, v);
         }
         for n in Notification::ALL {
             for r in ["delivered", "failed"] {
@@ -226,10 +251,10 @@ impl Webhooks {
             w.name.clone(),
             tokio::spawn(worker.run(rx, shared.closing.subscribe())),
         );
-        info!(webhook = %w.name, format = ?w.format, "Webhook configured");
+        info!(webhook = %w.name, format = ?w.format, template = w.template.is_some(), "Webhook configured");
         let endpoint = Endpoint {
             name: w.name,
-            format: w.format,
+            template,
             notifications: w.notifications.map_or_else(
                 || Notification::ALL.into_iter().collect(),
                 |n| n.into_iter().collect(),
@@ -268,7 +293,17 @@ impl Webhooks {
             .iter()
             .filter(|e| e.notifications.contains(&n))
         {
-            let body = message.body(e.format, inner.cluster.as_deref());
+            let body = match e.template.render(&message, inner.cluster.as_deref()) {
+                Ok(body) => body,
+                Err(err) => {
+                    self.shared
+                        .counted
+                        .with_label_values(&[&e.name, n.as_str(), "failed"])
+                        .inc();
+                    error!(webhook = %e.name, notification = n.as_str(), error = %err, "The webhook's body template failed: a notification was dropped");
+                    continue;
+                }
+            };
             let why = match e.queue.try_send((n, body)) {
                 Ok(()) => continue,
                 Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
@@ -436,7 +471,7 @@ impl Worker {
     /// delivers what is queued and returns.
     async fn run(
         self,
-        mut rx: tokio::sync::mpsc::Receiver<(Notification, Value)>,
+        mut rx: tokio::sync::mpsc::Receiver<(Notification, String)>,
         mut closing: tokio::sync::watch::Receiver<bool>,
     ) {
         let mut watching = true;
@@ -501,12 +536,12 @@ impl Worker {
         }
     }
 
-    async fn attempt(&self, body: &Value) -> Result<(), Failure> {
+    async fn attempt(&self, body: &str) -> Result<(), Failure> {
         let response = self
             .client
             .post(&self.url)
             .headers(self.headers.clone())
-            .json(body)
+            .body(body.to_string())
             .send()
             .await
             .map_err(|e| Failure::Transport(error_chain(&e.without_url())))?;
@@ -544,7 +579,7 @@ mod tests {
     use crate::notify::config::*;
     use crate::notify::message::*;
     use chrono::{DateTime, Utc};
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn ev() -> ScheduledEvent {
         ScheduledEvent::new(
@@ -558,6 +593,24 @@ mod tests {
                 )
                 .build(),
         )
+    }
+
+    /// `m`'s body in the built-in `format`, parsed.
+    fn body_of(m: &Message, format: Format, cluster: Option<&str>) -> Value {
+        let w = Webhook {
+            name: "w".into(),
+            url: "https://example.com".into(),
+            format: Some(format),
+            template: None,
+            content_type: None,
+            notifications: None,
+            headers: Default::default(),
+            timeout_seconds: None,
+            max_attempts: None,
+            ca_file: None,
+        };
+        let text = w.body_template().unwrap().render(m, cluster).unwrap();
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
     }
 
     fn blocked() -> Message {
@@ -586,7 +639,7 @@ mod tests {
 
     #[test]
     fn the_json_document_carries_the_event_the_nodes_and_the_blockers() {
-        let doc = blocked().json(Some("prod"));
+        let doc = body_of(&blocked(), Format::Json, Some("prod"));
         assert_eq!(doc["apiVersion"], "forewarn.dev/v1");
         assert_eq!(doc["notification"], "DrainBlocked");
         assert_eq!(doc["cluster"], "prod");
@@ -604,7 +657,7 @@ mod tests {
         // No cluster, no event: left out, not null.
         let mut m = blocked();
         m.event = None;
-        let doc = m.json(None);
+        let doc = body_of(&m, Format::Json, None);
         assert!(
             doc.get("cluster").is_none() && doc.get("event").is_none(),
             "{doc}"
@@ -614,7 +667,7 @@ mod tests {
     #[test]
     fn slack_gets_escaped_mrkdwn_text_and_teams_an_adaptive_card() {
         let m = blocked();
-        let slack = m.body(Format::Slack, Some("prod"));
+        let slack = body_of(&m, Format::Slack, Some("prod"));
         let text = slack["text"].as_str().unwrap();
         assert!(
             text.starts_with("*forewarn [prod]: drain blocked: Reboot 5D0E7A11*\n"),
@@ -629,7 +682,7 @@ mod tests {
             "{text}"
         );
         assert_eq!(slack.as_object().unwrap().len(), 1, "{slack}");
-        let teams = m.body(Format::Teams, None);
+        let teams = body_of(&m, Format::Teams, None);
         assert_eq!(teams["type"], "message");
         let card = &teams["attachments"][0];
         assert_eq!(
@@ -651,7 +704,7 @@ mod tests {
         let mut dry = blocked();
         dry.dry_run = true;
         assert!(
-            dry.body(Format::Slack, None)["text"]
+            body_of(&dry, Format::Slack, None)["text"]
                 .as_str()
                 .unwrap()
                 .contains("(dry run)")
@@ -662,7 +715,7 @@ mod tests {
     fn many_nodes_are_named_up_to_a_limit_and_counted() {
         let mut m = blocked();
         m.nodes = (0..25).map(|i| format!("node-{i:02}")).collect();
-        let doc = m.json(None);
+        let doc = body_of(&m, Format::Json, None);
         assert_eq!(doc["nodes"].as_array().unwrap().len(), NAMED);
         assert_eq!(doc["nodesOmitted"], 5);
         assert!(listed(&m.nodes).ends_with("and 5 more"));
@@ -676,12 +729,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.cluster.as_deref(), Some("prod"));
-        assert_eq!(c.webhooks[0].format, Format::Slack);
+        assert_eq!(c.webhooks[0].format, Some(Format::Slack));
         assert_eq!(
             c.webhooks[0].notifications,
             Some(vec![Notification::DrainBlocked])
         );
-        assert_eq!(c.webhooks[1].format, Format::Json);
+        assert_eq!(c.webhooks[1].format, None);
+        assert_eq!(c.webhooks[1].content_type(), "application/json");
         assert_eq!(c.webhooks[1].notifications, None);
         assert_eq!(Config::parse("", "w.yaml").unwrap(), Config::default());
     }
@@ -746,6 +800,34 @@ mod tests {
             (
                 format!("webhooks:\n- {{name: a, url: ['{secret}']}}\n"),
                 "w.yaml",
+            ),
+            (
+                format!(
+                    "webhooks:\n- {{name: a, url: '{secret}', format: Slack, template: '{{{{ summary|tojson }}}}'}}\n"
+                ),
+                "not both",
+            ),
+            (
+                format!(
+                    "webhooks:\n- name: a\n  url: {secret}\n  template: |\n    {{\"a\": 1,\n     \"b\": {{{{ summary|tojson }}\n    }}\n"
+                ),
+                "webhook \"a\": template line 2, column 25: syntax error",
+            ),
+            (
+                format!(
+                    "webhooks:\n- {{name: a, url: '{secret}', template: '{{\"s\": \"{{{{ summary }}}}\"}}'}}\n"
+                ),
+                "gave no JSON",
+            ),
+            (
+                format!("webhooks:\n- {{name: a, url: '{secret}', contentType: json}}\n"),
+                "not a media type",
+            ),
+            (
+                format!(
+                    "webhooks:\n- {{name: a, url: '{secret}', contentType: text/plain, headers: {{content-type: text/plain}}}}\n"
+                ),
+                "contentType only",
             ),
             (
                 format!("webhooks:\n- name: a\n  url: {secret}\n  timeoutSeconds: {secret}\n"),
@@ -1102,9 +1184,9 @@ mod tests {
         assert_eq!(new_got.load(SeqCst), 1);
     }
 
-    /// The file watch: a changed file that is invalid is refused (the
-    /// webhooks in force stay, the gauge says so); a valid one is put in
-    /// force and clears the gauge.
+    /// The file watch: a changed file that is invalid (its body template
+    /// does not parse) is refused (the webhooks in force stay, the gauge
+    /// says so); a valid one is put in force and clears the gauge.
     #[tokio::test]
     async fn a_changed_webhooks_file_is_loaded_and_an_invalid_one_refused() {
         use std::sync::atomic::Ordering::SeqCst;
@@ -1122,7 +1204,12 @@ mod tests {
         let (config, text) = Config::load_text(&path.to_string_lossy()).unwrap();
         let hooks = Webhooks::start(config, metrics.webhook_deliveries.clone(), false).unwrap();
         let task = tokio::spawn(watch(path.clone(), text, hooks.clone(), metrics.clone()));
-        std::fs::write(&path, "webhooks:\n- {name: a, url: 'ftp://x'}\n").unwrap();
+        // A template that does not parse.
+        std::fs::write(
+            &path,
+            format!("webhooks:\n- {{name: a, url: '{a_url}', template: '{{{{ summary'}}\n"),
+        )
+        .unwrap();
         eventually("the invalid file refused", || {
             metrics.webhooks_refused.get() == 1
         })

@@ -57,6 +57,7 @@ fn policy_example_with_every_key_renders_and_loads() {
         "acknowledgeTimeoutSeconds:",
         "evictAfterAcknowledgement:",
         "excludeFromLoadBalancers:",
+        "taintEffect:",
     ] {
         assert!(example.contains(key), "the example lacks {key}:\n{example}");
     }
@@ -74,9 +75,15 @@ fn policy_example_with_every_key_renders_and_loads() {
             "controller.policy.evictUnmanagedPods={Terminate,Preempt}",
             "--set",
             "controller.policy.retention=7d",
+            "--set",
+            "controller.policy.taintEffect=PreferNoSchedule",
         ],
     );
     assert!(rendered.trust_any_agent);
+    assert_eq!(
+        rendered.taint_effect,
+        forewarn::policy::TaintEffect::PreferNoSchedule
+    );
     assert_eq!(rendered.evict_unmanaged_pods, ["Terminate", "Preempt"]);
     assert_eq!(rendered.retention, Duration::from_secs(7 * 86400));
 }

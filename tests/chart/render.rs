@@ -800,3 +800,50 @@ fn namespaces_are_listed_only_for_a_namespace_selector() {
     assert!(!out.ok, "an unknown operator was accepted");
     assert!(out.stderr.contains("operator"), "{}", out.stderr);
 }
+
+/// `controller.dryRun: true` puts `--dry-run` on the controller's command
+/// line, which the binary's own parser reads as a dry run; the default
+/// (false) leaves it off; the schema types it.
+#[test]
+fn controller_dry_run_is_a_value_that_reaches_the_container() {
+    use clap::Parser as _;
+    use forewarn::cli::{Cli, Command};
+    for (extra, expected) in [
+        (&[][..], false),
+        (&["--set", "controller.dryRun=true"][..], true),
+        (&["--set", "controller.dryRun=false"][..], false),
+    ] {
+        let docs = documents(&render(extra));
+        let dep = docs
+            .iter()
+            .find(|d| d["kind"] == "Deployment")
+            .expect("the controller's Deployment");
+        let c = &dep["spec"]["template"]["spec"]["containers"][0];
+        let argv: Vec<String> = c["command"]
+            .as_array()
+            .into_iter()
+            .chain(c["args"].as_array())
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
+        assert_eq!(
+            argv.iter().filter(|a| *a == "--dry-run").count(),
+            usize::from(expected),
+            "{extra:?}: {argv:?}"
+        );
+        let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        let Command::Controller(args) = cli.command else {
+            panic!("not the controller: {argv:?}");
+        };
+        assert_eq!(args.dry_run, expected, "{extra:?}: {argv:?}");
+    }
+    let out = helm(&[
+        "template",
+        RELEASE,
+        &chart_dir(),
+        "--set-string",
+        "controller.dryRun=yes",
+    ]);
+    assert!(!out.ok, "a string controller.dryRun was accepted");
+    assert!(out.stderr.contains("dryRun"), "{}", out.stderr);
+}

@@ -26,13 +26,15 @@ fn webhooks_example() -> String {
 /// controller mounts and is passed (`--webhooks-file`), and what it holds
 /// loads as the file it came from; `existingSecret` mounts the operator's
 /// own Secret instead (no Secret of the chart); neither: no webhook at all.
+/// A body template passes through the values and the Secret unchanged.
 /// With a NetworkPolicy, webhooks open their port and DNS.
 #[test]
 fn webhooks_come_from_a_secret_the_controller_mounts() {
     use forewarn::notify::config::Config;
     let example = webhooks_example();
     let expected = Config::parse(&example, "example").expect("the example loads");
-    assert_eq!(expected.webhooks.len(), 2, "{example}");
+    assert_eq!(expected.webhooks.len(), 3, "{example}");
+    assert!(expected.webhooks[2].template.is_some(), "{example}");
     let file = out_dir().join("webhooks.values.yaml");
     std::fs::write(
         &file,

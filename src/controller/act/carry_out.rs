@@ -21,6 +21,7 @@ use crate::controller::act::{cordon, drain, publish};
 use crate::controller::decide::plan::{EvictionOutcome, NodeWrite, Plan};
 use crate::controller::decide::status::Outcome;
 use crate::controller::error::{Error, Result};
+use crate::policy::TaintEffect;
 use crate::text::named;
 
 /// Node writes in flight at once for one event.
@@ -83,13 +84,15 @@ fn nodes_note(ev: &ScheduledEvent, reason: &str, nodes: Vec<&str>) -> String {
     }
 }
 
-/// Carries out the plan's node writes, several nodes at once.
+/// Carries out the plan's node writes, several nodes at once; a node
+/// taken is tainted with `taint_effect` (the policy's).
 pub async fn write_nodes(
     ev: &ScheduledEvent,
     plan: &Plan,
     snapshots: &HashMap<String, Arc<Node>>,
     writers: &Writers,
     exclude_lb: bool,
+    taint_effect: TaintEffect,
 ) -> Result<()> {
     let api: Api<Node> = Api::all(writers.client.clone());
     let mut writes = Vec::new();
@@ -99,8 +102,15 @@ pub async fn write_nodes(
         };
         let (api, w) = (api.clone(), w.clone());
         writes.push(async move {
-            let r =
-                cordon::write_holds(&api, &node, w.holds(), w.unschedulable(), exclude_lb).await;
+            let r = cordon::write_marks(
+                &api,
+                &node,
+                w.holds(),
+                w.unschedulable(),
+                exclude_lb,
+                taint_effect,
+            )
+            .await;
             (w, r)
         });
     }

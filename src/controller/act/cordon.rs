@@ -9,15 +9,26 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::api::CORDONED_FOR_ANNOTATION;
+use crate::policy::TaintEffect;
 
-/// Key of the taint forewarn puts next to its cordon (effect `NoSchedule`),
-/// so that tools and people can tell why a node is cordoned. Owned like the
-/// cordon: present exactly while forewarn holds the node for some event.
+/// Key of the taint forewarn puts next to its cordon (effect the policy's
+/// `taintEffect`, default `NoSchedule`), so that tools and people can tell
+/// why a node is cordoned. Owned like the cordon: present exactly while
+/// forewarn holds the node for some event.
 pub const TAINT_KEY: &str = "forewarn.dev/scheduled-event";
 
-/// The node's taints with forewarn's taint present (`held`) or absent, or
-/// `None` when they are already so. Other taints are never touched.
+/// [`taints_with`] the default effect (`NoSchedule`).
 pub fn taints_for(node: &Node, held: bool) -> Option<Vec<Taint>> {
+    taints_with(node, held, TaintEffect::default())
+}
+
+/// The node's taints with forewarn's taint present (`held`, added with
+/// `effect` when missing) or absent, or `None` when they are already so.
+/// A taint of forewarn's key counts as present whatever its effect: one
+/// written under an earlier policy stays as written while the node is
+/// held, and is removed on release all the same. Other taints are never
+/// touched.
+pub fn taints_with(node: &Node, held: bool, effect: TaintEffect) -> Option<Vec<Taint>> {
     let current: Vec<Taint> = node
         .spec
         .as_ref()
@@ -32,7 +43,7 @@ pub fn taints_for(node: &Node, held: bool) -> Option<Vec<Taint>> {
         taints.push(Taint {
             key: TAINT_KEY.into(),
             value: Some("true".into()),
-            effect: "NoSchedule".into(),
+            effect: effect.as_str().into(),
             time_added: None,
         });
     }
@@ -74,13 +85,9 @@ pub fn lb_exclusion_for(
     }
 }
 
-/// Writes a node's hold list (`forewarn.dev/cordoned-for`; removed when
-/// empty), forewarn's taint (present while the list is not empty), the
-/// load-balancer exclusion label when `exclude_lb` asks for it (see
-/// [`lb_exclusion_for`]) and, if given, `spec.unschedulable`, in one merge
-/// patch made conditional on the `resourceVersion` of `node` as read: two
-/// writers editing one node's hold list or taints cannot lose each other's
-/// change (the loser gets a 409 and retries from a fresh read).
+/// [`write_marks`] with the default taint effect, for the writes that keep
+/// or shrink a node's holds (the sweeps): they add no taint but where
+/// forewarn's was removed by hand from a held node.
 ///
 /// # Errors
 /// The API error; 409 when the node changed since it was read.
@@ -90,6 +97,36 @@ pub async fn write_holds(
     holds: &[String],
     unschedulable: Option<bool>,
     exclude_lb: bool,
+) -> Result<(), kube::Error> {
+    write_marks(
+        api,
+        node,
+        holds,
+        unschedulable,
+        exclude_lb,
+        TaintEffect::default(),
+    )
+    .await
+}
+
+/// Writes a node's hold list (`forewarn.dev/cordoned-for`; removed when
+/// empty), forewarn's taint (present while the list is not empty, added
+/// with `effect`: see [`taints_with`]), the
+/// load-balancer exclusion label when `exclude_lb` asks for it (see
+/// [`lb_exclusion_for`]) and, if given, `spec.unschedulable`, in one merge
+/// patch made conditional on the `resourceVersion` of `node` as read: two
+/// writers editing one node's hold list or taints cannot lose each other's
+/// change (the loser gets a 409 and retries from a fresh read).
+///
+/// # Errors
+/// The API error; 409 when the node changed since it was read.
+pub async fn write_marks(
+    api: &Api<Node>,
+    node: &Node,
+    holds: &[String],
+    unschedulable: Option<bool>,
+    exclude_lb: bool,
+    effect: TaintEffect,
 ) -> Result<(), kube::Error> {
     let annotation = if holds.is_empty() {
         json!(null)
@@ -110,7 +147,7 @@ pub async fn write_holds(
     if let Some(u) = unschedulable {
         spec.insert("unschedulable".into(), json!(u));
     }
-    if let Some(taints) = taints_for(node, !holds.is_empty()) {
+    if let Some(taints) = taints_with(node, !holds.is_empty(), effect) {
         spec.insert("taints".into(), json!(taints));
     }
     if !spec.is_empty() {
@@ -160,6 +197,29 @@ mod tests {
         n.spec.as_mut().unwrap().taints = Some(added);
         assert_eq!(taints_for(&n, true), None, "already there");
         assert_eq!(taints_for(&n, false), Some(vec![theirs]));
+    }
+
+    /// The policy's effect is used when tainting; a taint of forewarn's key
+    /// written with another effect stays while held and goes on release.
+    #[test]
+    fn the_taint_takes_the_policys_effect_and_goes_whatever_its_effect() {
+        let mut n = node();
+        assert_eq!(taints_for(&n, true).unwrap()[0].effect, "NoSchedule");
+        let added = taints_with(&n, true, TaintEffect::PreferNoSchedule).unwrap();
+        assert_eq!(added.len(), 1);
+        assert_eq!(added[0].effect, "PreferNoSchedule");
+        assert_eq!(added[0].key, TAINT_KEY);
+        n.spec.as_mut().unwrap().taints = Some(added);
+        assert_eq!(
+            taints_with(&n, true, TaintEffect::NoSchedule),
+            None,
+            "rewritten while held"
+        );
+        assert_eq!(
+            taints_with(&n, false, TaintEffect::NoSchedule),
+            Some(Vec::new())
+        );
+        assert_eq!(taints_for(&n, false), Some(Vec::new()));
     }
 
     #[test]
