@@ -1644,7 +1644,11 @@ fn watch_deletions(
                         .and_then(|s| s.node_name.clone())
                         .unwrap_or_default(),
                     grace_seconds: p.metadata.deletion_grace_period_seconds,
-                    deletion_timestamp: ts.0.to_string().parse().unwrap_or(now),
+                    deletion_timestamp: DateTime::from_timestamp(
+                        ts.0.as_second(),
+                        u32::try_from(ts.0.subsec_nanosecond()).unwrap_or(0),
+                    )
+                    .unwrap_or(now),
                     seen_at: now,
                 },
             );

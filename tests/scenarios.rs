@@ -405,7 +405,7 @@ const WAVE_VMS: usize = 50;
 /// Workload pods per node of the wave.
 const WAVE_PODS_PER_NODE: usize = 10;
 /// Nodes that take the evicted pods' replacements (the pool Azure does not
-/// take back), tainted until the wave starts.
+/// take back), created as the wave starts.
 const WAVE_SPARES: usize = 3;
 
 /// A Spot wave (harness/src/wave.rs): `WAVE_VMS` Spot VMs evicted at
@@ -423,8 +423,8 @@ const WAVE_SPARES: usize = 3;
 /// `NotBefore` (its `deletionTimestamp`).
 ///
 /// The scenarios' clusters have 3 nodes; this test adds the wave's other
-/// nodes and the spares before it plays and deletes them after, so the
-/// other scenarios keep their 3. The controller runs with an eviction
+/// nodes before it plays and the spares as it starts, and deletes them
+/// after, so the other scenarios keep their 3. The controller runs with an eviction
 /// budget of 100/s (burst 200): at the default 20/s the 500 evictions of
 /// the wave alone take 25 s of the 25 s before the drain deadline (see
 /// README, "Sizing").
@@ -440,13 +440,16 @@ async fn a_spot_wave_of_fifty_vms_is_cordoned_and_drained_before_each_not_before
     let mut added = wave::add_nodes(&client, &wave_nodes, None)
         .await
         .expect("add the wave's nodes");
-    added.extend(
-        wave::add_nodes(&client, &spares, Some(wave::SPARE_TAINT))
-            .await
-            .expect("add the spare nodes"),
-    );
+    // The spares come when the wave starts (the run's reset would take a
+    // taint off): the workload's first pods all land on the wave's nodes.
+    added.extend(spares.iter().cloned());
     let dir = repo_root().join("target/forewarn-runs/spot-wave");
     std::fs::create_dir_all(&dir).expect("run dir");
+    let spare_file = dir.join("spare-nodes.json");
+    let spare_list = wave::node_list(&client, &spares)
+        .await
+        .expect("the spare nodes");
+    std::fs::write(&spare_file, spare_list.to_string()).expect("write the spare nodes");
     let file = dir.join("spot-wave.yaml");
     let first = Duration::from_secs(3);
     std::fs::write(&file, wave::scenario_yaml(WAVE_VMS, first)).expect("write the scenario");
@@ -463,10 +466,14 @@ async fn a_spot_wave_of_fifty_vms_is_cordoned_and_drained_before_each_not_before
         ("FOREWARN_EVICTION_QPS".into(), "100".into()),
         ("FOREWARN_EVICTION_BURST".into(), "200".into()),
     ];
-    let mut lift = vec!["taint".to_string(), "nodes".into()];
-    lift.extend(spares.iter().cloned());
-    lift.push(format!("{}-", wave::SPARE_TAINT));
-    opts.timed_kubectl = vec![(Duration::ZERO, lift)];
+    opts.timed_kubectl = vec![(
+        Duration::ZERO,
+        vec![
+            "apply".into(),
+            "-f".into(),
+            spare_file.to_string_lossy().into_owned(),
+        ],
+    )];
     // As its kubelet would: a leader that could not renew its Lease on a
     // loaded machine exits (the run shows it), and carries on restarted.
     opts.restart_exited_controller = true;
@@ -478,6 +485,24 @@ async fn a_spot_wave_of_fifty_vms_is_cordoned_and_drained_before_each_not_before
     let r = result.unwrap_or_else(|e| panic!("the Spot wave could not run: {e:#}"));
     removed.expect("remove the nodes added");
     println!("{}\n{}", r.timeline.join("\n"), summary(&r));
+    // What a failure needs first: how late each node was cordoned.
+    let mut late: Vec<f64> = (0..WAVE_VMS)
+        .filter_map(|i| {
+            let appeared = r.started
+                + chrono::TimeDelta::from_std(wave::appears_at(first, i, WAVE_VMS)).ok()?;
+            Some((r.first_cordon(&wave::node_name(i))? - appeared).as_seconds_f64())
+        })
+        .collect();
+    late.sort_by(f64::total_cmp);
+    println!(
+        "Spot wave: {} of {WAVE_VMS} nodes cordoned, {} to {} s after their event appeared",
+        late.len(),
+        late.first().map_or("-".into(), |s| format!("{s:.1}")),
+        late.last().map_or("-".into(), |s| format!("{s:.1}")),
+    );
+    for (at, what) in &r.restarts {
+        println!("Spot wave: restarted at {at}: {what}");
+    }
     assert!(r.ok(), "{}\n{}", r.timeline.join("\n"), summary(&r));
     assert!(
         r.min_ready >= r.min_available,
@@ -589,7 +614,4 @@ async fn a_spot_wave_of_fifty_vms_is_cordoned_and_drained_before_each_not_before
         }
     }
     println!("Spot wave: {approved} of {WAVE_VMS} events approved before their NotBefore");
-    for (at, what) in &r.restarts {
-        println!("Spot wave: restarted at {at}: {what}");
-    }
 }

@@ -43,9 +43,10 @@ pub fn vm_name(i: usize) -> String {
     format!("aks-spot-38120954-vmss_{i}")
 }
 
-/// The `EventId` of the `Preempt` event of VM `i`.
+/// The `EventId` of the `Preempt` event of VM `i`: its first group
+/// (what a timeline shows of an id) differs from the others'.
 pub fn event_id(i: usize) -> String {
-    format!("5B0F7A00-0000-4000-8000-{i:012}")
+    format!("{:08X}-0000-4000-8000-5B0F7A000000", 0x5B0F_0000 + i)
 }
 
 /// When the event of VM `i` of `n` appears, from the scenario's start:
@@ -97,9 +98,10 @@ pub fn scenario_yaml(n: usize, first: Duration) -> String {
 
 /// The workload of a wave over nodes `0..n`: per node `i` a Deployment
 /// `wave-<i>` of `per_node` pause pods whose required node affinity allows
-/// node `i` and the `spares` (tainted with [`SPARE_TAINT`] until the wave,
-/// so all first land on node `i`; the replacements of evicted pods land on
-/// the spares), with `terminationGracePeriodSeconds` 30 and KWOK's stop
+/// node `i` and the `spares` (which must not take pods until the wave:
+/// tainted with [`SPARE_TAINT`], or created when it starts, so that all
+/// first land on node `i`; the replacements of evicted pods land on the
+/// spares), with `terminationGracePeriodSeconds` 30 and KWOK's stop
 /// annotations (a pod stops 0.3-1.2 s after its deletion, as a server that
 /// handles SIGTERM), and a PodDisruptionBudget `wave-<i>` of
 /// `maxUnavailable` half of them (at least 1): a drain goes in steps, as
@@ -143,12 +145,51 @@ pub fn workload(n: usize, per_node: usize, spares: &[String]) -> Vec<serde_json:
     out
 }
 
-/// Creates the nodes `names` that the cluster lacks, as `hack/cluster.sh`'s
-/// own (KWOK manages every node: labels and annotations copied from
-/// `node-000000`, the hostname label set), with `taint` (key,
-/// `NoSchedule`) when given, and waits until every one is Ready (a hang
-/// bound: KWOK makes a node Ready within a second or two). Returns the
-/// names it created.
+/// A node named `name` as `hack/cluster.sh` makes them (KWOK manages
+/// every node): the labels and KWOK's annotations of `template`, the
+/// hostname label set, with `taint` (key, `NoSchedule`) when given.
+///
+/// # Errors
+/// When the object cannot be built (it always can).
+pub fn node_like(template: &Node, name: &str, taint: Option<&str>) -> anyhow::Result<Node> {
+    let mut labels = template.metadata.labels.clone().unwrap_or_default();
+    labels.insert("kubernetes.io/hostname".into(), name.into());
+    let mut annotations = template.metadata.annotations.clone().unwrap_or_default();
+    annotations.retain(|k, _| k.starts_with("kwok.x-k8s.io/") || k.starts_with("node.alpha"));
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        "spec": {"taints": taint.map(|t| vec![json!({"key": t, "effect": "NoSchedule"})])},
+    }))?)
+}
+
+/// The nodes `names`, built by [`node_like`] from the cluster's
+/// `node-000000`, as a `v1` `List` (for `kubectl apply` at a given
+/// moment of a run).
+///
+/// # Errors
+/// When the template node cannot be read.
+pub async fn node_list(client: &Client, names: &[String]) -> anyhow::Result<serde_json::Value> {
+    let template = Api::<Node>::all(client.clone())
+        .get(&node_name(0))
+        .await
+        .context("the cluster has no node-000000 to copy")?;
+    let items = names
+        .iter()
+        .map(|n| Ok(serde_json::to_value(node_like(&template, n, None)?)?))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(json!({"apiVersion": "v1", "kind": "List", "items": items}))
+}
+
+/// Creates the nodes `names` that the cluster lacks ([`node_like`] of
+/// `node-000000`, with `taint` when given) and waits until every one is
+/// Ready (a hang bound: KWOK makes a node Ready within a second or two).
+/// Returns the names it created.
 ///
 /// # Errors
 /// When the template node is missing, a node cannot be created, or they
@@ -168,21 +209,8 @@ pub async fn add_nodes(
         if nodes.get_opt(name).await?.is_some() {
             continue;
         }
-        let mut labels = template.metadata.labels.clone().unwrap_or_default();
-        labels.insert("kubernetes.io/hostname".into(), name.clone());
-        let mut annotations = template.metadata.annotations.clone().unwrap_or_default();
-        annotations.retain(|k, _| k.starts_with("kwok.x-k8s.io/") || k.starts_with("node.alpha"));
-        let node: Node = serde_json::from_value(json!({
-            "metadata": ObjectMeta {
-                name: Some(name.clone()),
-                labels: Some(labels),
-                annotations: Some(annotations),
-                ..Default::default()
-            },
-            "spec": {"taints": taint.map(|t| vec![json!({"key": t, "effect": "NoSchedule"})])},
-        }))?;
         nodes
-            .create(&PostParams::default(), &node)
+            .create(&PostParams::default(), &node_like(&template, name, taint)?)
             .await
             .with_context(|| format!("failed to create node {name}"))?;
         created.push(name.clone());
