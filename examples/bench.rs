@@ -1668,6 +1668,55 @@ fn spread(v: &[f64], of: usize) -> String {
     )
 }
 
+/// Starts the controller again if it exited, as its kubelet would, and
+/// says so in `restarts` (the wall-clock time, how it ended).
+async fn restart_exited(fleet: &mut Fleet, restarts: &mut Vec<String>) -> anyhow::Result<()> {
+    if let Some(status) = fleet.controller.exited() {
+        let tail = fleet.controller.log_tail(1);
+        fleet.restart_controller_container().await?;
+        restarts.push(format!(
+            "{} UTC ({status}: {})",
+            Utc::now().format("%H:%M:%S"),
+            tail.trim()
+        ));
+        println!("[bench] wave: the controller exited ({status}); started again");
+    }
+    Ok(())
+}
+
+/// Waits `for_` while restarting an exited controller.
+async fn settle(
+    fleet: &mut Fleet,
+    for_: Duration,
+    restarts: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let until = Instant::now() + for_;
+    while Instant::now() < until {
+        restart_exited(fleet, restarts).await?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// [`Watches::wait`] for [`WAVE_WITHIN`], restarting an exited controller.
+async fn wait_restarting(
+    watches: &Watches,
+    fleet: &mut Fleet,
+    restarts: &mut Vec<String>,
+    what: &str,
+    done: impl Fn(&Seen) -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + WAVE_WITHIN;
+    while !watches.with(&done) {
+        if Instant::now() > deadline {
+            bail!("timed out after {WAVE_WITHIN:?} waiting for {what}");
+        }
+        restart_exited(fleet, restarts).await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
 #[allow(clippy::too_many_lines)]
 async fn wave_on(
     args: &Args,
@@ -1774,7 +1823,7 @@ async fn wave_on(
     }
     let qps = args.wave_eviction_qps.to_string();
     let burst = (args.wave_eviction_qps * 2).to_string();
-    let fleet = start_fleet(
+    let mut fleet = start_fleet(
         cluster,
         bin,
         &dir,
@@ -1793,12 +1842,13 @@ async fn wave_on(
     .await?;
     // The reference, before this program's watches start: its cordons are
     // not the wave's.
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    let mut restarts = Vec::new();
+    settle(&mut fleet, Duration::from_secs(10), &mut restarts).await?;
     let reference = node_patch_reference(client, n).await?;
     let watches = Watches::start(client).await?;
     let (deletions, deletion_task) = watch_deletions(client, ns);
     let http = forewarn::http::client_builder().no_proxy().build()?;
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    settle(&mut fleet, Duration::from_secs(10), &mut restarts).await?;
     let ticks = clock_ticks();
     let ctl_pid = fleet.controller.id().context("the controller exited")?;
     let idle = proc_stat(ctl_pid, ticks)?;
@@ -1807,25 +1857,38 @@ async fn wave_on(
         origin + chrono::TimeDelta::from_std(wave::appears_at(first, i, n)).unwrap_or_default()
     };
     let nodes: Vec<String> = (0..n).map(wave::node_name).collect();
-    let cordoned = watches
-        .wait(WAVE_WITHIN, "every wave node cordoned", |s| {
-            nodes.iter().all(|x| s.cordon(x, 0).is_some())
-        })
-        .await;
+    let cordoned = wait_restarting(
+        &watches,
+        &mut fleet,
+        &mut restarts,
+        "every wave node cordoned",
+        |s| nodes.iter().all(|x| s.cordon(x, 0).is_some()),
+    )
+    .await;
     let released = match &cordoned {
         Ok(()) => {
-            watches
-                .wait(WAVE_WITHIN, "every wave node released", |s| {
-                    nodes.iter().all(|x| s.release(x, 0).is_some())
-                })
-                .await
+            wait_restarting(
+                &watches,
+                &mut fleet,
+                &mut restarts,
+                "every wave node released",
+                |s| nodes.iter().all(|x| s.release(x, 0).is_some()),
+            )
+            .await
         }
         Err(_) => Ok(()),
     };
     let until = Utc::now();
     // Trailing writes (records of the release) land within a moment.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let busy = proc_stat(ctl_pid, ticks);
+    // The controller's figures, if it is the process measured idle.
+    let busy = proc_stat(ctl_pid, ticks).and_then(|b| {
+        if fleet.controller.id() == Some(ctl_pid) {
+            Ok(b)
+        } else {
+            bail!("the controller measured idle exited during the wave")
+        }
+    });
     let log = fleet.mock_log(&http).await.unwrap_or_default();
     stop_fleet(fleet).await;
     deletion_task.abort();
@@ -2094,6 +2157,13 @@ async fn wave_on(
             late.join(", ")
         ));
     }
+    if !restarts.is_empty() {
+        table.note(format!(
+            "the controller exited {} times (a leader that cannot renew its Lease in time stops) and was started again at once, as its kubelet would: {}",
+            restarts.len(),
+            restarts.join("; ")
+        ));
+    }
     cordoned?;
     released
 }
@@ -2358,7 +2428,11 @@ async fn main() -> ExitCode {
         .flatten();
     let ran: Vec<String> = parts.iter().map(ToString::to_string).collect();
     let doc = bench_report::document(&header, &table.0, &ran, &PARTS, previous.as_deref());
-    println!("\n{doc}");
+    // The state at its end is for the next run, not for reading.
+    let shown = doc
+        .find(&format!("<!-- {}", bench_report::STATE_MARK))
+        .map_or(doc.as_str(), |at| &doc[..at]);
+    println!("\n{shown}");
     if !out.is_empty() {
         let path = repo_root().join(&out);
         if let Err(e) = path
