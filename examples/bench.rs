@@ -1808,6 +1808,8 @@ async fn wave_on(
         .map(|i| (wave::node_name(i), wave::vm_name(i)))
         .collect();
     let dir = run_dir("wave");
+    // No log of an earlier run left beside this one's.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let mut creds = Credentials {
         controller: impersonating_kubeconfig(cluster, &dir, "bench:controller")?,
@@ -1952,7 +1954,14 @@ async fn wave_on(
             n as f64 / own
         ))
         .headline(
-            format!("Spot wave of {n}: cordoned at p99 {cordon_p99:.2} s"),
+            if to_cordon.is_empty() {
+                format!("Spot wave of {n}: none cordoned")
+            } else {
+                format!(
+                    "Spot wave of {n}: {} cordoned, at p99 {cordon_p99:.2} s",
+                    to_cordon.len()
+                )
+            },
             Some(format!("{own:.2} s for {n} cordons")),
         );
     let evict_p99 = percentile(&to_evict, 0.99);
@@ -1964,7 +1973,14 @@ async fn wave_on(
             "p99 ≤ 2 s",
             Some(to_evict.len() == n && evict_p99 <= 2.0),
         )
-        .headline(format!("evictions started at p99 {evict_p99:.2} s"), None);
+        .headline(
+            if to_evict.is_empty() {
+                "no eviction".to_string()
+            } else {
+                format!("evictions started at p99 {evict_p99:.2} s")
+            },
+            None,
+        );
     let pods: usize = figures.iter().map(|f| f.pods).sum();
     let left: usize = figures
         .iter()
