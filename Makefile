@@ -17,11 +17,11 @@ demo:
 test: lint
 	CARGO=$(CARGO) bash hack/test-all.sh
 
-## bench: detection, 100-VM burst, drain ratio, footprint, API load, 1,000-VM scale on local clusters with the
-## release binary; prints one table (figures next to their goals and same-run references; a missed goal does not
-## fail) and writes BENCHMARKS.md whole: header, table, notes, and its history carried forward (about 35 minutes).
-## BENCH_ARGS="--only detection,burst" runs some parts and writes target/bench-detection-burst.md (or --out FILE),
-## never BENCHMARKS.md
+## bench: detection, 100-VM burst, drain ratio, footprint, API load, 1,000-VM scale, 200-VM Spot wave on local
+## clusters with the release binary; prints one table (figures next to their goals and same-run references; a missed
+## goal does not fail) and writes BENCHMARKS.md: the runs, the table, notes, sizing, history (about 40 minutes).
+## BENCH_ARGS="--only wave,scale" runs some parts and replaces their figures in BENCHMARKS.md, keeping the other
+## parts' with their runs (--out FILE writes elsewhere)
 bench:
 	$(CARGO) build --release --bin forewarn
 	$(CARGO) build --example bench --example bench_drain

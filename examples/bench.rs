@@ -6,16 +6,17 @@
 //! (cluster down, timeout) is reported as such and makes the exit status
 //! non-zero.
 //!
-//! A full run (every part: no `--only`) writes `BENCHMARKS.md` whole
-//! (forewarn_harness::bench_report): a header (the command, the date, the
-//! commit and whether the working tree differed from it, the machine and
-//! its load averages), one table of every figure with its goal and, where
-//! the part measures one, the reference measured in the same run, the
-//! run's notes, and a `## History` of one line per full run (date, commit,
-//! headline figures with their goals), this run's line first and the
-//! previous file's lines after it. A run of some parts (`--only`) never
-//! touches `BENCHMARKS.md`: it writes its table to `--out` if given, else
-//! to `target/bench-<parts>.md`, and prints it. `--out ''` writes nothing.
+//! The run writes `BENCHMARKS.md` (or `--out`; forewarn_harness::bench_report),
+//! merged with what it holds: the runs of its parts (the command, the date,
+//! the commit and whether the working tree differed from it, the machine
+//! and its load averages), one table of every figure with its goal, where
+//! the part measures one the reference measured in the same run, and the
+//! run that measured it; the runs' notes; a sizing section computed from
+//! the scale and wave parts' figures; and a `## History` of one line per
+//! run (date, commit, headline figures with their goals), this run's line
+//! first. A full run (no `--only`) replaces every part; a run of some
+//! parts (`--only wave,scale`) replaces those and keeps the other parts'
+//! figures and runs as they were. `--out ''` writes nothing.
 //!
 //! Parts (`--only` picks some):
 //! - `detection`: one node per event, `--detection-events` events appearing
@@ -38,6 +39,17 @@
 //!   one event naming every VM: time until all are cordoned, against its
 //!   reference (this program's own cordons of every node, timed before the
 //!   event), and the controller's peak RSS, CPU and requests over the event.
+//! - `wave`: a Spot wave (forewarn_harness::wave): `--wave-vms` Spot VMs,
+//!   each with its own agent and its own `Preempt` event of 30 s notice,
+//!   all appearing within one second and delivered to every VM of the
+//!   group, `--wave-pods-per-node` pods per node under PodDisruptionBudgets.
+//!   Per event: from the IMDS change to its node cordoned and to its
+//!   first eviction, the pods still running at `NotBefore` (their
+//!   `deletionTimestamp` after it), the approvals IMDS received, the agents'
+//!   report writes, and the API requests by verb and resource (the
+//!   controller's and the agents', from the audit log); the controller's
+//!   memory and CPU; the reference: this program's own cordons of the
+//!   wave's nodes.
 //! - `size`: the size of the stripped release executable.
 //! - `drain`: `bench_drain` (forewarn against `kubectl drain`, its
 //!   reference), run as a child with the same executable.
@@ -73,8 +85,8 @@ struct Args {
     #[arg(long)]
     forewarn_bin: Option<PathBuf>,
     /// Parts to run, comma-separated, of: size, detection, burst, scale,
-    /// drain (default: all, a full run). A run of some parts writes to
-    /// `--out` or `target/bench-<parts>.md`, never to BENCHMARKS.md.
+    /// wave, drain (default: all, a full run). A run of some parts
+    /// replaces their figures in the document and keeps the others'.
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
     /// Events (and nodes) of the detection part.
@@ -104,9 +116,25 @@ struct Args {
     /// Runs of each drain in the drain part.
     #[arg(long, default_value_t = 5)]
     drain_runs: usize,
-    /// Where to write the document, relative to the repository (empty: do
-    /// not write; default: BENCHMARKS.md for a full run,
-    /// target/bench-<parts>.md for a run of some parts).
+    /// Spot VMs of the wave part (one node and agent each), each evicted
+    /// by its own Preempt event.
+    #[arg(long, default_value_t = 200)]
+    wave_vms: usize,
+    /// Workload pods per node of the wave part.
+    #[arg(long, default_value_t = 10)]
+    wave_pods_per_node: usize,
+    /// Nodes of the wave part outside the wave (its pods' replacements go
+    /// there).
+    #[arg(long, default_value_t = 5)]
+    wave_spares: usize,
+    /// The controller's eviction rate budget in the wave part (per second;
+    /// burst twice that): the sizing section's value for the wave's pods
+    /// (README, "Sizing").
+    #[arg(long, default_value_t = 120)]
+    wave_eviction_qps: u32,
+    /// Where to write the document, relative to the repository, merged
+    /// with what that file holds (empty: do not write; default:
+    /// BENCHMARKS.md).
     #[arg(long)]
     out: Option<String>,
 }
@@ -115,8 +143,12 @@ struct Args {
 const CLUSTER: &str = "forewarn-bench";
 const CLUSTER_SCALE: &str = "forewarn-bench2";
 
+/// Cluster name of the wave part (never used by `make test`);
+/// `FOREWARN_BENCH_WAVE_CLUSTER` names another.
+const CLUSTER_WAVE: &str = "forewarn-bench-wave";
+
 /// The parts, in the order they run.
-const PARTS: [&str; 5] = ["size", "detection", "burst", "scale", "drain"];
+const PARTS: [&str; 6] = ["size", "detection", "burst", "scale", "wave", "drain"];
 
 /// The run's figures ([`Report`]), each printed as it comes (a full run
 /// takes over half an hour).
@@ -145,7 +177,12 @@ impl Table {
 
     fn note(&mut self, text: String) {
         println!("[bench] note: {text}");
-        self.0.notes.push(text);
+        self.0.note(text);
+    }
+
+    /// Records a figure as a number for the sizing section.
+    fn figure(&mut self, name: &str, value: f64) {
+        self.0.figure(name, value);
     }
 }
 
@@ -319,6 +356,8 @@ struct Seen {
     sev_first: HashMap<String, DateTime<Utc>>,
     approval_decided: HashMap<String, (DateTime<Utc>, Option<DateTime<Utc>>)>,
     phase: HashMap<String, String>,
+    /// Each event's `NotBefore` as its `ScheduledEvent` first showed it.
+    not_before: HashMap<String, DateTime<Utc>>,
     /// Whether both watches have listed once.
     nodes_synced: bool,
     sevs_synced: bool,
@@ -390,6 +429,9 @@ impl Watches {
                     watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
                         let id = o.spec.event_id.to_ascii_lowercase();
                         seen.sev_first.entry(id.clone()).or_insert(now);
+                        if let Some(nb) = o.spec.not_before {
+                            seen.not_before.entry(id.clone()).or_insert(nb);
+                        }
                         if let Some(status) = &o.status {
                             if let Some(a) = &status.approval
                                 && a.decided_at.is_some()
@@ -576,6 +618,8 @@ struct Request {
     verb: String,
     resource: String,
     subresource: String,
+    /// `objectRef.name` (empty for a list or a collection).
+    name: String,
     /// The HTTP status answered (0 when the log has none).
     code: u64,
     at: DateTime<Utc>,
@@ -621,6 +665,7 @@ fn audit_requests(cluster: &Cluster) -> anyhow::Result<Vec<Request>> {
             verb: s("/verb"),
             resource: s("/objectRef/resource"),
             subresource: s("/objectRef/subresource"),
+            name: s("/objectRef/name"),
             code: v
                 .pointer("/responseStatus/code")
                 .and_then(serde_json::Value::as_u64)
@@ -1338,6 +1383,16 @@ async fn scale_on(
         }
     }
     let cpu = busy.map_or(f64::NAN, |b| b.cpu) - idle.cpu;
+    table.figure("nodes", n as f64);
+    table.figure("pods", args.scale_pods as f64);
+    table.figure("idle_rss_mib", mib(idle.rss));
+    table.figure("fixed_rss_mib", mib(idle.rss.saturating_sub(idle.anon)));
+    if let (Some(busy), None) = (busy, &exited) {
+        table.figure("peak_rss_mib", mib(busy.hwm));
+        if done.is_some() {
+            table.figure("cpu_seconds", cpu);
+        }
+    }
     table.add(
         "6 scale",
         &format!("controller CPU over {whole}"),
@@ -1395,6 +1450,7 @@ async fn scale_on(
     // The reference: this program's own cordons of every node, timed
     // before the event.
     let own = reference.as_secs_f64().max(1e-3);
+    table.figure("reference_writes_per_s", n as f64 / own);
     let reference_txt = format!(
         "{n} cordons by this program (the same merge patch as forewarn's: unschedulable, a taint, an annotation; {REFERENCE_IN_FLIGHT} in flight, as the controller; the fleet running, before the event): {own:.2} s ({:.0} patches/s)",
         n as f64 / own
@@ -1522,6 +1578,619 @@ const SCALE_EVICTION_QPS: u32 = 100;
 
 /// How long the scale part waits for its event to be over, seconds.
 const SCALE_EVENT_WITHIN: u64 = 420;
+
+// ---------------------------------------------------------------------------
+// 7. Spot wave
+
+/// The wave part's cluster: [`CLUSTER_WAVE`] or `FOREWARN_BENCH_WAVE_CLUSTER`.
+fn wave_cluster_name() -> String {
+    std::env::var("FOREWARN_BENCH_WAVE_CLUSTER")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| CLUSTER_WAVE.into())
+}
+
+/// How long the wave part waits for its nodes to be cordoned, then
+/// released (a hang bound; a healthy wave is over about 50 s after it
+/// starts: 30 s of notice, 5 s of running, the release delay).
+const WAVE_WITHIN: Duration = Duration::from_secs(300);
+
+async fn wave(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result<()> {
+    let n = args.wave_vms.max(1);
+    let total = n + args.wave_spares;
+    let name = wave_cluster_name();
+    let cluster = {
+        let name = name.clone();
+        tokio::task::spawn_blocking(move || start_cluster(&name, total, true)).await??
+    };
+    let client = cluster.client().await?;
+    let result = wave_on(args, bin, table, &cluster, &client).await;
+    let _ = cluster.stop();
+    result
+}
+
+/// The pods of `ns` as the API server deleted them: the first version of
+/// each with a `deletionTimestamp`, as a watch delivered it.
+fn watch_deletions(
+    client: &Client,
+    ns: &str,
+) -> (
+    Arc<Mutex<Vec<forewarn_harness::report::PodDeletion>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    use k8s_openapi::api::core::v1::Pod;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let out = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = watcher::watcher(pods, watcher::Config::default()).boxed();
+        let mut done = HashSet::new();
+        while let Some(ev) = stream.next().await {
+            let now = Utc::now();
+            let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = ev else {
+                continue;
+            };
+            let Some(ts) = p.metadata.deletion_timestamp.as_ref() else {
+                continue;
+            };
+            let pod = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
+            if !done.insert(pod.clone()) {
+                continue;
+            }
+            out.lock().unwrap_or_else(|p| p.into_inner()).push(
+                forewarn_harness::report::PodDeletion {
+                    pod,
+                    node: p
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.clone())
+                        .unwrap_or_default(),
+                    grace_seconds: p.metadata.deletion_grace_period_seconds,
+                    deletion_timestamp: DateTime::from_timestamp(
+                        ts.0.as_second(),
+                        u32::try_from(ts.0.subsec_nanosecond()).unwrap_or(0),
+                    )
+                    .unwrap_or(now),
+                    seen_at: now,
+                },
+            );
+        }
+    });
+    (seen, task)
+}
+
+/// `p50 … s, p99 … s, max … s` of sorted seconds (and how many).
+fn spread(v: &[f64], of: usize) -> String {
+    format!(
+        "p50 {:.2} s, p99 {:.2} s, max {:.2} s ({} of {of} events)",
+        percentile(v, 0.5),
+        percentile(v, 0.99),
+        v.last().copied().unwrap_or(f64::NAN),
+        v.len()
+    )
+}
+
+/// Starts the controller again if it exited, as its kubelet would, and
+/// says so in `restarts` (the wall-clock time, how it ended).
+async fn restart_exited(fleet: &mut Fleet, restarts: &mut Vec<String>) -> anyhow::Result<()> {
+    if let Some(status) = fleet.controller.exited() {
+        let tail = fleet.controller.log_tail(1);
+        fleet.restart_controller_container().await?;
+        restarts.push(format!(
+            "{} UTC ({status}: {})",
+            Utc::now().format("%H:%M:%S"),
+            tail.trim()
+        ));
+        println!("[bench] wave: the controller exited ({status}); started again");
+    }
+    Ok(())
+}
+
+/// Waits `for_` while restarting an exited controller.
+async fn settle(
+    fleet: &mut Fleet,
+    for_: Duration,
+    restarts: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let until = Instant::now() + for_;
+    while Instant::now() < until {
+        restart_exited(fleet, restarts).await?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// [`Watches::wait`] for [`WAVE_WITHIN`], restarting an exited controller.
+async fn wait_restarting(
+    watches: &Watches,
+    fleet: &mut Fleet,
+    restarts: &mut Vec<String>,
+    what: &str,
+    done: impl Fn(&Seen) -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + WAVE_WITHIN;
+    while !watches.with(&done) {
+        if Instant::now() > deadline {
+            bail!("timed out after {WAVE_WITHIN:?} waiting for {what}");
+        }
+        restart_exited(fleet, restarts).await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_lines)]
+async fn wave_on(
+    args: &Args,
+    bin: &Path,
+    table: &mut Table,
+    cluster: &Cluster,
+    client: &Client,
+) -> anyhow::Result<()> {
+    use forewarn_harness::wave;
+    let n = args.wave_vms.max(1);
+    let per_node = args.wave_pods_per_node.max(1);
+    let spares: Vec<String> = (n..n + args.wave_spares).map(wave::node_name).collect();
+    let ns = "bench-wave";
+    // The spares are tainted while the workload settles: its first pods
+    // all land on the wave's nodes.
+    for s in &spares {
+        cluster.kubectl(&[
+            "taint",
+            "nodes",
+            s,
+            &format!("{}=:NoSchedule", wave::SPARE_TAINT),
+        ])?;
+    }
+    let mut items =
+        vec![json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})];
+    for mut o in wave::workload(n, per_node, &spares) {
+        o["metadata"]["namespace"] = json!(ns);
+        items.push(o);
+    }
+    let file =
+        std::env::temp_dir().join(format!("forewarn-bench-wave-{}.json", std::process::id()));
+    std::fs::write(
+        &file,
+        serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "List", "items": items}))?,
+    )?;
+    let t = Instant::now();
+    cluster.kubectl(&["apply", "-f", &file.to_string_lossy()])?;
+    let pods_api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
+    let want = n * per_node;
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let initial = loop {
+        let listed = pods_api
+            .list(&kube::api::ListParams::default().labels("wave=true"))
+            .await?;
+        let ready: Vec<&k8s_openapi::api::core::v1::Pod> = listed
+            .items
+            .iter()
+            .filter(|p| {
+                p.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .flatten()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+                })
+            })
+            .collect();
+        if ready.len() >= want {
+            let mut by_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for p in ready {
+                if let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) {
+                    by_node
+                        .entry(node)
+                        .or_default()
+                        .push(format!("{ns}/{}", p.name_any()));
+                }
+            }
+            break by_node;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "only {} of {want} wave pods ready within 900 s",
+                ready.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    table.note(format!(
+        "{want} pods in {n} Deployments (one per node, each with a PodDisruptionBudget of maxUnavailable {}) ready on {n} KWOK nodes in {:.0} s, and {} spare nodes for their replacements",
+        (per_node / 2).max(1),
+        t.elapsed().as_secs_f64(),
+        spares.len()
+    ));
+    for s in &spares {
+        cluster.kubectl(&["taint", "nodes", s, &format!("{}-", wave::SPARE_TAINT)])?;
+    }
+    let first = Duration::from_secs(2);
+    let scenario = wave::scenario_yaml(n, first);
+    let vms: Vec<(String, String)> = (0..n)
+        .map(|i| (wave::node_name(i), wave::vm_name(i)))
+        .collect();
+    let dir = run_dir("wave");
+    // No log of an earlier run left beside this one's.
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let mut creds = Credentials {
+        controller: impersonating_kubeconfig(cluster, &dir, "bench:controller")?,
+        agents: BTreeMap::new(),
+        lease_namespace: "default".into(),
+        lease_name: format!("bench-{}", std::process::id()),
+    };
+    for (node, _) in &vms {
+        creds.agents.insert(
+            node.clone(),
+            impersonating_kubeconfig(cluster, &dir, &format!("bench:agent:{node}"))?,
+        );
+    }
+    let qps = args.wave_eviction_qps.to_string();
+    let burst = (args.wave_eviction_qps * 2).to_string();
+    let mut fleet = start_fleet(
+        cluster,
+        bin,
+        &dir,
+        &scenario,
+        &vms,
+        Some(creds),
+        &[
+            ("FOREWARN_EVICTION_QPS", &qps),
+            ("FOREWARN_EVICTION_BURST", &burst),
+            // The chart's `controller.mallocEnv` defaults.
+            ("MALLOC_ARENA_MAX", "2"),
+            ("MALLOC_MMAP_THRESHOLD_", "131072"),
+            ("MALLOC_TRIM_THRESHOLD_", "262144"),
+        ],
+    )
+    .await?;
+    // The reference, before this program's watches start: its cordons are
+    // not the wave's.
+    let mut restarts = Vec::new();
+    settle(&mut fleet, Duration::from_secs(10), &mut restarts).await?;
+    let reference = node_patch_reference(client, n).await?;
+    let watches = Watches::start(client).await?;
+    let (deletions, deletion_task) = watch_deletions(client, ns);
+    let http = forewarn::http::client_builder().no_proxy().build()?;
+    settle(&mut fleet, Duration::from_secs(10), &mut restarts).await?;
+    let ticks = clock_ticks();
+    let ctl_pid = fleet.controller.id().context("the controller exited")?;
+    let idle = proc_stat(ctl_pid, ticks)?;
+    let origin = start_mock(&http, &fleet).await?;
+    let appeared = |i: usize| {
+        origin + chrono::TimeDelta::from_std(wave::appears_at(first, i, n)).unwrap_or_default()
+    };
+    let nodes: Vec<String> = (0..n).map(wave::node_name).collect();
+    let cordoned = wait_restarting(
+        &watches,
+        &mut fleet,
+        &mut restarts,
+        "every wave node cordoned",
+        |s| nodes.iter().all(|x| s.cordon(x, 0).is_some()),
+    )
+    .await;
+    let released = match &cordoned {
+        Ok(()) => {
+            wait_restarting(
+                &watches,
+                &mut fleet,
+                &mut restarts,
+                "every wave node released",
+                |s| nodes.iter().all(|x| s.release(x, 0).is_some()),
+            )
+            .await
+        }
+        Err(_) => Ok(()),
+    };
+    let until = Utc::now();
+    // Trailing writes (records of the release) land within a moment.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The controller's figures, if it is the process measured idle.
+    let busy = proc_stat(ctl_pid, ticks).and_then(|b| {
+        if fleet.controller.id() == Some(ctl_pid) {
+            Ok(b)
+        } else {
+            bail!("the controller measured idle exited during the wave")
+        }
+    });
+    let log = fleet.mock_log(&http).await.unwrap_or_default();
+    stop_fleet(fleet).await;
+    deletion_task.abort();
+    let deletions = deletions.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let requests: Vec<Request> = audit_requests(cluster)?
+        .into_iter()
+        .filter(|r| r.at >= origin && r.at <= until + chrono::TimeDelta::seconds(3))
+        .collect();
+    let (events, cordons, phases) = watches.with(|s| {
+        let mut events = BTreeMap::new();
+        let mut cordons = BTreeMap::new();
+        for (i, node) in nodes.iter().enumerate() {
+            let id = wave::event_id(i).to_ascii_lowercase();
+            // NotBefore as IMDS wrote it (whole seconds), else the
+            // scenario's.
+            let nb = s.not_before.get(&id).copied().unwrap_or_else(|| {
+                let t = appeared(i)
+                    + chrono::TimeDelta::from_std(wave::SPOT_NOTICE).unwrap_or_default();
+                DateTime::from_timestamp(t.timestamp(), 0).unwrap_or(t)
+            });
+            events.insert(node.clone(), (appeared(i), nb));
+            if let Some(c) = s.cordon(node, 0) {
+                cordons.insert(node.clone(), c);
+            }
+        }
+        let phases: BTreeMap<String, usize> = s.phase.values().fold(BTreeMap::new(), |mut m, p| {
+            *m.entry(p.clone()).or_default() += 1;
+            m
+        });
+        (events, cordons, phases)
+    });
+    drop(watches);
+    let figures = wave::figures(&events, &initial, &deletions, &cordons);
+
+    // Times from each event's IMDS change.
+    let to_cordon = sorted(
+        figures
+            .iter()
+            .filter_map(|f| Some(secs(f.cordoned? - f.appeared)))
+            .collect(),
+    );
+    let to_evict = sorted(
+        figures
+            .iter()
+            .filter_map(|f| Some(secs(f.first_eviction? - f.appeared)))
+            .collect(),
+    );
+    let own = reference.as_secs_f64().max(1e-3);
+    let cordon_p99 = percentile(&to_cordon, 0.99);
+    let all_cordoned = to_cordon.len() == n;
+    table
+        .add(
+            "7 wave",
+            &format!("{n} Spot VMs evicted at once (Preempt, 30 s notice each, all within 1 s): IMDS change → its node cordoned"),
+            spread(&to_cordon, n),
+            "p99 ≤ 1.5 s",
+            Some(all_cordoned && cordon_p99 <= 1.5),
+        )
+        .reference(format!(
+            "{n} cordons by this program (the same merge patch as forewarn's, {REFERENCE_IN_FLIGHT} in flight, the fleet running, before the wave): {own:.2} s ({:.0} patches/s)",
+            n as f64 / own
+        ))
+        .headline(
+            if to_cordon.is_empty() {
+                format!("Spot wave of {n}: none cordoned")
+            } else {
+                format!(
+                    "Spot wave of {n}: {} cordoned, at p99 {cordon_p99:.2} s",
+                    to_cordon.len()
+                )
+            },
+            Some(format!("{own:.2} s for {n} cordons")),
+        );
+    let evict_p99 = percentile(&to_evict, 0.99);
+    table
+        .add(
+            "7 wave",
+            "IMDS change → first eviction on its node",
+            spread(&to_evict, n),
+            "p99 ≤ 2 s",
+            Some(to_evict.len() == n && evict_p99 <= 2.0),
+        )
+        .headline(
+            if to_evict.is_empty() {
+                "no eviction".to_string()
+            } else {
+                format!("evictions started at p99 {evict_p99:.2} s")
+            },
+            None,
+        );
+    let pods: usize = figures.iter().map(|f| f.pods).sum();
+    let left: usize = figures
+        .iter()
+        .map(wave::EventFigures::left_at_not_before)
+        .sum();
+    let left_late_cordon: usize = figures
+        .iter()
+        .filter(|f| !f.had_time)
+        .map(wave::EventFigures::left_at_not_before)
+        .sum();
+    let to_leave = wave::TIME_TO_LEAVE.as_secs();
+    table
+        .add(
+            "7 wave",
+            "pods still running at NotBefore (a deletionTimestamp after it, or not deleted)",
+            format!(
+                "{left} of {pods}; every one had time to leave (30 s of notice, {to_leave} s needed: the drain margin, the smallest grace, 5 s to evict); {left_late_cordon} of the {left} on nodes cordoned less than {to_leave} s before NotBefore"
+            ),
+            "0 that had time to leave",
+            Some(left == 0 && pods == want),
+        )
+        .headline(format!("{left} pods left at NotBefore"), None);
+    let approvals: Vec<&LogEntry> = log.iter().filter(|e| e.what == "Approved").collect();
+    let mut per_event: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for a in &approvals {
+        per_event
+            .entry(a.event_id.to_ascii_uppercase())
+            .or_default()
+            .push(a.vm.clone().unwrap_or_default());
+    }
+    let foreign = (0..n)
+        .filter(|i| {
+            per_event
+                .get(&wave::event_id(*i))
+                .is_some_and(|vms| vms.iter().any(|v| *v != wave::vm_name(*i)))
+        })
+        .count();
+    let twice = per_event.values().filter(|v| v.len() > 1).count();
+    table.add(
+        "7 wave",
+        "approvals received by IMDS (the mock's /mock/log)",
+        format!(
+            "{} POSTs for {} of {n} events ({twice} events approved more than once, {foreign} through another VM); final phases {}",
+            approvals.len(),
+            per_event.len(),
+            phases
+                .iter()
+                .map(|(p, c)| format!("{c} {p}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        "",
+        None,
+    );
+    // The agents' report writes, per agent and event (a report is
+    // `<event>.<node>`): seen, Started, gone, and the approval the named
+    // VM's agent records.
+    let is_agent = |r: &Request| r.user.starts_with("bench:agent:");
+    let mut report_writes: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for r in requests
+        .iter()
+        .filter(|r| is_agent(r) && r.resource == "scheduledeventreports" && is_write(&r.verb))
+    {
+        *report_writes.entry((&r.user, &r.name)).or_default() += 1;
+    }
+    let senders: HashSet<(String, String)> = (0..n)
+        .map(|i| {
+            (
+                format!("bench:agent:{}", wave::node_name(i)),
+                format!(
+                    "{}.{}",
+                    forewarn::imds::model::object_name(&wave::event_id(i)),
+                    wave::node_name(i)
+                ),
+            )
+        })
+        .collect();
+    let over = report_writes
+        .iter()
+        .filter(|((u, name), c)| {
+            let own = senders.contains(&((*u).to_string(), (*name).to_string()));
+            **c > if own { 4 } else { 3 }
+        })
+        .count();
+    let most = report_writes.values().copied().max().unwrap_or(0);
+    let total_report_writes: usize = report_writes.values().sum();
+    table
+        .add(
+            "7 wave",
+            "report writes per agent and event (every agent reports every event of its placement group)",
+            format!(
+                "max {most}; {total_report_writes} in all for {} reports ({:.1} per event, {:.2} per report); {over} over the goal",
+                report_writes.len(),
+                total_report_writes as f64 / n as f64,
+                total_report_writes as f64 / report_writes.len().max(1) as f64
+            ),
+            "≤ 3 (seen, Started, gone; 4 for the agent recording the approval it sent)",
+            // Met only when every agent reported every event.
+            Some(over == 0 && report_writes.len() == n * n),
+        )
+        .headline(format!("report writes per agent and event {most} at most"), None);
+    // API requests of the wave by who, verb and resource.
+    let breakdown = |f: &dyn Fn(&Request) -> bool| -> (usize, String) {
+        let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+        let mut all = 0;
+        for r in requests.iter().filter(|r| f(r)) {
+            all += 1;
+            let sub = if r.subresource.is_empty() {
+                String::new()
+            } else {
+                format!("/{}", r.subresource)
+            };
+            *kinds
+                .entry(format!("{} {}{sub}", r.verb, r.resource))
+                .or_default() += 1;
+        }
+        let mut kinds: Vec<(String, usize)> = kinds.into_iter().collect();
+        kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
+        let text = kinds
+            .iter()
+            .map(|(k, c)| format!("{k} {:.2}", *c as f64 / n as f64))
+            .collect::<Vec<_>>()
+            .join(", ");
+        (all, text)
+    };
+    let span = secs(until - origin).max(1e-3);
+    // Only the requests kube-apiserver took (an attempt that could not
+    // connect is in no audit log).
+    let (ctl, ctl_kinds) = breakdown(&|r| r.user == "bench:controller");
+    let (agents, agent_kinds) = breakdown(&is_agent);
+    table.add(
+        "7 wave",
+        "API requests per event, the controller's (by verb and resource, per event)",
+        format!(
+            "{:.1} ({ctl} in {span:.0} s): {ctl_kinds}",
+            ctl as f64 / n as f64
+        ),
+        "",
+        None,
+    );
+    table.add(
+        "7 wave",
+        &format!("API requests per event, the {n} agents' (by verb and resource, per event)"),
+        format!(
+            "{:.1}, {:.2} per agent and event ({agents} in {span:.0} s): {agent_kinds}",
+            agents as f64 / n as f64,
+            agents as f64 / (n * n) as f64
+        ),
+        "",
+        None,
+    );
+    let (peak, cpu) = match &busy {
+        Ok(b) => (mib(b.hwm), b.cpu - idle.cpu),
+        Err(_) => (f64::NAN, f64::NAN),
+    };
+    table.add(
+        "7 wave",
+        &format!("controller RSS idle ({} nodes, {} pods) / peak (VmHWM) over the wave; CPU over the wave", n + spares.len(), want),
+        format!(
+            "{:.1} MiB / {peak:.1} MiB; {cpu:.1} CPU seconds in {span:.0} s (eviction budget {}/s, burst {}; reconcile concurrency 16, the default)",
+            mib(idle.rss),
+            args.wave_eviction_qps,
+            args.wave_eviction_qps * 2
+        ),
+        "",
+        None,
+    );
+    // The sizing section reads these: only from a wave that ran to its end.
+    if cordoned.is_ok() && released.is_ok() {
+        table.figure("vms", n as f64);
+        table.figure("nodes", (n + spares.len()) as f64);
+        table.figure("pods", want as f64);
+        table.figure("idle_rss_mib", mib(idle.rss));
+        table.figure("fixed_rss_mib", mib(idle.rss.saturating_sub(idle.anon)));
+        table.figure("peak_rss_mib", peak);
+        table.figure("cpu_seconds_wave", cpu);
+        table.figure("ctl_requests_per_event", ctl as f64 / n as f64);
+        table.figure(
+            "agent_requests_per_agent_event",
+            agents as f64 / (n * n) as f64,
+        );
+        table.figure("reconcile_concurrency", 16.0);
+        table.figure("cordon_p99_s", cordon_p99);
+        table.figure("eviction_p99_s", evict_p99);
+    }
+    table.figure("reference_writes_per_s", n as f64 / own);
+    let late: Vec<String> = figures
+        .iter()
+        .filter(|f| !f.late.is_empty())
+        .map(|f| format!("{} ({} left)", f.node, f.late.len()))
+        .take(10)
+        .collect();
+    if !late.is_empty() {
+        table.note(format!(
+            "nodes with pods left at NotBefore (first 10): {}",
+            late.join(", ")
+        ));
+    }
+    if !restarts.is_empty() {
+        table.note(format!(
+            "the controller exited {} times (a leader that cannot renew its Lease in time stops) and was started again at once, as its kubelet would: {}",
+            restarts.len(),
+            restarts.join("; ")
+        ));
+    }
+    cordoned?;
+    released
+}
 
 // ---------------------------------------------------------------------------
 // 4. Executable size, 3. drain
@@ -1713,11 +2382,7 @@ async fn main() -> ExitCode {
         }
     };
     let full = parts.len() == PARTS.len();
-    let out = match &args.out {
-        Some(out) => out.clone(),
-        None if full => "BENCHMARKS.md".into(),
-        None => format!("target/bench-{}.md", parts.join("-")),
-    };
+    let out = args.out.clone().unwrap_or_else(|| "BENCHMARKS.md".into());
     let bin = args
         .forewarn_bin
         .clone()
@@ -1735,6 +2400,7 @@ async fn main() -> ExitCode {
     let mut table = Table::default();
     for part in &parts {
         println!("[bench] === {part} ===");
+        table.0.begin(part);
         table.note(format!(
             "load average (1, 5, 15 min) at the start of `{part}`: {}",
             load_average()
@@ -1744,6 +2410,7 @@ async fn main() -> ExitCode {
             "detection" => detection(&args, &bin, &mut table).await,
             "burst" => burst(&args, &bin, &mut table).await,
             "scale" => scale(&args, &bin, &mut table).await,
+            "wave" => wave(&args, &bin, &mut table).await,
             _ => tokio::task::block_in_place(|| {
                 // kubectl drain on a loaded machine has failed once without
                 // a message (exit 1); one more try before giving up.
@@ -1778,12 +2445,18 @@ async fn main() -> ExitCode {
         load_end: load_average(),
         partial: (!full).then(|| parts.iter().map(ToString::to_string).collect()),
     };
-    // The history a full run carries forward: the current BENCHMARKS.md's.
-    let previous = full
-        .then(|| std::fs::read_to_string(repo_root().join("BENCHMARKS.md")).ok())
+    // What the document holds now: the parts this run did not measure
+    // are kept, and its history carried forward.
+    let previous = (!out.is_empty())
+        .then(|| std::fs::read_to_string(repo_root().join(&out)).ok())
         .flatten();
-    let doc = bench_report::document(&header, &table.0, previous.as_deref());
-    println!("\n{doc}");
+    let ran: Vec<String> = parts.iter().map(ToString::to_string).collect();
+    let doc = bench_report::document(&header, &table.0, &ran, &PARTS, previous.as_deref());
+    // The state at its end is for the next run, not for reading.
+    let shown = doc
+        .find(&format!("<!-- {}", bench_report::STATE_MARK))
+        .map_or(doc.as_str(), |at| &doc[..at]);
+    println!("\n{shown}");
     if !out.is_empty() {
         let path = repo_root().join(&out);
         if let Err(e) = path

@@ -416,3 +416,219 @@ async fn a_flood_of_two_hundred_events_at_once_loses_none_and_leaves_nothing_cor
     assert_eq!(r.cordoned, ["node-000000"]);
     println!("200 events played in {:.1} s", r.elapsed);
 }
+
+/// The VMs of the Spot wave (one node and agent each).
+const WAVE_VMS: usize = 50;
+/// Workload pods per node of the wave.
+const WAVE_PODS_PER_NODE: usize = 10;
+/// Nodes that take the evicted pods' replacements (the pool Azure does not
+/// take back), created as the wave starts.
+const WAVE_SPARES: usize = 3;
+
+/// A Spot wave (harness/src/wave.rs): `WAVE_VMS` Spot VMs evicted at
+/// once, each by its own `Preempt` event of 30 s notice, all appearing
+/// within one second and delivered, as Azure does, to every VM of the
+/// placement group (so each agent reports every event), with
+/// `WAVE_PODS_PER_NODE` pods per node under PodDisruptionBudgets. Checked
+/// from the API server's records and the IMDS mock's log, not timed: every
+/// event ends `Completed` with its node cordoned and every pod evicted
+/// (`play`'s checks of the scenario's expectations), nothing is left
+/// cordoned, every approval sent is in the mock's log and came through the
+/// event's own VM, an event not approved is recorded `DrainIncomplete`,
+/// and every pod of a node cordoned early enough to leave (`TIME_TO_LEAVE`
+/// before `NotBefore`) was evicted with a grace that ends at or before
+/// `NotBefore` (its `deletionTimestamp`).
+///
+/// The scenarios' clusters have 3 nodes; this test adds the wave's other
+/// nodes before it plays and the spares as it starts, and deletes them
+/// after, so the other scenarios keep their 3. The controller runs with an eviction
+/// budget of 100/s (burst 200): at the default 20/s the 500 evictions of
+/// the wave alone take 25 s of the 25 s before the drain deadline (see
+/// README, "Sizing").
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spot_wave_of_fifty_vms_is_cordoned_and_drained_before_each_not_before() {
+    use forewarn_harness::wave;
+    let (cluster, _turn) = take_cluster().await;
+    let client = cluster.client().await.expect("client");
+    let wave_nodes: Vec<String> = (0..WAVE_VMS).map(wave::node_name).collect();
+    let spares: Vec<String> = (WAVE_VMS..WAVE_VMS + WAVE_SPARES)
+        .map(wave::node_name)
+        .collect();
+    let mut added = wave::add_nodes(&client, &wave_nodes, None)
+        .await
+        .expect("add the wave's nodes");
+    // The spares come when the wave starts (the run's reset would take a
+    // taint off): the workload's first pods all land on the wave's nodes.
+    added.extend(spares.iter().cloned());
+    let dir = repo_root().join("target/forewarn-runs/spot-wave");
+    std::fs::create_dir_all(&dir).expect("run dir");
+    let spare_file = dir.join("spare-nodes.json");
+    let spare_list = wave::node_list(&client, &spares)
+        .await
+        .expect("the spare nodes");
+    std::fs::write(&spare_file, spare_list.to_string()).expect("write the spare nodes");
+    let file = dir.join("spot-wave.yaml");
+    let first = Duration::from_secs(3);
+    std::fs::write(&file, wave::scenario_yaml(WAVE_VMS, first)).expect("write the scenario");
+    let mut opts = RunOptions::new(file, PathBuf::from(env!("CARGO_BIN_EXE_forewarn")));
+    // A hang bound: the events end about 40 s in (3 s, 30 s of notice,
+    // 5 s of running), then the release delay and the run's own checks.
+    opts.timeout = Duration::from_secs(360);
+    opts.log_dir = dir.join("run");
+    opts.replicas = 2;
+    opts.min_available = 1;
+    opts.extra_objects = wave::workload(WAVE_VMS, WAVE_PODS_PER_NODE, &spares);
+    opts.ready_before_start = Some(("wave=true".into(), WAVE_VMS * WAVE_PODS_PER_NODE));
+    opts.extra_env = vec![
+        ("FOREWARN_EVICTION_QPS".into(), "100".into()),
+        ("FOREWARN_EVICTION_BURST".into(), "200".into()),
+    ];
+    opts.timed_kubectl = vec![(
+        Duration::ZERO,
+        vec![
+            "apply".into(),
+            "-f".into(),
+            spare_file.to_string_lossy().into_owned(),
+        ],
+    )];
+    // As its kubelet would: a leader that could not renew its Lease on a
+    // loaded machine exits (the run shows it), and carries on restarted.
+    opts.restart_exited_controller = true;
+    let result = run_scenario(&cluster, &opts).await;
+    // The cluster goes back to its 3 nodes whatever happened: the
+    // workload first (its pods would outlive their nodes), then the nodes.
+    let _ = cluster.kubectl(&["delete", "namespace", "shop", "--timeout=120s"]);
+    let removed = wave::remove_nodes(&client, &added).await;
+    let r = result.unwrap_or_else(|e| panic!("the Spot wave could not run: {e:#}"));
+    removed.expect("remove the nodes added");
+    println!("{}\n{}", r.timeline.join("\n"), summary(&r));
+    // What a failure needs first: how late each node was cordoned.
+    let mut late: Vec<f64> = (0..WAVE_VMS)
+        .filter_map(|i| {
+            let appeared = r.started
+                + chrono::TimeDelta::from_std(wave::appears_at(first, i, WAVE_VMS)).ok()?;
+            Some((r.first_cordon(&wave::node_name(i))? - appeared).as_seconds_f64())
+        })
+        .collect();
+    late.sort_by(f64::total_cmp);
+    println!(
+        "Spot wave: {} of {WAVE_VMS} nodes cordoned, {} to {} s after their event appeared",
+        late.len(),
+        late.first().map_or("-".into(), |s| format!("{s:.1}")),
+        late.last().map_or("-".into(), |s| format!("{s:.1}")),
+    );
+    for (at, what) in &r.restarts {
+        println!("Spot wave: restarted at {at}: {what}");
+    }
+    assert!(r.ok(), "{}\n{}", r.timeline.join("\n"), summary(&r));
+    assert!(
+        r.min_ready >= r.min_available,
+        "PodDisruptionBudget violated: {} ready",
+        r.min_ready
+    );
+    every_object_is_final(&cluster, "spot-wave.yaml").await;
+    let missing: Vec<&String> = wave_nodes
+        .iter()
+        .filter(|n| !r.cordoned.contains(n))
+        .collect();
+    assert!(missing.is_empty(), "never cordoned: {missing:?}");
+
+    // Every event's NotBefore as the ScheduledEvent first showed it, within
+    // a second of the scenario's own (IMDS writes whole seconds).
+    let mut events = std::collections::BTreeMap::new();
+    for i in 0..WAVE_VMS {
+        let id = wave::event_id(i);
+        let nb = *r
+            .not_before
+            .get(&id)
+            .unwrap_or_else(|| panic!("no NotBefore seen for {id}"));
+        let appeared =
+            r.started + chrono::TimeDelta::from_std(wave::appears_at(first, i, WAVE_VMS)).unwrap();
+        let scheduled = appeared + chrono::TimeDelta::from_std(wave::SPOT_NOTICE).unwrap();
+        assert!(
+            (nb - scheduled).num_milliseconds().abs() <= 1500,
+            "{id}: NotBefore {nb}, the scenario says {scheduled}"
+        );
+        events.insert(wave::node_name(i), (appeared, nb));
+    }
+    let cordons: std::collections::BTreeMap<String, chrono::DateTime<chrono::Utc>> = wave_nodes
+        .iter()
+        .filter_map(|n| Some((n.clone(), r.first_cordon(n)?)))
+        .collect();
+    let figures = wave::figures(&events, &r.initial_pods, &r.deletions, &cordons);
+    for f in &figures {
+        let wave_pods = r.initial_pods.get(&f.node).map_or(0, |p| {
+            p.iter().filter(|p| p.starts_with("shop/wave-")).count()
+        });
+        assert_eq!(
+            wave_pods, WAVE_PODS_PER_NODE,
+            "{}: the wave began with {wave_pods} of its pods there",
+            f.node
+        );
+        if f.had_time {
+            assert!(
+                f.late.is_empty(),
+                "{} (cordoned {:?}, NotBefore {}): pods still running at NotBefore: {:?}",
+                f.node,
+                f.cordoned,
+                f.not_before,
+                f.late
+            );
+        }
+    }
+    let had_time = figures.iter().filter(|f| f.had_time).count();
+    let left: usize = figures
+        .iter()
+        .map(wave::EventFigures::left_at_not_before)
+        .sum();
+    println!(
+        "Spot wave: {WAVE_VMS} events; {had_time} nodes cordoned at least {:?} before NotBefore; {left} pods still running at NotBefore",
+        wave::TIME_TO_LEAVE
+    );
+
+    // No approval lost, none from another VM, and an event not approved
+    // says why.
+    let sevs = Api::<ScheduledEvent>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list ScheduledEvents");
+    let mut approved = 0;
+    for i in 0..WAVE_VMS {
+        let id = wave::event_id(i);
+        let ev = sevs
+            .items
+            .iter()
+            .find(|e| e.spec.event_id.eq_ignore_ascii_case(&id))
+            .unwrap_or_else(|| panic!("no ScheduledEvent for {id}"));
+        let status = ev.status.clone().unwrap_or_default();
+        let in_log: Vec<&forewarn::imds::mock::LogEntry> = r
+            .approvals
+            .iter()
+            .filter(|a| a.event_id.eq_ignore_ascii_case(&id))
+            .collect();
+        let sent = status.approval.as_ref().and_then(|a| a.sent_at).is_some();
+        if sent {
+            assert!(
+                !in_log.is_empty(),
+                "{id}: an approval sent, none in the mock's log"
+            );
+        }
+        for a in &in_log {
+            assert_eq!(a.vm.as_deref(), Some(wave::vm_name(i).as_str()), "{id}");
+        }
+        if in_log.is_empty() {
+            let incomplete = status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "DrainIncomplete" && c.status == "True");
+            assert!(
+                incomplete,
+                "{id}: neither approved nor recorded DrainIncomplete: {status:?}"
+            );
+        } else {
+            approved += 1;
+        }
+    }
+    println!("Spot wave: {approved} of {WAVE_VMS} events approved before their NotBefore");
+}

@@ -19,6 +19,7 @@ pub mod procs;
 pub mod report;
 pub mod run;
 mod timeline;
+pub mod wave;
 pub mod workload;
 
 /// The tests' fixtures (a `ScheduledEventSpec` builder): the library's

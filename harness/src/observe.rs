@@ -198,10 +198,15 @@ pub(crate) async fn observe(
             })
             .unwrap_or_default()
     };
+    let mut initial_pods: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let initial_uids: HashMap<String, HashSet<String>> = {
         let mut m: HashMap<String, HashSet<String>> = HashMap::new();
         for p in pods_api.list(&ListParams::default()).await? {
             if let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) {
+                initial_pods
+                    .entry(node.clone())
+                    .or_default()
+                    .push(format!("{ns}/{}", p.name_any()));
                 m.entry(node)
                     .or_default()
                     .insert(p.uid().unwrap_or_default());
@@ -213,6 +218,7 @@ pub(crate) async fn observe(
     let mut report = Report {
         min_ready: i32::MAX,
         min_available: opts.min_available,
+        initial_pods,
         ..Default::default()
     };
     let mut seen_log = 0usize;
@@ -323,6 +329,12 @@ pub(crate) async fn observe(
         // version arrived (a poll would blur the order of fast steps).
         while let Ok((seen_at, sev)) = sev_rx.try_recv() {
             let name = sev.name_any();
+            if let Some(nb) = sev.spec.not_before {
+                report
+                    .not_before
+                    .entry(sev.spec.event_id.clone())
+                    .or_insert(nb);
+            }
             let st = sev_state.entry(name.clone()).or_default();
             let id = short(&name).to_string();
             if sev.spec.event_status.as_str() != st.spec_status {
@@ -695,7 +707,7 @@ pub(crate) async fn observe(
             ));
         }
 
-        if outage_started {
+        if outage_started || opts.restart_exited_controller {
             restart_exited_controller(fleet, tl, &mut report).await?;
         }
         let down = opts

@@ -106,6 +106,18 @@ pub struct RunOptions {
     /// Agents run otherwise, by node name: another platform's binary through
     /// an emulator (see [`AgentRunner`]).
     pub agent_runners: BTreeMap<String, AgentRunner>,
+    /// `(label selector, count)`: once the extra objects are created, the
+    /// run waits until this many pods of the workload's namespace matching
+    /// the selector are Running and Ready before its processes start (a
+    /// hang bound of 180 s), so that the scenario starts on a settled
+    /// workload.
+    pub ready_before_start: Option<(String, usize)>,
+    /// Start the controller again at once when it exits (a leader that
+    /// could not renew its Lease in time on a loaded machine stops, and
+    /// its kubelet restarts the container); each restart is in
+    /// [`Report::restarts`](crate::report::Report::restarts). Off: an exit
+    /// ends the run with an error.
+    pub restart_exited_controller: bool,
 }
 
 /// The part of a workload's containers the harness plays where KWOK runs
@@ -199,6 +211,8 @@ impl RunOptions {
             extra_manifests: Vec::new(),
             acknowledgers: None,
             agent_runners: BTreeMap::new(),
+            ready_before_start: None,
+            restart_exited_controller: false,
         }
     }
 }

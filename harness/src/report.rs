@@ -99,6 +99,12 @@ pub struct Report {
     pub imds_log: Vec<LogEntry>,
     /// Every notice annotation seen on a pod of the workload's namespace.
     pub notices: Vec<NoticeSeen>,
+    /// Each event's `NotBefore` as first seen in its `ScheduledEvent` (the
+    /// value the agents read from IMDS), by `EventId`.
+    pub not_before: std::collections::BTreeMap<String, DateTime<Utc>>,
+    /// The workload namespace's pods on each node when the scenario
+    /// started (`namespace/name`, by node name).
+    pub initial_pods: std::collections::BTreeMap<String, Vec<String>>,
     /// The acknowledgements the harness wrote
     /// ([`RunOptions::acknowledgers`](crate::options::RunOptions::acknowledgers)).
     pub acks: Vec<AckWritten>,

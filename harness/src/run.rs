@@ -20,7 +20,9 @@ use crate::options::RunOptions;
 use crate::procs::{Fleet, FleetOptions, Proc};
 use crate::report::Report;
 use crate::timeline::Timeline;
-use crate::workload::{create_extra_objects, deploy_workload, reset, wait_running};
+use crate::workload::{
+    create_extra_objects, deploy_workload, reset, wait_ready_count, wait_running,
+};
 
 /// Plays `opts.scenario` on `cluster` and checks the outcome.
 ///
@@ -81,6 +83,9 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
     }
     if let Some(a) = &opts.acknowledgers {
         wait_running(&client, &opts.namespace, &a.pods).await?;
+    }
+    if let Some((selector, count)) = &opts.ready_before_start {
+        wait_ready_count(&client, &opts.namespace, selector, *count).await?;
     }
     let policy_file = opts.log_dir.join("policy.yaml");
     if let Some(policy) = &opts.policy {

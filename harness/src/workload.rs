@@ -179,6 +179,30 @@ pub(crate) async fn wait_running(client: &Client, ns: &str, pods: &[String]) -> 
     }
 }
 
+/// Waits until `count` pods in `ns` matching the label `selector` are
+/// Running and Ready (180 s at most: a hang bound, as hundreds of pods
+/// are scheduled and started by KWOK within seconds).
+pub(crate) async fn wait_ready_count(
+    client: &Client,
+    ns: &str,
+    selector: &str,
+    count: usize,
+) -> anyhow::Result<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let listed = api.list(&ListParams::default().labels(selector)).await?;
+        let ready = listed.items.iter().filter(|p| is_ready(p)).count();
+        if ready >= count {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("only {ready} of {count} pods `{selector}` Running and Ready within 180 s");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// Creates `opts.extra_objects` with `kubectl apply` (any kind, one call).
 pub(crate) fn create_extra_objects(cluster: &Cluster, opts: &RunOptions) -> anyhow::Result<()> {
     if opts.extra_objects.is_empty() {
