@@ -1825,6 +1825,12 @@ async fn wave_on(
             impersonating_kubeconfig(cluster, &dir, &format!("bench:agent:{node}"))?,
         );
     }
+    // Each agent with a Ready pod of an agents' DaemonSet, as the chart
+    // runs them: the controller reads them as up and asks for no
+    // witnesses, so each agent reports its own VM's event only.
+    let agent_nodes: Vec<String> = vms.iter().map(|(n, _)| n.clone()).collect();
+    forewarn_harness::agent_pods::start(client, "default", &agent_nodes, Duration::from_secs(300))
+        .await?;
     let qps = args.wave_eviction_qps.to_string();
     let burst = (args.wave_eviction_qps * 2).to_string();
     let mut fleet = start_fleet(

@@ -36,5 +36,5 @@ pub mod telemetry;
 pub mod text;
 pub mod topology;
 pub mod values_schema;
-pub mod witnesses;
 pub mod what_if;
+pub mod witnesses;

@@ -494,6 +494,10 @@ async fn a_spot_wave_of_fifty_vms_is_cordoned_and_drained_before_each_not_before
     // As its kubelet would: a leader that could not renew its Lease on a
     // loaded machine exits (the run shows it), and carries on restarted.
     opts.restart_exited_controller = true;
+    // Agents as the chart runs them (each with a Ready pod): each reports
+    // its own VM's event, no witnesses are asked for, and the wave costs a
+    // report per event, not one per event and agent.
+    opts.agents_as_chart = true;
     let result = run_scenario(&cluster, &opts).await;
     // The cluster goes back to its 3 nodes whatever happened: the
     // workload first (its pods would outlive their nodes), then the nodes.

@@ -12,7 +12,7 @@ use anyhow::{Context as _, bail};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 /// The label that puts a node in the DaemonSet.
@@ -52,6 +52,7 @@ pub async fn start(
                 "metadata": {"labels": labels},
                 "spec": {
                     "nodeSelector": {AGENT_NODE_LABEL: "true"},
+                    "terminationGracePeriodSeconds": 0,
                     "tolerations": [{"operator": "Exists"}],
                     "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}],
                 },
@@ -93,4 +94,49 @@ pub async fn start(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Undoes [`start`]: the DaemonSet (its pods with it) and the label of
+/// `nodes` (those that still exist), so that a later run on the same
+/// cluster has agents without pods again.
+///
+/// # Errors
+/// A write refused.
+pub async fn stop(client: &Client, namespace: &str, nodes: &[String]) -> anyhow::Result<()> {
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
+    match api
+        .delete("forewarn-harness-agent", &DeleteParams::foreground())
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(e).context("deleting the agents' DaemonSet"),
+    }
+    let node_api: Api<Node> = Api::all(client.clone());
+    let unlabel = json!({"metadata": {"labels": {AGENT_NODE_LABEL: null}}});
+    for n in nodes {
+        match node_api
+            .patch(n, &PatchParams::default(), &Patch::Merge(&unlabel))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e).with_context(|| format!("unlabelling {n}")),
+        }
+    }
+    // Gone before the next run reads the agents as up.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=forewarn-harness-agent"))
+        .await?
+        .items
+        .is_empty()
+    {
+        if Instant::now() > deadline {
+            bail!("the agent pods still exist 120 s after their DaemonSet was deleted");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
 }

@@ -118,6 +118,12 @@ pub struct RunOptions {
     /// [`Report::restarts`](crate::report::Report::restarts). Off: an exit
     /// ends the run with an error.
     pub restart_exited_controller: bool,
+    /// Agents as the chart runs them: each with a Ready pod of an agents'
+    /// DaemonSet on its node ([`crate::agent_pods`]), so the controller
+    /// reads it as up, and reporting other VMs' events only as the
+    /// witnesses the controller asks for (`--witnesses`). Off: agents
+    /// without pods (read as silent) that report every event they see.
+    pub agents_as_chart: bool,
 }
 
 /// The part of a workload's containers the harness plays where KWOK runs
@@ -213,6 +219,7 @@ impl RunOptions {
             agent_runners: BTreeMap::new(),
             ready_before_start: None,
             restart_exited_controller: false,
+            agents_as_chart: false,
         }
     }
 }

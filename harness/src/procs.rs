@@ -312,6 +312,8 @@ struct Launch {
     credentials: Option<Credentials>,
     /// Agents run otherwise, by node name.
     runners: BTreeMap<String, AgentRunner>,
+    /// Whether the agents report other VMs' events only as witnesses.
+    witnesses: bool,
 }
 
 impl Launch {
@@ -375,10 +377,10 @@ impl Launch {
     /// Starts the agent of `node`; its port is read with
     /// [`Proc::metrics_port`], after all are started when there are many.
     ///
-    /// With the chart's credentials, it runs as the chart runs it: it
-    /// reports other VMs' events only as a witness the controller asks for
-    /// (`--witnesses`, the controller's default ConfigMap in the Lease's
-    /// namespace).
+    /// With the chart's credentials, or [`FleetOptions::witnesses`], it
+    /// runs as the chart runs it: it reports other VMs' events only as a
+    /// witness the controller asks for (`--witnesses`, the controller's
+    /// default ConfigMap in the Lease's namespace).
     fn agent(&self, node: &str, vm: &str, file: &str) -> anyhow::Result<Proc> {
         let mut args = vec![
             "agent".to_string(),
@@ -389,11 +391,14 @@ impl Launch {
             "--metrics-addr".into(),
             "127.0.0.1:0".into(),
         ];
-        if let Some(c) = &self.credentials {
+        if self.witnesses {
+            let namespace = self
+                .credentials
+                .as_ref()
+                .map_or("default", |c| c.lease_namespace.as_str());
             args.push("--witnesses".into());
             args.push(format!(
-                "{}/{}",
-                c.lease_namespace,
+                "{namespace}/{}",
                 forewarn::witnesses::DEFAULT_CONFIGMAP
             ));
         }
@@ -468,6 +473,10 @@ pub struct FleetOptions<'a> {
     /// The agents of these nodes run by their [`AgentRunner`] (another
     /// platform's binary).
     pub runners: BTreeMap<String, AgentRunner>,
+    /// The agents report other VMs' events only as the witnesses the
+    /// controller asks for (`--witnesses`), as the chart runs them; always
+    /// so with `credentials`.
+    pub witnesses: bool,
 }
 
 impl<'a> FleetOptions<'a> {
@@ -491,6 +500,7 @@ impl<'a> FleetOptions<'a> {
             vms,
             credentials: None,
             runners: BTreeMap::new(),
+            witnesses: false,
         }
     }
 }
@@ -542,6 +552,7 @@ impl Fleet {
             vms,
             credentials,
             runners,
+            witnesses,
         } = o;
         if let Some(node) = runners.keys().find(|n| !vms.iter().any(|(v, _)| v == *n)) {
             bail!("an agent runner for {node}, which has no VM in the scenario");
@@ -556,6 +567,7 @@ impl Fleet {
             log_dir: log_dir.to_path_buf(),
             imds_base,
             lease: lease.into(),
+            witnesses: witnesses || credentials.is_some(),
             credentials,
             runners,
         };

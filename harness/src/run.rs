@@ -120,9 +120,18 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         .iter()
         .filter_map(|v| Some((v.node.clone()?, v.name.clone())))
         .collect();
+    if opts.agents_as_chart {
+        let namespace = opts
+            .credentials
+            .as_ref()
+            .map_or("default".to_string(), |c| c.lease_namespace.clone());
+        let nodes: Vec<String> = vms.iter().map(|(n, _)| n.clone()).collect();
+        crate::agent_pods::start(&client, &namespace, &nodes, Duration::from_secs(180)).await?;
+    }
     let mut fleet = Fleet::start(FleetOptions {
         credentials: opts.credentials.clone(),
         runners: opts.agent_runners.clone(),
+        witnesses: opts.agents_as_chart,
         ..FleetOptions::new(
             &opts.forewarn_bin,
             &env,
@@ -200,6 +209,16 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
                 p.log.display()
             )),
             Err(e) => stop_problems.push(e.to_string()),
+        }
+    }
+    if opts.agents_as_chart {
+        let namespace = opts
+            .credentials
+            .as_ref()
+            .map_or("default".to_string(), |c| c.lease_namespace.clone());
+        let nodes: Vec<String> = vms.iter().map(|(n, _)| n.clone()).collect();
+        if let Err(e) = crate::agent_pods::stop(&client, &namespace, &nodes).await {
+            stop_problems.push(format!("removing the agent pods: {e:#}"));
         }
     }
     let mut report = report?;

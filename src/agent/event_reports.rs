@@ -408,10 +408,16 @@ impl Reporter {
         pending: &mut BTreeMap<String, Report>,
         due: Vec<String>,
     ) -> Vec<String> {
-        let batch: Vec<(String, Report)> = due
+        let mut batch: Vec<(String, Report)> = due
             .into_iter()
             .filter_map(|n| pending.get(&n).cloned().map(|r| (n, r)))
             .collect();
+        // The reports the controller acts on first: those naming this
+        // agent's own VM (a node moves only on its own agent's report), by
+        // the nearest `NotBefore`; a witness's after them.
+        batch.sort_by_key(|(name, r)| {
+            (!r.named, r.not_before.is_none(), r.not_before, name.clone())
+        });
         let results: Vec<(String, Report, Result<()>)> = futures::stream::iter(batch)
             .map(|(name, report)| async move {
                 let r = apply_report(&self.api, &self.node, &name, &report).await;
