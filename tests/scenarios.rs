@@ -482,6 +482,13 @@ async fn a_spot_wave_of_fifty_vms_is_cordoned_and_drained_before_each_not_before
     opts.extra_env = vec![
         ("FOREWARN_EVICTION_QPS".into(), "100".into()),
         ("FOREWARN_EVICTION_BURST".into(), "200".into()),
+        // The mock plays 50 VMs' IMDS on the same 2 cores as the API
+        // server, the controller and 50 agents while 500 pods move: an
+        // answer can take seconds there (real IMDS is the host's own). A
+        // slow answer is waited for rather than timed out and backed off
+        // from, so that no agent misses an event's `Started`.
+        ("FOREWARN_IMDS_TIMEOUT".into(), "6s".into()),
+        ("FOREWARN_IMDS_MAX_BACKOFF".into(), "2s".into()),
     ];
     opts.timed_kubectl = vec![(
         Duration::ZERO,

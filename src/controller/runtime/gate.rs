@@ -25,16 +25,19 @@ use crate::api::{Phase, ScheduledEvent};
 /// deadlines never starves the release of another event's nodes.
 pub const NO_DEADLINE_SLACK: chrono::TimeDelta = chrono::TimeDelta::seconds(30);
 
-/// When an event must be handled by: ordered nearest first; among equal
-/// deadlines, an event not yet handled at all (no phase: its nodes not yet
-/// cordoned) before one under way; then in their order of arrival, so that
-/// an event reconciled again (its own writes trigger it) goes behind those
-/// of the same deadline that have not had their turn yet.
+/// When an event must be handled by. The first pass of an event (no
+/// phase yet: its nodes not yet cordoned, a write or two) goes before any
+/// pass of an event under way (whose evictions may take a second): in a
+/// wave, every node is cordoned before the drains already started take
+/// the permits. Then nearest deadline first; then in their order of
+/// arrival, so that an event reconciled again (its own writes trigger it)
+/// goes behind those of the same deadline that have not had their turn
+/// yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Deadline {
-    at: DateTime<Utc>,
     /// 0 for an event no pass has handled yet, 1 once one has.
     under_way: u8,
+    at: DateTime<Utc>,
 }
 
 impl Deadline {
@@ -219,9 +222,10 @@ mod tests {
         );
         assert!(Deadline::first(at(60)) < d(60), "first passes go first");
         assert!(
-            d(59) < Deadline::first(at(60)),
-            "but not before a nearer deadline"
+            Deadline::first(at(60)) < d(1),
+            "even before a nearer deadline's later pass"
         );
+        assert!(Deadline::first(at(1)) < Deadline::first(at(60)));
         for phase in [Phase::Pending, Phase::Draining, Phase::Drained] {
             ev.status = Some(crate::api::ScheduledEventStatus {
                 phase: Some(phase),
