@@ -25,6 +25,22 @@ use crate::api::{Phase, ScheduledEvent};
 /// deadlines never starves the release of another event's nodes.
 pub const NO_DEADLINE_SLACK: chrono::TimeDelta = chrono::TimeDelta::seconds(30);
 
+/// How finely deadlines are told apart: deadlines within the same
+/// [`GRANULARITY`] (of the Unix epoch) count as equal, and equal ones are
+/// served in turn. A Spot wave's events appear within a second or two and
+/// each then keeps asking for passes (its pods, its budgets, its own status
+/// change); ordered to the millisecond, the first events' passes, however
+/// little they achieve while their budgets are shut, would take every
+/// permit from the last ones. Ten seconds is short beside any notice Azure
+/// gives (30 s at the least) and long beside the spread of a wave.
+pub const GRANULARITY: i64 = 10;
+
+/// `at` rounded down to [`GRANULARITY`].
+fn bucket(at: DateTime<Utc>) -> DateTime<Utc> {
+    let s = at.timestamp();
+    DateTime::from_timestamp(s - s.rem_euclid(GRANULARITY), 0).unwrap_or(at)
+}
+
 /// When an event must be handled by. The first pass of an event (no
 /// phase yet: its nodes not yet cordoned, a write or two) goes before any
 /// pass of an event under way (whose evictions may take a second): in a
@@ -43,12 +59,18 @@ pub struct Deadline {
 impl Deadline {
     /// The deadline `at` of an event a pass has handled already.
     pub fn new(at: DateTime<Utc>) -> Self {
-        Self { at, under_way: 1 }
+        Self {
+            at: bucket(at),
+            under_way: 1,
+        }
     }
 
     /// The deadline `at` of an event no pass has handled yet.
     pub fn first(at: DateTime<Utc>) -> Self {
-        Self { at, under_way: 0 }
+        Self {
+            at: bucket(at),
+            under_way: 0,
+        }
     }
 }
 
@@ -226,6 +248,9 @@ mod tests {
             "even before a nearer deadline's later pass"
         );
         assert!(Deadline::first(at(1)) < Deadline::first(at(60)));
+        // Within one GRANULARITY, deadlines are equal (served in turn).
+        assert_eq!(d(51), d(59));
+        assert!(d(59) < d(60));
         for phase in [Phase::Pending, Phase::Draining, Phase::Drained] {
             ev.status = Some(crate::api::ScheduledEventStatus {
                 phase: Some(phase),
@@ -257,8 +282,9 @@ mod tests {
     /// While the only permit is held, waiters arrive in an order unrelated
     /// to their deadlines (latest first, the way a scheduler that yields
     /// the newest trigger first would hand them out); once it is given
-    /// back they run one at a time, nearest deadline first, and two of the
-    /// same deadline in their order of arrival.
+    /// back they run one at a time, nearest deadline first, and those of
+    /// the same deadline (to [`GRANULARITY`]: tie1, e5 and tie2) in their
+    /// order of arrival.
     #[tokio::test]
     async fn waiters_are_served_nearest_deadline_first_whatever_their_arrival() {
         let gate = Gate::new(1);
@@ -291,8 +317,8 @@ mod tests {
         }
         let order = order.lock().unwrap().clone();
         let expected: Vec<String> = std::iter::once("urgent".to_string())
-            .chain((1..=5).map(|i| format!("e{i}")))
-            .chain(["tie1".into(), "tie2".into()])
+            .chain((1..=4).map(|i| format!("e{i}")))
+            .chain(["tie1".into(), "e5".into(), "tie2".into()])
             .chain((6..=9).map(|i| format!("e{i}")))
             .chain(std::iter::once("ended".to_string()))
             .collect();
