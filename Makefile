@@ -4,7 +4,7 @@ SCENARIO ?= tests/fixtures/platform-redeploy.yaml
 # Where cargo puts what it builds (CARGO_TARGET_DIR when set).
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: demo test test-real test-real-chart real-node-down image image-repro release lint unit generate manifests bench bench-drain cluster-up cluster-down
+.PHONY: demo test test-wave test-real test-real-chart real-node-down image image-repro release lint unit generate manifests bench bench-drain cluster-up cluster-down
 
 ## demo: local cluster + Azure scenario + agents + controller, with a live timeline (SCENARIO=path to pick another)
 demo:
@@ -31,6 +31,10 @@ bench:
 bench-drain:
 	$(CARGO) build --release --bin forewarn --example bench_drain
 	$(TARGET_DIR)/release/examples/bench_drain
+
+## test-wave: the 50-VM Spot wave scenario alone (tests/scenarios.rs; not yet in `make test`: see README)
+test-wave:
+	$(CARGO) test --test scenarios a_spot_wave -- --ignored --nocapture
 
 ## test-real: the image in real containers on a real kubelet, in a network namespace of its own (root; see README)
 test-real:

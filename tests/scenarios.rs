@@ -448,6 +448,7 @@ const WAVE_SPARES: usize = 3;
 /// the wave alone take 25 s of the 25 s before the drain deadline (see
 /// README, "Sizing").
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "run by `make test-wave`, alone: beside make test's other suites on 2 cores the mock, the API server and 50 agents starve each other"]
 async fn a_spot_wave_of_fifty_vms_is_cordoned_and_drained_before_each_not_before() {
     use forewarn_harness::wave;
     let (cluster, _turn) = take_cluster().await;
