@@ -318,6 +318,8 @@ async fn start_fleet(
     env.extend_from_slice(extra_env);
     let lease = format!("bench-{}", std::process::id());
     let fleet = Fleet::start(FleetOptions {
+        // The agents as the chart runs them.
+        witnesses: true,
         credentials,
         ..FleetOptions::new(bin, &env, dir, &file, "127.0.0.1:0", &lease, vms)
     })

@@ -377,10 +377,10 @@ impl Launch {
     /// Starts the agent of `node`; its port is read with
     /// [`Proc::metrics_port`], after all are started when there are many.
     ///
-    /// With the chart's credentials, or [`FleetOptions::witnesses`], it
-    /// runs as the chart runs it: it reports other VMs' events only as a
-    /// witness the controller asks for (`--witnesses`, the controller's
-    /// default ConfigMap in the Lease's namespace).
+    /// With [`FleetOptions::witnesses`] it runs as the chart runs it: it
+    /// reports other VMs' events only as a witness the controller asks for
+    /// (`--witnesses`, the controller's default ConfigMap in the Lease's
+    /// namespace).
     fn agent(&self, node: &str, vm: &str, file: &str) -> anyhow::Result<Proc> {
         let mut args = vec![
             "agent".to_string(),
@@ -474,8 +474,10 @@ pub struct FleetOptions<'a> {
     /// platform's binary).
     pub runners: BTreeMap<String, AgentRunner>,
     /// The agents report other VMs' events only as the witnesses the
-    /// controller asks for (`--witnesses`), as the chart runs them; always
-    /// so with `credentials`.
+    /// controller asks for (`--witnesses`), as the chart runs them. Off:
+    /// every event they see, as an agent run without the flag does (the
+    /// trust model's tests, whose killed agents keep a Ready pod, need
+    /// their honest bystanders' reports).
     pub witnesses: bool,
 }
 
@@ -567,7 +569,7 @@ impl Fleet {
             log_dir: log_dir.to_path_buf(),
             imds_base,
             lease: lease.into(),
-            witnesses: witnesses || credentials.is_some(),
+            witnesses,
             credentials,
             runners,
         };

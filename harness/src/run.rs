@@ -131,7 +131,8 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
     let mut fleet = Fleet::start(FleetOptions {
         credentials: opts.credentials.clone(),
         runners: opts.agent_runners.clone(),
-        witnesses: opts.agents_as_chart,
+        // With the chart's credentials, or agents as the chart runs them.
+        witnesses: opts.agents_as_chart || opts.credentials.is_some(),
         ..FleetOptions::new(
             &opts.forewarn_bin,
             &env,

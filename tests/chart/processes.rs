@@ -114,6 +114,7 @@ fn swapped_agent_tokens_are_refused_during_a_scenario() {
     let refusal = rt.block_on(async {
         let mut fleet = Fleet::start(FleetOptions {
             credentials: opts.credentials.clone(),
+            witnesses: true,
             ..FleetOptions::new(
                 &opts.forewarn_bin,
                 &[("RUST_LOG", "info,kube=warn")],
