@@ -734,6 +734,12 @@ pub struct NodeProgress {
     /// Absent when it never emptied, also after the event is over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drained_at: Option<DateTime<Utc>>,
+    /// When forewarn put the taint `node.kubernetes.io/out-of-service` on
+    /// the node (the policy's `outOfServiceTaint`: the event ended its VM
+    /// and the node stayed not Ready). Kept once the taint is removed, so
+    /// that the node is never tainted again for this event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_of_service_at: Option<DateTime<Utc>>,
     /// What the controller saw happen to the node during the event: its
     /// restart (a change of the Node's `bootID`) and, for a `Freeze`, the
     /// pause in its kubelet's heartbeats. Absent until there is something

@@ -54,6 +54,8 @@
 //!     matchLabels: {app: node-cache}
 //! taintEffect: NoSchedule      # NoSchedule | PreferNoSchedule: the effect of the taint
 //!                              # forewarn.dev/scheduled-event on the nodes it holds
+//! outOfServiceTaint: false     # taint node.kubernetes.io/out-of-service a node whose VM a
+//!                              # Terminate or Preempt ended while its Node stays not Ready
 //! ```
 //!
 //! The file is read again when it changes (see [`crate::controller::runtime::reload`]);
@@ -443,6 +445,18 @@ pub struct Policy {
     /// whatever its effect. Default `NoSchedule`.
     #[serde(default)]
     pub taint_effect: TaintEffect,
+    /// Put the taint `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`
+    /// (Kubernetes' non-graceful node shutdown) on each node of a `Terminate`
+    /// or `Preempt` event that ran and ended whose Node object is still
+    /// there and whose kubelet is not Ready (condition `Ready` `False` or
+    /// `Unknown`): kube-controller-manager then force-deletes the node's
+    /// pods and detaches their volumes, so that StatefulSets recover. The
+    /// taint forewarn put is removed once the node is Ready again; one put
+    /// by anyone else is never touched. Default `false`: a node object that
+    /// outlives its VM is for self-managed clusters (on AKS the cloud node
+    /// manager deletes the Node of a deleted VM).
+    #[serde(default)]
+    pub out_of_service_taint: bool,
 }
 
 /// The pods a drain leaves on their nodes on purpose (the policy's
@@ -634,6 +648,7 @@ impl Default for Policy {
             node_selector: None,
             exclude_pods: PodExclusion::default(),
             taint_effect: TaintEffect::NoSchedule,
+            out_of_service_taint: false,
         }
     }
 }
@@ -1130,5 +1145,15 @@ mod tests {
         // NoExecute would have Kubernetes evict what the drain keeps.
         let e = Policy::parse("taintEffect: NoExecute\n", "p").unwrap_err();
         assert!(e.to_string().contains("NoExecute"), "{e}");
+    }
+
+    #[test]
+    fn the_out_of_service_taint_is_off_unless_asked_for_and_takes_a_bool() {
+        assert!(!Policy::default().out_of_service_taint);
+        assert!(!Policy::parse("{}\n", "p").unwrap().out_of_service_taint);
+        let p = Policy::parse("outOfServiceTaint: true\n", "p").unwrap();
+        assert!(p.out_of_service_taint);
+        let e = Policy::parse("outOfServiceTaint: nodeshutdown\n", "p").unwrap_err();
+        assert!(e.to_string().contains("outOfServiceTaint"), "{e}");
     }
 }

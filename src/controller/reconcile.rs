@@ -17,7 +17,9 @@ use kube::runtime::controller::Action as Requeue;
 use tracing::{debug, info, instrument};
 
 use crate::api::ScheduledEvent;
-use crate::controller::act::{carry_out, drain, foreign, node_condition, notice, publish, spec};
+use crate::controller::act::{
+    carry_out, drain, foreign, node_condition, notice, out_of_service, publish, spec,
+};
 use crate::controller::context::{Context, Memory};
 use crate::controller::decide::pass::{self, DesiredNotice};
 use crate::controller::decide::plan::{self, EvictionOutcome, NodeWrite, Plan};
@@ -214,6 +216,7 @@ async fn act(
         policy.taint_effect,
     )
     .await?;
+    out_of_service::taint(ev, plan, w).await?;
     let cordoned_now: HashSet<&str> = plan
         .node_writes
         .iter()

@@ -170,7 +170,7 @@ impl ControllerMetrics {
             )?,
             node_writes: counter(
                 "forewarn_controller_node_writes_total",
-                "Node writes, by action: cordon, uncordon, release, condition",
+                "Node writes, by action: cordon, uncordon, release, condition, label, out_of_service",
                 &["action"],
             )?,
             unexpected_restarts: IntCounter::new(

@@ -58,6 +58,7 @@ fn policy_example_with_every_key_renders_and_loads() {
         "evictAfterAcknowledgement:",
         "excludeFromLoadBalancers:",
         "taintEffect:",
+        "outOfServiceTaint:",
     ] {
         assert!(example.contains(key), "the example lacks {key}:\n{example}");
     }
@@ -77,9 +78,12 @@ fn policy_example_with_every_key_renders_and_loads() {
             "controller.policy.retention=7d",
             "--set",
             "controller.policy.taintEffect=PreferNoSchedule",
+            "--set",
+            "controller.policy.outOfServiceTaint=true",
         ],
     );
     assert!(rendered.trust_any_agent);
+    assert!(rendered.out_of_service_taint);
     assert_eq!(
         rendered.taint_effect,
         forewarn::policy::TaintEffect::PreferNoSchedule

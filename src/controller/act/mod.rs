@@ -10,6 +10,7 @@ pub mod kube_events;
 pub mod labels;
 pub mod node_condition;
 pub mod notice;
+pub mod out_of_service;
 pub mod publish;
 pub mod restarts;
 pub mod spec;

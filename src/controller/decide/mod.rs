@@ -4,6 +4,7 @@
 
 pub mod acknowledge;
 pub mod manual;
+pub mod out_of_service;
 pub mod pass;
 pub mod plan;
 pub mod requeue;

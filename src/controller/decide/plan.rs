@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use crate::api::{EventStatus, Phase, ScheduledEvent};
 use crate::controller::decide::acknowledge::{self, AckState};
 use crate::controller::decide::manual::{self, Override};
+use crate::controller::decide::out_of_service;
 use crate::controller::observe::observed::{Observed, ObservedNode};
 use crate::controller::observe::pod_list::PodInfo;
 use crate::imds::model::EventType;
@@ -147,6 +148,9 @@ pub struct Plan {
     /// The controller ends the event itself, no agent being left to see it
     /// leave IMDS: `(reason, message)` for the `EndedWithoutObserver` condition.
     pub ended_unobserved: Option<(String, String)>,
+    /// Nodes to taint `node.kubernetes.io/out-of-service` now (the policy's
+    /// `outOfServiceTaint`): see [`out_of_service::to_taint`].
+    pub out_of_service: Vec<String>,
     /// Delete the object: finished and past retention.
     pub delete: bool,
     /// When to look again.
@@ -570,6 +574,58 @@ fn plan_finished(
     };
 }
 
+/// How often an event that ended is looked at while one of its nodes may
+/// yet be tainted out of service ([`out_of_service::may_yet_taint`]).
+const OUT_OF_SERVICE_POLL: Duration = Duration::from_secs(15);
+
+/// How long after an event ended its nodes are looked at every
+/// [`OUT_OF_SERVICE_POLL`] for the out-of-service taint: well past the node
+/// lifecycle controller's grace period. Later passes (the retention's)
+/// still taint a node found not Ready.
+const OUT_OF_SERVICE_WATCH: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
+
+/// The out-of-service taint of an event that is over (the policy's
+/// `outOfServiceTaint`): a `Terminate` or `Preempt` that ran (phase
+/// `Completed`, not `Cancelled`; recorded by an action other than
+/// `Ignore`) has each recorded node that is not Ready tainted
+/// ([`out_of_service::to_taint`]), at most once per node; the object is
+/// not deleted in the pass that taints. While a node of it is still
+/// Ready, within [`OUT_OF_SERVICE_WATCH`] of the end, the plan looks again
+/// every [`OUT_OF_SERVICE_POLL`].
+fn plan_out_of_service(
+    p: &mut Plan,
+    ev: &ScheduledEvent,
+    seen: &Observed,
+    policy: &Policy,
+    now: DateTime<Utc>,
+) {
+    let event_type = EventType::from(ev.spec.event_type.as_str());
+    let ran = p.phase == Phase::Completed && p.action != Action::Ignore;
+    let recorded = ev.status.as_ref().and_then(|s| s.nodes.as_deref());
+    let done = |name: &str| {
+        recorded
+            .into_iter()
+            .flatten()
+            .any(|r| r.name == name && r.out_of_service_at.is_some())
+    };
+    let enabled = policy.out_of_service_taint;
+    p.out_of_service = out_of_service::to_taint(enabled, &event_type, ran, &seen.recorded, done);
+    if !p.out_of_service.is_empty() {
+        p.delete = false;
+        p.requeue = p.requeue.min(Duration::from_secs(1));
+    }
+    let ended = ev
+        .status
+        .as_ref()
+        .and_then(|s| s.finished_at)
+        .unwrap_or(now);
+    if now < ended + OUT_OF_SERVICE_WATCH
+        && out_of_service::may_yet_taint(enabled, &event_type, ran, &seen.recorded, done)
+    {
+        p.requeue = p.requeue.min(OUT_OF_SERVICE_POLL);
+    }
+}
+
 /// What [`plan`] knows of the event before it chooses a branch.
 struct Known {
     /// The object's name (what holds on nodes name).
@@ -628,6 +684,7 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         held_incomplete: None,
         due: None,
         ended_unobserved: None,
+        out_of_service: Vec::new(),
         delete: false,
         requeue: Duration::from_secs(5),
         polls_progress: false,
@@ -643,6 +700,7 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
     }
     if is_over(ev) {
         plan_finished(&mut p, ev, seen, policy, now, known.started);
+        plan_out_of_service(&mut p, ev, seen, policy, now);
         apply_manual(&mut p, &known, ev, seen, false);
         return p;
     }
@@ -652,6 +710,7 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         let ran = known.started || known.accepted || not_before_passed(ev, now);
         p.ended_unobserved = Some(end);
         plan_finished(&mut p, ev, seen, policy, now, ran);
+        plan_out_of_service(&mut p, ev, seen, policy, now);
         apply_manual(&mut p, &known, ev, seen, false);
         return p;
     }

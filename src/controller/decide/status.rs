@@ -194,6 +194,7 @@ fn live_progress(
         } else {
             None
         },
+        out_of_service_at: before.and_then(|b| b.out_of_service_at),
         // Carried over and filled in by `impact::record`.
         impact: None,
     }
@@ -315,6 +316,16 @@ pub fn next(
     let prev = ev.status.clone().unwrap_or_default();
     let finished = plan.phase.is_final() || plan.phase == Phase::Ignored;
     let mut nodes = node_records(ev, seen, plan, outcomes, finished, now);
+    // Recorded once the taint is written (a failed write fails the pass
+    // before its status is): never in a dry run, which writes no node.
+    if !seen.dry_run {
+        for n in nodes
+            .iter_mut()
+            .filter(|n| plan.out_of_service.contains(&n.name))
+        {
+            n.out_of_service_at = n.out_of_service_at.or(Some(now));
+        }
+    }
     // A node deleted from the cluster keeps its record, out of the count.
     let deleted: HashSet<&str> = seen.deleted.iter().map(String::as_str).collect();
     for n in nodes

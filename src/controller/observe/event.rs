@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{Client, ResourceExt};
 
 use crate::api::{Report, ScheduledEvent, ScheduledEventSpec, SentApproval};
-use crate::controller::decide::plan;
+use crate::controller::decide::{out_of_service, plan};
 use crate::controller::observe::caches::Caches;
 use crate::controller::observe::facts::Facts;
 use crate::controller::observe::nodes;
@@ -220,6 +220,7 @@ pub fn observe(
         disagreement: built.disagreement(),
         last_report: None,
         deleted: deleted_nodes(ev, &by_name),
+        recorded: recorded_nodes(ev, &by_name),
         dry_run,
         fault_domains: domains,
         unmanaged,
@@ -457,6 +458,29 @@ fn deleted_nodes(ev: &ScheduledEvent, by_name: &HashMap<String, &Arc<Node>>) -> 
         .flatten()
         .filter(|n| !by_name.contains_key(&n.name))
         .map(|n| n.name.clone())
+        .collect()
+}
+
+/// The nodes `ev`'s status records (mapped from `Resources`) that are
+/// still in the cluster, as they are now: see [`out_of_service::to_taint`].
+fn recorded_nodes(
+    ev: &ScheduledEvent,
+    by_name: &HashMap<String, &Arc<Node>>,
+) -> Vec<out_of_service::RecordedNode> {
+    ev.status
+        .as_ref()
+        .and_then(|s| s.nodes.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|n| !n.vm_name.is_empty())
+        .filter_map(|n| {
+            let node = by_name.get(&n.name)?;
+            Some(out_of_service::RecordedNode {
+                name: n.name.clone(),
+                ready: out_of_service::ready(node),
+                tainted: out_of_service::tainted(node),
+            })
+        })
         .collect()
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
+use crate::controller::decide::out_of_service::RecordedNode;
 use crate::controller::observe::participants::Participant;
 use crate::controller::observe::pod_list::PodInfo;
 
@@ -83,4 +84,9 @@ pub struct Observed {
     /// `excludePods.namespaceSelector`, read for this pass (empty without
     /// one): their pods are never evicted.
     pub excluded_namespaces: std::collections::HashSet<String>,
+    /// The nodes the event's status records (mapped from `Resources`) that
+    /// are still in the cluster, with their `Ready` condition and whether
+    /// they carry the out-of-service taint: see
+    /// [`crate::controller::decide::out_of_service`].
+    pub recorded: Vec<RecordedNode>,
 }

@@ -5,7 +5,8 @@
 //! marks on nodes in line: the load-balancer exclusion label after the
 //! policy's `excludeFromLoadBalancers` changed, and the
 //! `ForewarnScheduledEvent` condition of nodes no live event affects any
-//! more.
+//! more, and the out-of-service taint forewarn put on a node that is Ready
+//! again.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -65,6 +66,7 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
                 }
             }
             sync_lb_labels(&api, &snapshot, exclude_lb).await;
+            crate::controller::act::out_of_service::untaint_returned(&ctx.writers, &snapshot).await;
         }
         // The nodes first, then the list: every hold in this snapshot was
         // written before the list was taken, by a reconcile of an event

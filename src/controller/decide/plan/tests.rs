@@ -1846,3 +1846,192 @@ fn a_user_reboot_is_approved_at_once_when_the_policy_says_so() {
     assert_eq!(p.action, Action::DrainAndApprove);
     assert_eq!(p.decide_approval, None);
 }
+
+/// A node the event's status records, as `Observed::recorded` has it.
+fn recorded(name: &str, ready: Option<bool>, tainted: bool) -> out_of_service::RecordedNode {
+    out_of_service::RecordedNode {
+        name: name.into(),
+        ready,
+        tainted,
+    }
+}
+
+/// A `type_` event that started and left IMDS a minute ago, its status
+/// recording `nodes` (node-N mapped from vm_N).
+fn ran_and_ended(type_: &str, nodes: &[&str]) -> ScheduledEvent {
+    let vms: Vec<String> = nodes.iter().map(|n| n.replace("node", "vm")).collect();
+    let vms: Vec<&str> = vms.iter().map(String::as_str).collect();
+    with_status(
+        event(type_, "Completed", &vms),
+        ScheduledEventStatus {
+            started_at: Some(now() - chrono::Duration::minutes(3)),
+            finished_at: Some(now() - chrono::Duration::minutes(1)),
+            nodes: Some(
+                nodes
+                    .iter()
+                    .zip(&vms)
+                    .map(|(n, vm)| NodeProgress {
+                        name: (*n).into(),
+                        vm_name: (*vm).into(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            appearance: Some(1),
+            ..Default::default()
+        },
+    )
+}
+
+fn out_of_service_on() -> Policy {
+    Policy::parse("outOfServiceTaint: true\n", "p").unwrap()
+}
+
+/// The out-of-service taint goes only on a node that is not Ready (its
+/// `Ready` condition `False` or `Unknown`), of a `Terminate` or `Preempt`
+/// that ran and ended, when the policy asks: never on a Ready node or one
+/// not reported on, never on one someone else tainted so already, never
+/// for another event type, a cancelled or a live event.
+#[test]
+fn the_out_of_service_taint_goes_only_on_not_ready_nodes_of_a_terminate_or_preempt_that_ran() {
+    let nodes = ["node-1", "node-2", "node-3", "node-4"];
+    let obs = Observed {
+        recorded: vec![
+            recorded("node-1", Some(false), false),
+            recorded("node-2", Some(true), false),
+            recorded("node-3", None, false),
+            // Someone else's out-of-service taint: left as it is.
+            recorded("node-4", Some(false), true),
+        ],
+        ..seen(vec![], &[])
+    };
+    let on = out_of_service_on();
+    for type_ in ["Terminate", "Preempt"] {
+        let p = plan(&ran_and_ended(type_, &nodes), &obs, &on, now());
+        assert_eq!(p.phase, Phase::Completed);
+        assert_eq!(p.out_of_service, vec!["node-1".to_string()], "{type_}");
+        // Off by default.
+        let p = plan(
+            &ran_and_ended(type_, &nodes),
+            &obs,
+            &Policy::default(),
+            now(),
+        );
+        assert!(p.out_of_service.is_empty(), "{type_} with the policy off");
+    }
+    for type_ in ["Reboot", "Redeploy", "Freeze"] {
+        let p = plan(&ran_and_ended(type_, &nodes), &obs, &on, now());
+        assert!(p.out_of_service.is_empty(), "{type_} leaves its VMs");
+    }
+    // Left IMDS without having run: cancelled, the VM is still there.
+    let mut cancelled = ran_and_ended("Terminate", &nodes);
+    cancelled.status.as_mut().unwrap().started_at = None;
+    let p = plan(&cancelled, &obs, &on, now());
+    assert_eq!(p.phase, Phase::Cancelled);
+    assert!(p.out_of_service.is_empty());
+    // Still live (Started, its agents reporting): not yet.
+    let mut live = ran_and_ended("Terminate", &nodes);
+    live.spec.event_status = EventStatus::Started;
+    live.status.as_mut().unwrap().finished_at = None;
+    let p = plan(&live, &obs, &on, now());
+    assert_ne!(p.phase, Phase::Completed);
+    assert!(p.out_of_service.is_empty());
+    // Ignored by the policy: recorded only.
+    let ignore = Policy {
+        default_action: Action::Ignore,
+        rules: Vec::new(),
+        ..on.clone()
+    };
+    let p = plan(&ran_and_ended("Terminate", &nodes), &obs, &ignore, now());
+    assert!(p.out_of_service.is_empty());
+}
+
+/// The status records the taint on the node's entry; the node is then
+/// never tainted again for the event (it came back Ready and forewarn
+/// took the taint back: a later outage is not this event's). The pass
+/// that taints deletes nothing, and while a node may still go not Ready
+/// the event is looked at every 15 s, for ten minutes after it ended.
+#[test]
+fn the_out_of_service_taint_is_recorded_put_once_and_waited_for_a_while() {
+    let on = out_of_service_on();
+    let ev = ran_and_ended("Terminate", &["node-1", "node-2"]);
+    let obs = Observed {
+        recorded: vec![
+            recorded("node-1", Some(false), false),
+            recorded("node-2", Some(true), false),
+        ],
+        ..seen(vec![], &[])
+    };
+    let p = plan(&ev, &obs, &on, now());
+    assert_eq!(p.out_of_service, vec!["node-1".to_string()]);
+    assert!(p.requeue <= Duration::from_secs(1));
+    let st = next_status(&ev, &obs, &p, &[], now());
+    let at = |st: &ScheduledEventStatus, n: &str| {
+        st.nodes
+            .iter()
+            .flatten()
+            .find(|r| r.name == n)
+            .unwrap()
+            .out_of_service_at
+    };
+    assert_eq!(at(&st, "node-1"), Some(now()));
+    assert_eq!(at(&st, "node-2"), None, "a Ready node is not tainted");
+    // In a dry run nothing is written, nor recorded.
+    let dry = Observed {
+        dry_run: true,
+        ..obs.clone()
+    };
+    assert_eq!(at(&next_status(&ev, &dry, &p, &[], now()), "node-1"), None);
+
+    // Next pass: node-1 was untainted since (Ready again, then down once
+    // more): not tainted again. node-2 still Ready: looked at in 15 s.
+    let ev = with_status(ev, st);
+    let obs = Observed {
+        recorded: vec![
+            recorded("node-1", Some(false), false),
+            recorded("node-2", Some(true), false),
+        ],
+        ..seen(vec![], &[])
+    };
+    let later = now() + chrono::Duration::seconds(30);
+    let p = plan(&ev, &obs, &on, later);
+    assert!(p.out_of_service.is_empty());
+    assert_eq!(p.requeue, Duration::from_secs(15));
+    // Ten minutes after the end the poll stops; a node found not Ready
+    // by a later pass is still tainted, and the object is kept for it
+    // past its retention.
+    let p = plan(&ev, &obs, &on, now() + chrono::Duration::minutes(10));
+    assert!(p.requeue > Duration::from_secs(15), "{:?}", p.requeue);
+    let down = Observed {
+        recorded: vec![recorded("node-2", Some(false), false)],
+        ..seen(vec![], &[])
+    };
+    let past_retention = now() + chrono::Duration::hours(25);
+    let p = plan(&ev, &down, &on, past_retention);
+    assert_eq!(p.out_of_service, vec!["node-2".to_string()]);
+    assert!(!p.delete);
+    assert!(plan(&ev, &obs, &on, past_retention).delete);
+}
+
+/// An event the controller ends itself, no agent being left to see it
+/// leave IMDS (`NoAgentUpdate` here), taints as one seen to leave.
+#[test]
+fn an_event_ended_unobserved_taints_its_not_ready_nodes_out_of_service() {
+    let on = Policy::parse("outOfServiceTaint: true\nstaleAfterSeconds: 3600\n", "p").unwrap();
+    let mut ev = ran_and_ended("Preempt", &["node-1"]);
+    ev.spec.event_status = EventStatus::Started;
+    let status = ev.status.as_mut().unwrap();
+    status.finished_at = None;
+    status.started_at = Some(now() - chrono::Duration::hours(2));
+    let obs = Observed {
+        last_report: Some(now() - chrono::Duration::hours(2)),
+        recorded: vec![recorded("node-1", Some(false), false)],
+        // The Node outlived its VM: it still maps, so the agents' silence
+        // ends the event.
+        ..seen(vec![node("node-1", "vm_1", true, &["ev-1"], vec![])], &[])
+    };
+    let p = plan(&ev, &obs, &on, now());
+    assert_eq!(p.ended_unobserved.as_ref().unwrap().0, "NoAgentUpdate");
+    assert_eq!(p.phase, Phase::Completed);
+    assert_eq!(p.out_of_service, vec!["node-1".to_string()]);
+}
