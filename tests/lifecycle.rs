@@ -1728,3 +1728,263 @@ async fn the_taint_takes_the_policys_effect_and_is_removed_whatever_its_effect()
         assert!(ours(&taints).is_empty(), "{}: {taints:?}", n.name_any());
     }
 }
+
+/// One version of a node as the watch gave it, for the out-of-service
+/// taint: when, its name, its `node.kubernetes.io/out-of-service` taints
+/// (`key=value:effect`), forewarn's mark on it, and the manager of the
+/// newest `managedFields` entry that owns `spec.taints`.
+#[derive(Debug, Clone)]
+struct OosVersion {
+    at: DateTime<Utc>,
+    node: String,
+    taints: Vec<String>,
+    mark: Option<String>,
+    taints_manager: Option<String>,
+}
+
+fn oos_version(n: &Node) -> OosVersion {
+    use forewarn::controller::decide::out_of_service::{OWNED_ANNOTATION, TAINT_KEY as OOS};
+    let taints = n
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key == OOS)
+        .map(|t| format!("{}={}:{}", t.key, t.value.unwrap_or_default(), t.effect))
+        .collect();
+    let taints_manager = n
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0["f:spec"].get("f:taints").is_some())
+        })
+        .max_by_key(|m| m.time.as_ref().map(|t| t.0.as_second()))
+        .and_then(|m| m.manager.clone());
+    OosVersion {
+        at: Utc::now(),
+        node: n.name_any(),
+        taints,
+        mark: n.annotations().get(OWNED_ANNOTATION).cloned(),
+        taints_manager,
+    }
+}
+
+/// With the policy's `outOfServiceTaint`, a Terminate of two VMs runs and
+/// leaves IMDS; then (30 s in) the first VM is played gone for good under
+/// its Node object (kwok stops managing the node, which the test writes
+/// `Ready: Unknown`, as the node lifecycle controller does), the second
+/// stays Ready, and a person's `node.kubernetes.io/out-of-service` taint
+/// goes on node-000000 (no part of the event). From every version of the
+/// nodes the API server stored: only node-000001 gets forewarn's taint
+/// (`nodeshutdown:NoExecute`, written by forewarn's field manager, with
+/// forewarn's mark naming the event), node-000002 never has one; the
+/// status records it and an `OutOfServiceTainted` Event says so. At 75 s
+/// the VM comes back (kwok makes the node Ready again): forewarn's taint
+/// and mark are gone by the end, the person's taint is still there.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_out_of_service_taint_goes_on_a_gone_vms_node_only_and_leaves_when_it_returns() {
+    use forewarn::controller::decide::out_of_service::TAINT_KEY as OOS;
+    let _turn = TURN.lock().await;
+    const ID: &str = "3C4D5E6F-7A8B-4C9D-8E0F-1A2B3C4D5E07";
+    let name = ID.to_ascii_lowercase();
+    let cluster = shared_cluster().await;
+    let client = cluster.client().await.expect("client");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let seen: Arc<Mutex<Vec<OosVersion>>> = Arc::default();
+    let recorded: Arc<Mutex<Vec<Option<DateTime<Utc>>>>> = Arc::default();
+    let watch = tokio::spawn({
+        let (seen, nodes) = (seen.clone(), nodes.clone());
+        async move {
+            let stream = watcher(nodes, watcher::Config::default())
+                .backoff(forewarn::controller::observe::watch::watch_backoff())
+                .applied_objects();
+            futures::pin_mut!(stream);
+            while let Some(item) = stream.next().await {
+                let Ok(n) = item else { continue };
+                seen.lock().expect("lock").push(oos_version(&n));
+            }
+        }
+    });
+    // node-000001's record in every version of the object (it is deleted
+    // by its retention before the run ends).
+    let events_watch = tokio::spawn({
+        let recorded = recorded.clone();
+        let api: Api<ScheduledEvent> = Api::all(client.clone());
+        async move {
+            let stream = watcher(api, watcher::Config::default())
+                .backoff(forewarn::controller::observe::watch::watch_backoff())
+                .applied_objects();
+            futures::pin_mut!(stream);
+            while let Some(item) = stream.next().await {
+                let Ok(ev) = item else { continue };
+                let at = ev
+                    .status
+                    .and_then(|s| s.nodes)
+                    .into_iter()
+                    .flatten()
+                    .find(|n| n.name == "node-000001")
+                    .and_then(|n| n.out_of_service_at);
+                recorded.lock().expect("lock").push(at);
+            }
+        }
+    });
+    let kubectl = |args: &[&str]| -> Vec<String> { args.iter().map(|a| a.to_string()).collect() };
+    let gone = r#"{"status":{"conditions":[{"type":"Ready","status":"Unknown","reason":"NodeStatusUnknown","message":"Kubelet stopped posting node status."}]}}"#;
+    let foreign = r#"{"spec":{"taints":[{"key":"node.kubernetes.io/out-of-service","value":"by-hand","effect":"NoSchedule"}]}}"#;
+    let (report, _) = play_with("lifecycle-out-of-service.yaml", |o| {
+        o.policy = Some("outOfServiceTaint: true\nretention: 150s\n".into());
+        // The object goes at its retention (150 s after the end): the run
+        // lasts that long, the controller running, so that the taint is
+        // put and removed meanwhile.
+        o.until_deleted = true;
+        o.timeout = Duration::from_secs(300);
+        let at = Duration::from_secs(30);
+        o.timed_kubectl = vec![
+            (
+                at,
+                kubectl(&[
+                    "annotate",
+                    "node",
+                    "node-000001",
+                    "forewarn.dev/vm-gone=true",
+                ]),
+            ),
+            (
+                at,
+                kubectl(&[
+                    "patch",
+                    "node",
+                    "node-000001",
+                    "--subresource=status",
+                    "-p",
+                    gone,
+                ]),
+            ),
+            (
+                at,
+                kubectl(&[
+                    "patch",
+                    "node",
+                    "node-000000",
+                    "--type=merge",
+                    "-p",
+                    foreign,
+                ]),
+            ),
+            (
+                Duration::from_secs(75),
+                kubectl(&["annotate", "node", "node-000001", "forewarn.dev/vm-gone-"]),
+            ),
+        ];
+    })
+    .await;
+    watch.abort();
+    events_watch.abort();
+    let seen = seen.lock().expect("lock").clone();
+    let now: Vec<Node> = nodes
+        .list(&ListParams::default())
+        .await
+        .expect("nodes")
+        .items;
+    // Put the cluster back before asserting: the person's taint off
+    // node-000000 (the next tests schedule there).
+    let _ = nodes
+        .patch(
+            "node-000000",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"taints": null}})),
+        )
+        .await;
+    let of = |node: &str| -> Vec<&OosVersion> { seen.iter().filter(|v| v.node == node).collect() };
+    for v in of("node-000001") {
+        println!("{v:?}");
+    }
+    let ours = format!("{OOS}=nodeshutdown:NoExecute");
+    let tainted: Vec<&OosVersion> = of("node-000001")
+        .into_iter()
+        .filter(|v| v.taints.contains(&ours))
+        .collect();
+    let first = tainted
+        .first()
+        .unwrap_or_else(|| panic!("node-000001 never got {ours}"));
+    assert_eq!(
+        first.taints_manager.as_deref(),
+        Some(forewarn::api::CONTROLLER_MANAGER),
+        "the taint was not written by forewarn's field manager: {first:?}"
+    );
+    assert_eq!(first.mark.as_deref(), Some(name.as_str()), "{first:?}");
+    assert!(
+        first.at >= report.started + chrono::TimeDelta::seconds(30),
+        "tainted before the VM went at 30 s: {first:?}"
+    );
+    assert!(
+        of("node-000001").iter().all(|v| v.taints.len() <= 1),
+        "two out-of-service taints on node-000001"
+    );
+    // The Ready node of the same event: never tainted.
+    let ready = of("node-000002");
+    assert!(!ready.is_empty());
+    assert!(
+        ready
+            .iter()
+            .all(|v| v.taints.is_empty() && v.mark.is_none()),
+        "node-000002 (Ready) was tainted: {:?}",
+        ready.iter().find(|v| !v.taints.is_empty())
+    );
+    // At the end: node-000001 Ready, without forewarn's taint or mark;
+    // the person's taint on node-000000 untouched.
+    let last = |node: &str| now.iter().find(|n| n.name_any() == node).expect(node);
+    let back = oos_version(last("node-000001"));
+    assert!(
+        back.taints.is_empty() && back.mark.is_none(),
+        "forewarn's taint stayed on node-000001 after it came back: {back:?}"
+    );
+    assert_eq!(
+        forewarn::controller::decide::out_of_service::ready(last("node-000001")),
+        Some(true),
+        "node-000001 did not come back Ready"
+    );
+    let untainted = of("node-000001")
+        .into_iter()
+        .rfind(|v| v.taints.contains(&ours))
+        .map(|v| v.at)
+        .expect("tainted");
+    println!(
+        "node-000001 tainted at {}, untainted after {untainted}",
+        first.at
+    );
+    let theirs = oos_version(last("node-000000"));
+    assert_eq!(
+        theirs.taints,
+        [format!("{OOS}=by-hand:NoSchedule")],
+        "the person's out-of-service taint on node-000000 was touched"
+    );
+    assert_eq!(theirs.mark, None);
+    assert!(
+        of("node-000000").iter().all(|v| v.mark.is_none()),
+        "forewarn marked the person's taint as its own"
+    );
+    // Recorded, and announced on the node.
+    let recorded = recorded.lock().expect("lock").clone();
+    assert!(
+        recorded.iter().flatten().next().is_some(),
+        "status.nodes[node-000001].outOfServiceAt never set: {recorded:?}"
+    );
+    let notes = event_notes(&client, "node-000001", "OutOfServiceTainted").await;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains(&name) && n.contains("not Ready")),
+        "no OutOfServiceTainted Event on node-000001: {notes:?}"
+    );
+    let notes = event_notes(&client, "node-000001", "OutOfServiceUntainted").await;
+    assert!(
+        notes.iter().any(|n| n.contains("Ready again")),
+        "no OutOfServiceUntainted Event on node-000001: {notes:?}"
+    );
+}
