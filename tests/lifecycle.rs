@@ -1783,7 +1783,10 @@ fn oos_version(n: &Node) -> OosVersion {
 /// nodes the API server stored: only node-000001 gets forewarn's taint
 /// (`nodeshutdown:NoExecute`, written by forewarn's field manager, with
 /// forewarn's mark naming the event), node-000002 never has one; the
-/// status records it and an `OutOfServiceTainted` Event says so. At 75 s
+/// status records it and an `OutOfServiceTainted` Event says so; a bare
+/// pod bound to node-000001 (600 s of grace) is taken off it by
+/// kube-controller-manager within seconds of the taint (deleted by the
+/// taint manager, then force-deleted by the pod garbage collector). At 75 s
 /// the VM comes back (kwok makes the node Ready again): forewarn's taint
 /// and mark are gone by the end, the person's taint is still there.
 #[tokio::test(flavor = "multi_thread")]
@@ -1833,7 +1836,47 @@ async fn the_out_of_service_taint_goes_on_a_gone_vms_node_only_and_leaves_when_i
             }
         }
     });
+    // The bare pod the test binds to node-000001 once the event is over
+    // (outside the workload's namespace, which the harness watches for
+    // force deletes): every version, and when its deletion was seen.
+    type PodSeen = (DateTime<Utc>, Option<DateTime<Utc>>, bool);
+    let victim: Arc<Mutex<Vec<PodSeen>>> = Arc::default();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let _ = pods
+        .delete(
+            "oos-victim",
+            &kube::api::DeleteParams::default().grace_period(0),
+        )
+        .await;
+    let pods_watch = tokio::spawn({
+        let (victim, pods) = (victim.clone(), pods.clone());
+        async move {
+            let config = watcher::Config::default().fields("metadata.name=oos-victim");
+            let stream = watcher(pods, config)
+                .backoff(forewarn::controller::observe::watch::watch_backoff());
+            futures::pin_mut!(stream);
+            while let Some(item) = stream.next().await {
+                let (p, deleted) = match item {
+                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => (p, false),
+                    Ok(watcher::Event::Delete(p)) => (p, true),
+                    _ => continue,
+                };
+                let until = p
+                    .metadata
+                    .deletion_timestamp
+                    .as_ref()
+                    .map(|t| jiff_to_chrono(&t.0));
+                victim
+                    .lock()
+                    .expect("lock")
+                    .push((Utc::now(), until, deleted));
+            }
+        }
+    });
     let kubectl = |args: &[&str]| -> Vec<String> { args.iter().map(|a| a.to_string()).collect() };
+    // Bound to the node directly (the scheduler and the cordon play no
+    // part), 600 s of grace: kwok would keep it Terminating that long.
+    let bound = r#"{"apiVersion":"v1","spec":{"nodeName":"node-000001","terminationGracePeriodSeconds":600}}"#;
     let gone = r#"{"status":{"conditions":[{"type":"Ready","status":"Unknown","reason":"NodeStatusUnknown","message":"Kubelet stopped posting node status."}]}}"#;
     let foreign = r#"{"spec":{"taints":[{"key":"node.kubernetes.io/out-of-service","value":"by-hand","effect":"NoSchedule"}]}}"#;
     let (report, _) = play_with("lifecycle-out-of-service.yaml", |o| {
@@ -1845,6 +1888,19 @@ async fn the_out_of_service_taint_goes_on_a_gone_vms_node_only_and_leaves_when_i
         o.timeout = Duration::from_secs(300);
         let at = Duration::from_secs(30);
         o.timed_kubectl = vec![
+            (
+                Duration::from_secs(26),
+                kubectl(&[
+                    "run",
+                    "oos-victim",
+                    "-n",
+                    "default",
+                    "--restart=Never",
+                    "--image=registry.k8s.io/pause:3.10",
+                    "--overrides",
+                    bound,
+                ]),
+            ),
             (
                 at,
                 kubectl(&[
@@ -1885,6 +1941,14 @@ async fn the_out_of_service_taint_goes_on_a_gone_vms_node_only_and_leaves_when_i
     .await;
     watch.abort();
     events_watch.abort();
+    pods_watch.abort();
+    let victim = victim.lock().expect("lock").clone();
+    let _ = pods
+        .delete(
+            "oos-victim",
+            &kube::api::DeleteParams::default().grace_period(0),
+        )
+        .await;
     let seen = seen.lock().expect("lock").clone();
     let now: Vec<Node> = nodes
         .list(&ListParams::default())
@@ -1968,6 +2032,30 @@ async fn the_out_of_service_taint_goes_on_a_gone_vms_node_only_and_leaves_when_i
     assert!(
         of("node-000000").iter().all(|v| v.mark.is_none()),
         "forewarn marked the person's taint as its own"
+    );
+    // The real effect: the taint lets kube-controller-manager take the
+    // pod off the gone node (the taint manager deletes it, as it does not
+    // tolerate the taint; the pod garbage collector force-deletes a
+    // terminating pod on a not-Ready node with the taint) long before its
+    // 600 s of grace, which kwok would otherwise have it use.
+    println!("oos-victim: {victim:?}");
+    let gone_at = victim
+        .iter()
+        .find(|(_, _, deleted)| *deleted)
+        .map(|(at, ..)| *at)
+        .unwrap_or_else(|| panic!("oos-victim was never deleted: {victim:?}"));
+    // The end of its grace as its graceful deletion set it (a force
+    // delete then moves it to the moment of deletion).
+    let until = victim.iter().find_map(|(_, until, _)| *until);
+    assert!(
+        gone_at >= first.at,
+        "oos-victim went at {gone_at}, before node-000001 was tainted at {}",
+        first.at
+    );
+    let until = until.expect("oos-victim was deleted without a deletionTimestamp");
+    assert!(
+        gone_at + chrono::TimeDelta::seconds(300) < until,
+        "oos-victim was not force-deleted: gone at {gone_at}, its grace ran until {until}"
     );
     // Recorded, and announced on the node.
     let recorded = recorded.lock().expect("lock").clone();

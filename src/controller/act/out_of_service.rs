@@ -44,7 +44,9 @@ async fn patch(api: &Api<Node>, node: &Node, mut body: serde_json::Value) -> kub
 /// Puts the out-of-service taint on each node `plan.out_of_service` names,
 /// as the node cache has it, with the annotation that makes it forewarn's
 /// (its value the event's name); a node that has a taint of the key by now
-/// (someone else's) is left alone. Each node written gets a Warning Event
+/// (someone else's) is left alone. The write is conditional on the node
+/// as read: a node that turned Ready since (a newer `resourceVersion`) is
+/// not tainted, and the next pass reads it afresh. Each node written gets a Warning Event
 /// `OutOfServiceTainted` (on the node and the event) and counts in
 /// `forewarn_controller_node_writes_total{action="out_of_service"}`.
 ///
