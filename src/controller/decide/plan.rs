@@ -646,7 +646,9 @@ struct Known {
 
 /// Plans the next step for `ev` (README, "Policy"), in
 /// order: an event that is over releases its nodes ([`plan_finished`]); one
-/// no agent can see end any more is ended ([`unobserved_end`]); else the
+/// no agent can see end any more is ended ([`unobserved_end`]); either
+/// taints out of service the nodes its end left not Ready, when the policy
+/// asks ([`plan_out_of_service`]); else the
 /// policy's action decides: [`plan_ignored`], [`plan_approve_only`] or
 /// [`plan_drain`] (cordon, drain, approval).
 pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime<Utc>) -> Plan {
