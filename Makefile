@@ -32,7 +32,7 @@ bench-drain:
 	$(CARGO) build --release --bin forewarn --example bench_drain
 	$(TARGET_DIR)/release/examples/bench_drain
 
-## test-wave: the 50-VM Spot wave scenario alone (tests/scenarios.rs; not yet in `make test`: see README)
+## test-wave: the 50-VM Spot wave scenario alone (tests/scenarios.rs; `make test` runs it last, alone: see README)
 test-wave:
 	$(CARGO) test --test scenarios a_spot_wave -- --ignored --nocapture
 

@@ -10,6 +10,9 @@
 # seconds) with the run's peak load, and fails if any suite failed, or ran no
 # test at all (a suite that runs 0 tests proves nothing), naming them.
 #
+# When they have ended, the Spot wave (a test of tests/scenarios.rs that its
+# suite's run leaves out) runs alone, on the scenarios' cluster.
+#
 # Every cluster's API server writes an audit log by hack/audit-policy.yaml
 # (a suite may set its own policy, as tests/faults.rs does). When the other
 # suites have ended, the clusters this run created are torn down, each
@@ -191,6 +194,20 @@ while ((${#queue[@]} + ${#running[@]})); do
   running=("${next[@]}")
   ((${#running[@]})) && sleep 1
 done
+
+# The Spot wave (tests/scenarios.rs, ignored in that suite's own run):
+# alone, once the other suites have ended, on the scenarios' cluster. Its
+# 50 agents, the IMDS mock and 500 moving pods take both cores; beside
+# other suites the agents missed their events' `Started`.
+began[wave]=$SECONDS
+$cargo test --test scenarios a_spot_wave -- --ignored --nocapture >"$logs/wave.log" 2>&1
+rc=$?
+took[wave]=$((SECONDS - began[wave]))
+echo
+echo "================ wave (exit $rc, ${took[wave]} s, started at +$((began[wave] - started)) s) ================"
+cat "$logs/wave.log"
+((rc == 0)) || failed+=(wave)
+suites+=(wave)
 
 # The audit suite, alone, once every other suite has ended and every
 # cluster of this run is down (its log kept).

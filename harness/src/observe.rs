@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event as KubeEvent;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -26,7 +27,7 @@ use crate::notices::{acknowledge, watch_notices};
 use crate::options::{NodeDeletion, RunOptions};
 use crate::outage::{api_server_outage, drain_in_progress, restart_exited_controller};
 use crate::procs::Fleet;
-use crate::report::{AckWritten, PodDeletion, Report};
+use crate::report::{AckWritten, BudgetSeen, PodDeletion, Report};
 use crate::timeline::{Timeline, chrono_time, short};
 use crate::workload::{ready_pods, restore_node};
 
@@ -163,6 +164,28 @@ pub(crate) async fn observe(
                 && notice_tx.send((Utc::now(), p)).is_err()
             {
                 break;
+            }
+        }
+    }));
+    // The workload's PodDisruptionBudgets, every version: when each
+    // allowed a disruption that a drain could take.
+    let (budget_tx, mut budget_rx) = tokio::sync::mpsc::unbounded_channel();
+    let budgets_ns: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
+    let _abort_budgets = AbortOnDrop(tokio::spawn(async move {
+        let stream = watcher(budgets_ns, watcher::Config::default())
+            .backoff(forewarn::controller::observe::watch::watch_backoff())
+            .applied_objects();
+        futures::pin_mut!(stream);
+        while let Some(item) = stream.next().await {
+            if let Ok(b) = item {
+                let seen = BudgetSeen {
+                    seen_at: Utc::now(),
+                    budget: format!("{}/{}", b.namespace().unwrap_or_default(), b.name_any()),
+                    allowed: b.status.and_then(|s| s.disruptions_allowed).unwrap_or(0),
+                };
+                if budget_tx.send(seen).is_err() {
+                    break;
+                }
             }
         }
     }));
@@ -674,6 +697,9 @@ pub(crate) async fn observe(
                 force_deletes.push((d.clone(), created));
             }
             report.deletions.push(d);
+        }
+        while let Ok(b) = budget_rx.try_recv() {
+            report.budgets.push(b);
         }
         while let Ok((seen_at, node, cordoned)) = node_rx.try_recv() {
             if unschedulable.insert(node.clone(), cordoned) != Some(cordoned) {

@@ -108,6 +108,20 @@ pub struct Report {
     /// The acknowledgements the harness wrote
     /// ([`RunOptions::acknowledgers`](crate::options::RunOptions::acknowledgers)).
     pub acks: Vec<AckWritten>,
+    /// Every version of every PodDisruptionBudget of the workload's
+    /// namespace, in the order the watch saw them.
+    pub budgets: Vec<BudgetSeen>,
+}
+
+/// One version of a PodDisruptionBudget, as the harness's watch saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetSeen {
+    /// When the watch saw it.
+    pub seen_at: DateTime<Utc>,
+    /// `namespace/name`.
+    pub budget: String,
+    /// Its `status.disruptionsAllowed` (0 when not set yet).
+    pub allowed: i32,
 }
 
 /// A pod deletion as the API server applied it: the first version of the

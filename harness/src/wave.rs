@@ -22,7 +22,7 @@ use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::report::PodDeletion;
+use crate::report::{BudgetSeen, PodDeletion};
 
 /// Azure's notice of a Spot eviction (`Preempt`): 30 s, fixed.
 pub const SPOT_NOTICE: Duration = Duration::from_secs(30);
@@ -59,7 +59,9 @@ pub fn appears_at(first: Duration, i: usize, n: usize) -> Duration {
 /// A scenario of `n` VMs (each played by node `node_name(i)`, fault
 /// domains 0-2 in turn), each evicted by its own `Preempt` event of 30 s
 /// notice appearing at [`appears_at`]`(first, i, n)` and delivered to the
-/// whole group; each runs 5 s once started. Every event must end
+/// whole group; each runs 15 s once started (long enough for every agent
+/// to see `Started` from a mock that the whole wave's VMs keep busy on a
+/// loaded test machine: real IMDS is each host's own). Every event must end
 /// `Completed` with its node drained, approved (if at all) only through
 /// its own VM.
 pub fn scenario_yaml(n: usize, first: Duration) -> String {
@@ -83,7 +85,7 @@ pub fn scenario_yaml(n: usize, first: Duration) -> String {
     for i in 0..n {
         let _ = writeln!(
             s,
-            "  - {{id: {}, type: Preempt, resources: [{}], durationSeconds: -1, at: {}ms, notice: {}s, runFor: 5s, \
+            "  - {{id: {}, type: Preempt, resources: [{}], durationSeconds: -1, at: {}ms, notice: {}s, runFor: 15s, \
              description: Spot VM is being evicted because Azure needs the capacity back., \
              expect: {{phase: Completed, drained: true, approvedBy: [{}]}}}}",
             event_id(i),
@@ -306,6 +308,12 @@ pub struct EventFigures {
     /// Pods whose deletion ends after `NotBefore`, or that were not
     /// deleted: `namespace/name (deletionTimestamp or "not deleted")`.
     pub late: Vec<String>,
+    /// The longest time, in seconds, that the node's PodDisruptionBudget
+    /// allowed a disruption while the node still had pods to evict and no
+    /// eviction of one of them came, between the cordon and the drain
+    /// deadline ([`unused_budget`]): how long a budget that opened waited
+    /// for the drain to take it.
+    pub unused_budget: f64,
 }
 
 impl EventFigures {
@@ -315,17 +323,73 @@ impl EventFigures {
     }
 }
 
+/// The name of the PodDisruptionBudget of the pods of [`node_name`]`(i)`:
+/// `wave-<i>` ([`workload`]).
+fn budget_of(node: &str) -> Option<String> {
+    let i: usize = node.strip_prefix("node-")?.parse().ok()?;
+    Some(format!("wave-{i:03}"))
+}
+
+/// forewarn's drain margin by default: its drain deadline is `NotBefore`
+/// minus this.
+pub const DRAIN_MARGIN: Duration = Duration::from_secs(5);
+
+/// The step at which [`unused_budget`] samples a budget's history.
+const SAMPLE: chrono::TimeDelta = chrono::TimeDelta::milliseconds(100);
+
+/// The longest time, in seconds, within `from..until` that a budget
+/// allowed a disruption (`allowed`: its versions `(seen_at, allowed)` in
+/// the order seen; none allowed before the first) while some of `pods`
+/// were not yet asked to leave and none was asked for: a pod counts as
+/// asked to leave from its eviction (`deletionTimestamp` minus the grace
+/// the API server applied, in `deletions`); an eviction starts the count
+/// again. Sampled every 100 ms.
+pub fn unused_budget(
+    allowed: &[(DateTime<Utc>, i32)],
+    pods: &[String],
+    deletions: &[PodDeletion],
+    from: DateTime<Utc>,
+    until: DateTime<Utc>,
+) -> f64 {
+    let asked: Vec<DateTime<Utc>> = pods
+        .iter()
+        .filter_map(|p| deletions.iter().find(|d| d.pod == *p))
+        .map(|d| d.deletion_timestamp - chrono::TimeDelta::seconds(d.grace_seconds.unwrap_or(0)))
+        .collect();
+    let unasked = pods.len() - asked.len();
+    let (mut longest, mut idle) = (chrono::TimeDelta::zero(), chrono::TimeDelta::zero());
+    let mut t = from;
+    while t < until {
+        let open = allowed
+            .iter()
+            .take_while(|(at, _)| *at <= t)
+            .last()
+            .is_some_and(|(_, n)| *n >= 1);
+        let left = unasked + asked.iter().filter(|a| **a > t).count();
+        let evicted_now = asked.iter().any(|a| *a > t - SAMPLE && *a <= t);
+        if open && left > 0 && !evicted_now {
+            idle += SAMPLE;
+            longest = longest.max(idle);
+        } else {
+            idle = chrono::TimeDelta::zero();
+        }
+        t += SAMPLE;
+    }
+    longest.as_seconds_f64()
+}
+
 /// The figures of each event of a wave: `events` maps each node to
 /// (appearance, `NotBefore`); `initial` maps each node to the workload
 /// pods on it when the wave began (`namespace/name`); `deletions` are the
 /// pod deletions the API server applied; `cordons` when each node was
-/// first seen cordoned; `evictions` when each node's first pod deletion
-/// was seen.
+/// first seen cordoned; `budgets` every version of the workload's
+/// PodDisruptionBudgets (node `i`'s is `wave-<i>`, [`workload`]).
 pub fn figures(
     events: &BTreeMap<String, (DateTime<Utc>, DateTime<Utc>)>,
     initial: &BTreeMap<String, Vec<String>>,
     deletions: &[PodDeletion],
     cordons: &BTreeMap<String, DateTime<Utc>>,
+    budgets: &[BudgetSeen],
 ) -> Vec<EventFigures> {
     events
         .iter()
@@ -347,6 +411,16 @@ pub fn figures(
                 .min();
             let cordoned = cordons.get(node).copied();
             let to_leave = chrono::TimeDelta::from_std(TIME_TO_LEAVE).unwrap_or_default();
+            let margin = chrono::TimeDelta::from_std(DRAIN_MARGIN).unwrap_or_default();
+            let budget = budget_of(node);
+            let allowed: Vec<(DateTime<Utc>, i32)> = budgets
+                .iter()
+                .filter(|b| budget.as_deref() == b.budget.split('/').nth(1))
+                .map(|b| (b.seen_at, b.allowed))
+                .collect();
+            let unused = cordoned.map_or(0.0, |c| {
+                unused_budget(&allowed, &pods, deletions, c, *not_before - margin)
+            });
             EventFigures {
                 node: node.clone(),
                 appeared: *appeared,
@@ -357,6 +431,7 @@ pub fn figures(
                 gone_by_not_before: gone,
                 had_time: cordoned.is_some_and(|c| c + to_leave <= *not_before),
                 late,
+                unused_budget: unused,
             }
         })
         .collect()
@@ -365,6 +440,41 @@ pub fn figures(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn at(ms: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000, 0).unwrap() + chrono::TimeDelta::milliseconds(ms)
+    }
+
+    fn evicted(pod: &str, at_ms: i64) -> PodDeletion {
+        PodDeletion {
+            pod: pod.into(),
+            node: "node-000001".into(),
+            grace_seconds: Some(10),
+            deletion_timestamp: at(at_ms + 10_000),
+            seen_at: at(at_ms + 50),
+        }
+    }
+
+    #[test]
+    fn an_open_budget_counts_until_an_eviction_takes_it() {
+        let pods = ["shop/a".to_string(), "shop/b".to_string()];
+        // Open at 1 s; a is asked for at 3 s (2 s unused), the budget
+        // stays open, b at 4 s (1 s): the longest is 2 s.
+        let allowed = [(at(0), 0), (at(1_000), 2)];
+        let deletions = [evicted("shop/a", 3_000), evicted("shop/b", 4_000)];
+        let u = unused_budget(&allowed, &pods, &deletions, at(0), at(20_000));
+        assert!((u - 2.0).abs() < 0.15, "{u}");
+        // A budget that never opens leaves nothing unused, however long.
+        let shut = [(at(0), 0)];
+        assert_eq!(unused_budget(&shut, &pods, &[], at(0), at(20_000)), 0.0);
+        // Open and never taken: unused until the drain deadline.
+        let u = unused_budget(&allowed, &pods, &[], at(0), at(6_000));
+        assert!((u - 5.0).abs() < 0.15, "{u}");
+        // Once every pod was asked for, an open budget is nobody's wait.
+        let u = unused_budget(&allowed, &pods, &deletions, at(5_000), at(20_000));
+        assert_eq!(u, 0.0);
+        assert_eq!(budget_of("node-000029").as_deref(), Some("wave-029"));
+    }
     use forewarn::imds::scenario::{DeliverTo, Scenario};
 
     #[test]
@@ -430,7 +540,7 @@ mod tests {
             deletion("ns/c", "n1", 26, 31),
         ];
         let cordons = BTreeMap::from([("n0".to_string(), t(2)), ("n1".to_string(), t(16))]);
-        let f = figures(&events, &initial, &deletions, &cordons);
+        let f = figures(&events, &initial, &deletions, &cordons, &[]);
         assert_eq!(f[0].gone_by_not_before, 2);
         assert_eq!(f[0].left_at_not_before(), 0);
         assert_eq!(f[0].first_eviction, Some(t(3)));

@@ -37,12 +37,21 @@ use crate::policy::Policy;
 /// How soon a reconcile that came before the caches synced is tried again.
 const CACHE_SYNC_WAIT: Duration = Duration::from_millis(200);
 
-/// One pass over one event: observe -> decide -> act -> report.
+/// One pass over one event: observe -> decide -> act -> report. `permit`
+/// (the pass's turn at the deadline-ordered gate) is held until the pass's
+/// node writes are sent, then dropped: its evictions are paced by the
+/// controller-wide eviction rate budget and its report is a few writes,
+/// so a slow eviction (a PodDisruptionBudget's every eviction is a write of
+/// its status) holds no other event's cordon back.
 ///
 /// # Errors
 /// Any failed read or write; the controller retries with backoff.
 #[instrument(skip_all, fields(event = %stored.name_any()))]
-pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result<Requeue> {
+pub async fn reconcile<P: Send>(
+    stored: Arc<ScheduledEvent>,
+    ctx: Arc<Context>,
+    permit: P,
+) -> Result<Requeue> {
     // The spec is built from the agents' reports, and the hand-over claims
     // from the other events, read from caches: before their first full list
     // a missing report would read as a silent agent, wait.
@@ -98,7 +107,7 @@ pub async fn reconcile(stored: Arc<ScheduledEvent>, ctx: Arc<Context>) -> Result
         return Ok(Requeue::await_change());
     }
     // Act.
-    let (outcomes, deferred) = act(&ev, &plan, notices, &snapshots, &policy, &ctx).await?;
+    let (outcomes, deferred) = act(&ev, &plan, notices, &snapshots, &policy, &ctx, permit).await?;
     // Report.
     let pass = Pass {
         ev: &ev,
@@ -185,20 +194,30 @@ async fn decide(
     Ok((plan, notices))
 }
 
+/// Up to how many nodes a pass may cordon and still ask their pods to
+/// leave in the same pass (see [`act`]).
+const EVICT_WITH_CORDON: usize = 8;
+
 /// Carries out the plan: notices first (a pod learns of the event before
-/// it is evicted), then the node writes, then the evictions. The pods of a
-/// node cordoned in this pass are asked to leave from the next pass on, so
-/// a pass over a 1,000-node event ends once its cordons are written and
-/// the nodes reported meanwhile are cordoned at the next one. Returns the
-/// eviction outcomes and how many evictions were left to the next pass.
-/// Under `--dry-run` nothing is written.
-async fn act(
+/// it is evicted), then the node writes, then the evictions, each only once
+/// the writes before it succeeded. The pods of a node cordoned in this pass
+/// are asked to leave in the same pass when it cordoned at most
+/// [`EVICT_WITH_CORDON`] nodes (a Spot VM's `Preempt`, with its 30 s of
+/// notice, cannot wait a pass), and from the next pass on when it cordoned
+/// more, so that a pass over a 1,000-node event ends once its cordons are
+/// written and the nodes reported meanwhile are cordoned at the next one.
+/// Evicting from a pod list read before the cordon is safe: the node is
+/// drained only on a list read after it. `permit` is dropped once the node
+/// writes are sent. Returns the eviction outcomes and how many evictions
+/// were left to the next pass. Under `--dry-run` nothing is written.
+async fn act<P>(
     ev: &ScheduledEvent,
     plan: &Plan,
     notices: Vec<DesiredNotice>,
     snapshots: &HashMap<String, Arc<Node>>,
     policy: &Policy,
     ctx: &Context,
+    permit: P,
 ) -> Result<(Vec<Outcome>, usize)> {
     let w = &ctx.writers;
     if w.dry_run {
@@ -217,12 +236,16 @@ async fn act(
     )
     .await?;
     out_of_service::taint(ev, plan, w).await?;
-    let cordoned_now: HashSet<&str> = plan
+    drop(permit);
+    let mut cordoned_now: HashSet<&str> = plan
         .node_writes
         .iter()
         .filter(|w| matches!(w, NodeWrite::Cordon { .. }))
         .map(NodeWrite::node)
         .collect();
+    if cordoned_now.len() <= EVICT_WITH_CORDON {
+        cordoned_now.clear();
+    }
     let now_evicted: Vec<plan::Eviction> = plan
         .evictions
         .iter()

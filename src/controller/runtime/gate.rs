@@ -8,7 +8,10 @@
 //! could wait behind events announced later with more notice. So the
 //! controller runs kube-runtime without a limit of its own (it still never
 //! reconciles one object twice at once) and every reconcile first takes a
-//! [`Permit`] here, by [`Deadline`].
+//! [`Permit`] here, by [`Deadline`], and holds it until its node writes
+//! (cordons, releases) are sent: its evictions wait for the controller-wide
+//! eviction rate budget instead, so that a wave's slow evictions do not
+//! hold back the cordons of the events still to be handled.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -973,7 +973,8 @@ async fn reconcile_until_stopped(
 }
 
 /// One pass over `ev` once it holds a permit of `gate` (nearest deadline
-/// first: [`gate::deadline_of`]), over the event as the cache holds it
+/// first: [`gate::deadline_of`]; held until the pass's node writes are
+/// sent, see [`reconcile`]), over the event as the cache holds it
 /// then, not as it was when the pass was asked for: a pass that waited
 /// behind others would otherwise act on a version its own earlier pass,
 /// or Azure's progress, has since replaced. An event deleted meanwhile
@@ -982,12 +983,12 @@ async fn reconcile_until_stopped(
 /// # Errors
 /// As [`reconcile`].
 async fn gated(ev: Arc<ScheduledEvent>, ctx: Arc<Context>, gate: Gate) -> Result<Requeue, Error> {
-    let _permit = gate
+    let permit = gate
         .acquire(gate::deadline_of(&ev, chrono::Utc::now()))
         .await;
     // The same store the pass was asked from: as new, or newer.
     match ctx.caches.events.get(&ObjectRef::from_obj(ev.as_ref())) {
-        Some(current) => reconcile(current, ctx).await,
+        Some(current) => reconcile(current, ctx, permit).await,
         None => Ok(Requeue::await_change()),
     }
 }
