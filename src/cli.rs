@@ -322,7 +322,7 @@ pub struct ControllerArgs {
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
     /// Evictions in flight at once on one node.
-    #[arg(long, env = "FOREWARN_MAX_EVICTIONS_PER_NODE", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, env = "FOREWARN_MAX_EVICTIONS_PER_NODE", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_evictions_per_node: u16,
     /// Controller-wide eviction rate budget: evictions per second, over all
     /// events and nodes (the per-node bound applies too).

@@ -594,8 +594,10 @@ pub fn sizing(state: &State) -> String {
     row(
         &mut s,
         "controller RSS idle / peak (draining an event naming every node)",
+        // A peak is at least the idle figure (a peak extrapolated from one
+        // point can fall below an idle figure measured at two).
         idle.zip(peak)
-            .map(|(i, p)| [0, 1, 2].map(|k| format!("{:.0} / {:.0} MiB", i[k], p[k]))),
+            .map(|(i, p)| [0, 1, 2].map(|k| format!("{:.0} / {:.0} MiB", i[k], p[k].max(i[k])))),
     );
     row(
         &mut s,

@@ -28,10 +28,23 @@ use crate::text::named;
 const NODE_WRITE_CONCURRENCY: usize = 32;
 
 /// How long one pass may spend asking for evictions (waiting for the rate
-/// budget): the rest is deferred to the next pass, so that a pass over a
-/// large event ends soon and what changed meanwhile (a node's report came
-/// in) is acted on within about this long.
+/// budget) when they are on more than [`FEW_NODES`] nodes: the rest is
+/// deferred to the next pass, so that a pass over a large event ends soon
+/// and what changed meanwhile (a node's report came in) is acted on within
+/// about this long.
 const EVICTION_PASS: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long one pass may spend asking for evictions on at most
+/// [`FEW_NODES`] nodes: a node's evictions are a few in flight at once
+/// (`--max-evictions-per-node`), each a write of its PodDisruptionBudget's
+/// status that the API server orders, and a pass's own reads and writes
+/// take about a second between two windows; a longer window drains a
+/// crowded node in fewer passes. An event of few nodes has few other
+/// changes to wait for meanwhile.
+const EVICTION_PASS_FEW: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Up to how many nodes' evictions get [`EVICTION_PASS_FEW`].
+const FEW_NODES: usize = 8;
 
 /// How many pods or nodes an Event names before it counts the rest.
 pub const NAMED_IN_EVENT: usize = 5;
@@ -206,7 +219,8 @@ fn first_named(mut names: Vec<&str>) -> String {
     named(&names, NAMED_IN_EVENT, ", ")
 }
 
-/// Requests `evictions` for at most [`EVICTION_PASS`] (the budgets
+/// Requests `evictions` for at most [`EVICTION_PASS`], or
+/// [`EVICTION_PASS_FEW`] when they are on few nodes (the budgets
 /// from the cache, and the pods they refused, `budgets`) and reports
 /// each outcome; returns the outcomes and how many were deferred to the next
 /// pass.
@@ -220,13 +234,20 @@ pub async fn evict(
     ),
     per_node: usize,
 ) -> (Vec<Outcome>, usize) {
+    let nodes: std::collections::HashSet<&str> =
+        evictions.iter().map(|e| e.node.as_str()).collect();
+    let window = if nodes.len() <= FEW_NODES {
+        EVICTION_PASS_FEW
+    } else {
+        EVICTION_PASS
+    };
     let drain::Evicted { outcomes, deferred } = drain::evict_all(
         &writers.evict_client,
         &writers.limiter,
         budgets,
         evictions,
         per_node,
-        tokio::time::Instant::now() + EVICTION_PASS,
+        tokio::time::Instant::now() + window,
     )
     .await;
     let (evicted, blocked) = sort_outcomes(evictions, &outcomes, writers);

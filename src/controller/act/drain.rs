@@ -327,12 +327,7 @@ impl Refusals {
         self.lock().retain(|_, r| r.next + after > now);
     }
 
-    /// How many pods are remembered.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// Whether none is.
+    /// Whether no pod is remembered.
     pub fn is_empty(&self) -> bool {
         self.lock().is_empty()
     }
