@@ -194,15 +194,11 @@ async fn decide(
     Ok((plan, notices))
 }
 
-/// Up to how many nodes a pass may cordon and still ask their pods to
-/// leave in the same pass (see [`act`]).
-const EVICT_WITH_CORDON: usize = 8;
-
 /// Carries out the plan: notices first (a pod learns of the event before
 /// it is evicted), then the node writes, then the evictions, each only once
 /// the writes before it succeeded. The pods of a node cordoned in this pass
 /// are asked to leave in the same pass when it cordoned at most
-/// [`EVICT_WITH_CORDON`] nodes (a Spot VM's `Preempt`, with its 30 s of
+/// [`carry_out::FEW_NODES`] nodes (a Spot VM's `Preempt`, with its 30 s of
 /// notice, cannot wait a pass), and from the next pass on when it cordoned
 /// more, so that a pass over a 1,000-node event ends once its cordons are
 /// written and the nodes reported meanwhile are cordoned at the next one.
@@ -237,19 +233,17 @@ async fn act<P>(
     .await?;
     out_of_service::taint(ev, plan, w).await?;
     drop(permit);
-    let mut cordoned_now: HashSet<&str> = plan
+    let cordoned_now: HashSet<&str> = plan
         .node_writes
         .iter()
         .filter(|w| matches!(w, NodeWrite::Cordon { .. }))
         .map(NodeWrite::node)
         .collect();
-    if cordoned_now.len() <= EVICT_WITH_CORDON {
-        cordoned_now.clear();
-    }
+    let evict_later = cordoned_now.len() > carry_out::FEW_NODES;
     let now_evicted: Vec<plan::Eviction> = plan
         .evictions
         .iter()
-        .filter(|e| !cordoned_now.contains(e.node.as_str()))
+        .filter(|e| !(evict_later && cordoned_now.contains(e.node.as_str())))
         .cloned()
         .collect();
     let later = plan.evictions.len() - now_evicted.len();

@@ -43,8 +43,10 @@ const EVICTION_PASS: std::time::Duration = std::time::Duration::from_secs(1);
 /// changes to wait for meanwhile.
 const EVICTION_PASS_FEW: std::time::Duration = std::time::Duration::from_secs(3);
 
-/// Up to how many nodes' evictions get [`EVICTION_PASS_FEW`].
-const FEW_NODES: usize = 8;
+/// Up to how many nodes a pass may act on and still be one of few: its
+/// evictions get [`EVICTION_PASS_FEW`], and the pods of the nodes it
+/// cordons are asked to leave in the same pass (see the reconcile's act).
+pub const FEW_NODES: usize = 8;
 
 /// How many pods or nodes an Event names before it counts the rest.
 pub const NAMED_IN_EVENT: usize = 5;

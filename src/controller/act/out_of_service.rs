@@ -41,6 +41,16 @@ async fn patch(api: &Api<Node>, node: &Node, mut body: serde_json::Value) -> kub
         .map(|_| ())
 }
 
+/// Counts one out-of-service write (taint or untaint) in
+/// `forewarn_controller_node_writes_total{action="out_of_service"}`.
+fn count_write(writers: &Writers) {
+    writers
+        .metrics
+        .node_writes
+        .with_label_values(&["out_of_service"])
+        .inc();
+}
+
 /// Puts the out-of-service taint on each node `plan.out_of_service` names,
 /// as the node cache has it, with the annotation that makes it forewarn's
 /// (its value the event's name); a node that has a taint of the key by now
@@ -71,11 +81,7 @@ pub async fn taint(ev: &ScheduledEvent, plan: &Plan, writers: &Writers) -> Resul
         });
         match patch(&api, &node, body).await {
             Ok(()) => {
-                writers
-                    .metrics
-                    .node_writes
-                    .with_label_values(&["out_of_service"])
-                    .inc();
+                count_write(writers);
                 let note = format!(
                     "Tainted {node_name} {TAINT_KEY}={TAINT_VALUE}:{TAINT_EFFECT}: {} {name} ended its VM and the node is not Ready; Kubernetes force-deletes its pods and detaches their volumes",
                     ev.spec.event_type
@@ -125,11 +131,7 @@ pub async fn untaint_returned(writers: &Writers, snapshot: &[Arc<Node>]) {
                 info!(node = %name, "The out-of-service taint forewarn put is gone already: forgot it");
             }
             Ok(()) => {
-                writers
-                    .metrics
-                    .node_writes
-                    .with_label_values(&["out_of_service"])
-                    .inc();
+                count_write(writers);
                 let note = format!(
                     "Removed the taint {TAINT_KEY} forewarn put on {name}: the node is Ready again"
                 );
