@@ -625,6 +625,10 @@ struct Request {
     /// The HTTP status answered (0 when the log has none).
     code: u64,
     at: DateTime<Utc>,
+    /// How long the API server took to answer, in seconds: the audit
+    /// event's `stageTimestamp` (its response) minus its
+    /// `requestReceivedTimestamp` (none for a watch still open).
+    took: Option<f64>,
 }
 
 /// The requests made by impersonated `bench:` users, from the audit log
@@ -673,6 +677,10 @@ fn audit_requests(cluster: &Cluster) -> anyhow::Result<Vec<Request>> {
                 .and_then(serde_json::Value::as_u64)
                 .unwrap_or(0),
             at: at.with_timezone(&Utc),
+            took: DateTime::parse_from_rfc3339(&s("/stageTimestamp"))
+                .ok()
+                .filter(|_| s("/stage") == "ResponseComplete")
+                .map(|end| secs(end.with_timezone(&Utc) - at.with_timezone(&Utc))),
         });
     }
     Ok(out)
@@ -1909,6 +1917,7 @@ async fn wave_on(
         .into_iter()
         .filter(|r| r.at >= origin && r.at <= until + chrono::TimeDelta::seconds(3))
         .collect();
+    let watches_seen: HashMap<String, DateTime<Utc>> = watches.with(|s| s.sev_first.clone());
     let (events, cordons, phases) = watches.with(|s| {
         let mut events = BTreeMap::new();
         let mut cordons = BTreeMap::new();
@@ -2143,6 +2152,93 @@ async fn wave_on(
             agents as f64 / n as f64,
             agents as f64 / (n * n) as f64
         ),
+        "",
+        None,
+    );
+    // Where an event's time to its cordon went: its own agent's first
+    // report write (audit), the object first seen (this program's watch),
+    // the cordon (the same).
+    let sev_seen = watches_seen;
+    let mut to_report = Vec::new();
+    let mut to_object = Vec::new();
+    let mut to_cordon_after = Vec::new();
+    let index: HashMap<String, usize> = (0..n).map(|i| (wave::node_name(i), i)).collect();
+    for f in &figures {
+        let Some(&i) = index.get(&f.node) else {
+            continue;
+        };
+        let agent = format!("bench:agent:{}", f.node);
+        let reported = requests
+            .iter()
+            .filter(|r| {
+                r.user == agent && r.resource == "scheduledeventreports" && is_write(&r.verb)
+            })
+            .map(|r| r.at)
+            .filter(|at| *at >= f.appeared)
+            .min();
+        let seen = sev_seen
+            .get(&wave::event_id(i).to_ascii_lowercase())
+            .copied();
+        if let Some(r) = reported {
+            to_report.push(secs(r - f.appeared));
+            if let Some(o) = seen {
+                to_object.push(secs(o - r));
+            }
+        }
+        if let (Some(o), Some(c)) = (seen, f.cordoned) {
+            to_cordon_after.push(secs(c - o));
+        }
+    }
+    let (to_report, to_object, to_cordon_after) = (
+        sorted(to_report),
+        sorted(to_object),
+        sorted(to_cordon_after),
+    );
+    table.add(
+        "7 wave",
+        "where the time to a cordon went: IMDS change → its own agent's report written (audit); → the ScheduledEvent seen (this program's watch); → its node cordoned",
+        format!(
+            "report {}; object {}; cordon {}",
+            spread(&to_report, n),
+            spread(&to_object, n),
+            spread(&to_cordon_after, n)
+        ),
+        "",
+        None,
+    );
+    // How long the API server took to answer the controller: its Lease
+    // writes (a renewal slower than the renew deadline stops the leader)
+    // and its other requests.
+    let took = |f: &dyn Fn(&Request) -> bool| -> Vec<f64> {
+        sorted(
+            requests
+                .iter()
+                .filter(|r| f(r))
+                .filter_map(|r| r.took)
+                .collect(),
+        )
+    };
+    let lease_took =
+        took(&|r| r.user == "bench:controller" && r.resource == "leases" && r.verb == "update");
+    let other_took =
+        took(&|r| r.user == "bench:controller" && r.resource != "leases" && r.verb != "watch");
+    let answered = |v: &[f64]| {
+        if v.is_empty() {
+            "none".to_string()
+        } else {
+            format!(
+                "p50 {:.3} s, p99 {:.3} s, max {:.3} s ({})",
+                percentile(v, 0.5),
+                percentile(v, 0.99),
+                v[v.len() - 1],
+                v.len()
+            )
+        }
+    };
+    table.add(
+        "7 wave",
+        "the API server's answers to the controller (audit: response minus receipt): its Lease renewals; its other requests",
+        format!("Lease {}; other {}", answered(&lease_took), answered(&other_took)),
         "",
         None,
     );

@@ -71,8 +71,8 @@ pub fn scenario_yaml(n: usize, first: Duration) -> String {
     let mut s = format!(
         "description: >-\n  A Spot wave: {n} Spot VMs of one scale set evicted at once, each by its own\n  \
          Preempt event of 30 s notice, all appearing within one second and delivered\n  \
-         to every VM of the placement group. Every node must be cordoned and drained\n  \
-         before its NotBefore, every event end Completed, nothing stay cordoned.\n\
+         to every VM of the placement group. Every node must be cordoned at once and\n  \
+         drained as its budgets allow, every event end Completed, nothing stay cordoned.\n\
          vms:\n"
     );
     for i in 0..n {

@@ -236,8 +236,9 @@ pub struct Approver {
     sent: mpsc::UnboundedSender<(String, SentApproval)>,
     objects: Objects,
     object_changed: Arc<Notify>,
-    /// One per event listed `Scheduled` (none while there is none), or one
-    /// of every event while more than [`MAX_NAMED_WATCHES`] are.
+    /// One per event listed `Scheduled` that this agent reported (none
+    /// while there is none), or one of every event while more than
+    /// [`MAX_NAMED_WATCHES`] are.
     watches: Watches,
     /// Last approval attempt per event (only events listed `Scheduled`).
     attempts: HashMap<String, Instant>,
@@ -304,26 +305,20 @@ impl Approver {
     /// see [`should_send`]): only for events this VM's document lists as
     /// `Scheduled`, with this agent's own report of the same appearance
     /// written, and the decision bound to the same content.
+    ///
+    /// Only those events' objects are watched: Azure lists a placement
+    /// group's events in the document of every VM of it, and a Spot wave of
+    /// N VMs watched by every agent would cost the API server N² watch
+    /// events; an agent reports (and so may approve) its own VM's events,
+    /// and another VM's only as a witness the controller asked for.
     async fn step(&mut self) {
         let doc = self.docs.borrow_and_update().clone();
         let written = self.written.borrow_and_update().clone();
-        let scheduled: Vec<&Event> = doc
-            .as_deref()
-            .map(|d| {
-                d.events
-                    .iter()
-                    .filter(|e| e.event_status == EventStatus::Scheduled)
-                    .collect()
-            })
-            .unwrap_or_default();
+        let reported = scheduled_and_reported(doc.as_deref(), &written);
+        let scheduled: Vec<&Event> = reported.iter().map(|(e, _)| *e).collect();
         self.keep_only(&scheduled);
-        for ev in scheduled {
+        for (ev, mine) in reported {
             let name = ev.object_name();
-            // Only what this agent has reported of this very listing: the
-            // report carries its appearance.
-            let Some(mine) = written.get(&name).filter(|r| r.is_listed()) else {
-                continue;
-            };
             let digest = event_reports::digest_of(ev);
             if self.due(ev, &name, &digest, mine) {
                 self.send(ev, name, mine.appearance, digest).await;
@@ -332,7 +327,7 @@ impl Approver {
     }
 
     /// Watches the events of `scheduled` (those the document lists as
-    /// `Scheduled`) and none other, and forgets the attempts, decisions and
+    /// `Scheduled` and this agent reported) and none other, and forgets the attempts, decisions and
     /// refusals of any other.
     fn keep_only(&mut self, scheduled: &[&Event]) {
         let names: HashSet<String> = scheduled.iter().map(|e| e.object_name()).collect();
@@ -509,6 +504,27 @@ impl Approver {
             watches.insert(name.clone(), ObjectWatch(task));
         }
     }
+}
+
+/// The events `doc` lists as `Scheduled` that this agent reported, each
+/// with its report of this very listing (`written`, by object name: the
+/// report carries the appearance the approval is bound to). Nothing while
+/// there is no document.
+fn scheduled_and_reported<'a>(
+    doc: Option<&'a Document>,
+    written: &'a HashMap<String, Report>,
+) -> Vec<(&'a Event, &'a Report)> {
+    doc.map(|d| {
+        d.events
+            .iter()
+            .filter(|e| e.event_status == EventStatus::Scheduled)
+            .filter_map(|e| {
+                let mine = written.get(&e.object_name()).filter(|r| r.is_listed())?;
+                Some((e, mine))
+            })
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
 /// The most events watched one by one (a field selector on each name);
@@ -799,6 +815,42 @@ mod tests {
             "200 nodes in {} half-second slots",
             distinct.len()
         );
+    }
+
+    #[test]
+    fn only_the_scheduled_events_this_agent_reported_are_watched() {
+        let own = event(EventType::Preempt);
+        let other = Event {
+            event_id: "F".into(),
+            resources: vec!["vmss_2".into()],
+            ..event(EventType::Preempt)
+        };
+        let started = Event {
+            event_id: "G".into(),
+            event_status: EventStatus::Started,
+            ..event(EventType::Preempt)
+        };
+        let doc = Document {
+            incarnation: 1,
+            events: vec![own.clone(), other.clone(), started.clone()],
+            rejected: Vec::new(),
+        };
+        // Azure lists the placement group's events in every VM's document:
+        // this agent reported its own VM's and the started one only.
+        let written: HashMap<String, Report> = [&own, &started]
+            .into_iter()
+            .map(|e| (e.object_name(), mine(e, "vmss_1")))
+            .collect();
+        let picked: Vec<&str> = scheduled_and_reported(Some(&doc), &written)
+            .iter()
+            .map(|(e, _)| e.event_id.as_str())
+            .collect();
+        assert_eq!(picked, ["E"]);
+        assert!(scheduled_and_reported(None, &written).is_empty());
+        // Reported as a witness when the controller asked: watched too.
+        let mut with_witness = written.clone();
+        with_witness.insert(other.object_name(), mine(&other, "vmss_1"));
+        assert_eq!(scheduled_and_reported(Some(&doc), &with_witness).len(), 2);
     }
 
     #[test]

@@ -404,6 +404,60 @@ fn a_standby_with_the_chart_token_takes_over_the_released_lease() {
         None,
     );
     let controller = token_kubeconfig(&k, "lease-controller", &token(&k, CONTROLLER_SA, None));
+    // The chart's FlowSchema: the API server puts the controller's Lease
+    // requests in its `leader-election` priority level (API Priority and
+    // Fairness answers with the level's UID in a response header, which
+    // kubectl prints at -v=8), and its other requests where they were.
+    let level_uid = |args: &[&str]| -> String {
+        let mut argv = vec!["-v=8"];
+        argv.extend_from_slice(args);
+        let out = controller.run(&argv, None);
+        assert!(
+            out.ok,
+            "kubectl {args:?} with the controller's token: {}",
+            out.stderr
+        );
+        out.stderr
+            .lines()
+            .find_map(|l| {
+                let (_, v) = l.split_once("X-Kubernetes-Pf-Prioritylevel-Uid:")?;
+                Some(v.trim().to_string())
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "no priority level in the answer to {args:?}:\n{}",
+                    out.stderr
+                )
+            })
+    };
+    let leader_election = k.json(&["get", "prioritylevelconfiguration", "leader-election"]);
+    let schema = k.json(&["get", "flowschema", "forewarn-leader-election"]);
+    assert!(
+        schema["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Dangling" && c["status"] == "False"),
+        "the FlowSchema's priority level is missing: {schema}"
+    );
+    let lease_level = level_uid(&[
+        "get",
+        "lease",
+        "forewarn-controller",
+        "-n",
+        NS,
+        "--ignore-not-found",
+    ]);
+    assert_eq!(
+        lease_level,
+        leader_election["metadata"]["uid"].as_str().expect("uid"),
+        "the controller's Lease requests are not in the leader-election level"
+    );
+    let other_level = level_uid(&["get", "scheduledevents"]);
+    assert_ne!(
+        other_level, lease_level,
+        "the controller's other requests moved to the leader-election level too"
+    );
     let leader = ControllerProc::start(&controller.kubeconfig, "lease-leader");
     eventually(
         "the first controller leads",

@@ -27,7 +27,7 @@ use kube::runtime::watcher;
 use prometheus::{IntCounterVec, Registry};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::api::{CONTROLLER_MANAGER, ScheduledEvent, ScheduledEventReport};
 use crate::cli::ControllerArgs;
@@ -955,8 +955,15 @@ async fn reconcile_until_stopped(
             ctx,
         )
         .for_each(|r| async move {
-            if let Err(e) = r {
-                warn!(error = %e, "Reconcile failed");
+            match r {
+                // A report's change asks for a pass over an event whose
+                // object is not created yet (the creation, by its own
+                // watch, asks again): nothing failed.
+                Err(controller::Error::ObjectNotFound(o)) => {
+                    debug!(event = %o.name, "A pass was asked for an event with no object yet")
+                }
+                Err(e) => warn!(error = %e, "Reconcile failed"),
+                Ok(_) => {}
             }
         });
     tokio::select! {
