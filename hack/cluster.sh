@@ -32,6 +32,12 @@
 #                         clusters created after it are kept (not one left
 #                         over from an earlier run). hack/test-all.sh sets it
 #                         for tests/audit.rs.
+#   FOREWARN_KUBE_APF=1   kube-apiserver runs API Priority and Fairness with its
+#                         default limits (400 + 200 requests in flight), as a
+#                         production API server does; otherwise off, with no
+#                         limit (kwokctl --disable-qps-limits). The chart's
+#                         tests set it to see where its FlowSchema puts the
+#                         controller's requests.
 #   FOREWARN_KWOK_FAKE_NODES_ONLY=1
 #                         kwok-controller manages only the nodes kwokctl creates
 #                         (annotation kwok.x-k8s.io/node=fake) instead of every
@@ -264,6 +270,9 @@ YAML
     --extra-args kube-controller-manager=leader-elect=false \
     --extra-args kube-scheduler=leader-elect=false \
     --disable-qps-limits \
+    ${FOREWARN_KUBE_APF:+--extra-args kube-apiserver=enable-priority-and-fairness=true} \
+    ${FOREWARN_KUBE_APF:+--extra-args kube-apiserver=max-requests-inflight=400} \
+    ${FOREWARN_KUBE_APF:+--extra-args kube-apiserver=max-mutating-requests-inflight=200} \
     ${FOREWARN_KUBE_AUDIT_POLICY:+--kube-audit-policy "$FOREWARN_KUBE_AUDIT_POLICY"} \
     --kubeconfig "" \
     --wait "${step_timeout}s" \

@@ -245,7 +245,10 @@ fn cluster() -> (MutexGuard<'static, ()>, Cluster) {
             // FOREWARN_CHART_CLUSTER: another name, to run beside a
             // `make test` that uses the default one.
             let name = std::env::var("FOREWARN_CHART_CLUSTER").unwrap_or_else(|_| CLUSTER.into());
-            Cluster::start(&name, 3).map_err(|e| format!("{e:#}"))
+            // API Priority and Fairness on, as on a production API server:
+            // the chart's FlowSchema is checked by where it puts requests.
+            Cluster::start_with(&name, 3, &[("FOREWARN_KUBE_APF", Path::new("1"))])
+                .map_err(|e| format!("{e:#}"))
         })
         .clone()
         .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"));
