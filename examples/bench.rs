@@ -273,6 +273,47 @@ fn proc_stat(pid: u32, ticks: f64) -> anyhow::Result<ProcStat> {
     })
 }
 
+/// CPU seconds (user + system) used so far by every process of this
+/// machine, summed by kind: a Kubernetes component by its executable's
+/// name, forewarn's processes by their role (`forewarn agent`,
+/// `forewarn controller`, `forewarn imds-mock`), anything else as `other`.
+/// Read at two moments, the difference says where the machine's CPU went
+/// meanwhile (a process that ended between them is missed).
+fn cpu_by_kind(ticks: f64) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let exe = args
+            .first()
+            .map(|a| a.rsplit('/').next().unwrap_or(a).to_string())
+            .unwrap_or_default();
+        let kind = match exe.as_str() {
+            "forewarn" => format!("forewarn {}", args.get(1).cloned().unwrap_or_default()),
+            "kube-apiserver" | "etcd" | "kube-controller-manager" | "kube-scheduler" | "kwok" => {
+                exe
+            }
+            _ => "other".to_string(),
+        };
+        let Ok(p) = proc_stat(pid, ticks) else {
+            continue;
+        };
+        *out.entry(kind).or_insert(0.0) += p.cpu;
+    }
+    out
+}
+
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
@@ -1872,6 +1913,7 @@ async fn wave_on(
     let ticks = clock_ticks();
     let ctl_pid = fleet.controller.id().context("the controller exited")?;
     let idle = proc_stat(ctl_pid, ticks)?;
+    let cpu_before = cpu_by_kind(ticks);
     let origin = start_mock(&http, &fleet).await?;
     let appeared = |i: usize| {
         origin + chrono::TimeDelta::from_std(wave::appears_at(first, i, n)).unwrap_or_default()
@@ -1899,6 +1941,7 @@ async fn wave_on(
         Err(_) => Ok(()),
     };
     let until = Utc::now();
+    let cpu_after = cpu_by_kind(ticks);
     // Trailing writes (records of the release) land within a moment.
     tokio::time::sleep(Duration::from_secs(3)).await;
     // The controller's figures, if it is the process measured idle.
@@ -2235,10 +2278,70 @@ async fn wave_on(
             )
         }
     };
+    // The same by verb and resource, the kinds with the most requests.
+    let mut by_kind: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for r in requests
+        .iter()
+        .filter(|r| r.user == "bench:controller" && r.verb != "watch")
+    {
+        if let Some(t) = r.took {
+            let sub = if r.subresource.is_empty() {
+                String::new()
+            } else {
+                format!("/{}", r.subresource)
+            };
+            by_kind
+                .entry(format!("{} {}{sub}", r.verb, r.resource))
+                .or_default()
+                .push(t);
+        }
+    }
+    let mut by_kind: Vec<(String, Vec<f64>)> =
+        by_kind.into_iter().map(|(k, v)| (k, sorted(v))).collect();
+    by_kind.sort_by_key(|(_, v)| std::cmp::Reverse(v.len()));
+    let kinds_text = by_kind
+        .iter()
+        .take(8)
+        .map(|(k, v)| {
+            format!(
+                "{k} p50 {:.3} s, max {:.3} s ({})",
+                percentile(v, 0.5),
+                v[v.len() - 1],
+                v.len()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
     table.add(
         "7 wave",
-        "the API server's answers to the controller (audit: response minus receipt): its Lease renewals; its other requests",
-        format!("Lease {}; other {}", answered(&lease_took), answered(&other_took)),
+        "the API server's answers to the controller (audit: response minus receipt): its Lease renewals; its other requests; by kind",
+        format!(
+            "Lease {}; other {}; {kinds_text}",
+            answered(&lease_took),
+            answered(&other_took)
+        ),
+        "",
+        None,
+    );
+    // Where the machine's two cores went during the wave.
+    let mut spent: Vec<(String, f64)> = cpu_after
+        .iter()
+        .map(|(k, after)| (k.clone(), after - cpu_before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.05)
+        .collect();
+    spent.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let total: f64 = spent.iter().map(|(_, d)| d).sum();
+    table.add(
+        "7 wave",
+        "CPU of the machine during the wave, by process (from /proc; every agent together)",
+        format!(
+            "{total:.1} CPU seconds in {span:.0} s: {}",
+            spent
+                .iter()
+                .map(|(k, d)| format!("{k} {d:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         "",
         None,
     );

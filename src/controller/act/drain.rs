@@ -247,8 +247,16 @@ pub async fn evict(
 /// budgets allowing a disruption (the budget watch then also triggers a
 /// pass), and otherwise only after a backoff of its own (1 s doubling to
 /// 16 s), a floor against a cache that missed a change.
+///
+/// It also gives each PodDisruptionBudget its turn ([`Refusals::turn`]):
+/// one eviction in flight per budget, controller-wide.
 #[derive(Debug, Default, Clone)]
-pub struct Refusals(Arc<std::sync::Mutex<HashMap<String, Refused>>>);
+pub struct Refusals {
+    refused: Arc<std::sync::Mutex<HashMap<String, Refused>>>,
+    /// One permit per budget (`namespace/name`), held by the eviction in
+    /// flight on it.
+    turns: Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>>,
+}
 
 /// One refused pod's backoff.
 #[derive(Debug, Clone, Copy)]
@@ -271,9 +279,46 @@ impl Refusals {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Refused>> {
-        self.0
+        self.refused
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits for the turn of the budget selecting a pod (`selecting`, from
+    /// the cache; the first by name when several do, which the API server
+    /// refuses anyway), and returns it, to hold while its eviction is in
+    /// flight, with whether another eviction held it first; `None` at once
+    /// for a pod no budget selects.
+    ///
+    /// The API server decrements a budget's `disruptionsAllowed` by a write
+    /// of its status conditional on the version it read, and an eviction
+    /// that loses that race retries every 500 ms, up to 20 times, re-reading
+    /// every budget of the namespace each time (kube-apiserver's
+    /// `EvictionsRetry`): 16 evictions in flight on one budget took
+    /// seconds each and, with 200 budgets in a namespace, saturated the API
+    /// server until its answers passed the client's 15 s timeout. One at a
+    /// time, each is one round trip.
+    pub async fn turn(
+        &self,
+        selecting: &[Arc<PodDisruptionBudget>],
+    ) -> Option<(tokio::sync::OwnedSemaphorePermit, bool)> {
+        let key = selecting.iter().map(|b| budget_key(b)).min()?;
+        let turn = {
+            let mut turns = self
+                .turns
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Budgets nobody waits for or holds are forgotten.
+            turns.retain(|k, t| *k == key || Arc::strong_count(t) > 1);
+            turns
+                .entry(key)
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(1)))
+                .clone()
+        };
+        if let Ok(permit) = turn.clone().try_acquire_owned() {
+            return Some((permit, false));
+        }
+        turn.acquire_owned().await.ok().map(|p| (p, true))
     }
 
     /// The refusal that stands for `pod` now, without asking: it was
@@ -423,10 +468,40 @@ pub async fn evict_all(
                     }
                     // Past the pass's time, nothing more is asked for (a
                     // token already there would otherwise be spent).
-                    // Waiting for a token is cancel-safe: a deferred
-                    // eviction spends none.
+                    // Waiting for the budget's turn or a token is
+                    // cancel-safe: a deferred eviction spends neither.
                     if tokio::time::Instant::now() >= until {
                         return None;
+                    }
+                    let turn = tokio::time::timeout_at(until, refusals.turn(&selecting))
+                        .await
+                        .ok()?;
+                    let waited = turn.as_ref().is_some_and(|(_, waited)| *waited);
+                    // The eviction before it in the budget's turn may have
+                    // taken the last disruption: as the cache shows it now,
+                    // a budget that allows none is not asked (the budget
+                    // watch wakes the drain when it allows one again). A
+                    // pod that waited for no one is asked whatever the
+                    // cache says, as before: the refusal floor stands
+                    // against a cache that missed a change.
+                    let selecting = budgets_of(cache, &e.pod);
+                    if waited
+                        && !selecting.is_empty()
+                        && selecting.iter().all(|b| allows_none(b))
+                    {
+                        let budgets: Vec<String> = selecting.iter().map(|b| budget_key(b)).collect();
+                        let o = EvictionOutcome::Blocked {
+                            message: format!(
+                                "not asked: PodDisruptionBudget {} allows no disruption now (asked again as soon as one does)",
+                                budgets.join(", ")
+                            ),
+                            budgets,
+                        };
+                        refused
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push((e.pod.clone(), o.clone()));
+                        return Some((e.node, e.pod.name.clone(), o));
                     }
                     tokio::time::timeout_at(until, limiter.until_ready())
                         .await
@@ -716,6 +791,40 @@ mod tests {
             .map(|b| budget_key(b))
             .collect();
         assert_eq!(found, ["shop/web"]);
+    }
+
+    /// One eviction in flight per budget: a second pod of the same budget
+    /// waits (and says it waited) until the first one's turn is dropped;
+    /// another budget's pod and a pod of no budget never wait; a budget
+    /// nobody holds is forgotten.
+    #[tokio::test]
+    async fn each_budget_has_one_eviction_in_flight() {
+        let refusals = Refusals::default();
+        let web = [Arc::new(budget("web", 5, 1, Some(1)))];
+        let api = [Arc::new(budget("api", 5, 1, Some(1)))];
+        let (first, waited) = refusals.turn(&web).await.expect("a budget's turn");
+        assert!(!waited);
+        assert!(refusals.turn(&[]).await.is_none(), "no budget: no turn");
+        let (_other, waited) = refusals.turn(&api).await.expect("another budget's turn");
+        assert!(!waited, "another budget does not wait");
+        let second = tokio::spawn({
+            let refusals = refusals.clone();
+            async move { refusals.turn(&web).await.map(|(_, waited)| waited) }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!second.is_finished(), "the second eviction did not wait");
+        drop(first);
+        let waited = tokio::time::timeout(Duration::from_secs(5), second)
+            .await
+            .expect("the second turn comes once the first is dropped")
+            .expect("joined");
+        assert_eq!(waited, Some(true));
+        drop(_other);
+        let _ = refusals
+            .turn(&[Arc::new(budget("db", 1, 1, Some(1)))])
+            .await;
+        let kept: Vec<String> = refusals.turns.lock().unwrap().keys().cloned().collect();
+        assert_eq!(kept, ["shop/db"], "budgets nobody holds are forgotten");
     }
 
     /// A refused pod is not asked again while its budgets allow none and
