@@ -256,7 +256,16 @@ pub struct Refusals {
     /// One permit per budget (`namespace/name`), held by the eviction in
     /// flight on it.
     turns: Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>>,
+    /// Per budget, the `resourceVersion` the cache showed when this
+    /// controller last evicted under it and how many it evicted since that
+    /// version: the API server took one disruption for each, which the
+    /// cache shows only once the budget's next version arrives.
+    taken: Arc<std::sync::Mutex<HashMap<String, Taken>>>,
 }
+
+/// The `resourceVersion` of a budget as the cache had it at an eviction,
+/// and the evictions made under it since.
+type Taken = (Option<String>, i32);
 
 /// One refused pod's backoff.
 #[derive(Debug, Clone, Copy)]
@@ -287,8 +296,7 @@ impl Refusals {
     /// Waits for the turn of the budget selecting a pod (`selecting`, from
     /// the cache; the first by name when several do, which the API server
     /// refuses anyway), and returns it, to hold while its eviction is in
-    /// flight, with whether another eviction held it first; `None` at once
-    /// for a pod no budget selects.
+    /// flight; `None` at once for a pod no budget selects.
     ///
     /// The API server decrements a budget's `disruptionsAllowed` by a write
     /// of its status conditional on the version it read, and an eviction
@@ -301,7 +309,7 @@ impl Refusals {
     pub async fn turn(
         &self,
         selecting: &[Arc<PodDisruptionBudget>],
-    ) -> Option<(tokio::sync::OwnedSemaphorePermit, bool)> {
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
         let key = selecting.iter().map(|b| budget_key(b)).min()?;
         let turn = {
             let mut turns = self
@@ -310,15 +318,61 @@ impl Refusals {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             // Budgets nobody waits for or holds are forgotten.
             turns.retain(|k, t| *k == key || Arc::strong_count(t) > 1);
+            self.taken_lock().retain(|k, _| turns.contains_key(k));
             turns
                 .entry(key)
                 .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(1)))
                 .clone()
         };
-        if let Ok(permit) = turn.clone().try_acquire_owned() {
-            return Some((permit, false));
+        turn.acquire_owned().await.ok()
+    }
+
+    fn taken_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Taken>> {
+        self.taken
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether `b` allows no disruption now: its status as of its current
+    /// generation says so ([`allows_none`]), or says it allows as many as
+    /// this controller has evicted under it since the cache got that
+    /// version.
+    fn allows_none_now(&self, b: &PodDisruptionBudget) -> bool {
+        if allows_none(b) {
+            return true;
         }
-        turn.acquire_owned().await.ok().map(|p| (p, true))
+        let current = b.status.as_ref().is_some_and(|s| {
+            s.observed_generation.is_some() && s.observed_generation == b.metadata.generation
+        });
+        let Some(status) = b.status.as_ref().filter(|_| current) else {
+            return false;
+        };
+        let taken = self
+            .taken_lock()
+            .get(&budget_key(b))
+            .filter(|(version, _)| *version == b.metadata.resource_version)
+            .map_or(0, |(_, n)| *n);
+        status.disruptions_allowed.unwrap_or(0) - taken <= 0
+    }
+
+    /// Whether `pod` was refused and its floor is over at `now`: it is
+    /// asked whatever the cache says.
+    fn floor_over(&self, pod: &PodInfo, now: tokio::time::Instant) -> bool {
+        self.lock()
+            .get(&Self::key(pod))
+            .is_some_and(|r| now >= r.next)
+    }
+
+    /// Notes an eviction under `b` (as the cache had it when it was sent).
+    fn took(&self, b: &PodDisruptionBudget) {
+        let mut taken = self.taken_lock();
+        let entry = taken
+            .entry(budget_key(b))
+            .or_insert((b.metadata.resource_version.clone(), 0));
+        if entry.0 != b.metadata.resource_version {
+            *entry = (b.metadata.resource_version.clone(), 0);
+        }
+        entry.1 += 1;
     }
 
     /// The refusal that stands for `pod` now, without asking: it was
@@ -407,6 +461,10 @@ fn refused_alike(
         .map(|(_, o)| o.clone())
 }
 
+/// How often an eviction waiting for its budget to allow a disruption
+/// looks at the budget cache again.
+const BUDGET_LOOK_AGAIN: Duration = Duration::from_millis(100);
+
 /// How many nodes' evictions are asked for at once in a pass (each with
 /// up to `--max-evictions-per-node` in flight).
 pub const NODES_EVICTED_AT_ONCE: usize = 16;
@@ -476,19 +534,32 @@ pub async fn evict_all(
                     let turn = tokio::time::timeout_at(until, refusals.turn(&selecting))
                         .await
                         .ok()?;
-                    let waited = turn.as_ref().is_some_and(|(_, waited)| *waited);
-                    // The eviction before it in the budget's turn may have
-                    // taken the last disruption: as the cache shows it now,
-                    // a budget that allows none is not asked (the budget
-                    // watch wakes the drain when it allows one again). A
-                    // pod that waited for no one is asked whatever the
-                    // cache says, as before: the refusal floor stands
-                    // against a cache that missed a change.
-                    let selecting = budgets_of(cache, &e.pod);
-                    if waited
-                        && !selecting.is_empty()
-                        && selecting.iter().all(|b| allows_none(b))
-                    {
+                    // While the cache shows the budget allowing none (the
+                    // evictions before it in the budget's turn counted),
+                    // the pod waits for it to allow one (a replacement
+                    // becoming Ready), within the pass's time, and is asked
+                    // then; at the end of that time it is not asked and
+                    // counts as refused (the budget watch wakes the drain
+                    // when the budget allows one again). A pod whose
+                    // refusal floor is over is asked whatever the cache
+                    // says: the floor stands against a cache that missed a
+                    // change.
+                    let insist = refusals.floor_over(&e.pod, tokio::time::Instant::now());
+                    let shut = || {
+                        let selecting = budgets_of(cache, &e.pod);
+                        (!selecting.is_empty()
+                            && selecting.iter().all(|b| refusals.allows_none_now(b)))
+                        .then_some(selecting)
+                    };
+                    let mut closed = if insist { None } else { shut() };
+                    while closed.is_some() && tokio::time::Instant::now() < until {
+                        tokio::time::sleep_until(
+                            (tokio::time::Instant::now() + BUDGET_LOOK_AGAIN).min(until),
+                        )
+                        .await;
+                        closed = shut();
+                    }
+                    if let Some(selecting) = closed {
                         let budgets: Vec<String> = selecting.iter().map(|b| budget_key(b)).collect();
                         let o = EvictionOutcome::Blocked {
                             message: format!(
@@ -497,6 +568,7 @@ pub async fn evict_all(
                             ),
                             budgets,
                         };
+                        refusals.record(&e.pod, &o, tokio::time::Instant::now());
                         refused
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -506,7 +578,18 @@ pub async fn evict_all(
                     tokio::time::timeout_at(until, limiter.until_ready())
                         .await
                         .ok()?;
+                    let sent_under = budgets_of(cache, &e.pod);
                     let outcome = evict(client, &e, cache).await;
+                    // The next eviction in the budget's turn counts this
+                    // one's disruption until the cache shows the budget's
+                    // next version (asking on the stale count would be
+                    // refused).
+                    if matches!(outcome, EvictionOutcome::Evicted) {
+                        for b in &sent_under {
+                            refusals.took(b);
+                        }
+                    }
+                    drop(turn);
                     refusals.record(&e.pod, &outcome, tokio::time::Instant::now());
                     if matches!(outcome, EvictionOutcome::Blocked { .. }) {
                         refused
@@ -794,7 +877,7 @@ mod tests {
     }
 
     /// One eviction in flight per budget: a second pod of the same budget
-    /// waits (and says it waited) until the first one's turn is dropped;
+    /// waits until the first one's turn is dropped;
     /// another budget's pod and a pod of no budget never wait; a budget
     /// nobody holds is forgotten.
     #[tokio::test]
@@ -802,29 +885,58 @@ mod tests {
         let refusals = Refusals::default();
         let web = [Arc::new(budget("web", 5, 1, Some(1)))];
         let api = [Arc::new(budget("api", 5, 1, Some(1)))];
-        let (first, waited) = refusals.turn(&web).await.expect("a budget's turn");
-        assert!(!waited);
+        let first = refusals.turn(&web).await.expect("a budget's turn");
         assert!(refusals.turn(&[]).await.is_none(), "no budget: no turn");
-        let (_other, waited) = refusals.turn(&api).await.expect("another budget's turn");
-        assert!(!waited, "another budget does not wait");
+        let other = tokio::time::timeout(Duration::from_secs(5), refusals.turn(&api))
+            .await
+            .expect("another budget does not wait")
+            .expect("another budget's turn");
         let second = tokio::spawn({
             let refusals = refusals.clone();
-            async move { refusals.turn(&web).await.map(|(_, waited)| waited) }
+            async move { refusals.turn(&web).await.is_some() }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!second.is_finished(), "the second eviction did not wait");
         drop(first);
-        let waited = tokio::time::timeout(Duration::from_secs(5), second)
+        let got = tokio::time::timeout(Duration::from_secs(5), second)
             .await
             .expect("the second turn comes once the first is dropped")
             .expect("joined");
-        assert_eq!(waited, Some(true));
-        drop(_other);
+        assert!(got);
+        drop(other);
         let _ = refusals
             .turn(&[Arc::new(budget("db", 1, 1, Some(1)))])
             .await;
         let kept: Vec<String> = refusals.turns.lock().unwrap().keys().cloned().collect();
         assert_eq!(kept, ["shop/db"], "budgets nobody holds are forgotten");
+    }
+
+    /// The evictions this controller made under a budget count against
+    /// what the cached version allows until the cache shows a newer one.
+    #[test]
+    fn evictions_count_against_the_cached_budget_until_its_next_version() {
+        let refusals = Refusals::default();
+        let mut b = budget("web", 2, 1, Some(1));
+        b.metadata.resource_version = Some("10".into());
+        assert!(!refusals.allows_none_now(&b));
+        refusals.took(&b);
+        assert!(!refusals.allows_none_now(&b), "one of two taken");
+        refusals.took(&b);
+        assert!(
+            refusals.allows_none_now(&b),
+            "both taken, the cache not caught up"
+        );
+        let mut next = budget("web", 1, 1, Some(1));
+        next.metadata.resource_version = Some("11".into());
+        assert!(
+            !refusals.allows_none_now(&next),
+            "a newer version counts afresh"
+        );
+        let stale = budget("web", 3, 2, Some(1));
+        assert!(
+            !refusals.allows_none_now(&stale),
+            "a status of an older generation says nothing"
+        );
     }
 
     /// A refused pod is not asked again while its budgets allow none and
