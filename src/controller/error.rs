@@ -57,6 +57,10 @@ impl Error {
                 ..
             } if s.code == 409 => "conflict",
             Error::PatchNode { .. } => "patch_node",
+            Error::PatchStatus {
+                source: kube::Error::Api(s),
+                ..
+            } if s.code == 409 => "conflict",
             Error::ListPods(_) => "list_pods",
             Error::PatchStatus { .. } => "patch_status",
             Error::DeleteEvent { .. } => "delete_event",

@@ -138,10 +138,14 @@ async fn settle(
     ctx: &Context,
 ) -> Result<(ScheduledEvent, Option<String>)> {
     let name = stored.name_any();
-    if built.spec != stored.spec {
-        spec::write(&ctx.writers, &name, Some(stored), &built.spec).await?;
-    }
     let mut ev = stored.clone();
+    if built.spec != stored.spec {
+        // The pass goes on from the object as this write left it (its
+        // status write is conditional on that version).
+        if let Some(version) = spec::write(&ctx.writers, &name, Some(stored), &built.spec).await? {
+            ev.metadata.resource_version = Some(version);
+        }
+    }
     ev.spec = built.spec.clone();
     let (mut ev, anew) = status::for_current_appearance(&ev);
     if anew {

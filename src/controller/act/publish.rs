@@ -71,21 +71,30 @@ pub async fn report(
 }
 
 /// Writes `status` by server-side apply (field manager
-/// `forewarn-controller`, forced: the controller owns the status).
+/// `forewarn-controller`, forced: the controller owns the status),
+/// conditional on the `resourceVersion` of `ev`, the object the pass
+/// decided on: a status built on a cache that had not yet shown the
+/// previous pass's write (a loaded API server's watch lags by seconds) is
+/// refused with 409 instead of overwriting it (it once turned a `Started`
+/// event `Cancelled`), and the pass runs again on the newer object.
 ///
 /// # Errors
-/// [`Error::PatchStatus`] when the API server refuses it or is unreachable.
+/// [`Error::PatchStatus`] when the API server refuses it (409 when the
+/// object changed since `ev` was read) or is unreachable.
 async fn write_status(
     ev: &ScheduledEvent,
     status: &ScheduledEventStatus,
     writers: &Writers,
 ) -> Result<()> {
     let name = ev.name_any();
-    let body = json!({
+    let mut body = json!({
         "apiVersion": ScheduledEvent::api_version(&()),
         "kind": ScheduledEvent::kind(&()),
         "status": status,
     });
+    if let Some(version) = ev.resource_version() {
+        body["metadata"] = json!({ "resourceVersion": version });
+    }
     Api::<ScheduledEvent>::all(writers.client.clone())
         .patch_status(
             &name,

@@ -54,7 +54,8 @@ const CREATE_CONCURRENCY: usize = CREATE_BATCH;
 pub const CREATE_BATCH: usize = 32;
 
 /// Creates the object `name` with `spec` (`stored` is `None`), or writes
-/// `spec` over the stored one.
+/// `spec` over the stored one. Returns the `resourceVersion` the object got
+/// when the spec was written over a stored one.
 ///
 /// # Errors
 /// [`Error::WriteEvent`] when the API server refuses; an object that
@@ -64,7 +65,7 @@ pub async fn write(
     name: &str,
     stored: Option<&ScheduledEvent>,
     spec: &ScheduledEventSpec,
-) -> Result<()> {
+) -> Result<Option<String>> {
     let api: Api<ScheduledEvent> = Api::all(writers.client.clone());
     let failed = |source| Error::WriteEvent {
         name: name.into(),
@@ -82,9 +83,9 @@ pub async fn write(
             Ok(_) => {
                 info!(event = %name, event_id = %spec.event_id, r#type = %spec.event_type,
                     status = %spec.event_status, resources = ?spec.resources, "Created ScheduledEvent from the agents' reports");
-                Ok(())
+                Ok(None)
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
             Err(e) => Err(failed(e)),
         };
     }
@@ -96,16 +97,17 @@ pub async fn write(
         field_manager: Some(CONTROLLER_MANAGER.into()),
         ..PatchParams::default()
     };
-    api.patch(
-        name,
-        &params,
-        &Patch::Merge(serde_json::json!({ "spec": whole })),
-    )
-    .await
-    .map_err(failed)?;
+    let written = api
+        .patch(
+            name,
+            &params,
+            &Patch::Merge(serde_json::json!({ "spec": whole })),
+        )
+        .await
+        .map_err(failed)?;
     info!(event = %name, status = %spec.event_status, appearance = spec.appearance,
         resources = ?spec.resources, "Wrote the spec from the agents' reports");
-    Ok(())
+    Ok(written.resource_version())
 }
 
 /// Runs until aborted: creates the `ScheduledEvent` of every event that
@@ -159,7 +161,7 @@ pub async fn create_missing(caches: Caches, writers: Writers, changed: Arc<tokio
         let writers = &writers;
         let results: Vec<(String, Result<()>)> = futures::stream::iter(specs)
             .map(|(name, spec)| async move {
-                let written = write(writers, &name, None, &spec).await;
+                let written = write(writers, &name, None, &spec).await.map(|_| ());
                 (name, written)
             })
             .buffer_unordered(CREATE_CONCURRENCY)
