@@ -153,7 +153,9 @@ async fn settle(
             appearance = ev.spec.appearance,
             "The event is back in IMDS: handling it afresh"
         );
-        publish::clear_approval(&ev, &ctx.writers).await?;
+        if let Some(version) = publish::clear_approval(&ev, &ctx.writers).await? {
+            ev.metadata.resource_version = Some(version);
+        }
         return Ok((ev, None));
     }
     let foreign = foreign::ignore(stored, &mut ev, &ctx.writers).await?;

@@ -70,7 +70,7 @@ pub async fn ignore(
         stored.metadata.generation,
         chrono::Utc::now(),
     );
-    Api::<ScheduledEvent>::all(writers.client.clone())
+    let written = Api::<ScheduledEvent>::all(writers.client.clone())
         .patch_status(
             &name,
             &PatchParams {
@@ -86,6 +86,8 @@ pub async fn ignore(
             name: name.clone(),
             source,
         })?;
+    // The pass's status write is conditional on the version this one made.
+    ev.metadata.resource_version = written.resource_version();
     writers.metrics.foreign_decisions.inc();
     publish(
         writers,

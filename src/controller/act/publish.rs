@@ -628,16 +628,19 @@ fn report_dry_run(
 /// second start-over, and the history lost the first appearance's
 /// approval).
 ///
+/// Returns the `resourceVersion` the write gave the object (the pass's
+/// status write is conditional on it).
+///
 /// # Errors
 /// [`Error::PatchStatus`] when the status cannot be written.
-pub async fn clear_approval(ev: &ScheduledEvent, writers: &Writers) -> Result<()> {
+pub async fn clear_approval(ev: &ScheduledEvent, writers: &Writers) -> Result<Option<String>> {
     let name = ev.name_any();
     let body = cleared_for_new_appearance(ev);
-    Api::<ScheduledEvent>::all(writers.client.clone())
+    let written = Api::<ScheduledEvent>::all(writers.client.clone())
         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
         .await
         .map_err(|source| Error::PatchStatus { name, source })?;
-    Ok(())
+    Ok(written.resource_version())
 }
 
 /// The merge patch of [`clear_approval`]: no approval, `ev`'s appearance,
