@@ -672,6 +672,17 @@ struct Request {
     took: Option<f64>,
 }
 
+impl Request {
+    /// `verb resource[/subresource]`, e.g. `create pods/eviction`.
+    fn kind(&self) -> String {
+        if self.subresource.is_empty() {
+            format!("{} {}", self.verb, self.resource)
+        } else {
+            format!("{} {}/{}", self.verb, self.resource, self.subresource)
+        }
+    }
+}
+
 /// The requests made by impersonated `bench:` users, from the audit log
 /// (one per audit ID, at its first stage logged).
 fn audit_requests(cluster: &Cluster) -> anyhow::Result<Vec<Request>> {
@@ -1058,13 +1069,8 @@ async fn burst(args: &Args, bin: &Path, table: &mut Table) -> anyhow::Result<()>
             .iter()
             .filter(|r| r.at >= b.changed && r.at <= b.until && is_agent(r) && is_write(&r.verb))
         {
-            let sub = if r.subresource.is_empty() {
-                String::new()
-            } else {
-                format!("/{}", r.subresource)
-            };
             *kinds
-                .entry(format!("{} {}{sub} → {}", r.verb, r.resource, r.code))
+                .entry(format!("{} → {}", r.kind(), r.code))
                 .or_default() += 1;
         }
         kind_notes.push(
@@ -2154,14 +2160,7 @@ async fn wave_on(
         let mut all = 0;
         for r in requests.iter().filter(|r| f(r)) {
             all += 1;
-            let sub = if r.subresource.is_empty() {
-                String::new()
-            } else {
-                format!("/{}", r.subresource)
-            };
-            *kinds
-                .entry(format!("{} {}{sub}", r.verb, r.resource))
-                .or_default() += 1;
+            *kinds.entry(r.kind()).or_default() += 1;
         }
         let mut kinds: Vec<(String, usize)> = kinds.into_iter().collect();
         kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
@@ -2285,15 +2284,7 @@ async fn wave_on(
         .filter(|r| r.user == "bench:controller" && r.verb != "watch")
     {
         if let Some(t) = r.took {
-            let sub = if r.subresource.is_empty() {
-                String::new()
-            } else {
-                format!("/{}", r.subresource)
-            };
-            by_kind
-                .entry(format!("{} {}{sub}", r.verb, r.resource))
-                .or_default()
-                .push(t);
+            by_kind.entry(r.kind()).or_default().push(t);
         }
     }
     let mut by_kind: Vec<(String, Vec<f64>)> =

@@ -108,6 +108,10 @@ pub async fn reconcile<P: Send>(
     }
     // Act.
     let (outcomes, deferred) = act(&ev, &plan, notices, &snapshots, &policy, &ctx, permit).await?;
+    // Counted before the report's writes, so that a budget allowing a
+    // disruption while they are sent wakes this drain (the budget watch
+    // wakes the drains counted blocked).
+    let next = next_pass(&ev.name_any(), &plan, &outcomes, deferred, &ctx.memory);
     // Report.
     let pass = Pass {
         ev: &ev,
@@ -117,13 +121,36 @@ pub async fn reconcile<P: Send>(
         now,
     };
     report(&stored, &pass, foreign.as_deref(), &snapshots, &facts, &ctx).await?;
-    Ok(Requeue::requeue(next_pass(
+    Ok(Requeue::requeue(sooner_if_a_budget_allows(
         &ev.name_any(),
-        &plan,
-        &outcomes,
-        deferred,
-        &ctx.memory,
+        next,
+        &ctx,
     )))
+}
+
+/// How soon to pass again over a drain that allowed none when its pods were
+/// refused but whose budgets allow a disruption now.
+const BUDGET_ALLOWS_AGAIN: Duration = Duration::from_millis(100);
+
+/// `next`, or [`BUDGET_ALLOWS_AGAIN`] when the event named `name` is a
+/// blocked drain of which a budget allows a disruption in the cache now: it
+/// changed after the refusal and before the drain was counted blocked, and
+/// the budget watch, which wakes only the drains counted blocked, did not
+/// wake this one.
+fn sooner_if_a_budget_allows(name: &str, next: Duration, ctx: &Context) -> Duration {
+    let budgets = ctx
+        .memory
+        .blocked
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(name)
+        .map(|b| b.budgets.clone());
+    match budgets {
+        Some(b) if ctx.memory.refusals.any_allows(&ctx.caches.budgets, &b) => {
+            next.min(BUDGET_ALLOWS_AGAIN)
+        }
+        _ => next,
+    }
 }
 
 /// Brings the stored object in line with what the reports build before the
@@ -382,7 +409,10 @@ fn next_pass(
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             let entry = b.entry(name.to_owned()).or_default();
-            entry.passes = entry.passes.saturating_add(1);
+            let evicted = outcomes
+                .iter()
+                .any(|(_, _, o)| matches!(o, EvictionOutcome::Evicted));
+            entry.passes = requeue::blocked_passes(entry.passes, evicted);
             entry.budgets = outcomes
                 .iter()
                 .filter_map(|(_, _, o)| match o {

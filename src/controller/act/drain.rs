@@ -19,7 +19,7 @@ use k8s_openapi::api::policy::v1::{Eviction as EvictionBody, PodDisruptionBudget
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, LabelSelector, Preconditions};
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::core::Status;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 
 use crate::controller::decide::plan::{Eviction, EvictionOutcome};
@@ -153,17 +153,22 @@ fn budget_key(b: &PodDisruptionBudget) -> String {
     format!("{}/{}", b.namespace().unwrap_or_default(), b.name_any())
 }
 
+/// `b`'s status if the disruption controller computed it for `b`'s current
+/// generation (`status.observedGeneration` equals `metadata.generation`);
+/// an older status says nothing of the budget as it is now.
+fn current_status(
+    b: &PodDisruptionBudget,
+) -> Option<&k8s_openapi::api::policy::v1::PodDisruptionBudgetStatus> {
+    b.status.as_ref().filter(|s| {
+        s.observed_generation.is_some() && s.observed_generation == b.metadata.generation
+    })
+}
+
 /// Whether `b`'s status, as of its current generation, allows no
 /// disruption (`status.disruptionsAllowed` 0). A status the disruption
 /// controller has not yet computed for this generation says nothing.
 pub fn allows_none(b: &PodDisruptionBudget) -> bool {
-    let current = b.status.as_ref().is_some_and(|s| {
-        s.observed_generation.is_some() && s.observed_generation == b.metadata.generation
-    });
-    current
-        && b.status
-            .as_ref()
-            .is_some_and(|s| s.disruptions_allowed.unwrap_or(0) <= 0)
+    current_status(b).is_some_and(|s| s.disruptions_allowed.unwrap_or(0) <= 0)
 }
 
 /// A note when the budget `pdb` has been wedged by a pod it still lists as
@@ -276,6 +281,21 @@ struct Refused {
     next: tokio::time::Instant,
 }
 
+/// What the PodDisruptionBudgets selecting a pod allow now, as this
+/// controller sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Allows {
+    /// A disruption (or no budget selects the pod): it is asked for.
+    Some,
+    /// Every budget allows none, and some only because this controller's
+    /// evictions took what the cached status allows: the cache shows the
+    /// budget's next version within moments, which says more.
+    CatchingUp,
+    /// Every budget's status allows none: a replacement must become Ready
+    /// first, which may take minutes.
+    None,
+}
+
 /// The first pause after a refusal; it doubles with each refusal in a row.
 const REFUSED_FLOOR: Duration = Duration::from_secs(1);
 
@@ -338,13 +358,7 @@ impl Refusals {
     /// this controller has evicted under it since the cache got that
     /// version.
     fn allows_none_now(&self, b: &PodDisruptionBudget) -> bool {
-        if allows_none(b) {
-            return true;
-        }
-        let current = b.status.as_ref().is_some_and(|s| {
-            s.observed_generation.is_some() && s.observed_generation == b.metadata.generation
-        });
-        let Some(status) = b.status.as_ref().filter(|_| current) else {
+        let Some(status) = current_status(b) else {
             return false;
         };
         let taken = self
@@ -353,6 +367,36 @@ impl Refusals {
             .filter(|(version, _)| *version == b.metadata.resource_version)
             .map_or(0, |(_, n)| *n);
         status.disruptions_allowed.unwrap_or(0) - taken <= 0
+    }
+
+    /// What the budgets selecting a pod (`selecting`, from the cache) allow
+    /// now: see [`Allows`].
+    fn allows(&self, selecting: &[Arc<PodDisruptionBudget>]) -> Allows {
+        if selecting.is_empty() || !selecting.iter().all(|b| self.allows_none_now(b)) {
+            Allows::Some
+        } else if selecting.iter().any(|b| !allows_none(b)) {
+            Allows::CatchingUp
+        } else {
+            Allows::None
+        }
+    }
+
+    /// Whether one of `budgets` (`namespace/name`) allows a disruption in
+    /// `cache` now, counting this controller's evictions under its cached
+    /// version ([`Refusals::allows`]).
+    pub fn any_allows(
+        &self,
+        cache: &Store<PodDisruptionBudget>,
+        budgets: &std::collections::BTreeSet<String>,
+    ) -> bool {
+        budgets.iter().any(|key| {
+            let Some((ns, name)) = key.split_once('/') else {
+                return false;
+            };
+            cache
+                .get(&ObjectRef::new(name).within(ns))
+                .is_some_and(|b| !self.allows_none_now(&b))
+        })
     }
 
     /// Whether `pod` was refused and its floor is over at `now`: it is
@@ -534,32 +578,43 @@ pub async fn evict_all(
                     let turn = tokio::time::timeout_at(until, refusals.turn(&selecting))
                         .await
                         .ok()?;
-                    // While the cache shows the budget allowing none (the
-                    // evictions before it in the budget's turn counted),
-                    // the pod waits for it to allow one (a replacement
-                    // becoming Ready), within the pass's time, and is asked
-                    // then; at the end of that time it is not asked and
-                    // counts as refused (the budget watch wakes the drain
-                    // when the budget allows one again). A pod whose
-                    // refusal floor is over is asked whatever the cache
-                    // says: the floor stands against a cache that missed a
-                    // change.
+                    // A pod whose budgets allow none is not asked: it
+                    // counts as refused at once, and the budget watch wakes
+                    // the drain when one allows a disruption again (a
+                    // replacement becoming Ready, which may take minutes; a
+                    // pass waiting for that would hold its reconcile slot
+                    // from the other events'). It waits, within the pass's
+                    // time, only while the budget's status still allows
+                    // what this controller's evictions before it in the
+                    // budget's turn took: the cache shows the budget's next
+                    // version within moments. A pod whose refusal floor is
+                    // over is asked whatever the cache says: the floor
+                    // stands against a cache that missed a change.
                     let insist = refusals.floor_over(&e.pod, tokio::time::Instant::now());
-                    let shut = || {
-                        let selecting = budgets_of(cache, &e.pod);
-                        (!selecting.is_empty()
-                            && selecting.iter().all(|b| refusals.allows_none_now(b)))
-                        .then_some(selecting)
+                    let mut selecting = budgets_of(cache, &e.pod);
+                    let mut allows = if insist {
+                        Allows::Some
+                    } else {
+                        refusals.allows(&selecting)
                     };
-                    let mut closed = if insist { None } else { shut() };
-                    while closed.is_some() && tokio::time::Instant::now() < until {
+                    while allows == Allows::CatchingUp && tokio::time::Instant::now() < until {
                         tokio::time::sleep_until(
                             (tokio::time::Instant::now() + BUDGET_LOOK_AGAIN).min(until),
                         )
                         .await;
-                        closed = shut();
+                        selecting = budgets_of(cache, &e.pod);
+                        allows = refusals.allows(&selecting);
                     }
-                    if let Some(selecting) = closed {
+                    let refused_now = |o: &EvictionOutcome| {
+                        refusals.record(&e.pod, o, tokio::time::Instant::now());
+                        if matches!(o, EvictionOutcome::Blocked { .. }) {
+                            refused
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .push((e.pod.clone(), o.clone()));
+                        }
+                    };
+                    if allows != Allows::Some {
                         let budgets: Vec<String> = selecting.iter().map(|b| budget_key(b)).collect();
                         let o = EvictionOutcome::Blocked {
                             message: format!(
@@ -568,11 +623,7 @@ pub async fn evict_all(
                             ),
                             budgets,
                         };
-                        refusals.record(&e.pod, &o, tokio::time::Instant::now());
-                        refused
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .push((e.pod.clone(), o.clone()));
+                        refused_now(&o);
                         return Some((e.node, e.pod.name.clone(), o));
                     }
                     tokio::time::timeout_at(until, limiter.until_ready())
@@ -590,13 +641,7 @@ pub async fn evict_all(
                         }
                     }
                     drop(turn);
-                    refusals.record(&e.pod, &outcome, tokio::time::Instant::now());
-                    if matches!(outcome, EvictionOutcome::Blocked { .. }) {
-                        refused
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .push((e.pod.clone(), outcome.clone()));
-                    }
+                    refused_now(&outcome);
                     Some((e.node, e.pod.name.clone(), outcome))
                 }
             })
@@ -876,6 +921,33 @@ mod tests {
         assert_eq!(found, ["shop/web"]);
     }
 
+    /// A blocked drain's budgets are looked up in the cache by
+    /// `namespace/name`: one allowing a disruption (not yet taken by this
+    /// controller) is found, a shut one, an unknown one or a malformed key
+    /// is not.
+    #[test]
+    fn a_blocked_drains_budgets_are_looked_up_in_the_cache() {
+        let (reader, mut writer) = kube::runtime::reflector::store();
+        let mut open = budget("web", 1, 1, Some(1));
+        open.metadata.resource_version = Some("7".into());
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(open.clone()));
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(budget(
+            "api",
+            0,
+            1,
+            Some(1),
+        )));
+        let refusals = Refusals::default();
+        let keys = |k: &[&str]| k.iter().map(|s| s.to_string()).collect();
+        assert!(refusals.any_allows(&reader, &keys(&["shop/api", "shop/web"])));
+        assert!(!refusals.any_allows(&reader, &keys(&["shop/api", "shop/gone", "web"])));
+        refusals.took(&open);
+        assert!(
+            !refusals.any_allows(&reader, &keys(&["shop/web"])),
+            "its one disruption taken by this controller"
+        );
+    }
+
     /// One eviction in flight per budget: a second pod of the same budget
     /// waits until the first one's turn is dropped;
     /// another budget's pod and a pod of no budget never wait; a budget
@@ -936,6 +1008,30 @@ mod tests {
         assert!(
             !refusals.allows_none_now(&stale),
             "a status of an older generation says nothing"
+        );
+    }
+
+    /// A pod is asked for while a budget allows a disruption; it waits for
+    /// the cache only while this controller's own evictions took what the
+    /// cached status allows, and not when the status itself allows none.
+    #[test]
+    fn a_pod_waits_for_the_cache_only_after_its_budgets_own_evictions() {
+        let refusals = Refusals::default();
+        let mut open = budget("web", 1, 1, Some(1));
+        open.metadata.resource_version = Some("10".into());
+        let open = [Arc::new(open)];
+        assert_eq!(refusals.allows(&open), Allows::Some);
+        assert_eq!(refusals.allows(&[]), Allows::Some, "no budget");
+        refusals.took(&open[0]);
+        assert_eq!(refusals.allows(&open), Allows::CatchingUp);
+        let mut after = budget("web", 0, 1, Some(1));
+        after.metadata.resource_version = Some("11".into());
+        assert_eq!(refusals.allows(&[Arc::new(after.clone())]), Allows::None);
+        let other = Arc::new(budget("api", 1, 1, Some(1)));
+        assert_eq!(
+            refusals.allows(&[Arc::new(after), other]),
+            Allows::Some,
+            "another budget allows one"
         );
     }
 

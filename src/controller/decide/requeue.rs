@@ -27,6 +27,14 @@ pub fn blocked_backoff(passes: u32) -> Duration {
     (BLOCKED_REQUEUE * (1u32 << exp)).min(MAX_BLOCKED_REQUEUE)
 }
 
+/// The blocked passes in a row after one more a PodDisruptionBudget
+/// blocked (`before` until then): one more, or 1 when the pass also evicted
+/// a pod (`evicted`): a drain making progress is looked at again within
+/// [`BLOCKED_REQUEUE`]; the backoff is for a budget that stays shut.
+pub fn blocked_passes(before: u32, evicted: bool) -> u32 {
+    if evicted { 1 } else { before.saturating_add(1) }
+}
+
 /// How the pass's evictions ended, for the requeue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Evictions {
@@ -82,6 +90,13 @@ mod tests {
         let d: Vec<u64> = (1..=7).map(|n| blocked_backoff(n).as_secs()).collect();
         assert_eq!(d, [1, 2, 4, 8, 16, 16, 16]);
         assert_eq!(blocked_backoff(u32::MAX), Duration::from_secs(16));
+        assert_eq!(blocked_passes(4, false), 5);
+        assert_eq!(blocked_passes(u32::MAX, false), u32::MAX);
+        assert_eq!(
+            blocked_backoff(blocked_passes(5, true)),
+            BLOCKED_REQUEUE,
+            "a pass that evicted a pod starts the backoff over"
+        );
     }
 
     #[test]
