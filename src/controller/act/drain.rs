@@ -410,13 +410,12 @@ impl Refusals {
     /// Notes an eviction under `b` (as the cache had it when it was sent).
     fn took(&self, b: &PodDisruptionBudget) {
         let mut taken = self.taken_lock();
-        let entry = taken
-            .entry(budget_key(b))
-            .or_insert((b.metadata.resource_version.clone(), 0));
-        if entry.0 != b.metadata.resource_version {
-            *entry = (b.metadata.resource_version.clone(), 0);
+        match taken.get_mut(&budget_key(b)) {
+            Some((version, n)) if *version == b.metadata.resource_version => *n += 1,
+            _ => {
+                taken.insert(budget_key(b), (b.metadata.resource_version.clone(), 1));
+            }
         }
-        entry.1 += 1;
     }
 
     /// The refusal that stands for `pod` now, without asking: it was
