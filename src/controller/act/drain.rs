@@ -266,6 +266,8 @@ pub struct Refusals {
     /// version: the API server took one disruption for each, which the
     /// cache shows only once the budget's next version arrives.
     taken: Arc<std::sync::Mutex<HashMap<String, Taken>>>,
+    /// Notified at each change of the budget cache.
+    changed: Arc<tokio::sync::Notify>,
 }
 
 /// The `resourceVersion` of a budget as the cache had it at an eviction,
@@ -399,6 +401,13 @@ impl Refusals {
         })
     }
 
+    /// Tells the evictions waiting for the budget cache to show a
+    /// budget's next version that it changed (called by the budget watch,
+    /// after the cache took the change).
+    pub fn budget_changed(&self) {
+        self.changed.notify_waiters();
+    }
+
     /// Whether `pod` was refused and its floor is over at `now`: it is
     /// asked whatever the cache says.
     fn floor_over(&self, pod: &PodInfo, now: tokio::time::Instant) -> bool {
@@ -431,15 +440,7 @@ impl Refusals {
         if now >= r.next || selecting.is_empty() || !selecting.iter().all(|b| allows_none(b)) {
             return None;
         }
-        let budgets: Vec<String> = selecting.iter().map(|b| budget_key(b)).collect();
-        Some(EvictionOutcome::Blocked {
-            message: format!(
-                "not asked again yet: PodDisruptionBudget {} allows no disruption (asked again as soon as one does, or within {}s)",
-                budgets.join(", "),
-                (r.next - now).as_secs().max(1)
-            ),
-            budgets,
-        })
+        Some(not_asked(selecting))
     }
 
     /// Records the outcome of asking for `pod`'s eviction at `now`.
@@ -472,6 +473,21 @@ impl Refusals {
     /// Whether no pod is remembered.
     pub fn is_empty(&self) -> bool {
         self.lock().is_empty()
+    }
+}
+
+/// The refusal of a pod not asked for because every budget selecting it
+/// (`selecting`) allows no disruption in the cache. Its message is the same
+/// from pass to pass while that lasts: it goes into the event's status, and
+/// a status that changed would have the object's watch ask for another pass.
+fn not_asked(selecting: &[Arc<PodDisruptionBudget>]) -> EvictionOutcome {
+    let budgets: Vec<String> = selecting.iter().map(|b| budget_key(b)).collect();
+    EvictionOutcome::Blocked {
+        message: format!(
+            "not asked: PodDisruptionBudget {} allows no disruption now (asked again as soon as one does)",
+            budgets.join(", ")
+        ),
+        budgets,
     }
 }
 
@@ -597,8 +613,21 @@ pub async fn evict_all(
                         refusals.allows(&selecting)
                     };
                     while allows == Allows::CatchingUp && tokio::time::Instant::now() < until {
-                        tokio::time::sleep_until(
+                        // Told of the budget's next version as soon as
+                        // the cache has it; looked at again after
+                        // BUDGET_LOOK_AGAIN at the latest.
+                        let changed = refusals.changed.notified();
+                        tokio::pin!(changed);
+                        changed.as_mut().enable();
+                        // A change before `enable` is seen by this look.
+                        selecting = budgets_of(cache, &e.pod);
+                        allows = refusals.allows(&selecting);
+                        if allows != Allows::CatchingUp {
+                            break;
+                        }
+                        let _ = tokio::time::timeout_at(
                             (tokio::time::Instant::now() + BUDGET_LOOK_AGAIN).min(until),
+                            changed,
                         )
                         .await;
                         selecting = budgets_of(cache, &e.pod);
@@ -614,14 +643,7 @@ pub async fn evict_all(
                         }
                     };
                     if allows != Allows::Some {
-                        let budgets: Vec<String> = selecting.iter().map(|b| budget_key(b)).collect();
-                        let o = EvictionOutcome::Blocked {
-                            message: format!(
-                                "not asked: PodDisruptionBudget {} allows no disruption now (asked again as soon as one does)",
-                                budgets.join(", ")
-                            ),
-                            budgets,
-                        };
+                        let o = not_asked(&selecting);
                         refused_now(&o);
                         return Some((e.node, e.pod.name.clone(), o));
                     }

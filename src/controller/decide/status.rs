@@ -66,12 +66,17 @@ impl Conditions<'_> {
 
 /// What blocks the evictions on `node` this pass, if anything:
 /// `(blocked_by text, budgets, pods a budget refused)`, the pods listed at
-/// most [`BLOCKED_PODS_LISTED`].
+/// most [`BLOCKED_PODS_LISTED`]. Taken in the order of the pods' names, not
+/// of the outcomes (the order in which their answers came): the same
+/// refusals give the same record from pass to pass, and an unchanged status
+/// writes nothing and asks for no pass.
 fn blockers(node: &str, outcomes: &[Outcome]) -> (Option<String>, Vec<String>, Vec<String>) {
     let mut text = None;
     let mut budgets: Vec<String> = Vec::new();
     let mut pods: Vec<String> = Vec::new();
-    for (n, pod, o) in outcomes.iter().filter(|(n, _, _)| n == node) {
+    let mut mine: Vec<&Outcome> = outcomes.iter().filter(|(n, _, _)| n == node).collect();
+    mine.sort_by(|a, b| a.1.cmp(&b.1));
+    for (n, pod, o) in mine {
         match o {
             EvictionOutcome::Blocked {
                 budgets: b,
@@ -1312,6 +1317,46 @@ mod size_tests {
             !serde_json::to_string(&NodeProgress::default())
                 .unwrap()
                 .contains("podsRemaining")
+        );
+    }
+}
+
+#[cfg(test)]
+mod blocker_tests {
+    use super::{Outcome, blockers};
+    use crate::controller::decide::plan::EvictionOutcome;
+
+    /// The same refusals, answered in another order, give the same record:
+    /// the text of the first pod by name, the budgets and the pods listed.
+    #[test]
+    fn a_nodes_blockers_do_not_depend_on_the_order_of_the_answers() {
+        let refused = |pod: &str, budget: &str| -> Outcome {
+            (
+                "node-1".into(),
+                pod.into(),
+                EvictionOutcome::Blocked {
+                    budgets: vec![format!("shop/{budget}")],
+                    message: format!("refused {pod}"),
+                },
+            )
+        };
+        let mut outcomes: Vec<Outcome> = ["e", "b", "d", "a", "c"]
+            .iter()
+            .map(|p| refused(p, if *p < "c" { "web" } else { "api" }))
+            .collect();
+        outcomes.push(("node-2".into(), "0".into(), EvictionOutcome::Evicted));
+        let first = blockers("node-1", &outcomes);
+        outcomes.reverse();
+        assert_eq!(blockers("node-1", &outcomes), first);
+        let (text, budgets, pods) = first;
+        assert_eq!(
+            text.as_deref(),
+            Some("PodDisruptionBudget shop/web: refused a")
+        );
+        assert_eq!(budgets, ["shop/web", "shop/api"]);
+        assert_eq!(
+            pods,
+            ["shop/a", "shop/b", "shop/c", "and 2 more pods refused"]
         );
     }
 }

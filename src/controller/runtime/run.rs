@@ -547,6 +547,7 @@ impl Replica {
             writers,
             memory: Memory {
                 blocked: watched.blocked,
+                refusals: watched.refusals,
                 ..Memory::default()
             },
             policy: shared,
@@ -621,6 +622,11 @@ impl Replica {
             cache::<PodDisruptionBudget>(watches.clone(), |b: &mut PodDisruptionBudget| {
                 b.managed_fields_mut().clear()
             });
+        // Evictions waiting for the cache to show a budget's next version
+        // look again as soon as it does.
+        let refusals = drain::Refusals::default();
+        let seen = refusals.clone();
+        let budget_stream = budget_stream.inspect(move |_| seen.budget_changed());
         let controller = event_controller(
             watches.clone(),
             report_stream,
@@ -636,6 +642,7 @@ impl Replica {
             report_changed,
             blocked,
             budgets,
+            refusals,
             trigger,
         }
     }
@@ -727,6 +734,8 @@ struct Watched {
     blocked: Blocked,
     /// Every PodDisruptionBudget.
     budgets: Store<PodDisruptionBudget>,
+    /// The refused pods and the budgets' turns, told of each budget change.
+    refusals: drain::Refusals,
     /// Asks the `Controller` for a pass over an event.
     trigger: Trigger,
 }
