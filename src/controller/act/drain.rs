@@ -594,45 +594,40 @@ pub async fn evict_all(
                         .await
                         .ok()?;
                     // A pod whose budgets allow none is not asked: it
-                    // counts as refused at once, and the budget watch wakes
-                    // the drain when one allows a disruption again (a
-                    // replacement becoming Ready, which may take minutes; a
-                    // pass waiting for that would hold its reconcile slot
-                    // from the other events'). It waits, within the pass's
-                    // time, only while the budget's status still allows
-                    // what this controller's evictions before it in the
-                    // budget's turn took: the cache shows the budget's next
-                    // version within moments. A pod whose refusal floor is
-                    // over is asked whatever the cache says: the floor
-                    // stands against a cache that missed a change.
+                    // counts as refused at once and the pass goes on to its
+                    // status write (the budget watch wakes the drain when
+                    // one allows a disruption again: a replacement becoming
+                    // Ready, which may take minutes). It waits, within the
+                    // pass's time, only while the budget's status still
+                    // allows what this controller's evictions before it in
+                    // the budget's turn took: the cache shows the budget's
+                    // next version within moments, and the budget watch
+                    // tells the waiting pod at once (`changed`). A pod whose
+                    // refusal floor is over is asked whatever the cache
+                    // says: the floor stands against a cache that missed a
+                    // change.
                     let insist = refusals.floor_over(&e.pod, tokio::time::Instant::now());
-                    let mut selecting = budgets_of(cache, &e.pod);
-                    let mut allows = if insist {
-                        Allows::Some
-                    } else {
-                        refusals.allows(&selecting)
-                    };
-                    while allows == Allows::CatchingUp && tokio::time::Instant::now() < until {
-                        // Told of the budget's next version as soon as
-                        // the cache has it; looked at again after
-                        // BUDGET_LOOK_AGAIN at the latest.
+                    let (selecting, allows) = loop {
                         let changed = refusals.changed.notified();
                         tokio::pin!(changed);
+                        // Registered before the look: a change after it
+                        // ends the wait below.
                         changed.as_mut().enable();
-                        // A change before `enable` is seen by this look.
-                        selecting = budgets_of(cache, &e.pod);
-                        allows = refusals.allows(&selecting);
-                        if allows != Allows::CatchingUp {
-                            break;
+                        let selecting = budgets_of(cache, &e.pod);
+                        let allows = if insist {
+                            Allows::Some
+                        } else {
+                            refusals.allows(&selecting)
+                        };
+                        if allows != Allows::CatchingUp || tokio::time::Instant::now() >= until {
+                            break (selecting, allows);
                         }
                         let _ = tokio::time::timeout_at(
                             (tokio::time::Instant::now() + BUDGET_LOOK_AGAIN).min(until),
                             changed,
                         )
                         .await;
-                        selecting = budgets_of(cache, &e.pod);
-                        allows = refusals.allows(&selecting);
-                    }
+                    };
                     let refused_now = |o: &EvictionOutcome| {
                         refusals.record(&e.pod, o, tokio::time::Instant::now());
                         if matches!(o, EvictionOutcome::Blocked { .. }) {
