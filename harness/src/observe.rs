@@ -15,6 +15,8 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tokio::sync::oneshot;
 
 use forewarn::api::holds;
 use forewarn::api::{CONTROLLER_MANAGER, ScheduledEvent};
@@ -38,6 +40,136 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
+}
+
+/// What a run sees of the cluster, every version from the watches (not
+/// samples), each with the time it was seen: ScheduledEvents; pods of any
+/// namespace being deleted; each node's cordon; the workload namespace's
+/// pods (the notices forewarn writes on them, as the kubelet would project
+/// them); its PodDisruptionBudgets (when each allowed a disruption that a
+/// drain could take). Started before forewarn's processes, so that
+/// nothing they do goes unseen: a pod forewarn evicts at once (a node held
+/// before the run) and deleted by KWOK a second later was first seen by a
+/// watch started after it in its last version only, with the grace 0 of
+/// KWOK's final delete.
+pub(crate) struct Watches {
+    sev_rx: UnboundedReceiver<(DateTime<Utc>, ScheduledEvent)>,
+    pod_rx: UnboundedReceiver<(DateTime<Utc>, Pod)>,
+    node_rx: UnboundedReceiver<(DateTime<Utc>, String, bool)>,
+    notice_rx: UnboundedReceiver<(DateTime<Utc>, Pod)>,
+    budget_rx: UnboundedReceiver<BudgetSeen>,
+    /// The client the watches use, for the run's other requests.
+    client: Client,
+    _tasks: Vec<AbortOnDrop>,
+}
+
+/// A hang bound for a watch's first list (it takes well under a second).
+const WATCH_SYNC_WAIT: Duration = Duration::from_secs(60);
+
+impl Watches {
+    /// Starts the watches and returns once each has listed what exists.
+    ///
+    /// # Errors
+    /// A watch that has not listed within [`WATCH_SYNC_WAIT`].
+    pub(crate) async fn start(client: Client, ns: &str) -> anyhow::Result<Self> {
+        let mut tasks = Vec::new();
+        let mut synced = Vec::new();
+        let (sev_tx, sev_rx) = unbounded_channel();
+        let (t, s) = spawn_watch(Api::<ScheduledEvent>::all(client.clone()), move |sev| {
+            sev_tx.send((Utc::now(), sev)).is_ok()
+        });
+        tasks.push(t);
+        synced.push(("ScheduledEvents", s));
+        let (pod_tx, pod_rx) = unbounded_channel();
+        let (t, s) = spawn_watch(Api::<Pod>::all(client.clone()), move |p| {
+            p.metadata.deletion_timestamp.is_none() || pod_tx.send((Utc::now(), p)).is_ok()
+        });
+        tasks.push(t);
+        synced.push(("pods", s));
+        let (node_tx, node_rx) = unbounded_channel();
+        let (t, s) = spawn_watch(Api::<Node>::all(client.clone()), move |n| {
+            node_tx
+                .send((Utc::now(), n.name_any(), is_cordoned(&n)))
+                .is_ok()
+        });
+        tasks.push(t);
+        synced.push(("nodes", s));
+        let (notice_tx, notice_rx) = unbounded_channel();
+        let (t, s) = spawn_watch(Api::<Pod>::namespaced(client.clone(), ns), move |p| {
+            notice_tx.send((Utc::now(), p)).is_ok()
+        });
+        tasks.push(t);
+        synced.push(("the workload's pods", s));
+        let (budget_tx, budget_rx) = unbounded_channel();
+        let (t, s) = spawn_watch(
+            Api::<PodDisruptionBudget>::namespaced(client.clone(), ns),
+            move |b| {
+                budget_tx
+                    .send(BudgetSeen {
+                        seen_at: Utc::now(),
+                        budget: format!("{}/{}", b.namespace().unwrap_or_default(), b.name_any()),
+                        allowed: b.status.and_then(|s| s.disruptions_allowed).unwrap_or(0),
+                    })
+                    .is_ok()
+            },
+        );
+        tasks.push(t);
+        synced.push(("PodDisruptionBudgets", s));
+        for (what, s) in synced {
+            tokio::time::timeout(WATCH_SYNC_WAIT, s)
+                .await
+                .map_err(|_| {
+                    anyhow::anyhow!("the watch of {what} did not list within {WATCH_SYNC_WAIT:?}")
+                })?
+                .map_err(|_| anyhow::anyhow!("the watch of {what} ended before it listed"))?;
+        }
+        Ok(Self {
+            sev_rx,
+            pod_rx,
+            node_rx,
+            notice_rx,
+            budget_rx,
+            client,
+            _tasks: tasks,
+        })
+    }
+}
+
+/// Watches `api` (restarting with forewarn's own watch backoff) and hands
+/// each version of an object to `seen`, until it returns false (its
+/// receiver is gone). The receiver it returns is told once the first list
+/// has been handed over.
+fn spawn_watch<K>(
+    api: Api<K>,
+    mut seen: impl FnMut(K) -> bool + Send + 'static,
+) -> (AbortOnDrop, oneshot::Receiver<()>)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+{
+    let (synced_tx, synced_rx) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut synced_tx = Some(synced_tx);
+        let stream = watcher(api, watcher::Config::default())
+            .backoff(forewarn::controller::observe::watch::watch_backoff());
+        futures::pin_mut!(stream);
+        while let Some(item) = stream.next().await {
+            let more = match item {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => seen(o),
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(tx) = synced_tx.take() {
+                        let _ = tx.send(());
+                    }
+                    true
+                }
+                _ => true,
+            };
+            if !more {
+                break;
+            }
+        }
+    });
+    (AbortOnDrop(task), synced_rx)
 }
 
 /// Whether the policy the run gives the controller lets it approve the
@@ -92,103 +224,24 @@ const RELEASE_EVENT_WAIT: Duration = Duration::from_secs(60);
 #[allow(clippy::too_many_lines)]
 pub(crate) async fn observe(
     cluster: &Cluster,
-    client: &Client,
     http: &reqwest::Client,
     scenario: &Scenario,
     opts: &RunOptions,
     tl: &mut Timeline,
     fleet: &mut Fleet,
+    watches: Watches,
 ) -> anyhow::Result<Report> {
     let ns = &opts.namespace;
-    let sevs: Api<ScheduledEvent> = Api::all(client.clone());
-    let (sev_tx, mut sev_rx) = tokio::sync::mpsc::unbounded_channel();
-    let sev_watch = tokio::spawn(async move {
-        let stream = watcher(sevs, watcher::Config::default())
-            .backoff(forewarn::controller::observe::watch::watch_backoff())
-            .applied_objects();
-        futures::pin_mut!(stream);
-        while let Some(item) = stream.next().await {
-            if let Ok(sev) = item
-                && sev_tx.send((Utc::now(), sev)).is_err()
-            {
-                break;
-            }
-        }
-    });
-    let _abort_watch = AbortOnDrop(sev_watch);
-    // Pod deletions and node cordons, from watches: every version, not samples.
-    let (pod_tx, mut pod_rx) = tokio::sync::mpsc::unbounded_channel();
-    let pods_all: Api<Pod> = Api::all(client.clone());
-    let _abort_pods = AbortOnDrop(tokio::spawn(async move {
-        let stream = watcher(pods_all, watcher::Config::default())
-            .backoff(forewarn::controller::observe::watch::watch_backoff())
-            .applied_objects();
-        futures::pin_mut!(stream);
-        while let Some(item) = stream.next().await {
-            if let Ok(p) = item
-                && p.metadata.deletion_timestamp.is_some()
-                && pod_tx.send((Utc::now(), p)).is_err()
-            {
-                break;
-            }
-        }
-    }));
-    let (node_tx, mut node_rx) = tokio::sync::mpsc::unbounded_channel();
-    let nodes_all: Api<Node> = Api::all(client.clone());
-    let _abort_nodes = AbortOnDrop(tokio::spawn(async move {
-        let stream = watcher(nodes_all, watcher::Config::default())
-            .backoff(forewarn::controller::observe::watch::watch_backoff())
-            .applied_objects();
-        futures::pin_mut!(stream);
-        while let Some(item) = stream.next().await {
-            if let Ok(n) = item
-                && node_tx
-                    .send((Utc::now(), n.name_any(), is_cordoned(&n)))
-                    .is_err()
-            {
-                break;
-            }
-        }
-    }));
-    // The workload namespace's pods, every version: the notices forewarn
-    // writes on them, as the kubelet would project them.
-    let (notice_tx, mut notice_rx) = tokio::sync::mpsc::unbounded_channel();
-    let pods_ns: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let _abort_notices = AbortOnDrop(tokio::spawn(async move {
-        let stream = watcher(pods_ns, watcher::Config::default())
-            .backoff(forewarn::controller::observe::watch::watch_backoff())
-            .applied_objects();
-        futures::pin_mut!(stream);
-        while let Some(item) = stream.next().await {
-            if let Ok(p) = item
-                && notice_tx.send((Utc::now(), p)).is_err()
-            {
-                break;
-            }
-        }
-    }));
-    // The workload's PodDisruptionBudgets, every version: when each
-    // allowed a disruption that a drain could take.
-    let (budget_tx, mut budget_rx) = tokio::sync::mpsc::unbounded_channel();
-    let budgets_ns: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
-    let _abort_budgets = AbortOnDrop(tokio::spawn(async move {
-        let stream = watcher(budgets_ns, watcher::Config::default())
-            .backoff(forewarn::controller::observe::watch::watch_backoff())
-            .applied_objects();
-        futures::pin_mut!(stream);
-        while let Some(item) = stream.next().await {
-            if let Ok(b) = item {
-                let seen = BudgetSeen {
-                    seen_at: Utc::now(),
-                    budget: format!("{}/{}", b.namespace().unwrap_or_default(), b.name_any()),
-                    allowed: b.status.and_then(|s| s.disruptions_allowed).unwrap_or(0),
-                };
-                if budget_tx.send(seen).is_err() {
-                    break;
-                }
-            }
-        }
-    }));
+    let Watches {
+        mut sev_rx,
+        mut pod_rx,
+        mut node_rx,
+        mut notice_rx,
+        mut budget_rx,
+        client,
+        _tasks,
+    } = watches;
+    let client = &client;
     let mut acks_due: Vec<(Instant, Pod, String, String)> = Vec::new();
     let mut settling = false;
     let mut settle_since: Option<Instant> = None;

@@ -15,7 +15,7 @@ use forewarn::api::CORDONED_FOR_ANNOTATION;
 use forewarn::imds::scenario::Scenario;
 
 use crate::cluster::Cluster;
-use crate::observe::observe;
+use crate::observe::{Watches, observe};
 use crate::options::RunOptions;
 use crate::procs::{Fleet, FleetOptions, Proc};
 use crate::report::Report;
@@ -120,6 +120,9 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         .iter()
         .filter_map(|v| Some((v.node.clone()?, v.name.clone())))
         .collect();
+    // Watching from before forewarn starts: it may act at once (a node
+    // held before the run is drained as soon as the controller leads).
+    let watches = Watches::start(client.clone(), &opts.namespace).await?;
     if opts.agents_as_chart {
         let namespace = opts
             .credentials
@@ -166,7 +169,7 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
     );
 
     let report = observe(
-        cluster, &client, &http, &scenario, opts, &mut tl, &mut fleet,
+        cluster, &http, &scenario, opts, &mut tl, &mut fleet, watches,
     )
     .await;
     tl.flush(true);
