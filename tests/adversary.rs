@@ -561,10 +561,10 @@ fn a_flood_of_one_nodes_reports_delays_no_other_nodes_event() {
     // In name order (the ids sort before the real event's), by `NotBefore`
     // (the flood's are earlier) or in the order the reports came, the
     // flood's objects the cap admits would all come first. The controller
-    // creates them in batches, nodes taking turns, own VMs first: B's is
-    // in the first.
+    // creates the most urgent first, nodes taking turns, own VMs first,
+    // with a fixed number in flight: B's is among the first it sends.
     assert!(
-        before.len() < forewarn::controller::act::spec::CREATE_BATCH,
+        before.len() < forewarn::controller::act::spec::CREATE_CONCURRENCY,
         "{} of the flood's objects were created before B's event object: the flood went first ({:?}…)",
         before.len(),
         &before[..before.len().min(5)]

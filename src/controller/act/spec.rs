@@ -7,7 +7,7 @@
 //! built, with no field left behind; only the leader writes specs, so no
 //! write needs a precondition.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,16 +42,7 @@ const CREATED_GRACE: Duration = Duration::from_secs(5);
 /// in one second) is created in parallel rather than one round trip after
 /// another, which under load left the last events without an object for a
 /// minute (a create is a round trip of the API server's, not work of ours).
-/// As many as a batch: one round trip a batch. At 16, half a batch, a
-/// 200-VM Spot wave's objects were created at about 30 a second (the API
-/// server answering each in 0.16 s at the median), the last 8 s after the
-/// first.
-const CREATE_CONCURRENCY: usize = CREATE_BATCH;
-/// How many objects one scan creates before it looks again: the reports
-/// are read afresh between batches, so that an event reported during a
-/// flood waits for at most one batch (a few round trips at
-/// [`CREATE_CONCURRENCY`]) before it is taken in its turn.
-pub const CREATE_BATCH: usize = 32;
+pub const CREATE_CONCURRENCY: usize = 32;
 
 /// Creates the object `name` with `spec` (`stored` is `None`), or writes
 /// `spec` over the stored one. Returns the `resourceVersion` the object got
@@ -112,42 +103,67 @@ pub async fn write(
 
 /// Runs until aborted: creates the `ScheduledEvent` of every event that
 /// some agent reports listed and that has no object, each time `changed`
-/// fires (a report changed) and every [`RESCAN`]: the most urgent first
-/// ([`creation_order`]), [`CREATE_BATCH`] at a time, looking again at once
-/// while more remain, so that an event reported meanwhile goes before the
-/// rest of a flood.
+/// fires (a report changed), every [`RESCAN`], and each time a creation
+/// ends while more wait: the most urgent first ([`creation_order`]), with
+/// up to [`CREATE_CONCURRENCY`] creations in flight. Each slot that frees
+/// takes the most urgent event missing at that moment, so an event
+/// reported during a flood waits for one creation to end, not for a batch
+/// (a batch waited for its slowest answer: under a 200-VM Spot wave's load
+/// about 30 objects a second, against the API server's 0.1 s a create).
 pub async fn create_missing(caches: Caches, writers: Writers, changed: Arc<tokio::sync::Notify>) {
     // Created a moment ago, not yet in the cache: not created again.
     let mut created: HashMap<String, Instant> = HashMap::new();
+    let mut in_flight: HashSet<String> = HashSet::new();
+    let mut creations = futures::stream::FuturesUnordered::new();
     let mut over_cap: BTreeMap<String, usize> = BTreeMap::new();
-    let mut more = false;
+    let mut look = false;
+    let writers = &writers;
     loop {
-        if !more {
+        if !look {
             tokio::select! {
                 () = changed.notified() => {}
                 () = tokio::time::sleep(RESCAN) => {}
+                Some((name, written, more)) = creations.next(), if !creations.is_empty() => {
+                    in_flight.remove(&name);
+                    match written {
+                        Ok(()) => {
+                            created.insert(name, Instant::now());
+                            // Progress: the next one at once.
+                            look = more;
+                        }
+                        Err(e) => {
+                            warn!(event = %name, error = %e, "Could not create the ScheduledEvent; will retry");
+                        }
+                    }
+                    if !look {
+                        continue;
+                    }
+                }
             }
         }
-        more = false;
+        look = false;
         if !caches.synced() {
             continue;
         }
         let facts = Facts::read(&caches);
-        note_ignored(&writers, &facts.ignored, &mut over_cap);
+        note_ignored(writers, &facts.ignored, &mut over_cap);
         // Forgotten once the cache shows it: an object deleted after that
         // is created again at the next scan.
         created.retain(|name, at| {
             at.elapsed() < CREATED_GRACE && caches.events.get(&ObjectRef::new(name)).is_none()
         });
         let missing = facts.reports.iter().filter_map(|(name, rs)| {
-            if caches.events.get(&ObjectRef::new(name)).is_some() || created.contains_key(name) {
+            if caches.events.get(&ObjectRef::new(name)).is_some()
+                || created.contains_key(name)
+                || in_flight.contains(name)
+            {
                 return None;
             }
             let (urgency, node) = intake::event_urgency(rs, |n| facts.vm_of(n))?;
             Some((name.as_str(), urgency, node))
         });
         let mut order = creation_order(missing).into_iter();
-        // The first batch of those the reports build a spec of.
+        // As many as free slots, of those the reports build a spec of.
         let specs: Vec<(String, ScheduledEventSpec)> = order
             .by_ref()
             .filter_map(|name| {
@@ -155,29 +171,15 @@ pub async fn create_missing(caches: Caches, writers: Writers, changed: Arc<tokio
                 let judged = trust::judge_reports(&about, |n| facts.identity(n));
                 trust::build(&judged).map(|built| (name.to_owned(), built.spec))
             })
-            .take(CREATE_BATCH)
+            .take(CREATE_CONCURRENCY.saturating_sub(creations.len()))
             .collect();
-        let rest = order.len();
-        let writers = &writers;
-        let results: Vec<(String, Result<()>)> = futures::stream::iter(specs)
-            .map(|(name, spec)| async move {
+        let more = order.len() > 0;
+        for (name, spec) in specs {
+            in_flight.insert(name.clone());
+            creations.push(async move {
                 let written = write(writers, &name, None, &spec).await.map(|_| ());
-                (name, written)
-            })
-            .buffer_unordered(CREATE_CONCURRENCY)
-            .collect()
-            .await;
-        for (name, written) in results {
-            match written {
-                Ok(()) => {
-                    created.insert(name, Instant::now());
-                    // Progress: the next batch at once.
-                    more = rest > 0;
-                }
-                Err(e) => {
-                    warn!(event = %name, error = %e, "Could not create the ScheduledEvent; will retry");
-                }
-            }
+                (name, written, more)
+            });
         }
     }
 }
