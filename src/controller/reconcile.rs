@@ -285,6 +285,7 @@ async fn act<P>(
         &now_evicted,
         w,
         (&ctx.caches.budgets, &ctx.memory.refusals),
+        &ctx.caches.pods,
         ctx.per_node,
     )
     .await;

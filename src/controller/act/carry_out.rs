@@ -223,9 +223,10 @@ fn first_named(mut names: Vec<&str>) -> String {
 
 /// Requests `evictions` for at most [`EVICTION_PASS`], or
 /// [`EVICTION_PASS_FEW`] when they are on few nodes (the budgets
-/// from the cache, and the pods they refused, `budgets`) and reports
-/// each outcome; returns the outcomes and how many were deferred to the next
-/// pass.
+/// from the cache, and the pods they refused, `budgets`; the pods the API
+/// server took the eviction of are marked in `pods` as being deleted) and
+/// reports each outcome; returns the outcomes and how many were deferred
+/// to the next pass.
 pub async fn evict(
     ev: &ScheduledEvent,
     evictions: &[crate::controller::decide::plan::Eviction],
@@ -234,6 +235,7 @@ pub async fn evict(
         &kube::runtime::reflector::Store<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
         &drain::Refusals,
     ),
+    pods: &crate::controller::observe::pods::PodCache,
     per_node: usize,
 ) -> (Vec<Outcome>, usize) {
     let nodes: std::collections::HashSet<&str> =
@@ -247,6 +249,7 @@ pub async fn evict(
         &writers.evict_client,
         &writers.limiter,
         budgets,
+        pods,
         evictions,
         per_node,
         tokio::time::Instant::now() + window,

@@ -24,6 +24,7 @@ use kube::{Client, ResourceExt};
 
 use crate::controller::decide::plan::{Eviction, EvictionOutcome};
 use crate::controller::observe::pod_list::{PodInfo, chrono_time};
+use crate::controller::observe::pods::PodCache;
 
 /// How long a PodDisruptionBudget may list a pod in `status.disruptedPods`
 /// before we call it wedged: the disruption controller itself drops entries
@@ -545,11 +546,15 @@ pub struct Evicted {
 /// meanwhile is cordoned at the next one, instead of after every pod was
 /// asked for). Once a PodDisruptionBudget refuses a pod, the pods with the
 /// same labels on that node are not asked for in this pass: they share its
-/// outcome (see [`refused_alike`]); the next pass asks again.
+/// outcome (see [`refused_alike`]); the next pass asks again. Each pod
+/// the API server took the eviction of is marked in `pods` as being
+/// deleted ([`PodCache::evicted`]), so that no pass evicts it again before
+/// the watch shows it.
 pub async fn evict_all(
     client: &Client,
     limiter: &DefaultDirectRateLimiter,
     budgets: (&Store<PodDisruptionBudget>, &Refusals),
+    pods: &PodCache,
     evictions: &[Eviction],
     per_node: usize,
     until: tokio::time::Instant,
@@ -655,6 +660,9 @@ pub async fn evict_all(
                         for b in &sent_under {
                             refusals.took(b);
                         }
+                        let deadline =
+                            Utc::now() + chrono::TimeDelta::seconds(e.grace_seconds.max(1));
+                        pods.evicted(&e.pod.uid, deadline);
                     }
                     drop(turn);
                     refused_now(&outcome);

@@ -24,6 +24,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
+use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -33,7 +34,9 @@ use kube::{Client, ResourceExt};
 use tracing::warn;
 
 use crate::controller::observe::participants::{ACK_PREFIX, Participant};
-use crate::controller::observe::pod_list::{PartialPod, PodInfo, as_pod, classify_pod};
+use crate::controller::observe::pod_list::{
+    PartialPod, PodInfo, Terminating, as_pod, classify_pod,
+};
 use crate::kubeclient::watch_backoff;
 
 /// Pods that count for a drain, by node, then by UID.
@@ -88,6 +91,10 @@ struct State {
     agents: HashMap<String, HashMap<String, (String, bool)>>,
     /// The node of each agent pod cached, by UID.
     agent_node: HashMap<String, String>,
+    /// Pods this controller evicted that the watch has not yet shown being
+    /// deleted, by UID, each with its deadline (the eviction's time plus
+    /// the grace it asked for): read as terminating ([`PodCache::evicted`]).
+    evicted: HashMap<String, DateTime<Utc>>,
 }
 
 impl State {
@@ -132,6 +139,13 @@ impl State {
         was
     }
 
+    /// Forgets the pod `uid` the watch saw deleted, with its eviction's
+    /// mark; returns it as a participant, if it was one.
+    fn deleted(&mut self, uid: &str) -> Option<Arc<Participant>> {
+        self.evicted.remove(uid);
+        self.remove(uid)
+    }
+
     /// Caches `pod` if it counts for a drain and is bound to a node, and
     /// as a participant if it takes part; forgets it otherwise (a pod that
     /// finished, say). Returns the events whose acknowledgement on it
@@ -139,10 +153,22 @@ impl State {
     fn apply(&mut self, pod: &Pod) -> Vec<String> {
         let uid = pod.uid().unwrap_or_default();
         let before = self.remove(&uid);
+        // The watch's own word on a pod this controller evicted replaces
+        // the mark once it says more: the pod being deleted, or no longer
+        // one the drain considers. An older version (the watch lagging
+        // behind the eviction) keeps it.
+        if pod.metadata.deletion_timestamp.is_some() {
+            self.evicted.remove(&uid);
+        }
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            self.evicted.remove(&uid);
             return acks_changed(before.as_deref(), None);
         };
-        if let Some(mut info) = classify_pod(pod) {
+        let info = classify_pod(pod);
+        if info.is_none() {
+            self.evicted.remove(&uid);
+        }
+        if let Some(mut info) = info {
             info.labels = self.shared(info.labels);
             self.node_of.insert(uid.clone(), node.clone());
             self.by_node
@@ -276,10 +302,48 @@ impl PodCache {
         let mut pods: Vec<Arc<PodInfo>> = state
             .by_node
             .get(node)
-            .map(|p| p.values().cloned().collect())
+            .map(|p| {
+                p.values()
+                    .map(|pod| match state.evicted.get(&pod.uid) {
+                        Some(deadline) if pod.terminating.is_none() => Arc::new(PodInfo {
+                            terminating: Some(Terminating {
+                                deadline: *deadline,
+                                finalizers: Vec::new(),
+                            }),
+                            ..PodInfo::clone(pod)
+                        }),
+                        _ => Arc::clone(pod),
+                    })
+                    .collect()
+            })
             .unwrap_or_default();
         pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         pods
+    }
+
+    /// Takes the cached pod `uid` as being deleted, by `deadline`, until the
+    /// watch shows it so (or gone): this controller evicted it and the API
+    /// server accepted (201), which sets the pod's `deletionTimestamp`
+    /// (the eviction's time plus the grace asked for, `deadline`). The
+    /// watch shows that version later, under load seconds later (a 200-VM
+    /// Spot wave: 7 s and more), and a pass meanwhile would evict the pod
+    /// again: a request spent in its budget's turn, and a shorter grace
+    /// than the one it was given (each eviction of a terminating pod sets
+    /// it afresh). A pod not cached is left alone (its first version seen
+    /// will say it is being deleted).
+    pub fn evicted(&self, uid: &str, deadline: DateTime<Utc>) {
+        let mut state = self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let deleting = state
+            .node_of
+            .get(uid)
+            .and_then(|node| state.by_node.get(node)?.get(uid))
+            .map(|p| p.terminating.is_some());
+        if deleting == Some(false) {
+            state.evicted.insert(uid.to_owned(), deadline);
+        }
     }
 
     /// Whether a first list has completed.
@@ -354,7 +418,7 @@ impl PodCache {
                         .0
                         .write()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .remove(&pod.uid().unwrap_or_default());
+                        .deleted(&pod.uid().unwrap_or_default());
                     self.trigger(acks_changed(was.as_deref(), None));
                 }
                 Err(e) => warn!(error = %e, "Pod watch failed; resuming after a backoff"),
@@ -445,6 +509,59 @@ mod tests {
             !cache.0.read().unwrap().by_node.contains_key("n1"),
             "no empty entry kept"
         );
+    }
+
+    /// A pod this controller evicted reads as terminating, by the deadline
+    /// its eviction set, until the watch says more: a version from before
+    /// the eviction (the watch lagging) keeps the mark; the version being
+    /// deleted replaces it with the API server's own deadline; the pod's
+    /// deletion drops it. A pod not cached, or one the watch already shows
+    /// being deleted, is not marked.
+    #[test]
+    fn an_evicted_pod_reads_as_terminating_until_the_watch_shows_it() {
+        let cache = PodCache::default();
+        let apply = |p: &Pod| cache.0.write().unwrap().apply(p);
+        let terminating = |uid: &str| {
+            cache
+                .on_node("n1")
+                .iter()
+                .find(|p| p.uid == uid)
+                .and_then(|p| p.terminating.clone())
+        };
+        apply(&pod("a", Some("n1"), "Running"));
+        apply(&pod("b", Some("n1"), "Running"));
+        let deadline = chrono::DateTime::parse_from_rfc3339("2026-11-28T01:00:22Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        cache.evicted("a", deadline);
+        cache.evicted("unknown", deadline);
+        assert_eq!(terminating("a").map(|t| t.deadline), Some(deadline));
+        assert_eq!(terminating("b"), None, "only the pod evicted");
+        assert!(!cache.0.read().unwrap().evicted.contains_key("unknown"));
+        // A status change from before the eviction, seen after it.
+        let mut older = pod("a", Some("n1"), "Running");
+        older.metadata.labels = Some([("x".to_string(), "y".to_string())].into());
+        apply(&older);
+        assert_eq!(terminating("a").map(|t| t.deadline), Some(deadline));
+        // The version being deleted: the API server's deadline.
+        let mut deleting = pod("a", Some("n1"), "Running");
+        let real = deadline - chrono::TimeDelta::seconds(1);
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(real.timestamp()).unwrap(),
+            ));
+        apply(&deleting);
+        assert_eq!(terminating("a").map(|t| t.deadline), Some(real));
+        assert!(cache.0.read().unwrap().evicted.is_empty());
+        // Already being deleted: nothing to mark.
+        cache.evicted("a", deadline);
+        assert!(cache.0.read().unwrap().evicted.is_empty());
+        // Marked, then deleted: the mark goes with it.
+        cache.evicted("b", deadline);
+        assert!(terminating("b").is_some());
+        let mut s = cache.0.write().unwrap();
+        s.deleted("b");
+        assert!(s.evicted.is_empty() && !s.node_of.contains_key("b"));
     }
 
     /// Pods that take part are indexed by node, DaemonSet pods too, with
