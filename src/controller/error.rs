@@ -64,6 +64,10 @@ impl Error {
             Error::ListPods(_) => "list_pods",
             Error::PatchStatus { .. } => "patch_status",
             Error::DeleteEvent { .. } => "delete_event",
+            Error::WriteEvent {
+                source: kube::Error::Api(s),
+                ..
+            } if s.code == 409 => "conflict",
             Error::WriteEvent { .. } => "write_event",
         }
     }

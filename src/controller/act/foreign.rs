@@ -77,9 +77,12 @@ pub async fn ignore(
                 field_manager: Some(CONTROLLER_MANAGER.into()),
                 ..PatchParams::default()
             },
-            &Patch::Merge(
-                &json!({"status": {"approval": null, "conditions": recorded.conditions}}),
-            ),
+            // Conditional on the version the pass read (see
+            // `spec::spec_patch`).
+            &Patch::Merge(&json!({
+                "metadata": {"resourceVersion": ev.metadata.resource_version},
+                "status": {"approval": null, "conditions": recorded.conditions},
+            })),
         )
         .await
         .map_err(|source| Error::PatchStatus {

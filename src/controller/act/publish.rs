@@ -651,11 +651,16 @@ fn cleared_for_new_appearance(ev: &ScheduledEvent) -> serde_json::Value {
         .as_ref()
         .map(|s| s.previous_appearances.clone())
         .unwrap_or_default();
-    json!({"status": {
+    let mut body = json!({"status": {
         "approval": null,
         "appearance": ev.spec.appearance,
         "previousAppearances": history,
-    }})
+    }});
+    // Conditional on the version the pass read (see `spec::spec_patch`).
+    if let Some(version) = ev.metadata.resource_version.as_deref() {
+        body["metadata"] = json!({ "resourceVersion": version });
+    }
+    body
 }
 
 /// Publishes a Kubernetes Event on the `ScheduledEvent`, and on the node if
@@ -720,10 +725,15 @@ mod tests {
             }),
             ..ScheduledEventStatus::default()
         });
+        ev.metadata.resource_version = Some("41".into());
         let (fresh, anew) = for_current_appearance(&ev);
         assert!(anew);
         let patch = cleared_for_new_appearance(&fresh);
         assert!(patch["status"]["approval"].is_null());
+        assert_eq!(
+            patch["metadata"]["resourceVersion"], "41",
+            "conditional on the version read: {patch}"
+        );
         assert_eq!(patch["status"]["appearance"], 2);
         let history = &patch["status"]["previousAppearances"];
         assert_eq!(history.as_array().map(Vec::len), Some(1), "{patch}");

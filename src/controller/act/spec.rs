@@ -80,25 +80,44 @@ pub async fn write(
             Err(e) => Err(failed(e)),
         };
     }
-    let mut whole = serde_json::to_value(spec).map_err(|e| failed(kube::Error::SerdeError(e)))?;
-    if let Some(fields) = whole.as_object_mut() {
-        fields.entry("notBefore").or_insert(serde_json::Value::Null);
-    }
+    let body = spec_patch(stored, spec).map_err(|e| failed(kube::Error::SerdeError(e)))?;
     let params = PatchParams {
         field_manager: Some(CONTROLLER_MANAGER.into()),
         ..PatchParams::default()
     };
     let written = api
-        .patch(
-            name,
-            &params,
-            &Patch::Merge(serde_json::json!({ "spec": whole })),
-        )
+        .patch(name, &params, &Patch::Merge(body))
         .await
         .map_err(failed)?;
     info!(event = %name, status = %spec.event_status, appearance = spec.appearance,
         resources = ?spec.resources, "Wrote the spec from the agents' reports");
     Ok(written.resource_version())
+}
+
+/// The merge patch that writes `spec` whole over the stored object: every
+/// field named (an absent `notBefore` as `null`), and conditional on the
+/// `resourceVersion` the pass read (`stored`'s, when it has one): the pass
+/// goes on from the version this write makes, and its status write is
+/// conditional on that, so this write must not succeed over a version the
+/// pass did not see (a pass on a lagging cache took an event that had
+/// `Started` for one still `Draining`, and wrote `Cancelled` over it).
+/// A newer version gets 409 Conflict, and the pass runs again on it.
+///
+/// # Errors
+/// When `spec` cannot be serialized (it always can).
+pub fn spec_patch(
+    stored: Option<&ScheduledEvent>,
+    spec: &ScheduledEventSpec,
+) -> serde_json::Result<serde_json::Value> {
+    let mut whole = serde_json::to_value(spec)?;
+    if let Some(fields) = whole.as_object_mut() {
+        fields.entry("notBefore").or_insert(serde_json::Value::Null);
+    }
+    let mut body = serde_json::json!({ "spec": whole });
+    if let Some(version) = stored.and_then(|s| s.metadata.resource_version.as_deref()) {
+        body["metadata"] = serde_json::json!({ "resourceVersion": version });
+    }
+    Ok(body)
 }
 
 /// Runs until aborted: creates the `ScheduledEvent` of every event that
@@ -277,6 +296,28 @@ mod tests {
     use crate::api::{EventStatus, Report};
     use chrono::{DateTime, TimeZone, Utc};
     use intake::Urgency;
+
+    /// A spec written over a stored object names every field (an absent
+    /// `notBefore` as `null`) and is conditional on the version the pass
+    /// read; a creation has no version to be conditional on.
+    #[test]
+    fn a_spec_write_is_conditional_on_the_version_read() {
+        let spec = crate::fixtures::spec("ev1").build();
+        let mut stored = ScheduledEvent::new("ev1", spec.clone());
+        stored.metadata.resource_version = Some("17".into());
+        let body = spec_patch(Some(&stored), &spec).unwrap();
+        assert_eq!(body["metadata"]["resourceVersion"], "17", "{body}");
+        assert!(body["spec"].get("notBefore").is_some(), "{body}");
+        assert_eq!(body["spec"]["eventId"], spec.event_id.as_str());
+        let unversioned = ScheduledEvent::new("ev1", spec.clone());
+        assert!(
+            spec_patch(Some(&unversioned), &spec)
+                .unwrap()
+                .get("metadata")
+                .is_none()
+        );
+        assert!(spec_patch(None, &spec).unwrap().get("metadata").is_none());
+    }
 
     fn urgency(own: bool, status: EventStatus, not_before: Option<DateTime<Utc>>) -> Urgency {
         let report = Report {

@@ -1086,5 +1086,19 @@ mod tests {
             error_backoff(&status_error(409), 1),
             error_backoff(&status_error(409), 2)
         );
+        // A spec write conditional on a version the pass read that is no
+        // longer current is a conflict too.
+        let stale_spec = Error::WriteEvent {
+            name: "ev".into(),
+            source: kube::Error::Api(
+                kube::core::Status {
+                    code: 409,
+                    ..Default::default()
+                }
+                .boxed(),
+            ),
+        };
+        assert_eq!(stale_spec.category(), "conflict");
+        assert!(error_backoff(&stale_spec, 3) <= Duration::from_millis(600));
     }
 }
