@@ -55,19 +55,19 @@ impl Error {
             Error::PatchNode {
                 source: kube::Error::Api(s),
                 ..
-            } if s.code == 409 => "conflict",
-            Error::PatchNode { .. } => "patch_node",
-            Error::PatchStatus {
+            }
+            | Error::PatchStatus {
+                source: kube::Error::Api(s),
+                ..
+            }
+            | Error::WriteEvent {
                 source: kube::Error::Api(s),
                 ..
             } if s.code == 409 => "conflict",
+            Error::PatchNode { .. } => "patch_node",
             Error::ListPods(_) => "list_pods",
             Error::PatchStatus { .. } => "patch_status",
             Error::DeleteEvent { .. } => "delete_event",
-            Error::WriteEvent {
-                source: kube::Error::Api(s),
-                ..
-            } if s.code == 409 => "conflict",
             Error::WriteEvent { .. } => "write_event",
         }
     }

@@ -31,6 +31,12 @@ use crate::controller::observe::pods::PodCache;
 /// after two minutes (`DeletionTimeout` in kube-controller-manager).
 const WEDGED_AFTER: chrono::TimeDelta = chrono::TimeDelta::minutes(2);
 
+/// The grace period an eviction of `e` asks for: the plan's, never 0 (a
+/// force delete).
+fn grace_sent(e: &Eviction) -> i64 {
+    e.grace_seconds.max(1)
+}
+
 /// The `policy/v1` Eviction we send: the grace period and the pod-UID
 /// precondition in `deleteOptions`.
 ///
@@ -46,7 +52,7 @@ pub fn eviction_body(e: &Eviction) -> EvictionBody {
             ..ObjectMeta::default()
         },
         delete_options: Some(DeleteOptions {
-            grace_period_seconds: Some(e.grace_seconds.max(1)),
+            grace_period_seconds: Some(grace_sent(e)),
             preconditions: Some(Preconditions {
                 uid: Some(e.pod.uid.clone()),
                 resource_version: None,
@@ -660,8 +666,7 @@ pub async fn evict_all(
                         for b in &sent_under {
                             refusals.took(b);
                         }
-                        let deadline =
-                            Utc::now() + chrono::TimeDelta::seconds(e.grace_seconds.max(1));
+                        let deadline = Utc::now() + chrono::TimeDelta::seconds(grace_sent(&e));
                         pods.evicted(&e.pod.uid, deadline);
                     }
                     drop(turn);

@@ -17,7 +17,7 @@ use tracing::warn;
 use crate::agent::approval::{Author, author};
 use crate::api::{CONTROLLER_MANAGER, Condition, ScheduledEvent, ScheduledEventStatus};
 use crate::controller::act::publish::{Subject, publish};
-use crate::controller::act::writers::Writers;
+use crate::controller::act::writers::{Writers, conditional_on};
 use crate::controller::error::{Error, Result};
 
 /// The condition that records a decision the controller did not make.
@@ -70,6 +70,8 @@ pub async fn ignore(
         stored.metadata.generation,
         chrono::Utc::now(),
     );
+    let mut body = json!({"status": {"approval": null, "conditions": recorded.conditions}});
+    conditional_on(&mut body, ev.metadata.resource_version.as_deref());
     let written = Api::<ScheduledEvent>::all(writers.client.clone())
         .patch_status(
             &name,
@@ -77,12 +79,7 @@ pub async fn ignore(
                 field_manager: Some(CONTROLLER_MANAGER.into()),
                 ..PatchParams::default()
             },
-            // Conditional on the version the pass read (see
-            // `spec::spec_patch`).
-            &Patch::Merge(&json!({
-                "metadata": {"resourceVersion": ev.metadata.resource_version},
-                "status": {"approval": null, "conditions": recorded.conditions},
-            })),
+            &Patch::Merge(&body),
         )
         .await
         .map_err(|source| Error::PatchStatus {

@@ -9,7 +9,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::controller::act::kube_events::within_note_limit;
-use crate::controller::act::writers::Writers;
+use crate::controller::act::writers::{Writers, conditional_on};
 use crate::controller::decide::plan::Plan;
 use crate::controller::decide::status::newly_true;
 use crate::controller::error::{Error, Result};
@@ -92,9 +92,7 @@ async fn write_status(
         "kind": ScheduledEvent::kind(&()),
         "status": status,
     });
-    if let Some(version) = ev.resource_version() {
-        body["metadata"] = json!({ "resourceVersion": version });
-    }
+    conditional_on(&mut body, ev.metadata.resource_version.as_deref());
     Api::<ScheduledEvent>::all(writers.client.clone())
         .patch_status(
             &name,
@@ -656,10 +654,7 @@ fn cleared_for_new_appearance(ev: &ScheduledEvent) -> serde_json::Value {
         "appearance": ev.spec.appearance,
         "previousAppearances": history,
     }});
-    // Conditional on the version the pass read (see `spec::spec_patch`).
-    if let Some(version) = ev.metadata.resource_version.as_deref() {
-        body["metadata"] = json!({ "resourceVersion": version });
-    }
+    conditional_on(&mut body, ev.metadata.resource_version.as_deref());
     body
 }
 

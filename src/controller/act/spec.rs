@@ -4,8 +4,8 @@
 //!
 //! A spec is written whole by a JSON merge patch that names every field
 //! (an absent `notBefore` as `null`), so the spec stored is exactly the spec
-//! built, with no field left behind; only the leader writes specs, so no
-//! write needs a precondition.
+//! built, with no field left behind, conditional on the version the pass
+//! read ([`spec_patch`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -22,7 +22,7 @@ use crate::api::{
     CONTROLLER_MANAGER, Report, ScheduledEvent, ScheduledEventReport, ScheduledEventSpec,
     report_name,
 };
-use crate::controller::act::writers::Writers;
+use crate::controller::act::writers::{Writers, conditional_on};
 use crate::controller::error::{Error, Result};
 use crate::controller::observe::caches::Caches;
 use crate::controller::observe::facts::Facts;
@@ -114,9 +114,10 @@ pub fn spec_patch(
         fields.entry("notBefore").or_insert(serde_json::Value::Null);
     }
     let mut body = serde_json::json!({ "spec": whole });
-    if let Some(version) = stored.and_then(|s| s.metadata.resource_version.as_deref()) {
-        body["metadata"] = serde_json::json!({ "resourceVersion": version });
-    }
+    conditional_on(
+        &mut body,
+        stored.and_then(|s| s.metadata.resource_version.as_deref()),
+    );
     Ok(body)
 }
 

@@ -33,3 +33,15 @@ pub struct Writers {
     /// `--dry-run`: decide and record, never write a node, evict or approve.
     pub dry_run: bool,
 }
+
+/// Makes the write `body` (a patch of a `ScheduledEvent`) conditional on
+/// `version`, the `resourceVersion` the pass read, when it has one: the
+/// API server refuses it with 409 Conflict if the object changed since.
+/// Every write a pass makes to its event is, each handing the version it
+/// made on to the next, so that a pass that read a lagging cache never
+/// writes over what it did not see.
+pub fn conditional_on(body: &mut serde_json::Value, version: Option<&str>) {
+    if let Some(version) = version {
+        body["metadata"] = serde_json::json!({ "resourceVersion": version });
+    }
+}

@@ -153,22 +153,30 @@ impl State {
     fn apply(&mut self, pod: &Pod) -> Vec<String> {
         let uid = pod.uid().unwrap_or_default();
         let before = self.remove(&uid);
+        let changed = self.cache(pod, &uid, before.as_deref());
         // The watch's own word on a pod this controller evicted replaces
         // the mark once it says more: the pod being deleted, or no longer
         // one the drain considers. An older version (the watch lagging
         // behind the eviction) keeps it.
-        if pod.metadata.deletion_timestamp.is_some() {
+        if self.cached(&uid).is_none_or(|p| p.terminating.is_some()) {
             self.evicted.remove(&uid);
         }
+        changed
+    }
+
+    /// The pod `uid` as the drain considers it, if cached.
+    fn cached(&self, uid: &str) -> Option<&Arc<PodInfo>> {
+        self.by_node.get(self.node_of.get(uid)?)?.get(uid)
+    }
+
+    /// [`State::apply`] but for the eviction marks: `pod` (UID `uid`)
+    /// cached afresh, `before` its participant record before.
+    fn cache(&mut self, pod: &Pod, uid: &str, before: Option<&Participant>) -> Vec<String> {
+        let uid = uid.to_owned();
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
-            self.evicted.remove(&uid);
-            return acks_changed(before.as_deref(), None);
+            return acks_changed(before, None);
         };
-        let info = classify_pod(pod);
-        if info.is_none() {
-            self.evicted.remove(&uid);
-        }
-        if let Some(mut info) = info {
+        if let Some(mut info) = classify_pod(pod) {
             info.labels = self.shared(info.labels);
             self.node_of.insert(uid.clone(), node.clone());
             self.by_node
@@ -185,7 +193,7 @@ impl State {
                 .insert(uid.clone(), (namespace, up));
         }
         let now = Participant::from_pod(pod).map(Arc::new);
-        let changed = acks_changed(before.as_deref(), now.as_deref());
+        let changed = acks_changed(before, now.as_deref());
         if let Some(p) = now {
             self.participant_node.insert(uid.clone(), node.clone());
             self.participants.entry(node).or_default().insert(uid, p);
@@ -336,12 +344,7 @@ impl PodCache {
             .0
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let deleting = state
-            .node_of
-            .get(uid)
-            .and_then(|node| state.by_node.get(node)?.get(uid))
-            .map(|p| p.terminating.is_some());
-        if deleting == Some(false) {
+        if state.cached(uid).is_some_and(|p| p.terminating.is_none()) {
             state.evicted.insert(uid.to_owned(), deadline);
         }
     }
