@@ -143,6 +143,25 @@ kwokctl_q() {
   return "$rc"
 }
 
+# kwokctl stop/delete SIGKILLs whatever pid a pid file names, unchecked. A
+# component that exited (or that a fault test stopped) leaves a file whose
+# pid the system may since have given to any process: another suite's test
+# binary, say (pid_max is 32768 here, and a test run spawns far more). So
+# before kwokctl stops or deletes a cluster, every pid file that does not
+# name a live process of this cluster is removed (kwokctl skips a component
+# without one).
+drop_stale_pid_files() {
+  local dir pidfile pid
+  dir=$(cluster_dir)
+  for pidfile in "$dir"/pids/*.pid; do
+    [[ -f "$pidfile" ]] || continue
+    pid=$(<"$pidfile")
+    if ! [[ "$pid" =~ ^[0-9]+$ ]] || ! grep -qF -- "$dir" "/proc/$pid/cmdline" 2>/dev/null; then
+      rm -f "$pidfile"
+    fi
+  done
+}
+
 # Kills (-9, as kwokctl does) the processes the cluster's pid files still name.
 kill_from_pid_files() {
   local dir pidfile pid
@@ -194,6 +213,7 @@ cmd_down() {
   # kwokctl delete removes the cluster's context from a kubeconfig file; by
   # default ~/.kube/config, and it rejects --kubeconfig "" ("empty path"). Give
   # it a file that does not exist inside the directory it is about to delete.
+  drop_stale_pid_files
   timeout "$step_timeout" kwokctl --name "$name" delete cluster --kubeconfig "$dir/.no-kubeconfig" >/dev/null 2>&1 ||
     log "kwokctl delete cluster failed; cleaning up from the pid files"
   # A run killed half-way can leave processes or a directory kwokctl does not
@@ -336,6 +356,7 @@ release_up_lock() {
 on_up_exit() {
   release_up_lock
   (($1 == 0)) && return
+  drop_stale_pid_files
   timeout 60 kwokctl --name "$name" stop cluster >/dev/null 2>&1 || true
   kill_from_pid_files
   log "stopped cluster '$name'; logs kept in $(cluster_dir)/logs/ (\`hack/cluster.sh down --name $name\` removes them)"

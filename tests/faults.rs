@@ -1137,3 +1137,78 @@ async fn a_node_reported_during_a_long_drain_is_cordoned_without_waiting_for_it(
         "--wait=false",
     ]);
 }
+
+/// `kwokctl` stops a cluster's components by SIGKILLing the pids their pid
+/// files name, unchecked; a component that exited (or a cluster left by a
+/// machine's earlier boot) leaves a pid the system may since have given to
+/// any process, this test binary among them. Tearing a cluster down kills
+/// its own components and nothing a stale pid file names.
+#[tokio::test(flavor = "multi_thread")]
+async fn tearing_a_cluster_down_kills_no_process_a_stale_pid_file_names() {
+    let name = std::env::var("FOREWARN_FAULTS_CLUSTER").map_or_else(
+        |_| "forewarn-stale-pids".into(),
+        |n| format!("{n}-stale-pids"),
+    );
+    let cluster = Cluster::start(&name, 0).expect("the cluster starts");
+    let dir = cluster
+        .kubeconfig
+        .parent()
+        .expect("the kubeconfig has a directory")
+        .to_path_buf();
+    let pid_of = |component: &str| -> String {
+        std::fs::read_to_string(dir.join(format!("pids/{component}.pid")))
+            .unwrap_or_else(|e| panic!("no pid file of {component}: {e}"))
+            .trim()
+            .to_string()
+    };
+    // The scheduler exits; its pid goes to a process of somebody else's
+    // (here a `sleep` of this test's).
+    let scheduler = pid_of("kube-scheduler");
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-KILL", &scheduler])
+            .status()
+            .expect("kill runs")
+            .success()
+    );
+    eventually("the scheduler has exited", HANG, || async {
+        let state =
+            std::fs::read_to_string(format!("/proc/{scheduler}/status")).unwrap_or_default();
+        (state.is_empty()
+            || state
+                .lines()
+                .any(|l| l.starts_with("State:") && l.contains('Z')))
+        .then_some(())
+    })
+    .await;
+    let mut bystander = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .expect("sleep starts");
+    std::fs::write(
+        dir.join("pids/kube-scheduler.pid"),
+        bystander.id().to_string(),
+    )
+    .expect("the pid file is written");
+    let api_server = pid_of("kube-apiserver");
+
+    let stopped = cluster.stop();
+
+    let alive = bystander.try_wait().expect("try_wait works").is_none();
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+    stopped.expect("hack/cluster.sh down succeeds");
+    assert!(
+        alive,
+        "tearing the cluster down killed pid {}, which its stale kube-scheduler pid file named",
+        bystander.id()
+    );
+    assert!(
+        !std::path::Path::new(&format!("/proc/{api_server}/cmdline")).exists()
+            || !std::fs::read_to_string(format!("/proc/{api_server}/cmdline"))
+                .unwrap_or_default()
+                .contains(&*dir.to_string_lossy()),
+        "the cluster's kube-apiserver (pid {api_server}) still runs after the teardown"
+    );
+    assert!(!dir.exists(), "{} is still there", dir.display());
+}
