@@ -21,6 +21,7 @@ use crate::controller::act::{cordon, drain, publish};
 use crate::controller::decide::plan::{EvictionOutcome, NodeWrite, Plan};
 use crate::controller::decide::status::Outcome;
 use crate::controller::error::{Error, Result};
+use crate::metrics::controller::ControllerMetrics;
 use crate::policy::TaintEffect;
 use crate::text::named;
 
@@ -255,7 +256,7 @@ pub async fn evict(
         tokio::time::Instant::now() + window,
     )
     .await;
-    let (evicted, blocked) = sort_outcomes(evictions, &outcomes, writers);
+    let (evicted, blocked) = sort_outcomes(evictions, &outcomes, &writers.metrics);
     announce_evictions(ev, evicted, blocked, writers);
     if deferred > 0 {
         debug!(
@@ -280,11 +281,23 @@ type BlockedByNode<'a> = Vec<(&'a str, &'a Vec<String>, &'a String, Vec<String>)
 fn sort_outcomes<'a>(
     evictions: &[crate::controller::decide::plan::Eviction],
     outcomes: &'a [Outcome],
-    writers: &Writers,
+    metrics: &ControllerMetrics,
 ) -> (EvictedByNode<'a>, BlockedByNode<'a>) {
-    let planned: HashMap<(&str, &str), &crate::controller::decide::plan::Eviction> = evictions
+    // By node, namespace and name: a node can hold pods of one name in
+    // two namespaces.
+    type Key<'k> = (&'k str, &'k str, &'k str);
+    let planned: HashMap<Key<'_>, &crate::controller::decide::plan::Eviction> = evictions
         .iter()
-        .map(|e| ((e.node.as_str(), e.pod.name.as_str()), e))
+        .map(|e| {
+            (
+                (
+                    e.node.as_str(),
+                    e.pod.namespace.as_str(),
+                    e.pod.name.as_str(),
+                ),
+                e,
+            )
+        })
         .collect();
     // One Event per node and pass for the pods evicted from it (on the
     // `ScheduledEvent` and the node), and one per node and set of budgets
@@ -300,11 +313,14 @@ fn sort_outcomes<'a>(
             EvictionOutcome::Gone => "gone",
             EvictionOutcome::Retry(_) => "error",
         };
-        writers.metrics.evictions.with_label_values(&[label]).inc();
-        let Some(e) = planned.get(&(node.as_str(), pod.as_str())) else {
+        metrics.evictions.with_label_values(&[label]).inc();
+        let Some((namespace, name)) = pod.split_once('/') else {
             continue;
         };
-        let key = e.pod.key();
+        let Some(e) = planned.get(&(node.as_str(), namespace, name)) else {
+            continue;
+        };
+        let key = pod.clone();
         match outcome {
             EvictionOutcome::Evicted => {
                 info!(node, pod = %key, grace_seconds = e.grace_seconds, "Evicted pod");
@@ -379,9 +395,52 @@ fn announce_evictions(
 
 #[cfg(test)]
 mod tests {
-    use super::{evicted_note, nodes_note};
+    use std::sync::Arc;
+
+    use super::{evicted_note, nodes_note, sort_outcomes};
     use crate::api::ScheduledEvent;
+    use crate::controller::decide::plan::{Eviction, EvictionOutcome};
+    use crate::controller::observe::pod_list::PodInfo;
     use crate::fixtures;
+    use crate::metrics::controller::ControllerMetrics;
+
+    /// Two pods of one name in two namespaces on one node: each outcome is
+    /// told of its own pod, with its own grace period.
+    #[test]
+    fn outcomes_of_pods_of_one_name_in_two_namespaces_stay_apart() {
+        let eviction = |namespace: &str, grace_seconds: i64| Eviction {
+            node: "n1".into(),
+            pod: Arc::new(PodInfo {
+                namespace: namespace.into(),
+                name: "web-0".into(),
+                uid: format!("uid-{namespace}"),
+                ..PodInfo::default()
+            }),
+            grace_seconds,
+        };
+        let evictions = [eviction("shop", 30), eviction("blog", 5)];
+        let outcomes = vec![
+            (
+                "n1".to_string(),
+                "blog/web-0".to_string(),
+                EvictionOutcome::Evicted,
+            ),
+            (
+                "n1".to_string(),
+                "shop/web-0".to_string(),
+                EvictionOutcome::Blocked {
+                    budgets: vec!["shop/web".into()],
+                    message: "needs 2".into(),
+                },
+            ),
+        ];
+        let registry = prometheus::Registry::new();
+        let metrics = ControllerMetrics::register(&registry).expect("metrics register");
+        let (evicted, blocked) = sort_outcomes(&evictions, &outcomes, &metrics);
+        assert_eq!(evicted, vec![("n1", vec![("blog/web-0".to_string(), 5)])]);
+        assert_eq!(blocked.len(), 1);
+        assert_eq!(blocked[0].3, vec!["shop/web-0".to_string()]);
+    }
 
     #[test]
     fn one_evicted_event_per_node_names_a_few_pods_and_counts_the_rest() {

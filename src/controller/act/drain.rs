@@ -23,6 +23,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 
 use crate::controller::decide::plan::{Eviction, EvictionOutcome};
+use crate::controller::decide::status::Outcome;
 use crate::controller::observe::pod_list::{PodInfo, chrono_time};
 use crate::controller::observe::pods::PodCache;
 
@@ -538,8 +539,8 @@ pub const NODES_EVICTED_AT_ONCE: usize = 16;
 /// What one pass of evictions did.
 #[derive(Debug, Default)]
 pub struct Evicted {
-    /// `(node, pod, outcome)` of each eviction asked for.
-    pub outcomes: Vec<(String, String, EvictionOutcome)>,
+    /// Each eviction asked for, as [`Outcome`]s.
+    pub outcomes: Vec<Outcome>,
     /// Evictions not asked for because the pass's time ran out while they
     /// waited for the rate budget: the next pass plans them again.
     pub deferred: usize,
@@ -587,12 +588,12 @@ pub async fn evict_all(
                 let e = evictions[i].clone();
                 async move {
                     if let Some(o) = refused_alike(refused, &e.pod) {
-                        return Some((e.node, e.pod.name.clone(), o));
+                        return Some((e.node, e.pod.key(), o));
                     }
                     let now = tokio::time::Instant::now();
                     let selecting = budgets_of(cache, &e.pod);
                     if let Some(o) = refusals.standing(&e.pod, &selecting, now) {
-                        return Some((e.node, e.pod.name.clone(), o));
+                        return Some((e.node, e.pod.key(), o));
                     }
                     // Past the pass's time, nothing more is asked for (a
                     // token already there would otherwise be spent).
@@ -651,7 +652,7 @@ pub async fn evict_all(
                     if allows != Allows::Some {
                         let o = not_asked(&selecting);
                         refused_now(&o);
-                        return Some((e.node, e.pod.name.clone(), o));
+                        return Some((e.node, e.pod.key(), o));
                     }
                     tokio::time::timeout_at(until, limiter.until_ready())
                         .await
@@ -671,7 +672,7 @@ pub async fn evict_all(
                     }
                     drop(turn);
                     refused_now(&outcome);
-                    Some((e.node, e.pod.name.clone(), outcome))
+                    Some((e.node, e.pod.key(), outcome))
                 }
             })
             .buffer_unordered(per_node)
@@ -697,7 +698,7 @@ pub async fn evict_all(
 }
 
 /// The longest `Retry-After` among throttled evictions, if any.
-pub fn throttled_for(outcomes: &[(String, String, EvictionOutcome)]) -> Option<Duration> {
+pub fn throttled_for(outcomes: &[Outcome]) -> Option<Duration> {
     outcomes
         .iter()
         .filter_map(|(_, _, o)| match o {

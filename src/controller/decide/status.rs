@@ -18,7 +18,8 @@ use crate::controller::decide::plan::{EvictionOutcome, Plan, must_leave, name_of
 use crate::controller::observe::observed::{Observed, ObservedNode};
 use crate::text::{MESSAGE_LIMIT, NAMED_IN_MESSAGE, cut, listed_at_most, named};
 
-/// One eviction's result: `(node, pod name, outcome)`.
+/// One eviction's result: `(node, pod, outcome)`, the pod as
+/// `namespace/name` (a node can hold pods of one name in two namespaces).
 pub type Outcome = (String, String, EvictionOutcome);
 
 /// Builds conditions, keeping each one's `lastTransitionTime` while its
@@ -82,14 +83,8 @@ fn blockers(node: &str, outcomes: &[Outcome]) -> (Option<String>, Vec<String>, V
                 budgets: b,
                 message,
             } => {
-                // The outcome names the pod; a budget only refuses pods of
-                // its own namespace.
-                let key = match b.first().and_then(|x| x.split_once('/')) {
-                    Some((ns, _)) => format!("{ns}/{pod}"),
-                    None => pod.clone(),
-                };
-                if !pods.contains(&key) {
-                    pods.push(key);
+                if !pods.contains(pod) {
+                    pods.push(pod.clone());
                 }
                 for x in b {
                     if !budgets.contains(x) {
@@ -1333,7 +1328,7 @@ mod blocker_tests {
         let refused = |pod: &str, budget: &str| -> Outcome {
             (
                 "node-1".into(),
-                pod.into(),
+                format!("shop/{pod}"),
                 EvictionOutcome::Blocked {
                     budgets: vec![format!("shop/{budget}")],
                     message: format!("refused {pod}"),
@@ -1344,7 +1339,7 @@ mod blocker_tests {
             .iter()
             .map(|p| refused(p, if *p < "c" { "web" } else { "api" }))
             .collect();
-        outcomes.push(("node-2".into(), "0".into(), EvictionOutcome::Evicted));
+        outcomes.push(("node-2".into(), "shop/0".into(), EvictionOutcome::Evicted));
         let first = blockers("node-1", &outcomes);
         outcomes.reverse();
         assert_eq!(blockers("node-1", &outcomes), first);

@@ -359,7 +359,7 @@ fn blocked_eviction_is_reported_as_a_condition_not_a_phase() {
     let p = plan(&ev, &obs, &Policy::default(), now());
     let outcomes = vec![(
         "node-1".to_string(),
-        "a".to_string(),
+        "default/a".to_string(),
         EvictionOutcome::Blocked {
             budgets: vec!["default/web".into()],
             message: "The disruption budget web needs 5 healthy pods and has 5 currently".into(),
@@ -566,7 +566,7 @@ fn finished_event_keeps_the_record_of_a_drain_that_never_finished() {
     let p = plan(&ev, &obs, &Policy::default(), now());
     let outcomes = vec![(
         "node-1".to_string(),
-        "a".to_string(),
+        "default/a".to_string(),
         EvictionOutcome::Blocked {
             budgets: vec!["default/web".into()],
             message: "needs 5".into(),
