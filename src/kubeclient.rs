@@ -307,6 +307,48 @@ pub fn watch_backoff() -> watcher::ExponentialBackoff {
         .into()
 }
 
+/// Patches the object `name` of `api`'s resource (its `subresource`, e.g.
+/// `status`, when given) and reads nothing of the answer but its status:
+/// the object the API server sends back is never built. A Node comes back
+/// whole, `managedFields` and all (about 28 KB for a small one): a pass that
+/// wrote the condition of 1,000 nodes and kept the answers held most of the
+/// controller's peak memory for them, and parsing them cost CPU the
+/// cordons of the same pass wait for.
+///
+/// # Errors
+/// As [`kube::Api::patch`]: the API's refusal ([`kube::Error::Api`], e.g.
+/// 409 when the patch's `resourceVersion` precondition failed), or the
+/// request's failure.
+pub async fn patch_discarding_answer<K, P>(
+    api: &kube::Api<K>,
+    name: &str,
+    subresource: Option<&str>,
+    params: &kube::api::PatchParams,
+    patch: &kube::api::Patch<P>,
+) -> Result<(), kube::Error>
+where
+    K: kube::Resource + Clone,
+    P: serde::Serialize + std::fmt::Debug,
+{
+    let request = kube::core::Request::new(api.resource_url());
+    let mut req = match subresource {
+        Some(sub) => request.patch_subresource(sub, name, params, patch),
+        None => request.patch(name, params, patch),
+    }
+    .map_err(kube::Error::BuildRequest)?;
+    // The name kube's own `patch`/`patch_status` give the request's span.
+    req.extensions_mut().insert(if subresource.is_some() {
+        "patch_status"
+    } else {
+        "patch"
+    });
+    api.clone()
+        .into_client()
+        .request::<serde::de::IgnoredAny>(req)
+        .await
+        .map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::{SERVICE_ACCOUNT_DIR, in_cluster_under};

@@ -153,13 +153,14 @@ pub async fn write_marks(
     if !spec.is_empty() {
         body["spec"] = serde_json::Value::Object(spec);
     }
-    api.patch(
+    crate::kubeclient::patch_discarding_answer(
+        api,
         &node.name_any(),
+        None,
         &PatchParams::default(),
         &Patch::Merge(&body),
     )
     .await
-    .map(|_| ())
 }
 
 #[cfg(test)]

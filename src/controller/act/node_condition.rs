@@ -229,9 +229,14 @@ pub async fn sync(
         written.note(name, key);
         let api = api.clone();
         writes.push(async move {
-            let r = api
-                .patch_status(name, &PatchParams::default(), &Patch::Strategic(&body))
-                .await;
+            let r = crate::kubeclient::patch_discarding_answer(
+                &api,
+                name,
+                Some("status"),
+                &PatchParams::default(),
+                &Patch::Strategic(&body),
+            )
+            .await;
             (name, want, r)
         });
     }
