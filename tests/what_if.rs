@@ -211,6 +211,20 @@ fn strings(v: &Value, key: &str) -> Vec<String> {
         .collect()
 }
 
+/// Creates its file when dropped: the run's start gate opens once the
+/// prediction ended, also when it panicked (its panic is then the test's
+/// failure, not a run waiting for a gate).
+struct OpensOnDrop(PathBuf);
+
+impl Drop for OpensOnDrop {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let _ = std::fs::write(&self.0, b"");
+    }
+}
+
 async fn play(
     file: &str,
     objects: Vec<Value>,
@@ -227,12 +241,18 @@ async fn play(
     );
     opts.timeout = Duration::from_secs(240);
     opts.extra_objects = objects.clone();
-    // The prediction is made while the processes start, before the event
-    // appears (8 s after the mock starts): checked below from the objects.
+    // The prediction is made before the event appears: the run starts the
+    // IMDS mock only once the prediction opened its gate (done or failed),
+    // however long the workload takes to come up on a loaded machine.
+    // Checked below from the objects.
+    let gate = opts.log_dir.join("prediction-done");
+    let _ = std::fs::remove_file(&gate);
+    opts.start_gate = Some(gate.clone());
     let predicting = {
         let cluster = cluster.clone();
         let client = client.clone();
         tokio::spawn(async move {
+            let _open = OpensOnDrop(gate);
             wait_for_workload(&client, since, &objects).await;
             let args: Vec<&str> = what_if_args.iter().map(String::as_str).collect();
             let before = Api::<ScheduledEvent>::all(client.clone())

@@ -112,6 +112,12 @@ pub struct RunOptions {
     /// hang bound of 180 s), so that the scenario starts on a settled
     /// workload.
     pub ready_before_start: Option<(String, usize)>,
+    /// A file the run waits for once its processes are ready, before the
+    /// IMDS mock starts playing the scenario (a hang bound of 180 s): a
+    /// test that must act before the first event appears (predict it with
+    /// `forewarn what-if`, say) creates it when it is done, however long
+    /// the loaded machine makes that take.
+    pub start_gate: Option<PathBuf>,
     /// Start the controller again at once when it exits (a leader that
     /// could not renew its Lease in time on a loaded machine stops, and
     /// its kubelet restarts the container); each restart is in
@@ -218,6 +224,7 @@ impl RunOptions {
             acknowledgers: None,
             agent_runners: BTreeMap::new(),
             ready_before_start: None,
+            start_gate: None,
             restart_exited_controller: false,
             agents_as_chart: false,
         }

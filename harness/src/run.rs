@@ -153,6 +153,17 @@ pub async fn run_scenario(cluster: &Cluster, opts: &RunOptions) -> anyhow::Resul
         write_prometheus_targets(path, &fleet.metrics_ports())?;
     }
 
+    if let Some(gate) = &opts.start_gate {
+        let bound = tokio::time::Instant::now() + Duration::from_secs(180);
+        while !gate.exists() {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < bound,
+                "the start gate {} was not opened within 180 s",
+                gate.display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     let http = forewarn::http::client_builder()
         .no_proxy()
         .timeout(Duration::from_secs(5))
