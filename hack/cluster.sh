@@ -143,6 +143,15 @@ kwokctl_q() {
   return "$rc"
 }
 
+# live_pid FILE: the pid a pid file of the cluster names, if it is a live
+# process of this cluster (its command line names the cluster's directory);
+# fails otherwise.
+live_pid() {
+  local pid
+  pid=$(<"$1") || return 1
+  [[ "$pid" =~ ^[0-9]+$ ]] && grep -qF -- "$(cluster_dir)" "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+}
+
 # kwokctl stop/delete SIGKILLs whatever pid a pid file names, unchecked. A
 # component that exited (or that a fault test stopped) leaves a file whose
 # pid the system may since have given to any process: another suite's test
@@ -151,25 +160,19 @@ kwokctl_q() {
 # name a live process of this cluster is removed (kwokctl skips a component
 # without one).
 drop_stale_pid_files() {
-  local dir pidfile pid
-  dir=$(cluster_dir)
-  for pidfile in "$dir"/pids/*.pid; do
+  local pidfile
+  for pidfile in "$(cluster_dir)"/pids/*.pid; do
     [[ -f "$pidfile" ]] || continue
-    pid=$(<"$pidfile")
-    if ! [[ "$pid" =~ ^[0-9]+$ ]] || ! grep -qF -- "$dir" "/proc/$pid/cmdline" 2>/dev/null; then
-      rm -f "$pidfile"
-    fi
+    live_pid "$pidfile" >/dev/null || rm -f "$pidfile"
   done
 }
 
 # Kills (-9, as kwokctl does) the processes the cluster's pid files still name.
 kill_from_pid_files() {
-  local dir pidfile pid
-  dir=$(cluster_dir)
-  for pidfile in "$dir"/pids/*.pid; do
+  local pidfile pid
+  for pidfile in "$(cluster_dir)"/pids/*.pid; do
     [[ -f "$pidfile" ]] || continue
-    pid=$(<"$pidfile")
-    if [[ "$pid" =~ ^[0-9]+$ ]] && grep -qF -- "$dir" "/proc/$pid/cmdline" 2>/dev/null; then
+    if pid=$(live_pid "$pidfile"); then
       kill -KILL "$pid" 2>/dev/null || true
     fi
   done
