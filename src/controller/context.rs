@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use kube::ResourceExt;
 
+use crate::controller::act::carry_out::BlocksAnnounced;
 use crate::controller::act::drain;
 use crate::controller::act::node_condition::Written;
 use crate::controller::act::publish::Announced;
@@ -62,6 +63,8 @@ pub struct Memory {
     pub refusals: drain::Refusals,
     /// The drains announced without a listed record.
     pub announced: Announced,
+    /// The blocked drains announced by an `EvictionBlocked` Warning.
+    pub blocks_announced: BlocksAnnounced,
     /// Recent writes of the node condition.
     pub node_conditions: Written,
 }
@@ -97,6 +100,7 @@ impl Context {
             std::time::Duration::from_secs(300),
         );
         self.memory.announced.retain(&uids);
+        self.memory.blocks_announced.retain(&uids);
         self.writers.metrics.forget_observed_except(&uids);
     }
 }

@@ -287,6 +287,7 @@ async fn act<P>(
         (&ctx.caches.budgets, &ctx.memory.refusals),
         &ctx.caches.pods,
         ctx.per_node,
+        &ctx.memory.blocks_announced,
     )
     .await;
     Ok((outcomes, deferred + later))

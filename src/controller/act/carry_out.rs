@@ -226,8 +226,8 @@ fn first_named(mut names: Vec<&str>) -> String {
 /// [`EVICTION_PASS_FEW`] when they are on few nodes (the budgets
 /// from the cache, and the pods they refused, `budgets`; the pods the API
 /// server took the eviction of are marked in `pods` as being deleted) and
-/// reports each outcome; returns the outcomes and how many were deferred
-/// to the next pass.
+/// reports each outcome (a block once while it lasts: `announced`);
+/// returns the outcomes and how many were deferred to the next pass.
 pub async fn evict(
     ev: &ScheduledEvent,
     evictions: &[crate::controller::decide::plan::Eviction],
@@ -238,6 +238,7 @@ pub async fn evict(
     ),
     pods: &crate::controller::observe::pods::PodCache,
     per_node: usize,
+    announced: &BlocksAnnounced,
 ) -> (Vec<Outcome>, usize) {
     let nodes: std::collections::HashSet<&str> =
         evictions.iter().map(|e| e.node.as_str()).collect();
@@ -257,7 +258,7 @@ pub async fn evict(
     )
     .await;
     let (evicted, blocked) = sort_outcomes(evictions, &outcomes, &writers.metrics);
-    announce_evictions(ev, evicted, blocked, writers);
+    announce_evictions(ev, evicted, blocked, writers, announced);
     if deferred > 0 {
         debug!(
             deferred,
@@ -353,16 +354,74 @@ fn sort_outcomes<'a>(
     (evicted, blocked)
 }
 
+/// How long an `EvictionBlocked` Warning stands for the same block (the
+/// same node of the same event, blocked by the same budgets) before it is
+/// posted again: the `DrainBlocked` condition and `blockedPods` say at
+/// every moment what blocks the drain; the Event marks that it began, and
+/// reminds of it while it lasts.
+pub const BLOCK_ANNOUNCED_AGAIN: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The blocks of drains announced by an `EvictionBlocked` Warning: per
+/// event UID and node, the budgets named and when. A drain refused on every
+/// pass (each budget step of a Spot wave's node, while its replacements
+/// start) posts one Warning, not one per pass: in a 200-VM wave those were
+/// a quarter of the controller's requests.
+#[derive(Default)]
+pub struct BlocksAnnounced(std::sync::Mutex<HashMap<(String, String), Announcement>>);
+
+/// The budgets an `EvictionBlocked` Warning named, and when it was posted.
+type Announcement = (Vec<String>, tokio::time::Instant);
+
+impl BlocksAnnounced {
+    /// Whether the block of `node`'s drain in the event `uid` by `budgets`
+    /// is to be announced at `now`: not announced yet, announced naming
+    /// other budgets, or [`BLOCK_ANNOUNCED_AGAIN`] ago; remembered as
+    /// announced when it is.
+    pub fn announce(
+        &self,
+        uid: &str,
+        node: &str,
+        budgets: &[String],
+        now: tokio::time::Instant,
+    ) -> bool {
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = (uid.to_string(), node.to_string());
+        if let Some((named, at)) = map.get(&key)
+            && named == budgets
+            && now < *at + BLOCK_ANNOUNCED_AGAIN
+        {
+            return false;
+        }
+        map.insert(key, (budgets.to_vec(), now));
+        true
+    }
+
+    /// Forgets the events whose UID is not in `live`.
+    pub fn retain(&self, live: &std::collections::HashSet<String>) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|(uid, _), _| live.contains(uid));
+    }
+}
+
 /// One Event per node for the pods evicted from it in this pass (on the
 /// `ScheduledEvent` and the node), and one Warning per node and set of
-/// budgets for those a budget refused, however many pods: a drain of
-/// 10,000 pods posts hundreds of Events, not tens of thousands.
+/// budgets for those a budget refused, however many pods, when that block
+/// is new ([`BlocksAnnounced`]): a drain of 10,000 pods posts hundreds of
+/// Events, not tens of thousands.
 fn announce_evictions(
     ev: &ScheduledEvent,
     evicted: EvictedByNode<'_>,
     blocked: BlockedByNode<'_>,
     writers: &Writers,
+    announced: &BlocksAnnounced,
 ) {
+    let uid = ev.metadata.uid.as_deref().unwrap_or_default();
+    let now = tokio::time::Instant::now();
     for (node, pods) in evicted {
         publish::publish(
             writers,
@@ -374,6 +433,9 @@ fn announce_evictions(
         );
     }
     for (node, budgets, message, pods) in blocked {
+        if !announced.announce(uid, node, budgets, now) {
+            continue;
+        }
         let more = match pods.len() {
             1 => String::new(),
             n => format!(" and {} more", n - 1),
@@ -397,7 +459,9 @@ fn announce_evictions(
 mod tests {
     use std::sync::Arc;
 
-    use super::{evicted_note, nodes_note, sort_outcomes};
+    use std::time::Duration;
+
+    use super::{BLOCK_ANNOUNCED_AGAIN, BlocksAnnounced, evicted_note, nodes_note, sort_outcomes};
     use crate::api::ScheduledEvent;
     use crate::controller::decide::plan::{Eviction, EvictionOutcome};
     use crate::controller::observe::pod_list::PodInfo;
@@ -440,6 +504,40 @@ mod tests {
         assert_eq!(evicted, vec![("n1", vec![("blog/web-0".to_string(), 5)])]);
         assert_eq!(blocked.len(), 1);
         assert_eq!(blocked[0].3, vec!["shop/web-0".to_string()]);
+    }
+
+    /// A block is announced once while it lasts: again only when other
+    /// budgets block the node, after [`BLOCK_ANNOUNCED_AGAIN`], or for
+    /// another node or event; forgotten with its event.
+    #[test]
+    fn a_block_is_announced_once_while_it_lasts() {
+        let announced = BlocksAnnounced::default();
+        let t0 = tokio::time::Instant::now();
+        let web = vec!["shop/web".to_string()];
+        let both = vec!["shop/db".to_string(), "shop/web".to_string()];
+        assert!(announced.announce("u1", "n1", &web, t0));
+        assert!(!announced.announce("u1", "n1", &web, t0 + Duration::from_secs(1)));
+        assert!(announced.announce("u1", "n2", &web, t0), "another node");
+        assert!(announced.announce("u2", "n1", &web, t0), "another event");
+        assert!(
+            announced.announce("u1", "n1", &both, t0 + Duration::from_secs(2)),
+            "other budgets"
+        );
+        assert!(!announced.announce("u1", "n1", &both, t0 + Duration::from_secs(3)));
+        assert!(
+            announced.announce(
+                "u1",
+                "n1",
+                &both,
+                t0 + Duration::from_secs(2) + BLOCK_ANNOUNCED_AGAIN
+            ),
+            "a reminder while it lasts"
+        );
+        announced.retain(&["u2".to_string()].into());
+        assert!(
+            announced.announce("u1", "n2", &web, t0),
+            "forgotten with its event"
+        );
     }
 
     #[test]

@@ -258,8 +258,15 @@ pub async fn evict(
 /// again on every pass while their budgets still allow no disruption: a
 /// refused pod is asked again as soon as the budget cache shows one of its
 /// budgets allowing a disruption (the budget watch then also triggers a
-/// pass), and otherwise only after a backoff of its own (1 s doubling to
-/// 16 s), a floor against a cache that missed a change.
+/// pass). Otherwise it is asked again only when its budgets stayed as the
+/// cache had them at the refusal for a backoff of its own (1 s doubling to
+/// 16 s): a floor against a cache that missed a change, not a retry on a
+/// timer. A cached version newer than the refusal that still allows none
+/// is news the refusal did not have, and is believed (the floor starts
+/// again from it); a pod whose budgets the cache shows allowing none is
+/// not asked at all, refused before or not (asking would only be told so,
+/// and each eviction costs the API server a read of every budget of the
+/// namespace).
 ///
 /// It also gives each PodDisruptionBudget its turn ([`Refusals::turn`]):
 /// one eviction in flight per budget, controller-wide.
@@ -289,6 +296,28 @@ struct Refused {
     count: u32,
     /// Not asked again before this, while its budgets allow none.
     next: tokio::time::Instant,
+    /// The versions of the budgets selecting the pod as the cache had them
+    /// when the floor began ([`versions_of`]).
+    seen: u64,
+}
+
+/// A fingerprint of the budgets `selecting` a pod as the cache has them:
+/// their names and `resourceVersion`s, in the order of their names.
+fn versions_of(selecting: &[Arc<PodDisruptionBudget>]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut versions: Vec<(String, Option<&String>)> = selecting
+        .iter()
+        .map(|b| (budget_key(b), b.metadata.resource_version.as_ref()))
+        .collect();
+    versions.sort_unstable();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    versions.hash(&mut h);
+    h.finish()
+}
+
+/// The floor after `count` refusals in a row: 1 s doubling to 16 s.
+fn floor_after(count: u32) -> Duration {
+    (REFUSED_FLOOR * (1u32 << count.saturating_sub(1).min(8))).min(MAX_REFUSED_FLOOR)
 }
 
 /// What the PodDisruptionBudgets selecting a pod allow now, as this
@@ -416,12 +445,29 @@ impl Refusals {
         self.changed.notify_waiters();
     }
 
-    /// Whether `pod` was refused and its floor is over at `now`: it is
-    /// asked whatever the cache says.
-    fn floor_over(&self, pod: &PodInfo, now: tokio::time::Instant) -> bool {
-        self.lock()
-            .get(&Self::key(pod))
-            .is_some_and(|r| now >= r.next)
+    /// Whether `pod` is to be asked for whatever the cache says of its
+    /// budgets (`selecting`, from the cache) at `now`: the API server
+    /// refused it, and the cache has shown no version of its budgets since,
+    /// for the whole of its floor. When the cache shows another version,
+    /// that version is believed over the refusal and the floor starts again
+    /// from it (its length unchanged).
+    fn insist(
+        &self,
+        pod: &PodInfo,
+        selecting: &[Arc<PodDisruptionBudget>],
+        now: tokio::time::Instant,
+    ) -> bool {
+        let mut map = self.lock();
+        let Some(r) = map.get_mut(&Self::key(pod)) else {
+            return false;
+        };
+        let seen = versions_of(selecting);
+        if seen != r.seen {
+            r.seen = seen;
+            r.next = now + floor_after(r.count);
+            return false;
+        }
+        now >= r.next
     }
 
     /// Notes an eviction under `b` (as the cache had it when it was sent).
@@ -435,35 +481,45 @@ impl Refusals {
         }
     }
 
-    /// The refusal that stands for `pod` now, without asking: it was
-    /// refused, its floor is not over, and every budget selecting it
-    /// (`selecting`, from the cache; at least one) allows no disruption.
+    /// The refusal that stands for `pod` now, without asking: every budget
+    /// selecting it (`selecting`, from the cache; at least one) allows no
+    /// disruption, and it is not to be asked regardless ([`Self::insist`]).
     fn standing(
         &self,
         pod: &PodInfo,
         selecting: &[Arc<PodDisruptionBudget>],
         now: tokio::time::Instant,
     ) -> Option<EvictionOutcome> {
-        let r = *self.lock().get(&Self::key(pod))?;
-        if now >= r.next || selecting.is_empty() || !selecting.iter().all(|b| allows_none(b)) {
+        if selecting.is_empty()
+            || !selecting.iter().all(|b| allows_none(b))
+            || self.insist(pod, selecting, now)
+        {
             return None;
         }
         Some(not_asked(selecting))
     }
 
-    /// Records the outcome of asking for `pod`'s eviction at `now`.
-    fn record(&self, pod: &PodInfo, outcome: &EvictionOutcome, now: tokio::time::Instant) {
+    /// Records the API server's answer to asking for `pod`'s eviction at
+    /// `now` (`selecting`: its budgets as the cache has them then). A pod
+    /// not asked for is not recorded: only a refusal by the API server
+    /// starts or doubles a floor.
+    fn record(
+        &self,
+        pod: &PodInfo,
+        outcome: &EvictionOutcome,
+        selecting: &[Arc<PodDisruptionBudget>],
+        now: tokio::time::Instant,
+    ) {
         let key = Self::key(pod);
         let mut map = self.lock();
         if matches!(outcome, EvictionOutcome::Blocked { .. }) {
             let count = map.get(&key).map_or(0, |r| r.count).saturating_add(1);
-            let floor =
-                (REFUSED_FLOOR * (1u32 << count.saturating_sub(1).min(8))).min(MAX_REFUSED_FLOOR);
             map.insert(
                 key,
                 Refused {
                     count,
-                    next: now + floor,
+                    next: now + floor_after(count),
+                    seen: versions_of(selecting),
                 },
             );
         } else {
@@ -614,11 +670,11 @@ pub async fn evict_all(
                     // allows what this controller's evictions before it in
                     // the budget's turn took: the cache shows the budget's
                     // next version within moments, and the budget watch
-                    // tells the waiting pod at once (`changed`). A pod whose
-                    // refusal floor is over is asked whatever the cache
-                    // says: the floor stands against a cache that missed a
-                    // change.
-                    let insist = refusals.floor_over(&e.pod, tokio::time::Instant::now());
+                    // tells the waiting pod at once (`changed`). A refused
+                    // pod whose budgets the cache has not shown change for
+                    // its whole floor is asked whatever the cache says: the
+                    // floor stands against a cache that missed a change.
+                    let insist = refusals.insist(&e.pod, &selecting, tokio::time::Instant::now());
                     let (selecting, allows) = loop {
                         let changed = refusals.changed.notified();
                         tokio::pin!(changed);
@@ -641,7 +697,6 @@ pub async fn evict_all(
                         .await;
                     };
                     let refused_now = |o: &EvictionOutcome| {
-                        refusals.record(&e.pod, o, tokio::time::Instant::now());
                         if matches!(o, EvictionOutcome::Blocked { .. }) {
                             refused
                                 .lock()
@@ -671,6 +726,12 @@ pub async fn evict_all(
                         pods.evicted(&e.pod.uid, deadline);
                     }
                     drop(turn);
+                    refusals.record(
+                        &e.pod,
+                        &outcome,
+                        &budgets_of(cache, &e.pod),
+                        tokio::time::Instant::now(),
+                    );
                     refused_now(&outcome);
                     Some((e.node, e.pod.key(), outcome))
                 }
@@ -1065,28 +1126,42 @@ mod tests {
         );
     }
 
-    /// A refused pod is not asked again while its budgets allow none and
-    /// its floor (1 s doubling to 16 s) is not over; it is asked again at
-    /// once when the cache shows a budget allowing one, and forgotten once
-    /// evicted.
+    /// `b` as the cache holds it at `resourceVersion` `version`.
+    fn at_version(mut b: PodDisruptionBudget, version: &str) -> Arc<PodDisruptionBudget> {
+        b.metadata.resource_version = Some(version.into());
+        Arc::new(b)
+    }
+
+    /// A pod whose budgets allow none is not asked, refused before or not.
+    /// A refused pod is asked again at once when the cache shows a budget
+    /// allowing one; whatever the cache says only once its budgets stayed
+    /// at the version of the refusal for its whole floor (1 s doubling to
+    /// 16 s); a newer version allowing none is believed and starts the floor
+    /// again. Forgotten once evicted.
     #[test]
-    fn a_refused_pod_waits_for_its_budget_or_its_floor() {
+    fn a_refused_pod_waits_for_its_budget_or_an_unchanged_cache_for_its_floor() {
         let refusals = Refusals::default();
         let pod = web_pod();
-        let shut = [Arc::new(budget("web", 0, 1, Some(1)))];
-        let open = [Arc::new(budget("web", 1, 1, Some(1)))];
+        let shut = [at_version(budget("web", 0, 1, Some(1)), "10")];
+        let shut_later = [at_version(budget("web", 0, 1, Some(1)), "11")];
+        let open = [at_version(budget("web", 1, 1, Some(1)), "12")];
         let t0 = tokio::time::Instant::now();
+        let ms = Duration::from_millis;
+        assert!(
+            refusals.standing(&pod, &shut, t0).is_some(),
+            "never refused, but the cache says none: not asked"
+        );
         assert_eq!(
-            refusals.standing(&pod, &shut, t0),
+            refusals.standing(&pod, &open, t0),
             None,
-            "never refused: asked"
+            "never refused, the budget allows one: asked"
         );
         let refused = EvictionOutcome::Blocked {
             budgets: vec!["shop/web".into()],
             message: "m".into(),
         };
-        refusals.record(&pod, &refused, t0);
-        let standing = refusals.standing(&pod, &shut, t0 + Duration::from_millis(500));
+        refusals.record(&pod, &refused, &shut, t0);
+        let standing = refusals.standing(&pod, &shut, t0 + ms(500));
         assert!(
             matches!(&standing, Some(EvictionOutcome::Blocked { budgets, .. }) if budgets == &["shop/web"]),
             "{standing:?}"
@@ -1102,21 +1177,31 @@ mod tests {
             "no budget known: asked"
         );
         assert_eq!(
-            refusals.standing(&pod, &shut, t0 + Duration::from_secs(1)),
+            refusals.standing(&pod, &shut, t0 + ms(1_000)),
             None,
-            "the floor is over"
+            "the cache stayed at the refusal's version for the floor: asked"
+        );
+        // A version after the refusal that allows none is believed: the
+        // floor starts again from when the cache showed it.
+        assert!(refusals.standing(&pod, &shut_later, t0 + ms(600)).is_some());
+        assert!(
+            refusals
+                .standing(&pod, &shut_later, t0 + ms(1_599))
+                .is_some(),
+            "the floor started again at 600 ms"
+        );
+        assert_eq!(
+            refusals.standing(&pod, &shut_later, t0 + ms(1_600)),
+            None,
+            "unchanged since for a floor: asked"
         );
         // Refused again: the floor doubles, up to 16 s.
         for (n, floor) in [(2, 2), (3, 4), (4, 8), (5, 16), (6, 16)] {
             let t = t0 + Duration::from_secs(100 * n);
-            refusals.record(&pod, &refused, t);
+            refusals.record(&pod, &refused, &shut, t);
             assert!(
                 refusals
-                    .standing(
-                        &pod,
-                        &shut,
-                        t + Duration::from_secs(floor) - Duration::from_millis(1)
-                    )
+                    .standing(&pod, &shut, t + Duration::from_secs(floor) - ms(1))
                     .is_some(),
                 "refusal {n}"
             );
@@ -1126,9 +1211,9 @@ mod tests {
                 "refusal {n}"
             );
         }
-        refusals.record(&pod, &EvictionOutcome::Evicted, t0);
+        refusals.record(&pod, &EvictionOutcome::Evicted, &shut, t0);
         assert!(refusals.is_empty());
-        refusals.record(&pod, &refused, t0);
+        refusals.record(&pod, &refused, &shut, t0);
         refusals.forget_older(t0 + Duration::from_secs(400), Duration::from_secs(300));
         assert!(refusals.is_empty(), "a refusal long over is forgotten");
     }
