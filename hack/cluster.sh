@@ -28,7 +28,8 @@
 #                         `down` first appends the cluster's audit log (the
 #                         files kube-apiserver rotated away, oldest first,
 #                         then audit.log; complete lines only) to
-#                         DIR/NAME.audit.log. When DIR/.since exists, only
+#                         DIR/NAME.audit.log, and copies kube-apiserver's log
+#                         to DIR/NAME.kube-apiserver.log. When DIR/.since exists, only
 #                         clusters created after it are kept (not one left
 #                         over from an earlier run). hack/test-all.sh sets it
 #                         for tests/audit.rs.
@@ -204,6 +205,11 @@ keep_audit_log() {
   done
   rm -f "$part"
   log "kept the audit log of '$name' in $out"
+  # The API server's own log beside it: its traces of slow requests say
+  # where their time went.
+  if [[ -f "$dir/logs/kube-apiserver.log" ]]; then
+    cp "$dir/logs/kube-apiserver.log" "$keep/$name.kube-apiserver.log" || return 1
+  fi
 }
 
 cmd_down() {

@@ -358,13 +358,16 @@ impl Refusals {
     /// flight; `None` at once for a pod no budget selects.
     ///
     /// The API server decrements a budget's `disruptionsAllowed` by a write
-    /// of its status conditional on the version it read, and an eviction
-    /// that loses that race retries every 500 ms, up to 20 times, re-reading
-    /// every budget of the namespace each time (kube-apiserver's
-    /// `EvictionsRetry`): 16 evictions in flight on one budget took
-    /// seconds each and, with 200 budgets in a namespace, saturated the API
-    /// server until its answers passed the client's 15 s timeout. One at a
-    /// time, each is one round trip.
+    /// of its status conditional on the version it read (after a read of
+    /// every budget of the pod's namespace), and an eviction that loses
+    /// that race reads the budget again after 500 ms, up to 20 times
+    /// (kube-apiserver's `EvictionsRetry`): 16 evictions in flight on one
+    /// budget took seconds each and, with 200 budgets in a namespace,
+    /// saturated the API server until its answers passed the client's 15 s
+    /// timeout. Even as many side by side as each budget allowed (5 of 10
+    /// pods, 200 budgets) doubled the wave's eviction answers (p50 15 s
+    /// against 6.8 s one at a time, on the same machine) and left events
+    /// unapproved. One at a time, each is one round trip.
     pub async fn turn(
         &self,
         selecting: &[Arc<PodDisruptionBudget>],
