@@ -612,8 +612,8 @@ async fn wait_for_pods(client: &kube::Client, app: &str, node: &str, count: usiz
     .await;
 }
 
-/// A leader paused (SIGSTOP) while it drains a node whose PodDisruptionBudget
-/// blocks the drain, and resumed after the standby took the Lease over,
+/// A leader paused (SIGSTOP) while it drains a node whose pods' evictions the
+/// API server keeps refusing, and resumed after the standby took the Lease over,
 /// sends no write from then on: the audit log has no write with its
 /// `User-Agent` received after it was resumed, while it had written before
 /// the pause (so the check can fail) and the standby writes after taking
@@ -630,6 +630,7 @@ async fn a_leader_paused_past_its_lease_and_resumed_writes_nothing() {
     // namespace the ReplicaSet controller's pod creations fail until the
     // ServiceAccount controller made it, and its backoff outlasted 30 s in CI.
     const APP: &str = "paused-web";
+    const APP_TWICE: &str = "paused-web-twice";
     let cluster = cluster();
     let client = cluster.client().await.expect("client");
     clean(&client, &[ID]).await;
@@ -637,22 +638,29 @@ async fn a_leader_paused_past_its_lease_and_resumed_writes_nothing() {
     let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
     let _ = leases.delete(LEASE, &DeleteParams::default()).await;
 
-    // Two pods of a Deployment on the node, a PDB that lets none go: the
-    // drain is blocked and the leader keeps trying.
+    // Two pods of a Deployment on the node, each selected by two
+    // PodDisruptionBudgets: both allow a disruption in the cache, so the
+    // leader asks, and the API server refuses every eviction of a pod under
+    // more than one budget (500): the drain is blocked and the leader keeps
+    // trying. (A single budget allowing none would not do: a pod whose
+    // budget the cache shows shut is not asked for.)
     let kubectl_apply = |doc: Value| kubectl_apply(&cluster, &doc);
     let _ = cluster.kubectl(&[
         "delete",
         "deployment,poddisruptionbudget",
         APP,
+        APP_TWICE,
         "--ignore-not-found",
         "--wait=true",
     ]);
     kubectl_apply(deployment(APP, 2, json!({"nodeName": NODE})));
-    kubectl_apply(json!({
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": {"name": APP, "namespace": "default"},
-        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": APP}}},
-    }));
+    for pdb in [APP, APP_TWICE] {
+        kubectl_apply(json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": pdb, "namespace": "default"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": APP}}},
+        }));
+    }
 
     wait_for_pods(&client, APP, NODE, 2).await;
     let (mut first, _) = start_controller(&cluster, &dir, LEASE, "paused-a").await;
@@ -680,7 +688,7 @@ async fn a_leader_paused_past_its_lease_and_resumed_writes_nothing() {
     .await;
     let ua_a = user_agent("controller", "paused-a");
     let ua_b = user_agent("controller", "paused-b");
-    // The leader is draining: its evictions are refused by the PDB (429).
+    // The leader is draining: its evictions are refused (500, two budgets).
     eventually("paused-a evicting", HANG, || async {
         audit_writes(&cluster)
             .iter()
@@ -769,6 +777,7 @@ async fn a_leader_paused_past_its_lease_and_resumed_writes_nothing() {
         "delete",
         "deployment,poddisruptionbudget",
         APP,
+        APP_TWICE,
         "--ignore-not-found",
         "--wait=false",
     ]);
