@@ -205,8 +205,8 @@ keep_audit_log() {
   done
   rm -f "$part"
   log "kept the audit log of '$name' in $out"
-  # The API server's own log beside it: its traces of slow requests say
-  # where their time went.
+  # The API server's own log beside it: its errors and warnings (at the
+  # verbosity it runs with here it logs no traces of slow requests).
   if [[ -f "$dir/logs/kube-apiserver.log" ]]; then
     cp "$dir/logs/kube-apiserver.log" "$keep/$name.kube-apiserver.log" || return 1
   fi
