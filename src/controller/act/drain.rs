@@ -269,13 +269,13 @@ pub async fn evict(
 /// namespace).
 ///
 /// It also gives each PodDisruptionBudget its turn ([`Refusals::turn`]):
-/// one eviction in flight per budget, controller-wide.
+/// one eviction in flight per budget, controller-wide, and more side by
+/// side only while the controller has few in flight.
 #[derive(Debug, Default, Clone)]
 pub struct Refusals {
     refused: Arc<std::sync::Mutex<HashMap<String, Refused>>>,
-    /// One permit per budget (`namespace/name`), held by the eviction in
-    /// flight on it.
-    turns: Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>>,
+    /// The budgets' turns and the evictions in flight.
+    turns: Arc<std::sync::Mutex<Turns>>,
     /// Per budget, the `resourceVersion` the cache showed when this
     /// controller last evicted under it and how many it evicted since that
     /// version: the API server took one disruption for each, which the
@@ -288,6 +288,65 @@ pub struct Refusals {
 /// The `resourceVersion` of a budget as the cache had it at an eviction,
 /// and the evictions made under it since.
 type Taken = (Option<String>, i32);
+
+/// The budgets' turns ([`Refusals::turn`]).
+#[derive(Debug, Default)]
+struct Turns {
+    /// One permit per budget (`namespace/name`): its own turn, held by one
+    /// eviction in flight on it.
+    own: HashMap<String, Arc<tokio::sync::Semaphore>>,
+    /// Per budget, the turns held (its own and those side by side): the
+    /// evictions about to be sent or in flight under it.
+    in_flight: HashMap<String, i32>,
+    /// The turns held, every budget together.
+    total: usize,
+    /// Per budget, the earliest moment its next turn may begin
+    /// ([`TURN_SPACING`] after the last one began).
+    next_start: HashMap<String, tokio::time::Instant>,
+}
+
+/// The least time between the beginnings of two turns under one budget:
+/// evictions sent together under one budget all read its status at one
+/// version, one wins the conditional write of it and every other waits
+/// 500 ms to read it again (kube-apiserver's `EvictionsRetry`); ten sent
+/// at once were answered over 3.5 s. Spaced, each reads the version the
+/// one before it wrote.
+pub const TURN_SPACING: Duration = Duration::from_millis(50);
+
+/// Up to how many evictions in flight, controller-wide, a budget whose own
+/// turn is taken may have more side by side (as many as its cached status
+/// allows beyond those in flight): one node's drain under one budget
+/// then is not one round trip at a time, each of which the disruption
+/// controller's own writes of the budget's status can make lose its race
+/// and wait 500 ms (kube-apiserver's `EvictionsRetry`); a wave of many
+/// budgets keeps one in flight each.
+pub const SIDE_BY_SIDE_UNDER: usize = 16;
+
+/// A budget's turn to have an eviction in flight ([`Refusals::turn`]),
+/// held until its answer; given back when dropped.
+#[derive(Debug)]
+pub struct Turn {
+    budget: String,
+    turns: Arc<std::sync::Mutex<Turns>>,
+    /// The budget's own permit; `None` for a turn side by side.
+    _own: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let mut turns = self
+            .turns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        turns.total = turns.total.saturating_sub(1);
+        if let Some(n) = turns.in_flight.get_mut(&self.budget) {
+            *n -= 1;
+            if *n <= 0 {
+                turns.in_flight.remove(&self.budget);
+            }
+        }
+    }
+}
 
 /// One refused pod's backoff.
 #[derive(Debug, Clone, Copy)]
@@ -367,26 +426,120 @@ impl Refusals {
     /// timeout. Even as many side by side as each budget allowed (5 of 10
     /// pods, 200 budgets) doubled the wave's eviction answers (p50 15 s
     /// against 6.8 s one at a time, on the same machine) and left events
-    /// unapproved. One at a time, each is one round trip.
-    pub async fn turn(
-        &self,
-        selecting: &[Arc<PodDisruptionBudget>],
-    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    /// unapproved. So each budget has its own turn, one at a time; when it
+    /// is taken, a pod whose one budget's cached status allows more
+    /// disruptions than are in flight under it goes side by side, while
+    /// the controller has fewer than [`SIDE_BY_SIDE_UNDER`] evictions in
+    /// flight in all. One at a time, a drain under one budget lost the
+    /// race to the disruption controller's own status writes on one
+    /// eviction in four, 500 ms each, with nothing else in flight.
+    pub async fn turn(&self, selecting: &[Arc<PodDisruptionBudget>]) -> Option<Turn> {
         let key = selecting.iter().map(|b| budget_key(b)).min()?;
-        let turn = {
+        let own = {
             let mut turns = self
                 .turns
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             // Budgets nobody waits for or holds are forgotten.
-            turns.retain(|k, t| *k == key || Arc::strong_count(t) > 1);
-            self.taken_lock().retain(|k, _| turns.contains_key(k));
-            turns
-                .entry(key)
+            let Turns { own, in_flight, .. } = &mut *turns;
+            own.retain(|k, t| *k == key || Arc::strong_count(t) > 1);
+            self.taken_lock()
+                .retain(|k, _| own.contains_key(k) || in_flight.contains_key(k));
+            own.entry(key.clone())
                 .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(1)))
                 .clone()
         };
-        turn.acquire_owned().await.ok()
+        let turn = if let Ok(permit) = own.clone().try_acquire_owned() {
+            self.hold(key, Some(permit))
+        } else if let [b] = selecting
+            && let Some(turn) = self.side_by_side(&key, b)
+        {
+            turn
+        } else {
+            let permit = own.acquire_owned().await.ok()?;
+            self.hold(key, Some(permit))
+        };
+        tokio::time::sleep_until(self.start_of(&turn.budget)).await;
+        Some(turn)
+    }
+
+    /// When a turn under `budget` beginning now may send its eviction
+    /// ([`TURN_SPACING`] after the one before it), counted as begun then.
+    fn start_of(&self, budget: &str) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
+        let mut turns = self
+            .turns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Turns {
+            next_start,
+            own,
+            in_flight,
+            ..
+        } = &mut *turns;
+        next_start.retain(|k, t| *t > now || own.contains_key(k) || in_flight.contains_key(k));
+        let at = next_start.get(budget).copied().unwrap_or(now).max(now);
+        next_start.insert(budget.to_owned(), at + TURN_SPACING);
+        at
+    }
+
+    /// Counts a turn of `budget` (its own permit, or none side by side).
+    fn hold(&self, budget: String, own: Option<tokio::sync::OwnedSemaphorePermit>) -> Turn {
+        let mut turns = self
+            .turns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        turns.total += 1;
+        *turns.in_flight.entry(budget.clone()).or_default() += 1;
+        Turn {
+            budget,
+            turns: self.turns.clone(),
+            _own: own,
+        }
+    }
+
+    /// A turn side by side under `b` (keyed `key`), when the controller
+    /// has fewer than [`SIDE_BY_SIDE_UNDER`] evictions in flight and `b`'s
+    /// cached status allows more disruptions than this controller took
+    /// under that version and has in flight under it.
+    fn side_by_side(&self, key: &str, b: &PodDisruptionBudget) -> Option<Turn> {
+        let allowed = current_status(b)?.disruptions_allowed.unwrap_or(0);
+        let mut turns = self
+            .turns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let in_flight = turns.in_flight.get(key).copied().unwrap_or(0);
+        if turns.total >= SIDE_BY_SIDE_UNDER || allowed - self.taken_under(b) - in_flight <= 0 {
+            return None;
+        }
+        turns.total += 1;
+        *turns.in_flight.entry(key.to_owned()).or_default() += 1;
+        Some(Turn {
+            budget: key.to_owned(),
+            turns: self.turns.clone(),
+            _own: None,
+        })
+    }
+
+    /// The evictions this controller made under `b`'s cached version.
+    fn taken_under(&self, b: &PodDisruptionBudget) -> i32 {
+        self.taken_lock()
+            .get(&budget_key(b))
+            .filter(|(version, _)| *version == b.metadata.resource_version)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    /// The turns held under the budget `key`, but `mine` (the caller's own).
+    fn in_flight_besides(&self, key: &str, mine: Option<&Turn>) -> i32 {
+        let held = self
+            .turns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .in_flight
+            .get(key)
+            .copied()
+            .unwrap_or(0);
+        held - i32::from(mine.is_some_and(|t| t.budget == key))
     }
 
     fn taken_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Taken>> {
@@ -398,23 +551,20 @@ impl Refusals {
     /// Whether `b` allows no disruption now: its status as of its current
     /// generation says so ([`allows_none`]), or says it allows as many as
     /// this controller has evicted under it since the cache got that
-    /// version.
-    fn allows_none_now(&self, b: &PodDisruptionBudget) -> bool {
+    /// version and has in flight under it (besides `mine`, the caller's
+    /// own turn).
+    fn allows_none_now(&self, b: &PodDisruptionBudget, mine: Option<&Turn>) -> bool {
         let Some(status) = current_status(b) else {
             return false;
         };
-        let taken = self
-            .taken_lock()
-            .get(&budget_key(b))
-            .filter(|(version, _)| *version == b.metadata.resource_version)
-            .map_or(0, |(_, n)| *n);
+        let taken = self.taken_under(b) + self.in_flight_besides(&budget_key(b), mine);
         status.disruptions_allowed.unwrap_or(0) - taken <= 0
     }
 
     /// What the budgets selecting a pod (`selecting`, from the cache) allow
-    /// now: see [`Allows`].
-    fn allows(&self, selecting: &[Arc<PodDisruptionBudget>]) -> Allows {
-        if selecting.is_empty() || !selecting.iter().all(|b| self.allows_none_now(b)) {
+    /// now to the holder of `mine`: see [`Allows`].
+    fn allows(&self, selecting: &[Arc<PodDisruptionBudget>], mine: Option<&Turn>) -> Allows {
+        if selecting.is_empty() || !selecting.iter().all(|b| self.allows_none_now(b, mine)) {
             Allows::Some
         } else if selecting.iter().any(|b| !allows_none(b)) {
             Allows::CatchingUp
@@ -437,7 +587,7 @@ impl Refusals {
             };
             cache
                 .get(&ObjectRef::new(name).within(ns))
-                .is_some_and(|b| !self.allows_none_now(&b))
+                .is_some_and(|b| !self.allows_none_now(&b, None))
         })
     }
 
@@ -688,7 +838,7 @@ pub async fn evict_all(
                         let allows = if insist {
                             Allows::Some
                         } else {
-                            refusals.allows(&selecting)
+                            refusals.allows(&selecting, turn.as_ref())
                         };
                         if allows != Allows::CatchingUp || tokio::time::Instant::now() >= until {
                             break (selecting, allows);
@@ -1042,14 +1192,15 @@ mod tests {
         );
     }
 
-    /// One eviction in flight per budget: a second pod of the same budget
-    /// waits until the first one's turn is dropped;
-    /// another budget's pod and a pod of no budget never wait; a budget
-    /// nobody holds is forgotten.
+    /// One eviction in flight per budget (its own turn), and more side by
+    /// side only while its cached status allows more than are in flight
+    /// under it: a second pod of a budget allowing one waits until the
+    /// first one's turn is dropped; another budget's pod and a pod of no
+    /// budget never wait; a budget nobody holds is forgotten.
     #[tokio::test]
-    async fn each_budget_has_one_eviction_in_flight() {
+    async fn each_budget_has_its_turn_and_more_only_while_it_allows_them() {
         let refusals = Refusals::default();
-        let web = [Arc::new(budget("web", 5, 1, Some(1)))];
+        let web = [Arc::new(budget("web", 1, 1, Some(1)))];
         let api = [Arc::new(budget("api", 5, 1, Some(1)))];
         let first = refusals.turn(&web).await.expect("a budget's turn");
         assert!(refusals.turn(&[]).await.is_none(), "no budget: no turn");
@@ -1057,24 +1208,99 @@ mod tests {
             .await
             .expect("another budget does not wait")
             .expect("another budget's turn");
+        assert_eq!(
+            refusals.allows(&web, Some(&first)),
+            Allows::Some,
+            "its own turn counts itself out"
+        );
+        assert_eq!(
+            refusals.allows(&web, None),
+            Allows::CatchingUp,
+            "another pod waits while its one disruption is in flight"
+        );
         let second = tokio::spawn({
             let refusals = refusals.clone();
             async move { refusals.turn(&web).await.is_some() }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!second.is_finished(), "the second eviction did not wait");
+        assert!(
+            !second.is_finished(),
+            "a budget allowing one gave a second turn"
+        );
         drop(first);
         let got = tokio::time::timeout(Duration::from_secs(5), second)
             .await
             .expect("the second turn comes once the first is dropped")
             .expect("joined");
         assert!(got);
+        // "api" allows 5: four more side by side, then none.
+        let mut beside = Vec::new();
+        for _ in 0..4 {
+            let t = tokio::time::timeout(Duration::from_millis(100), refusals.turn(&api))
+                .await
+                .expect("side by side while the budget allows more")
+                .expect("a turn");
+            assert!(t._own.is_none(), "a turn side by side");
+            beside.push(t);
+        }
+        assert_eq!(
+            refusals.allows(&api, beside.first()),
+            Allows::Some,
+            "five in flight under five allowed: each may go"
+        );
+        assert_ne!(
+            refusals.allows(&api, None),
+            Allows::Some,
+            "a sixth would overdraw the budget"
+        );
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), refusals.turn(&api))
+                .await
+                .is_err(),
+            "a sixth turn while five are in flight under five allowed"
+        );
         drop(other);
-        let _ = refusals
+        drop(beside);
+        let db = refusals
             .turn(&[Arc::new(budget("db", 1, 1, Some(1)))])
             .await;
-        let kept: Vec<String> = refusals.turns.lock().unwrap().keys().cloned().collect();
+        let turns = refusals.turns.lock().unwrap();
+        let kept: Vec<&String> = turns.own.keys().collect();
         assert_eq!(kept, ["shop/db"], "budgets nobody holds are forgotten");
+        assert_eq!(turns.total, 1, "only the dropped turns given back");
+        assert_eq!(turns.in_flight.len(), 1, "{:?}", turns.in_flight);
+        drop(turns);
+        drop(db);
+        assert_eq!(refusals.turns.lock().unwrap().total, 0);
+    }
+
+    /// Past [`SIDE_BY_SIDE_UNDER`] evictions in flight controller-wide, a
+    /// budget gets no turn side by side, however many it allows: a wave of
+    /// many budgets keeps one eviction in flight each.
+    #[tokio::test]
+    async fn no_turn_side_by_side_while_many_are_in_flight() {
+        let refusals = Refusals::default();
+        let mut held = Vec::new();
+        for i in 0..SIDE_BY_SIDE_UNDER {
+            let b = [Arc::new(budget(&format!("b{i}"), 1, 1, Some(1)))];
+            held.push(refusals.turn(&b).await.expect("its own turn"));
+        }
+        let wide = [Arc::new(budget("wide", 50, 1, Some(1)))];
+        let own = refusals.turn(&wide).await.expect("its own turn");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), refusals.turn(&wide))
+                .await
+                .is_err(),
+            "a turn side by side with {} in flight",
+            SIDE_BY_SIDE_UNDER + 1
+        );
+        held.truncate(1);
+        let beside = tokio::time::timeout(Duration::from_millis(100), refusals.turn(&wide))
+            .await
+            .expect("side by side once few are in flight")
+            .expect("a turn");
+        assert!(beside._own.is_none());
+        drop(own);
     }
 
     /// The evictions this controller made under a budget count against
@@ -1084,23 +1310,23 @@ mod tests {
         let refusals = Refusals::default();
         let mut b = budget("web", 2, 1, Some(1));
         b.metadata.resource_version = Some("10".into());
-        assert!(!refusals.allows_none_now(&b));
+        assert!(!refusals.allows_none_now(&b, None));
         refusals.took(&b);
-        assert!(!refusals.allows_none_now(&b), "one of two taken");
+        assert!(!refusals.allows_none_now(&b, None), "one of two taken");
         refusals.took(&b);
         assert!(
-            refusals.allows_none_now(&b),
+            refusals.allows_none_now(&b, None),
             "both taken, the cache not caught up"
         );
         let mut next = budget("web", 1, 1, Some(1));
         next.metadata.resource_version = Some("11".into());
         assert!(
-            !refusals.allows_none_now(&next),
+            !refusals.allows_none_now(&next, None),
             "a newer version counts afresh"
         );
         let stale = budget("web", 3, 2, Some(1));
         assert!(
-            !refusals.allows_none_now(&stale),
+            !refusals.allows_none_now(&stale, None),
             "a status of an older generation says nothing"
         );
     }
@@ -1114,16 +1340,19 @@ mod tests {
         let mut open = budget("web", 1, 1, Some(1));
         open.metadata.resource_version = Some("10".into());
         let open = [Arc::new(open)];
-        assert_eq!(refusals.allows(&open), Allows::Some);
-        assert_eq!(refusals.allows(&[]), Allows::Some, "no budget");
+        assert_eq!(refusals.allows(&open, None), Allows::Some);
+        assert_eq!(refusals.allows(&[], None), Allows::Some, "no budget");
         refusals.took(&open[0]);
-        assert_eq!(refusals.allows(&open), Allows::CatchingUp);
+        assert_eq!(refusals.allows(&open, None), Allows::CatchingUp);
         let mut after = budget("web", 0, 1, Some(1));
         after.metadata.resource_version = Some("11".into());
-        assert_eq!(refusals.allows(&[Arc::new(after.clone())]), Allows::None);
+        assert_eq!(
+            refusals.allows(&[Arc::new(after.clone())], None),
+            Allows::None
+        );
         let other = Arc::new(budget("api", 1, 1, Some(1)));
         assert_eq!(
-            refusals.allows(&[Arc::new(after), other]),
+            refusals.allows(&[Arc::new(after), other], None),
             Allows::Some,
             "another budget allows one"
         );
