@@ -166,14 +166,15 @@ async fn settle(
 ) -> Result<(ScheduledEvent, Option<String>)> {
     let name = stored.name_any();
     let mut ev = stored.clone();
-    if built.spec != stored.spec {
+    let spec = trust::to_store(&built.spec, &stored.spec);
+    if spec != stored.spec {
         // The pass goes on from the object as this write left it (its
         // status write is conditional on that version).
-        if let Some(version) = spec::write(&ctx.writers, &name, Some(stored), &built.spec).await? {
+        if let Some(version) = spec::write(&ctx.writers, &name, Some(stored), &spec).await? {
             ev.metadata.resource_version = Some(version);
         }
     }
-    ev.spec = built.spec.clone();
+    ev.spec = spec;
     let (mut ev, anew) = status::for_current_appearance(&ev);
     if anew {
         info!(

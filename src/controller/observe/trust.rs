@@ -230,6 +230,25 @@ fn spec_of(reports: &[&Judged<'_>], appearance: u32) -> ScheduledEventSpec {
     }
 }
 
+/// The spec to store for the one the reports build (`built`) over the
+/// `stored` one: `built`, except that an event the reports say left IMDS
+/// without giving a `NotBefore` (their agents saw it `Started`, when IMDS
+/// blanks it, then gone) keeps the `NotBefore` the stored spec had for the
+/// same appearance. Whether it left before or after that time says whether
+/// it ran (`Completed`) or was cancelled: under load, the reports' writes of
+/// `Started` and of its end can both come between two passes, and without
+/// it an event that ran was recorded `Cancelled`.
+pub fn to_store(built: &ScheduledEventSpec, stored: &ScheduledEventSpec) -> ScheduledEventSpec {
+    let mut spec = built.clone();
+    if spec.event_status == EventStatus::Completed
+        && spec.not_before.is_none()
+        && spec.appearance == stored.appearance
+    {
+        spec.not_before = stored.not_before;
+    }
+    spec
+}
+
 /// The spec and the dissent the reports give, or `None` without reports.
 pub fn build(reports: &[Judged<'_>]) -> Option<Built> {
     let appearance = appearance(reports)?;
@@ -873,5 +892,44 @@ mod tests {
         let (built, _) = run(&[a, b], &[]);
         assert_eq!(built.spec.event_status, Started);
         assert_eq!(built.spec.not_before, None);
+    }
+
+    /// Gone without a `NotBefore` in any report (they saw it started), the
+    /// event keeps the one the stored spec had for its appearance: not for
+    /// another appearance, and never over one the reports give.
+    #[test]
+    fn an_event_gone_keeps_the_stored_not_before_of_its_appearance() {
+        let r = &["vm-a"];
+        let t = chrono::Utc::now();
+        let mut scheduled = report("a", Scheduled, "Preempt", r);
+        scheduled.not_before = Some(t);
+        let (stored, _) = run(std::slice::from_ref(&scheduled), &[]);
+        let mut gone = report("a", Completed, "Preempt", r);
+        gone.not_before = None;
+        let (built, _) = run(std::slice::from_ref(&gone), &[]);
+        assert_eq!(built.spec.not_before, None, "no report gives one");
+        let kept = to_store(&built.spec, &stored.spec);
+        assert_eq!(kept.not_before, Some(t));
+        assert_eq!(kept.event_status, Completed);
+        assert_eq!(
+            to_store(&kept, &kept),
+            kept,
+            "stored once, it is written no more"
+        );
+        let mut again = stored.spec.clone();
+        again.appearance += 1;
+        assert_eq!(to_store(&built.spec, &again).not_before, None);
+        gone.not_before = Some(t + chrono::Duration::minutes(1));
+        let (built, _) = run(&[gone], &[]);
+        assert_eq!(
+            to_store(&built.spec, &stored.spec).not_before,
+            built.spec.not_before
+        );
+        let (live, _) = run(&[report("a", Started, "Preempt", r)], &[]);
+        assert_eq!(
+            to_store(&live.spec, &stored.spec).not_before,
+            None,
+            "started, none"
+        );
     }
 }
