@@ -44,7 +44,8 @@
 //!   all appearing within one second and delivered to every VM of the
 //!   group, `--wave-pods-per-node` pods per node under PodDisruptionBudgets.
 //!   Per event: from the IMDS change to its node cordoned and to its
-//!   first eviction, the pods still running at `NotBefore` (their
+//!   first eviction (the API server's answer granting it, from the audit
+//!   log), the pods still running at `NotBefore` (their
 //!   `deletionTimestamp` after it), the approvals IMDS received, the agents'
 //!   report writes, and the API requests by verb and resource (the
 //!   controller's and the agents', from the audit log); the controller's
@@ -1734,6 +1735,40 @@ fn watch_deletions(
     (seen, task)
 }
 
+/// The moment the API server answered the controller's first granted
+/// eviction (201) of each node's pods (`initial`: node → `namespace/name`
+/// of its workload pods at the start), from the audit log's `requests`.
+fn first_evictions_taken(
+    requests: &[Request],
+    initial: &BTreeMap<String, Vec<String>>,
+) -> HashMap<String, DateTime<Utc>> {
+    let node_of: HashMap<&str, &str> = initial
+        .iter()
+        .flat_map(|(node, pods)| {
+            pods.iter()
+                .filter_map(|p| p.split_once('/'))
+                .map(move |(_, name)| (name, node.as_str()))
+        })
+        .collect();
+    let mut first: HashMap<String, DateTime<Utc>> = HashMap::new();
+    for r in requests.iter().filter(|r| {
+        r.user == "bench:controller"
+            && r.resource == "pods"
+            && r.subresource == "eviction"
+            && r.code == 201
+    }) {
+        let (Some(node), Some(took)) = (node_of.get(r.name.as_str()), r.took) else {
+            continue;
+        };
+        let at = r.at + chrono::TimeDelta::microseconds((took * 1e6) as i64);
+        first
+            .entry((*node).to_owned())
+            .and_modify(|t| *t = (*t).min(at))
+            .or_insert(at);
+    }
+    first
+}
+
 /// `p50 … s, p99 … s, max … s` of sorted seconds (and how many).
 fn spread(v: &[f64], of: usize) -> String {
     format!(
@@ -2020,7 +2055,19 @@ async fn wave_on(
             .filter_map(|f| Some(secs(f.cordoned? - f.appeared)))
             .collect(),
     );
+    // The first eviction on each node as the API server took it (audit:
+    // the answer to the controller's first eviction there that it
+    // granted), not as this program's pod watch saw the deletion: under
+    // the wave's load that watch lagged the server by seconds to tens of
+    // seconds.
+    let taken = first_evictions_taken(&requests, &initial);
     let to_evict = sorted(
+        figures
+            .iter()
+            .filter_map(|f| Some(secs(*taken.get(&f.node)? - f.appeared)))
+            .collect(),
+    );
+    let seen_evict = sorted(
         figures
             .iter()
             .filter_map(|f| Some(secs(f.first_eviction? - f.appeared)))
@@ -2056,8 +2103,12 @@ async fn wave_on(
     table
         .add(
             "7 wave",
-            "IMDS change → first eviction on its node",
-            spread(&to_evict, n),
+            "IMDS change → first eviction on its node (taken by the API server: the answer to the controller's first granted eviction there, audit)",
+            format!(
+                "{} (this program's pod watch saw the first deletion at {})",
+                spread(&to_evict, n),
+                spread(&seen_evict, n)
+            ),
             "p99 ≤ 2 s",
             Some(to_evict.len() == n && evict_p99 <= 2.0),
         )
