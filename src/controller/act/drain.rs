@@ -298,8 +298,6 @@ struct Turns {
     /// Per budget, the turns held (its own and those side by side): the
     /// evictions about to be sent or in flight under it.
     in_flight: HashMap<String, i32>,
-    /// The turns held, every budget together.
-    total: usize,
     /// Per budget, the earliest moment its next turn may begin
     /// ([`TURN_SPACING`] after the last one began).
     next_start: HashMap<String, tokio::time::Instant>,
@@ -332,13 +330,35 @@ pub struct Turn {
     _own: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
+impl Turns {
+    /// The turns held, every budget together.
+    fn total(&self) -> i32 {
+        self.in_flight.values().sum()
+    }
+
+    /// Counts a turn of `budget` (its own `permit`, or none side by side)
+    /// held from `turns` (this, locked).
+    fn hold(
+        &mut self,
+        turns: &Arc<std::sync::Mutex<Turns>>,
+        budget: String,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Turn {
+        *self.in_flight.entry(budget.clone()).or_default() += 1;
+        Turn {
+            budget,
+            turns: turns.clone(),
+            _own: permit,
+        }
+    }
+}
+
 impl Drop for Turn {
     fn drop(&mut self) {
         let mut turns = self
             .turns
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        turns.total = turns.total.saturating_sub(1);
         if let Some(n) = turns.in_flight.get_mut(&self.budget) {
             *n -= 1;
             if *n <= 0 {
@@ -450,14 +470,14 @@ impl Refusals {
                 .clone()
         };
         let turn = if let Ok(permit) = own.clone().try_acquire_owned() {
-            self.hold(key, Some(permit))
+            self.hold(key, permit)
         } else if let [b] = selecting
             && let Some(turn) = self.side_by_side(&key, b)
         {
             turn
         } else {
             let permit = own.acquire_owned().await.ok()?;
-            self.hold(key, Some(permit))
+            self.hold(key, permit)
         };
         tokio::time::sleep_until(self.start_of(&turn.budget)).await;
         Some(turn)
@@ -483,19 +503,12 @@ impl Refusals {
         at
     }
 
-    /// Counts a turn of `budget` (its own permit, or none side by side).
-    fn hold(&self, budget: String, own: Option<tokio::sync::OwnedSemaphorePermit>) -> Turn {
-        let mut turns = self
-            .turns
+    /// Counts a turn of `budget` under its own `permit`.
+    fn hold(&self, budget: String, permit: tokio::sync::OwnedSemaphorePermit) -> Turn {
+        self.turns
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        turns.total += 1;
-        *turns.in_flight.entry(budget.clone()).or_default() += 1;
-        Turn {
-            budget,
-            turns: self.turns.clone(),
-            _own: own,
-        }
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .hold(&self.turns, budget, Some(permit))
     }
 
     /// A turn side by side under `b` (keyed `key`), when the controller
@@ -509,16 +522,12 @@ impl Refusals {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let in_flight = turns.in_flight.get(key).copied().unwrap_or(0);
-        if turns.total >= SIDE_BY_SIDE_UNDER || allowed - self.taken_under(b) - in_flight <= 0 {
+        if usize::try_from(turns.total()).unwrap_or(0) >= SIDE_BY_SIDE_UNDER
+            || allowed - self.taken_under(b) - in_flight <= 0
+        {
             return None;
         }
-        turns.total += 1;
-        *turns.in_flight.entry(key.to_owned()).or_default() += 1;
-        Some(Turn {
-            budget: key.to_owned(),
-            turns: self.turns.clone(),
-            _own: None,
-        })
+        Some(turns.hold(&self.turns, key.to_owned(), None))
     }
 
     /// The evictions this controller made under `b`'s cached version.
@@ -1267,11 +1276,11 @@ mod tests {
         let turns = refusals.turns.lock().unwrap();
         let kept: Vec<&String> = turns.own.keys().collect();
         assert_eq!(kept, ["shop/db"], "budgets nobody holds are forgotten");
-        assert_eq!(turns.total, 1, "only the dropped turns given back");
+        assert_eq!(turns.total(), 1, "only the dropped turns given back");
         assert_eq!(turns.in_flight.len(), 1, "{:?}", turns.in_flight);
         drop(turns);
         drop(db);
-        assert_eq!(refusals.turns.lock().unwrap().total, 0);
+        assert_eq!(refusals.turns.lock().unwrap().total(), 0);
     }
 
     /// Past [`SIDE_BY_SIDE_UNDER`] evictions in flight controller-wide, a
