@@ -1318,14 +1318,16 @@ async fn scale_on(
             all.iter().all(|x| s.cordon(x, 0).is_some())
         })
         .await;
-    let (first, last, count) = watches.with(|s| {
-        let times: Vec<DateTime<Utc>> = all.iter().filter_map(|x| s.cordon(x, 0)).collect();
-        (
-            times.iter().min().copied(),
-            times.iter().max().copied(),
-            times.len(),
-        )
+    let watches_cordons: Vec<(String, DateTime<Utc>)> = watches.with(|s| {
+        all.iter()
+            .filter_map(|x| Some((x.clone(), s.cordon(x, 0)?)))
+            .collect()
     });
+    let (first, last, count) = (
+        watches_cordons.iter().map(|c| c.1).min(),
+        watches_cordons.iter().map(|c| c.1).max(),
+        watches_cordons.len(),
+    );
     let seen = watches.with(|s| s.sev_first.get(&id).copied());
     // The whole event: drained, approved, started, over and released.
     let events: Api<ScheduledEvent> = Api::all(client.clone());
@@ -1532,46 +1534,67 @@ async fn scale_on(
         n as f64 / own
     );
     let figure = format!("one event naming {n} VMs ({agents} agents): all cordoned");
-    match (result, first, last) {
-        (Ok(()), Some(first), Some(last)) => {
-            let ratio = secs(last - first) / own;
+    // The cordons as the API server took them (audit): the reference is
+    // timed from its first patch sent to its last answered, and so are
+    // forewarn's, from the first cordon received to the last answered.
+    // This program's node watch, which lags the server under the event's
+    // load, is told beside.
+    let since: BTreeMap<String, DateTime<Utc>> = all.iter().map(|x| (x.clone(), changed)).collect();
+    let seen_at: BTreeMap<String, DateTime<Utc>> = watches_cordons
+        .iter()
+        .map(|(x, t)| (x.clone(), *t))
+        .collect();
+    let taken = cordons_taken(&requests, &since, &seen_at);
+    let taken_span = (taken.len() == n)
+        .then(|| {
+            let first = taken.values().map(|t| t.0).min()?;
+            let last = taken.values().map(|t| t.1).max()?;
+            Some((first, last))
+        })
+        .flatten();
+    match (result, taken_span, first, last) {
+        (Ok(()), Some((first_sent, last_answered)), Some(first), Some(last)) => {
+            let ratio = secs(last_answered - first_sent) / own;
             table
                 .add(
                     "6 scale",
                     &figure,
                     format!(
-                        "{:.2} s after the IMDS change (ScheduledEvent seen at {:.2} s; first cordon at {:.2} s, then {:.0} nodes/s)",
-                        secs(last - changed),
+                        "{:.2} s after the IMDS change, as the API server answered the last cordon (ScheduledEvent seen at {:.2} s; first cordon sent at {:.2} s, then {:.0} nodes/s; this program's node watch saw the first at {:.2} s, the last at {:.2} s)",
+                        secs(last_answered - changed),
                         seen.map_or(f64::NAN, |t| secs(t - changed)),
+                        secs(first_sent - changed),
+                        n as f64 / secs(last_answered - first_sent).max(1e-3),
                         secs(first - changed),
-                        (n - 1) as f64 / secs(last - first).max(1e-3)
+                        secs(last - changed),
                     ),
-                    "≤ 2 s",
-                    Some(secs(last - changed) <= 2.0),
+                    "≤ 1.2 × the reference",
+                    Some(ratio <= 1.2),
                 )
                 .reference(format!(
-                    "{reference_txt}; forewarn's first to last cordon took {:.2} s: {ratio:.2} times the reference",
-                    secs(last - first)
+                    "{reference_txt}; forewarn's cordons, the first received to the last answered (audit): {:.2} s, {ratio:.2} times the reference",
+                    secs(last_answered - first_sent)
                 ))
                 .headline(
                     format!(
                         "{} VMs cordoned in {:.2} s",
                         thousands(n),
-                        secs(last - changed)
+                        secs(last_answered - changed)
                     ),
                     Some(format!("{own:.2} s, forewarn's cordons {ratio:.2} × it")),
                 );
         }
-        (r, _, _) => {
+        (r, _, _, _) => {
             table
                 .add(
                     "6 scale",
                     &figure,
                     format!(
-                        "only {count} of {n} cordoned within 180 s{}",
+                        "only {count} of {n} cordoned within 180 s ({} cordons in the audit log){}",
+                        taken.len(),
                         r.err().map(|e| format!(" ({e})")).unwrap_or_default()
                     ),
-                    "≤ 2 s",
+                    "≤ 1.2 × the reference",
                     Some(false),
                 )
                 .reference(reference_txt)
@@ -1765,6 +1788,49 @@ fn first_evictions_taken(
             .entry((*node).to_owned())
             .and_modify(|t| *t = (*t).min(at))
             .or_insert(at);
+    }
+    first
+}
+
+/// Each node's cordon as the API server took it (audit): the controller's
+/// first granted `patch nodes` (not `nodes/status`) on the node at or after
+/// `since` (its event's appearance), and answered no later than a second
+/// after `seen` (this program's watch saw the node cordoned then; the
+/// watch can hear of a write before its answer is sent, and a node write
+/// well after that is not the cordon). Maps the node to `(request received, answered)`.
+/// A node with no such request keeps no entry.
+fn cordons_taken(
+    requests: &[Request],
+    since: &BTreeMap<String, DateTime<Utc>>,
+    seen: &BTreeMap<String, DateTime<Utc>>,
+) -> HashMap<String, (DateTime<Utc>, DateTime<Utc>)> {
+    let mut first: HashMap<String, (DateTime<Utc>, DateTime<Utc>)> = HashMap::new();
+    for r in requests.iter().filter(|r| {
+        r.user == "bench:controller"
+            && r.verb == "patch"
+            && r.resource == "nodes"
+            && r.subresource.is_empty()
+            && r.code == 200
+    }) {
+        let (Some(from), Some(took)) = (since.get(&r.name), r.took) else {
+            continue;
+        };
+        let answered = r.at + chrono::TimeDelta::microseconds((took * 1e6) as i64);
+        if r.at < *from
+            || seen
+                .get(&r.name)
+                .is_some_and(|s| answered > *s + chrono::TimeDelta::seconds(1))
+        {
+            continue;
+        }
+        first
+            .entry(r.name.clone())
+            .and_modify(|t| {
+                if r.at < t.0 {
+                    *t = (r.at, answered);
+                }
+            })
+            .or_insert((r.at, answered));
     }
     first
 }
@@ -2019,7 +2085,6 @@ async fn wave_on(
         .into_iter()
         .filter(|r| r.at >= origin && r.at <= until + chrono::TimeDelta::seconds(3))
         .collect();
-    let watches_seen: HashMap<String, DateTime<Utc>> = watches.with(|s| s.sev_first.clone());
     let (events, cordons, phases) = watches.with(|s| {
         let mut events = BTreeMap::new();
         let mut cordons = BTreeMap::new();
@@ -2044,9 +2109,31 @@ async fn wave_on(
         (events, cordons, phases)
     });
     drop(watches);
+    // Each node's cordon as the API server took it (audit), not as this
+    // program's node watch saw it: under the wave's load that watch lags
+    // the server (a node whose cordon the log does not show keeps the
+    // watch's time). The watch's figure is printed beside.
+    let since: BTreeMap<String, DateTime<Utc>> =
+        events.iter().map(|(n, (a, _))| (n.clone(), *a)).collect();
+    let taken_cordons = cordons_taken(&requests, &since, &cordons);
+    let seen_cordons = cordons.clone();
+    let cordons: BTreeMap<String, DateTime<Utc>> = cordons
+        .into_iter()
+        .map(|(n, seen)| {
+            let at = taken_cordons.get(&n).map_or(seen, |t| t.1);
+            (n, at)
+        })
+        .collect();
+    let cordons_from_log = taken_cordons.len();
     // The budgets' history is the test's check (tests/scenarios.rs), not a
     // figure of the bench.
     let figures = wave::figures(&events, &initial, &deletions, &cordons, &[]);
+    let seen_to_cordon = sorted(
+        figures
+            .iter()
+            .filter_map(|f| Some(secs(*seen_cordons.get(&f.node)? - f.appeared)))
+            .collect(),
+    );
 
     // Times from each event's IMDS change.
     let to_cordon = sorted(
@@ -2079,8 +2166,12 @@ async fn wave_on(
     table
         .add(
             "7 wave",
-            &format!("{n} Spot VMs evicted at once (Preempt, 30 s notice each, all within 1 s): IMDS change → its node cordoned"),
-            spread(&to_cordon, n),
+            &format!("{n} Spot VMs evicted at once (Preempt, 30 s notice each, all within 1 s): IMDS change → its node cordoned (taken by the API server: the answer to the controller's cordon, audit)"),
+            format!(
+                "{} ({cordons_from_log} from the audit log; this program's node watch saw the cordons at {})",
+                spread(&to_cordon, n),
+                spread(&seen_to_cordon, n)
+            ),
             "p99 ≤ 1.5 s",
             Some(all_cordoned && cordon_p99 <= 1.5),
         )
@@ -2266,13 +2357,26 @@ async fn wave_on(
         "",
         None,
     );
-    // Where an event's time to its cordon went: its own agent's first
-    // report write (audit), the object first seen (this program's watch),
-    // the cordon (the same).
-    let sev_seen = watches_seen;
+    // Where an event's time to its cordon went, every step as the API
+    // server logged it: its own agent's first report write answered, the
+    // controller's creation of its object answered, the controller's
+    // cordon received, and answered.
+    let answered =
+        |r: &Request| r.at + chrono::TimeDelta::microseconds((r.took.unwrap_or(0.0) * 1e6) as i64);
+    let created: HashMap<&str, DateTime<Utc>> = requests
+        .iter()
+        .filter(|r| {
+            r.user == "bench:controller"
+                && r.verb == "create"
+                && r.resource == "scheduledevents"
+                && r.code == 201
+        })
+        .map(|r| (r.name.as_str(), answered(r)))
+        .collect();
     let mut to_report = Vec::new();
     let mut to_object = Vec::new();
-    let mut to_cordon_after = Vec::new();
+    let mut to_cordon_sent = Vec::new();
+    let mut to_cordon_answered = Vec::new();
     let index: HashMap<String, usize> = (0..n).map(|i| (wave::node_name(i), i)).collect();
     for f in &figures {
         let Some(&i) = index.get(&f.node) else {
@@ -2282,37 +2386,37 @@ async fn wave_on(
         let reported = requests
             .iter()
             .filter(|r| {
-                r.user == agent && r.resource == "scheduledeventreports" && is_write(&r.verb)
+                r.user == agent
+                    && r.resource == "scheduledeventreports"
+                    && is_write(&r.verb)
+                    && r.at >= f.appeared
             })
-            .map(|r| r.at)
-            .filter(|at| *at >= f.appeared)
+            .map(answered)
             .min();
-        let seen = sev_seen
-            .get(&wave::event_id(i).to_ascii_lowercase())
-            .copied();
+        let object = forewarn::imds::model::object_name(&wave::event_id(i));
+        let made = created.get(object.as_str()).copied();
         if let Some(r) = reported {
             to_report.push(secs(r - f.appeared));
-            if let Some(o) = seen {
+            if let Some(o) = made {
                 to_object.push(secs(o - r));
             }
         }
-        if let (Some(o), Some(c)) = (seen, f.cordoned) {
-            to_cordon_after.push(secs(c - o));
+        if let (Some(o), Some((sent, took))) = (made, taken_cordons.get(&f.node)) {
+            to_cordon_sent.push(secs(*sent - o));
+            to_cordon_answered.push(secs(*took - *sent));
         }
     }
-    let (to_report, to_object, to_cordon_after) = (
-        sorted(to_report),
-        sorted(to_object),
-        sorted(to_cordon_after),
-    );
+    let [to_report, to_object, to_cordon_sent, to_cordon_answered] =
+        [to_report, to_object, to_cordon_sent, to_cordon_answered].map(sorted);
     table.add(
         "7 wave",
-        "where the time to a cordon went: IMDS change → its own agent's report written (audit); → the ScheduledEvent seen (this program's watch); → its node cordoned",
+        "where the time to a cordon went (audit): IMDS change → its own agent's report written; → its ScheduledEvent created by the controller; → the cordon sent; → the cordon answered",
         format!(
-            "report {}; object {}; cordon {}",
+            "report {}; object {}; cordon sent {}; answered {}",
             spread(&to_report, n),
             spread(&to_object, n),
-            spread(&to_cordon_after, n)
+            spread(&to_cordon_sent, n),
+            spread(&to_cordon_answered, n)
         ),
         "",
         None,

@@ -73,10 +73,16 @@ async fn approval_starts_the_event_and_bumps_the_incarnation() {
     let before = vm0.fetch_events().await.unwrap();
     let unchanged = vm0.fetch_events().await.unwrap();
     assert_eq!(before.incarnation, unchanged.incarnation);
+    // An unchanged document comes as the same bytes (the agent skips
+    // parsing those).
+    let body = vm0.fetch_events_body().await.unwrap();
+    assert_eq!(body, vm0.fetch_events_body().await.unwrap());
     let id = before.events[0].event_id.clone();
     vm0.approve(std::slice::from_ref(&id)).await.unwrap();
     vm0.approve(std::slice::from_ref(&id)).await.unwrap(); // idempotent, like Azure
-    let after = vm0.fetch_events().await.unwrap();
+    let after_body = vm0.fetch_events_body().await.unwrap();
+    assert_ne!(after_body, body, "the approval changed the document");
+    let after = forewarn::imds::client::parse_events(&after_body).unwrap();
     assert!(after.incarnation > before.incarnation);
     assert_eq!(after.events[0].event_id, id, "the EventId is kept");
     assert_eq!(after.events[0].event_status, EventStatus::Started);

@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use super::{error_chain, imds_result};
 use crate::cli::AgentArgs;
-use crate::imds::client::Client as ImdsClient;
+use crate::imds::client::{Client as ImdsClient, parse_events};
 use crate::imds::model::Document;
 use crate::metrics::agent::AgentMetrics;
 use crate::server::Liveness;
@@ -48,6 +48,9 @@ pub struct Poller {
     backoff: Option<(ExponentialBackoff, Instant)>,
     /// The last document IMDS served.
     last: Option<Arc<Document>>,
+    /// Its bytes: the same bytes again are the same document, not parsed
+    /// again (IMDS answers every poll, most of them unchanged).
+    last_body: Option<bytes::Bytes>,
     /// Object names whose unparsable `NotBefore` has been warned about
     /// (only events the current document lists).
     warned_not_before: HashSet<String>,
@@ -78,6 +81,7 @@ impl Poller {
             max_backoff,
             backoff: None,
             last: None,
+            last_body: None,
             warned_not_before: HashSet::new(),
             docs,
             live,
@@ -102,10 +106,14 @@ impl Poller {
             return;
         }
         let asked = Instant::now();
-        let fetched = self.imds.fetch_events().await;
+        let fetched = match self.imds.fetch_events_body().await {
+            Ok(body) if self.last_body.as_ref() == Some(&body) => Ok(None),
+            Ok(body) => parse_events(&body).map(|doc| Some((doc, body))),
+            Err(e) => Err(e),
+        };
         let took = asked.elapsed().as_secs_f64();
-        let doc = match fetched {
-            Ok(doc) => doc,
+        let fetched = match fetched {
+            Ok(fetched) => fetched,
             Err(e) => {
                 self.metrics.imds_request(imds_result(&e), took);
                 // Keep the last good state; try again on the next tick, or
@@ -131,6 +139,12 @@ impl Poller {
         if self.backoff.take().is_some() {
             info!("IMDS answers again; polling at the normal interval");
         }
+        let Some((doc, body)) = fetched else {
+            self.metrics.imds_request("unchanged", took);
+            self.metrics.imds_last_success.set(Utc::now().timestamp());
+            return;
+        };
+        self.last_body = Some(body);
         self.metrics.events.set(doc.events.len() as i64);
         let changed = self.last.as_ref().is_none_or(|d| {
             d.incarnation != doc.incarnation || d.events != doc.events || d.rejected != doc.rejected

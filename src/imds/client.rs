@@ -126,6 +126,19 @@ enum Endpoint {
 /// How much of an odd body to keep in an error message.
 const BODY_EXCERPT: usize = 512;
 
+/// The scheduled events document in `bytes` (a body of
+/// [`Client::fetch_events_body`]).
+///
+/// # Errors
+/// [`Error::ParseEvents`], with the body's length and its start.
+pub fn parse_events(bytes: &[u8]) -> Result<Document> {
+    parse_document(bytes).map_err(|source| Error::ParseEvents {
+        len: bytes.len(),
+        body: excerpt(bytes),
+        source,
+    })
+}
+
 fn excerpt(bytes: &[u8]) -> String {
     let s = String::from_utf8_lossy(&bytes[..bytes.len().min(BODY_EXCERPT)]);
     s.into_owned()
@@ -233,20 +246,25 @@ impl Client {
     /// [`Error::Request`], [`Error::Status`] or [`Error::ParseEvents`]; the
     /// caller keeps its last good document and tries again on the next tick.
     pub async fn fetch_events(&self) -> Result<Document> {
+        let bytes = self.fetch_events_body().await?;
+        parse_events(&bytes)
+    }
+
+    /// `GET /metadata/scheduledevents`: the current document's bytes,
+    /// unparsed (see [`parse_events`]), so that a poller can tell an
+    /// unchanged document without parsing it again.
+    ///
+    /// # Errors
+    /// [`Error::Request`] or [`Error::Status`].
+    pub async fn fetch_events_body(&self) -> Result<Bytes> {
         let url = self.events_url();
-        let bytes = self
-            .send(
-                "fetch scheduled events",
-                Endpoint::Events,
-                url.clone(),
-                self.http.get(&url),
-            )
-            .await?;
-        parse_document(&bytes).map_err(|source| Error::ParseEvents {
-            len: bytes.len(),
-            body: excerpt(&bytes),
-            source,
-        })
+        self.send(
+            "fetch scheduled events",
+            Endpoint::Events,
+            url.clone(),
+            self.http.get(&url),
+        )
+        .await
     }
 
     /// `GET /metadata/instance/compute`: this VM's identity.

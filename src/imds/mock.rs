@@ -86,7 +86,13 @@ struct Clock {
 #[derive(Default)]
 struct VmDoc {
     incarnation: i64,
-    last: Vec<serde_json::Value>,
+    /// What the last document listed: each event's index in the scenario
+    /// and its phase (which, with the scenario, is all its entry says).
+    last: Vec<(usize, Phase)>,
+    /// The last document as sent, kept while what it lists is unchanged:
+    /// a wave's 200 VMs each polling a document of 200 events once a
+    /// second would otherwise have it rendered 200 times a second.
+    body: Option<Bytes>,
     /// Whether its redeploy (if any) has happened.
     redeployed: bool,
     /// Whether its first request (and its delay, if any) has come.
@@ -209,22 +215,21 @@ impl Inner {
         }
     }
 
-    fn document(&mut self, vm: &str) -> serde_json::Value {
+    /// The scheduled events document `vm` is shown now, as JSON bytes; its
+    /// `DocumentIncarnation` goes up each time what it lists changes.
+    fn document(&mut self, vm: &str) -> Bytes {
         let elapsed = self.elapsed();
-        let events: Vec<serde_json::Value> = match elapsed {
+        let listed: Vec<(usize, Phase)> = match elapsed {
             None => Vec::new(),
-            Some((elapsed, origin)) => {
+            Some((elapsed, _)) => {
                 self.advance(elapsed);
                 self.scenario
                     .events
                     .iter()
-                    .filter(|e| e.delivered_to(vm) && !e.gone_for(vm, elapsed))
-                    .filter_map(|e| {
-                        e.render_json(
-                            e.phase_at(elapsed, self.approvals.get(&e.id).copied()),
-                            origin,
-                        )
-                    })
+                    .enumerate()
+                    .filter(|(_, e)| e.delivered_to(vm) && !e.gone_for(vm, elapsed))
+                    .map(|(i, e)| (i, e.phase_at(elapsed, self.approvals.get(&e.id).copied())))
+                    .filter(|(_, phase)| matches!(phase, Phase::Scheduled | Phase::Started))
                     .collect()
             }
         };
@@ -242,21 +247,37 @@ impl Inner {
             // A redeployed VM's IMDS starts counting again.
             doc.redeployed = true;
             doc.incarnation = 1;
-            doc.last = events.clone();
+            doc.last = listed;
+            doc.body = None;
             self.log.push(LogEntry {
                 time: Utc::now(),
                 event_id: String::new(),
                 what: "Redeployed".into(),
                 vm: Some(vm.to_string()),
             });
-        } else if doc.last != events {
+        } else if doc.last != listed {
             doc.incarnation += 1;
-            doc.last = events.clone();
+            doc.last = listed;
+            doc.body = None;
         }
-        serde_json::json!({
-            "DocumentIncarnation": doc.incarnation,
-            "Events": events,
-        })
+        if let Some(body) = &doc.body {
+            return body.clone();
+        }
+        let origin = elapsed.map_or_else(Utc::now, |(_, origin)| origin);
+        let events: Vec<serde_json::Value> = doc
+            .last
+            .iter()
+            .filter_map(|(i, phase)| self.scenario.events.get(*i)?.render_json(*phase, origin))
+            .collect();
+        let body = Bytes::from(
+            serde_json::to_vec(&serde_json::json!({
+                "DocumentIncarnation": doc.incarnation,
+                "Events": events,
+            }))
+            .unwrap_or_default(),
+        );
+        doc.body = Some(body.clone());
+        body
     }
 
     /// Records the arrival of a scheduled events request; returns its number.
@@ -284,6 +305,15 @@ impl Inner {
             r.status = Some(status.as_u16());
         }
     }
+}
+
+/// A 200 answer of JSON `body`.
+fn json_body(body: Bytes) -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
 }
 
 fn bad_request(msg: &str) -> Response {
@@ -363,7 +393,7 @@ async fn answer_events(
             .elapsed()
             .and_then(|(e, _)| inner.scenario.fault_at(vm, e).cloned());
         match fault {
-            None => return Json(inner.document(vm)).into_response(),
+            None => return json_body(inner.document(vm)),
             Some(f) => f,
         }
     };
@@ -384,7 +414,7 @@ async fn answer_events(
             .into_response(),
         FaultKind::Slow => {
             tokio::time::sleep(fault.delay).await;
-            Json(mock.lock().document(vm)).into_response()
+            json_body(mock.lock().document(vm))
         }
         FaultKind::Hang => {
             tokio::time::sleep(Duration::from_secs(30)).await;

@@ -111,6 +111,7 @@ pub async fn write_nodes(
     taint_effect: TaintEffect,
 ) -> Result<()> {
     let api: Api<Node> = Api::all(writers.client.clone());
+    let versions = &writers.node_versions;
     let mut writes = Vec::new();
     for w in &plan.node_writes {
         let Some(node) = snapshots.get(w.node()).cloned() else {
@@ -120,6 +121,7 @@ pub async fn write_nodes(
         writes.push(async move {
             let r = cordon::write_marks(
                 &api,
+                versions,
                 &node,
                 w.holds(),
                 w.unschedulable(),
@@ -130,7 +132,7 @@ pub async fn write_nodes(
             (w, r)
         });
     }
-    let results: Vec<(NodeWrite, std::result::Result<(), kube::Error>)> =
+    let results: Vec<(NodeWrite, std::result::Result<bool, kube::Error>)> =
         futures::stream::iter(writes)
             .buffer_unordered(NODE_WRITE_CONCURRENCY)
             .collect()
@@ -139,7 +141,9 @@ pub async fn write_nodes(
     let mut written = Vec::new();
     for (w, r) in results {
         match r {
-            Ok(()) => written.push(w),
+            Ok(true) => written.push(w),
+            // Written by an earlier pass; the cache has not shown it yet.
+            Ok(false) => {}
             Err(source) => {
                 first_error.get_or_insert(Error::PatchNode {
                     node: w.node().into(),

@@ -3,6 +3,10 @@
 //! merge patch a node. Who holds a node is read by
 //! [`crate::controller::observe::nodes`].
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -85,21 +89,90 @@ pub fn lb_exclusion_for(
     }
 }
 
+/// The marks this controller last wrote to each node, and the version of
+/// the node they were written on, so that a pass reading a node cache that
+/// lags the API server (by seconds under a wave's load) does not send them
+/// again: every node write is conditional on the `resourceVersion` read,
+/// and the same write sent again on a version the cache still shows after
+/// this controller's own write to it can only lose with 409 (281 times in
+/// one 200-VM wave, each failing its pass).
+///
+/// An entry holds while the cache shows the version it was written on; it
+/// is dropped once the cache shows another (the cache caught up and is
+/// read again) or after [`WRITTEN_KEPT`].
+#[derive(Clone, Default)]
+pub struct NodeVersions(Arc<Mutex<HashMap<String, Written>>>);
+
+/// How long [`NodeVersions`] keeps an entry the cache has not moved past:
+/// far longer than a watch lags.
+pub const WRITTEN_KEPT: Duration = Duration::from_secs(120);
+
+struct Written {
+    /// The version the node cache showed when the marks were written.
+    read: String,
+    /// The marks written (the merge patch without its version).
+    marks: serde_json::Value,
+    at: Instant,
+}
+
+impl NodeVersions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Written>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether `marks` (a merge patch without its version) were written to
+    /// `node` while the cache showed `read`, which it still shows: the
+    /// write is done, and sending it again could only lose. A different
+    /// write is sent, on `read` (it was computed from marks the node no
+    /// longer holds: 409, and the pass runs again on a fresher cache).
+    pub fn already_written(&self, node: &str, read: &str, marks: &serde_json::Value) -> bool {
+        let mut map = self.lock();
+        let Some(w) = map.get(node) else {
+            return false;
+        };
+        if w.read != read || w.at.elapsed() >= WRITTEN_KEPT {
+            map.remove(node);
+            return false;
+        }
+        w.marks == *marks
+    }
+
+    /// Notes that `marks` were written to `node`, on the version `read`
+    /// the cache showed.
+    pub fn wrote(&self, node: &str, read: &str, marks: serde_json::Value) {
+        let mut map = self.lock();
+        map.retain(|_, w| w.at.elapsed() < WRITTEN_KEPT);
+        map.insert(
+            node.to_owned(),
+            Written {
+                read: read.to_owned(),
+                marks,
+                at: Instant::now(),
+            },
+        );
+    }
+}
+
 /// [`write_marks`] with the default taint effect, for the writes that keep
 /// or shrink a node's holds (the sweeps): they add no taint but where
-/// forewarn's was removed by hand from a held node.
+/// forewarn's was removed by hand from a held node. Returns whether a
+/// patch was sent.
 ///
 /// # Errors
 /// The API error; 409 when the node changed since it was read.
 pub async fn write_holds(
     api: &Api<Node>,
+    versions: &NodeVersions,
     node: &Node,
     holds: &[String],
     unschedulable: Option<bool>,
     exclude_lb: bool,
-) -> Result<(), kube::Error> {
+) -> Result<bool, kube::Error> {
     write_marks(
         api,
+        versions,
         node,
         holds,
         unschedulable,
@@ -116,18 +189,21 @@ pub async fn write_holds(
 /// [`lb_exclusion_for`]) and, if given, `spec.unschedulable`, in one merge
 /// patch made conditional on the `resourceVersion` of `node` as read: two
 /// writers editing one node's hold list or taints cannot lose each other's
-/// change (the loser gets a 409 and retries from a fresh read).
+/// change (the loser gets a 409 and retries from a fresh read). The same
+/// patch this controller already wrote on that version is not sent again
+/// ([`NodeVersions::already_written`]). Returns whether a patch was sent.
 ///
 /// # Errors
 /// The API error; 409 when the node changed since it was read.
 pub async fn write_marks(
     api: &Api<Node>,
+    versions: &NodeVersions,
     node: &Node,
     holds: &[String],
     unschedulable: Option<bool>,
     exclude_lb: bool,
     effect: TaintEffect,
-) -> Result<(), kube::Error> {
+) -> Result<bool, kube::Error> {
     let annotation = if holds.is_empty() {
         json!(null)
     } else {
@@ -135,7 +211,6 @@ pub async fn write_marks(
     };
     let mut body = json!({
         "metadata": {
-            "resourceVersion": node.resource_version().unwrap_or_default(),
             "annotations": { CORDONED_FOR_ANNOTATION: annotation },
         }
     });
@@ -153,14 +228,23 @@ pub async fn write_marks(
     if !spec.is_empty() {
         body["spec"] = serde_json::Value::Object(spec);
     }
+    let name = node.name_any();
+    let read = node.resource_version().unwrap_or_default();
+    if versions.already_written(&name, &read, &body) {
+        return Ok(false);
+    }
+    let mut sent = body.clone();
+    sent["metadata"]["resourceVersion"] = json!(read);
     crate::kubeclient::patch_discarding_answer(
         api,
-        &node.name_any(),
+        &name,
         None,
         &PatchParams::default(),
-        &Patch::Merge(&body),
+        &Patch::Merge(&sent),
     )
-    .await
+    .await?;
+    versions.wrote(&name, &read, body);
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -261,6 +345,32 @@ mod tests {
         assert_eq!(
             lb_exclusion_for(&n, false, true),
             Some((json!(null), json!(null)))
+        );
+    }
+
+    /// A write the cache has not shown yet is not sent again; a different
+    /// one is; once the cache shows another version, the entry is
+    /// forgotten.
+    #[test]
+    fn the_same_marks_are_not_written_twice_on_one_cached_version() {
+        let v = NodeVersions::default();
+        let cordon = json!({"spec": {"unschedulable": true}});
+        let release = json!({"spec": {"unschedulable": false}});
+        assert!(!v.already_written("n", "10", &cordon));
+        v.wrote("n", "10", cordon.clone());
+        assert!(v.already_written("n", "10", &cordon));
+        assert!(!v.already_written("m", "10", &cordon), "another node");
+        assert!(
+            !v.already_written("n", "10", &release),
+            "another write is sent (and loses on 10)"
+        );
+        assert!(
+            !v.already_written("n", "11", &cordon),
+            "the cache caught up"
+        );
+        assert!(
+            !v.already_written("n", "10", &cordon),
+            "and the entry is gone"
         );
     }
 }

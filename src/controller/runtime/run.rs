@@ -31,10 +31,10 @@ use tracing::{debug, info, warn};
 
 use crate::api::{CONTROLLER_MANAGER, ScheduledEvent, ScheduledEventReport};
 use crate::cli::ControllerArgs;
-use crate::controller::act::drain;
 use crate::controller::act::kube_events::EventSink;
 use crate::controller::act::spec;
 use crate::controller::act::writers::Writers;
+use crate::controller::act::{cordon, drain};
 use crate::controller::context::{Blocked, Context, Memory};
 use crate::controller::error::Error;
 use crate::controller::observe::caches::Caches;
@@ -699,6 +699,7 @@ impl Replica {
             metrics: self.metrics.clone(),
             nodes,
             dry_run: self.args.dry_run,
+            node_versions: cordon::NodeVersions::default(),
         })
     }
 

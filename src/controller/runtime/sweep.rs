@@ -65,7 +65,7 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
                     .await;
                 }
             }
-            sync_lb_labels(&api, &snapshot, exclude_lb).await;
+            sync_lb_labels(&api, &ctx.writers.node_versions, &snapshot, exclude_lb).await;
             crate::controller::act::out_of_service::untaint_returned(&ctx.writers, &snapshot).await;
         }
         // The nodes first, then the list: every hold in this snapshot was
@@ -94,8 +94,19 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
                 .cloned()
                 .collect();
             let uncordon = (keep.is_empty() && nodes::is_cordoned(&node)).then_some(false);
-            match cordon::write_holds(&api, &node, &keep, uncordon, exclude_lb).await {
-                Ok(()) => {
+            match cordon::write_holds(
+                &api,
+                &ctx.writers.node_versions,
+                &node,
+                &keep,
+                uncordon,
+                exclude_lb,
+            )
+            .await
+            {
+                // Written by an earlier sweep; the cache has not shown it yet.
+                Ok(false) => {}
+                Ok(true) => {
                     ctx.writers
                         .metrics
                         .node_writes
@@ -208,15 +219,21 @@ async fn remove_orphaned_notices(
 /// Adds or removes the load-balancer exclusion label where the node's
 /// holds and the policy call for it and no hold write did it (the policy
 /// changed while nodes were held): one conditional write per such node.
-async fn sync_lb_labels(api: &Api<Node>, snapshot: &[Arc<Node>], enabled: bool) {
+async fn sync_lb_labels(
+    api: &Api<Node>,
+    versions: &cordon::NodeVersions,
+    snapshot: &[Arc<Node>],
+    enabled: bool,
+) {
     for node in snapshot {
         let holds = crate::api::holds(node);
         if cordon::lb_exclusion_for(node, !holds.is_empty(), enabled).is_none() {
             continue;
         }
         let name = node.name_any();
-        match cordon::write_holds(api, node, &holds, None, enabled).await {
-            Ok(()) => {
+        match cordon::write_holds(api, versions, node, &holds, None, enabled).await {
+            Ok(false) => {}
+            Ok(true) => {
                 info!(node = %name, enabled, "Load-balancer exclusion label brought in line with the policy")
             }
             // 409: the node changed; the next sweep looks again.
