@@ -111,7 +111,7 @@ pub async fn write_nodes(
     taint_effect: TaintEffect,
 ) -> Result<()> {
     let api: Api<Node> = Api::all(writers.client.clone());
-    let versions = &writers.node_versions;
+    let versions = &writers.written_marks;
     let mut writes = Vec::new();
     for w in &plan.node_writes {
         let Some(node) = snapshots.get(w.node()).cloned() else {

@@ -101,9 +101,9 @@ pub fn lb_exclusion_for(
 /// is dropped once the cache shows another (the cache caught up and is
 /// read again) or after [`WRITTEN_KEPT`].
 #[derive(Clone, Default)]
-pub struct NodeVersions(Arc<Mutex<HashMap<String, Written>>>);
+pub struct WrittenMarks(Arc<Mutex<HashMap<String, Written>>>);
 
-/// How long [`NodeVersions`] keeps an entry the cache has not moved past:
+/// How long [`WrittenMarks`] keeps an entry the cache has not moved past:
 /// far longer than a watch lags.
 pub const WRITTEN_KEPT: Duration = Duration::from_secs(120);
 
@@ -115,7 +115,7 @@ struct Written {
     at: Instant,
 }
 
-impl NodeVersions {
+impl WrittenMarks {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Written>> {
         self.0
             .lock()
@@ -164,7 +164,7 @@ impl NodeVersions {
 /// The API error; 409 when the node changed since it was read.
 pub async fn write_holds(
     api: &Api<Node>,
-    versions: &NodeVersions,
+    versions: &WrittenMarks,
     node: &Node,
     holds: &[String],
     unschedulable: Option<bool>,
@@ -191,13 +191,13 @@ pub async fn write_holds(
 /// writers editing one node's hold list or taints cannot lose each other's
 /// change (the loser gets a 409 and retries from a fresh read). The same
 /// patch this controller already wrote on that version is not sent again
-/// ([`NodeVersions::already_written`]). Returns whether a patch was sent.
+/// ([`WrittenMarks::already_written`]). Returns whether a patch was sent.
 ///
 /// # Errors
 /// The API error; 409 when the node changed since it was read.
 pub async fn write_marks(
     api: &Api<Node>,
-    versions: &NodeVersions,
+    versions: &WrittenMarks,
     node: &Node,
     holds: &[String],
     unschedulable: Option<bool>,
@@ -353,7 +353,7 @@ mod tests {
     /// forgotten.
     #[test]
     fn the_same_marks_are_not_written_twice_on_one_cached_version() {
-        let v = NodeVersions::default();
+        let v = WrittenMarks::default();
         let cordon = json!({"spec": {"unschedulable": true}});
         let release = json!({"spec": {"unschedulable": false}});
         assert!(!v.already_written("n", "10", &cordon));

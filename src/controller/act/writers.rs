@@ -33,8 +33,8 @@ pub struct Writers {
     /// `--dry-run`: decide and record, never write a node, evict or approve.
     pub dry_run: bool,
     /// What this controller wrote to nodes that the node cache may not
-    /// show yet (see [`crate::controller::act::cordon::NodeVersions`]).
-    pub node_versions: crate::controller::act::cordon::NodeVersions,
+    /// show yet (see [`crate::controller::act::cordon::WrittenMarks`]).
+    pub written_marks: crate::controller::act::cordon::WrittenMarks,
 }
 
 /// Makes the write `body` (a patch of a `ScheduledEvent`) conditional on

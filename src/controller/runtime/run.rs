@@ -699,7 +699,7 @@ impl Replica {
             metrics: self.metrics.clone(),
             nodes,
             dry_run: self.args.dry_run,
-            node_versions: cordon::NodeVersions::default(),
+            written_marks: cordon::WrittenMarks::default(),
         })
     }
 

@@ -65,7 +65,7 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
                     .await;
                 }
             }
-            sync_lb_labels(&api, &ctx.writers.node_versions, &snapshot, exclude_lb).await;
+            sync_lb_labels(&api, &ctx.writers.written_marks, &snapshot, exclude_lb).await;
             crate::controller::act::out_of_service::untaint_returned(&ctx.writers, &snapshot).await;
         }
         // The nodes first, then the list: every hold in this snapshot was
@@ -96,7 +96,7 @@ pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
             let uncordon = (keep.is_empty() && nodes::is_cordoned(&node)).then_some(false);
             match cordon::write_holds(
                 &api,
-                &ctx.writers.node_versions,
+                &ctx.writers.written_marks,
                 &node,
                 &keep,
                 uncordon,
@@ -221,7 +221,7 @@ async fn remove_orphaned_notices(
 /// changed while nodes were held): one conditional write per such node.
 async fn sync_lb_labels(
     api: &Api<Node>,
-    versions: &cordon::NodeVersions,
+    versions: &cordon::WrittenMarks,
     snapshot: &[Arc<Node>],
     enabled: bool,
 ) {
