@@ -674,6 +674,12 @@ struct Request {
 }
 
 impl Request {
+    /// When the API server answered it: its receipt plus [`Self::took`]
+    /// (the receipt when the log has no answer).
+    fn answered(&self) -> DateTime<Utc> {
+        self.at + chrono::TimeDelta::microseconds((self.took.unwrap_or(0.0) * 1e6) as i64)
+    }
+
     /// `verb resource[/subresource]`, e.g. `create pods/eviction`.
     fn kind(&self) -> String {
         if self.subresource.is_empty() {
@@ -1318,15 +1324,15 @@ async fn scale_on(
             all.iter().all(|x| s.cordon(x, 0).is_some())
         })
         .await;
-    let watches_cordons: Vec<(String, DateTime<Utc>)> = watches.with(|s| {
+    let seen_at: BTreeMap<String, DateTime<Utc>> = watches.with(|s| {
         all.iter()
             .filter_map(|x| Some((x.clone(), s.cordon(x, 0)?)))
             .collect()
     });
     let (first, last, count) = (
-        watches_cordons.iter().map(|c| c.1).min(),
-        watches_cordons.iter().map(|c| c.1).max(),
-        watches_cordons.len(),
+        seen_at.values().min().copied(),
+        seen_at.values().max().copied(),
+        seen_at.len(),
     );
     let seen = watches.with(|s| s.sev_first.get(&id).copied());
     // The whole event: drained, approved, started, over and released.
@@ -1540,10 +1546,6 @@ async fn scale_on(
     // This program's node watch, which lags the server under the event's
     // load, is told beside.
     let since: BTreeMap<String, DateTime<Utc>> = all.iter().map(|x| (x.clone(), changed)).collect();
-    let seen_at: BTreeMap<String, DateTime<Utc>> = watches_cordons
-        .iter()
-        .map(|(x, t)| (x.clone(), *t))
-        .collect();
     let taken = cordons_taken(&requests, &since, &seen_at);
     let taken_span = (taken.len() == n)
         .then(|| {
@@ -1780,10 +1782,10 @@ fn first_evictions_taken(
             && r.subresource == "eviction"
             && r.code == 201
     }) {
-        let (Some(node), Some(took)) = (node_of.get(r.name.as_str()), r.took) else {
+        let (Some(node), Some(_)) = (node_of.get(r.name.as_str()), r.took) else {
             continue;
         };
-        let at = r.at + chrono::TimeDelta::microseconds((took * 1e6) as i64);
+        let at = r.answered();
         first
             .entry((*node).to_owned())
             .and_modify(|t| *t = (*t).min(at))
@@ -1812,10 +1814,10 @@ fn cordons_taken(
             && r.subresource.is_empty()
             && r.code == 200
     }) {
-        let (Some(from), Some(took)) = (since.get(&r.name), r.took) else {
+        let (Some(from), Some(_)) = (since.get(&r.name), r.took) else {
             continue;
         };
-        let answered = r.at + chrono::TimeDelta::microseconds((took * 1e6) as i64);
+        let answered = r.answered();
         if r.at < *from
             || seen
                 .get(&r.name)
@@ -2361,8 +2363,6 @@ async fn wave_on(
     // server logged it: its own agent's first report write answered, the
     // controller's creation of its object answered, the controller's
     // cordon received, and answered.
-    let answered =
-        |r: &Request| r.at + chrono::TimeDelta::microseconds((r.took.unwrap_or(0.0) * 1e6) as i64);
     let created: HashMap<&str, DateTime<Utc>> = requests
         .iter()
         .filter(|r| {
@@ -2371,7 +2371,7 @@ async fn wave_on(
                 && r.resource == "scheduledevents"
                 && r.code == 201
         })
-        .map(|r| (r.name.as_str(), answered(r)))
+        .map(|r| (r.name.as_str(), r.answered()))
         .collect();
     let mut to_report = Vec::new();
     let mut to_object = Vec::new();
@@ -2391,7 +2391,7 @@ async fn wave_on(
                     && is_write(&r.verb)
                     && r.at >= f.appeared
             })
-            .map(answered)
+            .map(Request::answered)
             .min();
         let object = forewarn::imds::model::object_name(&wave::event_id(i));
         let made = created.get(object.as_str()).copied();

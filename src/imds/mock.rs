@@ -229,7 +229,7 @@ impl Inner {
                     .enumerate()
                     .filter(|(_, e)| e.delivered_to(vm) && !e.gone_for(vm, elapsed))
                     .map(|(i, e)| (i, e.phase_at(elapsed, self.approvals.get(&e.id).copied())))
-                    .filter(|(_, phase)| matches!(phase, Phase::Scheduled | Phase::Started))
+                    .filter(|(_, phase)| phase.is_listed())
                     .collect()
             }
         };
@@ -476,7 +476,7 @@ fn answer_approval(
             return bad_request(&format!("Bad request. Unknown EventId {}", r.event_id));
         };
         let phase = ev.phase_at(elapsed, inner.approvals.get(&ev.id).copied());
-        if !ev.delivered_to(vm) || !matches!(phase, Phase::Scheduled | Phase::Started) {
+        if !ev.delivered_to(vm) || !phase.is_listed() {
             return bad_request(&format!("Bad request. Unknown EventId {}", r.event_id));
         }
         inner.approvals.entry(ev.id.clone()).or_insert(elapsed);

@@ -403,6 +403,13 @@ pub enum Phase {
     Gone,
 }
 
+impl Phase {
+    /// Whether IMDS lists an event in this phase.
+    pub fn is_listed(self) -> bool {
+        matches!(self, Phase::Scheduled | Phase::Started)
+    }
+}
+
 impl ScenarioEvent {
     /// `NotBefore`, as an offset from the scenario's start (only for `Scheduled` events).
     pub fn not_before_offset(&self) -> Option<Duration> {
