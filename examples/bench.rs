@@ -1394,8 +1394,8 @@ async fn scale_on(
                 mib(idle.rss),
                 mib(idle.anon)
             ),
-            "≤ 48 MiB",
-            Some(mib(idle.rss) <= 48.0),
+            "≤ 40 MiB",
+            Some(mib(idle.rss) <= 40.0),
         )
         .headline(
             format!("controller RSS idle {:.1} MiB", mib(idle.rss)),

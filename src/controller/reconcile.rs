@@ -64,7 +64,7 @@ pub async fn reconcile<P: Send>(
     // Observe: the event as its agents' reports build it, its nodes, their pods.
     let facts = Facts::read(&ctx.caches);
     let (reports, last_report) = reports_about(&facts.reports, &stored.name_any());
-    let judged = trust::judge_reports(&reports, |n| facts.identity(n));
+    let judged = trust::judge_reports(reports.iter().copied(), |n| facts.identity(n));
     // No report about it (deleted by hand, or of an earlier version): the
     // stored spec stands, and no node is confirmed by it.
     let built = trust::build(&judged).unwrap_or_else(|| trust::Built::stored(&stored.spec));

@@ -188,7 +188,7 @@ pub async fn create_missing(caches: Caches, writers: Writers, changed: Arc<tokio
             .by_ref()
             .filter_map(|name| {
                 let (about, _) = reports_about(&facts.reports, name);
-                let judged = trust::judge_reports(&about, |n| facts.identity(n));
+                let judged = trust::judge_reports(about.iter().copied(), |n| facts.identity(n));
                 trust::build(&judged).map(|built| (name.to_owned(), built.spec))
             })
             .take(CREATE_CONCURRENCY.saturating_sub(creations.len()))
@@ -265,7 +265,7 @@ fn note_ignored(
 /// # Errors
 /// [`Error::DeleteEvent`] when the event cannot be deleted; a report that
 /// cannot be is logged and left to the next sweep.
-pub async fn delete(ev: &ScheduledEvent, reports: &[Report], client: &Client) -> Result<()> {
+pub async fn delete(ev: &ScheduledEvent, reports: &[&Report], client: &Client) -> Result<()> {
     let name = ev.name_any();
     Api::<ScheduledEvent>::all(client.clone())
         .delete(&name, &DeleteParams::default())

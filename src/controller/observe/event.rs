@@ -64,7 +64,7 @@ fn claims(
             continue;
         }
         let (reports, _) = reports_about(&facts.reports, &name);
-        let judged = trust::judge_reports(&reports, |n| facts.identity(n));
+        let judged = trust::judge_reports(reports.iter().copied(), |n| facts.identity(n));
         let Some(built) = trust::build(&judged) else {
             continue;
         };
@@ -643,7 +643,7 @@ pub async fn fresh_pods(
 /// POSTs that carried out this very decision (its appearance and digest),
 /// the first IMDS accepted, else the latest. Only a sender's own word about
 /// its own POST ever reads `Accepted`.
-pub fn copy_sent_approval(ev: &mut ScheduledEvent, reports: &[Report]) {
+pub fn copy_sent_approval(ev: &mut ScheduledEvent, reports: &[&Report]) {
     let Some(approval) = ev.status.as_mut().and_then(|s| s.approval.as_mut()) else {
         return;
     };

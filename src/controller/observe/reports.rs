@@ -26,12 +26,17 @@ pub fn group_by_event(
     by_event
 }
 
-/// The reports about the event named `name`, and when an agent last wrote
-/// one of them (its `managedFields` time, else its creation).
-pub fn reports_about(reports: &ReportsByEvent, name: &str) -> (Vec<Report>, Option<DateTime<Utc>>) {
+/// The reports about the event named `name`, borrowed from `reports` (a
+/// report of a 1,000-VM event holds 1,000 names, and every pass reads them:
+/// none is copied), and when an agent last wrote one of them (its
+/// `managedFields` time, else its creation).
+pub fn reports_about<'a>(
+    reports: &'a ReportsByEvent,
+    name: &str,
+) -> (Vec<&'a Report>, Option<DateTime<Utc>>) {
     let about = reports.get(name).map(Vec::as_slice).unwrap_or_default();
     let last = about.iter().filter_map(|r| last_write(r)).max();
-    (about.iter().map(|r| r.spec.report.clone()).collect(), last)
+    (about.iter().map(|r| &r.spec.report).collect(), last)
 }
 
 fn last_write(r: &ScheduledEventReport) -> Option<DateTime<Utc>> {

@@ -147,11 +147,11 @@ impl Built {
 /// are left out): `identity_of(node)` is the node's fixed VM, if the
 /// controller knows one (see [`Identity`]).
 pub fn judge_reports<'a>(
-    reports: &'a [Report],
+    reports: impl IntoIterator<Item = &'a Report>,
     identity_of: impl Fn(&str) -> Option<Identity>,
 ) -> Vec<Judged<'a>> {
     reports
-        .iter()
+        .into_iter()
         // A report without an `EventId` is of an earlier version (before
         // reports held the whole view): it says nothing of the event.
         .filter(|r| !r.event_id.is_empty())
