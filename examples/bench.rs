@@ -343,6 +343,28 @@ fn forewarn_env(cluster: &Cluster) -> Vec<(String, String)> {
     ]
 }
 
+/// The chart's default `controller.mallocEnv` (charts/forewarn/values.yaml):
+/// the glibc malloc settings the chart runs the controller with, as
+/// `(name, value)`.
+fn chart_malloc_env() -> anyhow::Result<Vec<(String, String)>> {
+    let path = repo_root().join("charts/forewarn/values.yaml");
+    let values: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
+    let env = values["controller"]["mallocEnv"]
+        .as_mapping()
+        .with_context(|| format!("{} has no controller.mallocEnv", path.display()))?;
+    env.iter()
+        .map(|(k, v)| {
+            let (Some(k), Some(v)) = (k.as_str(), v.as_str()) else {
+                anyhow::bail!(
+                    "controller.mallocEnv in {} is not strings: {k:?}: {v:?}",
+                    path.display()
+                );
+            };
+            Ok((k.to_owned(), v.to_owned()))
+        })
+        .collect()
+}
+
 async fn start_fleet(
     cluster: &Cluster,
     bin: &Path,
@@ -1283,6 +1305,7 @@ async fn scale_on(
     }
     let qps = SCALE_EVICTION_QPS.to_string();
     let burst = (SCALE_EVICTION_QPS * 2).to_string();
+    let malloc_env = chart_malloc_env()?;
     let mut fleet = start_fleet(
         cluster,
         bin,
@@ -1291,14 +1314,14 @@ async fn scale_on(
         &vms,
         Some(creds),
         &[
-            ("FOREWARN_EVICTION_QPS", &qps),
-            ("FOREWARN_EVICTION_BURST", &burst),
-            // The chart's `controller.mallocEnv` defaults: the controller as
-            // the chart runs it (the agents of this part are not measured).
-            ("MALLOC_ARENA_MAX", "2"),
-            ("MALLOC_MMAP_THRESHOLD_", "131072"),
-            ("MALLOC_TRIM_THRESHOLD_", "262144"),
-        ],
+            ("FOREWARN_EVICTION_QPS", qps.as_str()),
+            ("FOREWARN_EVICTION_BURST", burst.as_str()),
+        ]
+        .into_iter()
+        // The chart's `controller.mallocEnv` defaults: the controller as
+        // the chart runs it (the agents of this part are not measured).
+        .chain(malloc_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .collect::<Vec<_>>(),
     )
     .await?;
     // The reference runs before this program's watches start: its cordons
@@ -2011,6 +2034,7 @@ async fn wave_on(
         .await?;
     let qps = args.wave_eviction_qps.to_string();
     let burst = (args.wave_eviction_qps * 2).to_string();
+    let malloc_env = chart_malloc_env()?;
     let mut fleet = start_fleet(
         cluster,
         bin,
@@ -2019,13 +2043,13 @@ async fn wave_on(
         &vms,
         Some(creds),
         &[
-            ("FOREWARN_EVICTION_QPS", &qps),
-            ("FOREWARN_EVICTION_BURST", &burst),
-            // The chart's `controller.mallocEnv` defaults.
-            ("MALLOC_ARENA_MAX", "2"),
-            ("MALLOC_MMAP_THRESHOLD_", "131072"),
-            ("MALLOC_TRIM_THRESHOLD_", "262144"),
-        ],
+            ("FOREWARN_EVICTION_QPS", qps.as_str()),
+            ("FOREWARN_EVICTION_BURST", burst.as_str()),
+        ]
+        .into_iter()
+        // The chart's `controller.mallocEnv` defaults.
+        .chain(malloc_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .collect::<Vec<_>>(),
     )
     .await?;
     // The reference, before this program's watches start: its cordons are

@@ -366,6 +366,27 @@ impersonating a user of its own), memory and CPU from `/proc`. Everything runs o
 (hack/cluster.sh: a real kube-apiserver, KWOK nodes), the IMDS mock, the agents and the controller as processes \
 on loopback, all sharing the machine's cores: read a figure with the load averages of its run.";
 
+/// The allocator's trade, measured by hand (not by a part of this program):
+/// kept in the document because it decides the chart's settings.
+const ALLOCATOR: &str = "\
+## Allocator
+
+The controller uses glibc's malloc, with the chart's `controller.mallocEnv` (mmap from 128 KiB, trim beyond \
+256 KiB, one arena). Tried on 2026-12-07, each in one run of the scale part (1,000 VMs, 10,000 pods; \
+`target/debug/examples/bench --only scale --forewarn-bin DIR/forewarn --out FILE`, one after another on \
+this machine), as idle RSS / start-up peak / peak over the event:
+
+| Allocator | Executable | Controller RSS idle / start-up peak / event peak |
+|---|---|---|
+| glibc, two arenas (the chart's default before) | 10.61 MB | 45.0 / 49.4 / 70.4 MiB |
+| glibc, one arena (`MALLOC_ARENA_MAX=1`, the chart's default since) | 10.61 MB | 38.6 / 42.1 / 63.1 MiB |
+| jemalloc 5.3 (tikv-jemallocator 0.7, its defaults) | 10.91 MB | 40.8 / 59.2 / 83.6 MiB |
+| mimalloc 2 (mimalloc 0.1.52, its defaults; the code before borrowing reports, whose glibc peak was 79.1 MiB) | 10.73 MB | 43.7 / 70.2 / 113.2 MiB |
+
+Both replacements made the executable larger and the peak higher: glibc stays. The controller's CPU over the \
+event was the same with one arena as with two (26.0 and 26.8 CPU seconds).
+";
+
 /// The whole document after a run of the parts `ran` (all of `order` for
 /// a full run): the parts of `previous` (the document it replaces) that
 /// this run did not measure are kept as they were, with their own runs;
@@ -435,6 +456,9 @@ pub fn document(
     s.push_str(READING);
     s.push_str("\n\n");
     s.push_str(&sizing(&state));
+    s.push('\n');
+    s.push_str(ALLOCATOR);
+    s.push('\n');
     let partial = (ran.len() < order.len()).then_some(ran);
     let _ = write!(
         s,
