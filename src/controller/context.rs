@@ -99,6 +99,7 @@ impl Context {
             tokio::time::Instant::now(),
             std::time::Duration::from_secs(300),
         );
+        self.writers.latest.retain(&names);
         self.memory.announced.retain(&uids);
         self.memory.blocks_announced.retain(&uids);
         self.writers.metrics.forget_observed_except(&uids);

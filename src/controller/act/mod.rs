@@ -8,6 +8,7 @@ pub mod drain;
 pub mod foreign;
 pub mod kube_events;
 pub mod labels;
+pub mod latest;
 pub mod node_condition;
 pub mod notice;
 pub mod out_of_service;

@@ -38,6 +38,9 @@ pub enum Subject<'a> {
 /// counts without listing ([`crate::controller::decide::status::next`]): their drains are
 /// announced too, each once.
 ///
+/// Returns the API server's answer to the status write (the object as it
+/// left it), or `None` when the status had not changed.
+///
 /// # Errors
 /// [`Error::PatchStatus`] when the status cannot be written.
 pub async fn report(
@@ -48,12 +51,12 @@ pub async fn report(
     not_listed: &[NodeProgress],
     writers: &Writers,
     announced: &Announced,
-) -> Result<()> {
+) -> Result<Option<ScheduledEvent>> {
     let prev = ev.status.clone().unwrap_or_default();
     if prev == *status {
-        return Ok(());
+        return Ok(None);
     }
-    write_status(ev, status, writers).await?;
+    let answer = write_status(ev, status, writers).await?;
     if let (None, Some(first_seen)) = (prev.first_seen, status.first_seen) {
         writers.metrics.event_observed(ev, first_seen);
     }
@@ -67,7 +70,7 @@ pub async fn report(
     announce_drain(ev, &prev, status, plan, writers);
     notify_webhooks(ev, &prev, stored, status, plan, writers);
     announce_phase(ev, &prev, plan, writers);
-    Ok(())
+    Ok(Some(answer))
 }
 
 /// Writes `status` by server-side apply (field manager
@@ -77,6 +80,7 @@ pub async fn report(
 /// previous pass's write (a loaded API server's watch lags by seconds) is
 /// refused with 409 instead of overwriting it (it once turned a `Started`
 /// event `Cancelled`), and the pass runs again on the newer object.
+/// Returns the API server's answer: the object as the write left it.
 ///
 /// # Errors
 /// [`Error::PatchStatus`] when the API server refuses it (409 when the
@@ -85,7 +89,7 @@ async fn write_status(
     ev: &ScheduledEvent,
     status: &ScheduledEventStatus,
     writers: &Writers,
-) -> Result<()> {
+) -> Result<ScheduledEvent> {
     let name = ev.name_any();
     let mut body = json!({
         "apiVersion": ScheduledEvent::api_version(&()),
@@ -103,8 +107,7 @@ async fn write_status(
         .map_err(|source| Error::PatchStatus {
             name: name.clone(),
             source,
-        })?;
-    Ok(())
+        })
 }
 
 /// The Events of each node's progress that this write records anew: a node

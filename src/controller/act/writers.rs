@@ -35,6 +35,9 @@ pub struct Writers {
     /// What this controller wrote to nodes that the node cache may not
     /// show yet (see [`crate::controller::act::cordon::WrittenMarks`]).
     pub written_marks: crate::controller::act::cordon::WrittenMarks,
+    /// The `ScheduledEvent`s as this controller's last status write left
+    /// them (see [`crate::controller::act::latest`]).
+    pub latest: crate::controller::act::latest::LatestWritten,
 }
 
 /// Makes the write `body` (a patch of a `ScheduledEvent`) conditional on

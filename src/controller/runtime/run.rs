@@ -700,6 +700,7 @@ impl Replica {
             nodes,
             dry_run: self.args.dry_run,
             written_marks: cordon::WrittenMarks::default(),
+            latest: crate::controller::act::latest::LatestWritten::default(),
         })
     }
 
