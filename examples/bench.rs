@@ -1785,6 +1785,38 @@ fn watch_deletions(
     (seen, task)
 }
 
+/// Every version of the PodDisruptionBudgets of namespace `ns` as a watch
+/// sees them (its `disruptionsAllowed`), until the task is aborted.
+fn watch_budgets(
+    client: &Client,
+    ns: &str,
+) -> (
+    Arc<Mutex<Vec<forewarn_harness::report::BudgetSeen>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
+    let out = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut stream = watcher::watcher(budgets, watcher::Config::default()).boxed();
+        while let Some(ev) = stream.next().await {
+            let now = Utc::now();
+            let Ok(watcher::Event::Apply(b) | watcher::Event::InitApply(b)) = ev else {
+                continue;
+            };
+            out.lock().unwrap_or_else(|p| p.into_inner()).push(
+                forewarn_harness::report::BudgetSeen {
+                    seen_at: now,
+                    budget: format!("{}/{}", b.namespace().unwrap_or_default(), b.name_any()),
+                    allowed: b.status.and_then(|s| s.disruptions_allowed).unwrap_or(0),
+                },
+            );
+        }
+    });
+    (seen, task)
+}
+
 /// The moment the API server answered the controller's first granted
 /// eviction (201) of each node's pods (`initial`: node → `namespace/name`
 /// of its workload pods at the start), from the audit log's `requests`.
@@ -2061,6 +2093,7 @@ async fn wave_on(
     let reference = node_patch_reference(client, n).await?;
     let watches = Watches::start(client).await?;
     let (deletions, deletion_task) = watch_deletions(client, ns);
+    let (budgets, budget_task) = watch_budgets(client, ns);
     let http = forewarn::http::client_builder().no_proxy().build()?;
     settle(&mut fleet, Duration::from_secs(10), &mut restarts).await?;
     let ticks = clock_ticks();
@@ -2108,7 +2141,9 @@ async fn wave_on(
     let log = fleet.mock_log(&http).await.unwrap_or_default();
     stop_fleet(fleet).await;
     deletion_task.abort();
+    budget_task.abort();
     let deletions = deletions.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let budgets = budgets.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let requests: Vec<Request> = audit_requests(cluster)?
         .into_iter()
         .filter(|r| r.at >= origin && r.at <= until + chrono::TimeDelta::seconds(3))
@@ -2153,9 +2188,7 @@ async fn wave_on(
         })
         .collect();
     let cordons_from_log = taken_cordons.len();
-    // The budgets' history is the test's check (tests/scenarios.rs), not a
-    // figure of the bench.
-    let figures = wave::figures(&events, &initial, &deletions, &cordons, &[]);
+    let figures = wave::figures(&events, &initial, &deletions, &cordons, &budgets);
     let seen_to_cordon = sorted(
         figures
             .iter()
@@ -2250,17 +2283,44 @@ async fn wave_on(
         .map(wave::EventFigures::left_at_not_before)
         .sum();
     let to_leave = wave::TIME_TO_LEAVE.as_secs();
+    // A pod its PodDisruptionBudget kept until NotBefore stays, as the
+    // budget asks: forewarn is answerable for the pods of the nodes cordoned
+    // in time whose budget stood open, unused, longer than the bound.
+    let bound = wave::BUDGET_TAKEN_WITHIN.as_secs_f64();
+    let missed: Vec<&wave::EventFigures> = figures
+        .iter()
+        .filter(|f| f.had_time && f.unused_budget > bound)
+        .collect();
+    let left_missed: usize = missed
+        .iter()
+        .map(|f| wave::EventFigures::left_at_not_before(f))
+        .sum();
+    let unused = sorted(figures.iter().map(|f| f.unused_budget).collect());
+    let budget_versions: Vec<&forewarn_harness::report::BudgetSeen> = budgets.iter().collect();
+    let reopened = sorted(
+        figures
+            .iter()
+            .filter_map(|f| {
+                let (t0, t1) = wave::reopened(&budget_versions, &f.node, f.cordoned?)?;
+                (t1 <= f.not_before).then(|| secs(t1 - t0))
+            })
+            .collect(),
+    );
     table
         .add(
             "7 wave",
             "pods still running at NotBefore (a deletionTimestamp after it, or not deleted)",
             format!(
-                "{left} of {pods}; every one had time to leave (30 s of notice, {to_leave} s needed: the drain margin, the smallest grace, 5 s to evict); {left_late_cordon} of the {left} on nodes cordoned less than {to_leave} s before NotBefore"
+                "{left} of {pods}: {left_missed} on the {} nodes whose PodDisruptionBudget stood open unused more than {bound:.0} s; {left_late_cordon} on nodes cordoned less than {to_leave} s before NotBefore (30 s of notice, {to_leave} s needed: the drain margin, the smallest grace, 5 s to evict); the others kept by their budgets. A budget stood open unused at most {:.1} s (median {:.1} s); the budgets the first evictions closed reopened (their pods' replacements Ready) {} before NotBefore (this program's budget watch)",
+                missed.len(),
+                unused.last().copied().unwrap_or_default(),
+                percentile(&unused, 0.5),
+                spread(&reopened, n),
             ),
-            "0 that had time to leave",
-            Some(left == 0 && pods == want),
+            &format!("0 that had time to leave (cordoned {to_leave} s before NotBefore, their budget open)"),
+            Some(left_missed == 0 && pods == want),
         )
-        .headline(format!("{left} pods left at NotBefore"), None);
+        .headline(format!("{left} pods left at NotBefore ({left_missed} that had time)"), None);
     let approvals: Vec<&LogEntry> = log.iter().filter(|e| e.what == "Approved").collect();
     let mut per_event: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for a in &approvals {

@@ -422,12 +422,8 @@ const WAVE_VMS: usize = 50;
 /// Workload pods per node of the wave.
 const WAVE_PODS_PER_NODE: usize = 10;
 /// How long a PodDisruptionBudget that allows an eviction may wait for
-/// forewarn to ask for one of its node's pods: the budget watch's wake, a
-/// pass's turn at the gate, its reads and its eviction request, on a test
-/// machine that 50 agents, the mock, the control plane and 500 moving pods
-/// keep busy (up to about 7 s measured there at the end of `make test`). A
-/// drain the watch failed to wake waits for its backoff, up to 16 s.
-const BUDGET_TAKEN_WITHIN: Duration = Duration::from_secs(10);
+/// forewarn to ask for one of its node's pods.
+const BUDGET_TAKEN_WITHIN: Duration = forewarn_harness::wave::BUDGET_TAKEN_WITHIN;
 /// Nodes that take the evicted pods' replacements (the pool Azure does not
 /// take back), created as the wave starts.
 const WAVE_SPARES: usize = 3;

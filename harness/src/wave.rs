@@ -337,6 +337,35 @@ pub fn budget_of(node: &str) -> Option<String> {
 /// minus this.
 pub const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 
+/// How long a PodDisruptionBudget that allows an eviction may wait for
+/// forewarn to ask for one of its node's pods: the budget watch's wake, a
+/// pass's turn at the gate, its reads and its eviction request, on a test
+/// machine that the wave's agents, the mock, the control plane and its
+/// moving pods keep busy (up to about 7 s measured there at the end of
+/// `make test` with 50 VMs). A drain the watch failed to wake waits for its
+/// backoff, up to 16 s.
+pub const BUDGET_TAKEN_WITHIN: Duration = Duration::from_secs(10);
+
+/// When the budget of `node` ([`budget_of`]), in `budgets` (its versions in
+/// the order seen), first allowed no disruption after `from` (the node's
+/// cordon: its first evictions took what it allowed), and when it next
+/// allowed one (the replacements of the pods evicted Ready): `None` when it
+/// did not close, or did not reopen.
+pub fn reopened(
+    budgets: &[&BudgetSeen],
+    node: &str,
+    from: DateTime<Utc>,
+) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
+    let name = budget_of(node)?;
+    let mine: Vec<&&BudgetSeen> = budgets
+        .iter()
+        .filter(|b| b.budget.split('/').nth(1) == Some(name.as_str()) && b.seen_at >= from)
+        .collect();
+    let closed = mine.iter().position(|b| b.allowed == 0)?;
+    let open = mine[closed..].iter().find(|b| b.allowed > 0)?;
+    Some((mine[closed].seen_at, open.seen_at))
+}
+
 /// The step at which [`unused_budget`] samples a budget's history.
 const SAMPLE: chrono::TimeDelta = chrono::TimeDelta::milliseconds(100);
 
@@ -554,5 +583,34 @@ mod tests {
         assert!(!f[1].had_time, "cordoned 14 s before NotBefore");
         assert_eq!(f[1].late.len(), 2);
         assert!(f[1].late[1].ends_with("(not deleted)"));
+    }
+
+    #[test]
+    fn a_budget_reopens_when_it_allows_again_after_closing() {
+        let v = |ms, name: &str, allowed| BudgetSeen {
+            seen_at: at(ms),
+            budget: format!("shop/{name}"),
+            allowed,
+        };
+        let all = [
+            v(0, "wave-001", 5),
+            v(500, "wave-001", 0),
+            v(600, "wave-002", 3),
+            v(900, "wave-001", 0),
+            v(4000, "wave-001", 2),
+            v(5000, "wave-001", 0),
+        ];
+        let refs: Vec<&BudgetSeen> = all.iter().collect();
+        assert_eq!(
+            reopened(&refs, &node_name(1), at(100)),
+            Some((at(500), at(4000)))
+        );
+        // Only from the cordon on.
+        assert_eq!(
+            reopened(&refs, &node_name(1), at(4500)),
+            None,
+            "closed at 5000, never reopened"
+        );
+        assert_eq!(reopened(&refs, &node_name(2), at(0)), None, "never closed");
     }
 }
