@@ -8,6 +8,31 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::controller::observe::trust::Identity;
 
+/// Drops from a node, before the node cache stores it, what the controller
+/// never reads: its `managedFields` (often the larger part of the object),
+/// and of its status all but its conditions (`Ready` and forewarn's own)
+/// and `nodeInfo.bootID` (restarts): the images it holds (dozens of names
+/// and sizes on a real node), its volumes, addresses, capacity and
+/// allocatable resources, daemon endpoints, runtime handlers, features
+/// and the rest of `nodeInfo`. At 1,000 nodes the cache is the controller's
+/// largest; every node write is a patch of the fields it changes,
+/// conditional on the `resourceVersion`, never the cached object sent back.
+pub fn trim(node: &mut Node) {
+    use kube::ResourceExt;
+    node.managed_fields_mut().clear();
+    if let Some(s) = node.status.as_mut() {
+        let boot_id = s.node_info.take().map(|i| i.boot_id);
+        *s = k8s_openapi::api::core::v1::NodeStatus {
+            conditions: s.conditions.take(),
+            node_info: boot_id.map(|boot_id| k8s_openapi::api::core::v1::NodeSystemInfo {
+                boot_id,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+    }
+}
+
 /// The VM name an Azure `providerID` stands for, as it appears in `Resources`.
 ///
 /// `azure:///subscriptions/<sub>/resourceGroups/<rg>/providers/Microsoft.Compute/virtualMachineScaleSets/<vmss>/virtualMachines/<id>`
@@ -173,6 +198,84 @@ mod tests {
     use crate::api::{CORDONED_FOR_ANNOTATION, holds};
     use k8s_openapi::api::core::v1::NodeSpec;
     use kube::api::ObjectMeta;
+
+    #[test]
+    fn a_trimmed_node_keeps_what_the_controller_reads() {
+        let mut n: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "aks-spot-1", "resourceVersion": "7", "uid": "u",
+                "labels": {"kubernetes.io/hostname": "aks-spot-1"},
+                "annotations": {CORDONED_FOR_ANNOTATION: "e"},
+                "managedFields": [{"manager": "kubelet", "operation": "Update"}],
+            },
+            "spec": {
+                "providerID": "azure:///subscriptions/s/resourceGroups/r/providers/Microsoft.Compute/virtualMachineScaleSets/aks-spot/virtualMachines/1",
+                "unschedulable": true,
+                "taints": [{"key": "forewarn.dev/scheduled-event", "effect": "NoSchedule"}],
+                "podCIDR": "10.0.0.0/24",
+            },
+            "status": {
+                "conditions": [
+                    {"type": "Ready", "status": "True"},
+                    {"type": "ForewarnScheduledEvent", "status": "True"},
+                ],
+                "nodeInfo": {
+                    "bootID": "b-1", "machineID": "m", "systemUUID": "s", "kernelVersion": "6.8",
+                    "osImage": "Ubuntu", "containerRuntimeVersion": "containerd://2.0",
+                    "kubeletVersion": "v1.33.0", "kubeProxyVersion": "", "operatingSystem": "linux",
+                    "architecture": "amd64",
+                },
+                "addresses": [{"type": "InternalIP", "address": "10.224.0.4"}],
+                "capacity": {"cpu": "4", "pods": "110"},
+                "allocatable": {"cpu": "3860m", "pods": "110"},
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+                "images": [{"names": ["registry.k8s.io/pause:3.10"], "sizeBytes": 320_000}],
+                "volumesInUse": ["kubernetes.io/csi/disk.csi.azure.com^d"],
+                "phase": "Running",
+            },
+        }))
+        .unwrap();
+        let before = n.clone();
+        trim(&mut n);
+        // What the controller reads is as it was.
+        assert_eq!(n.metadata.name, before.metadata.name);
+        assert_eq!(
+            n.metadata.resource_version,
+            before.metadata.resource_version
+        );
+        assert_eq!(n.metadata.labels, before.metadata.labels);
+        assert_eq!(n.metadata.annotations, before.metadata.annotations);
+        assert_eq!(n.spec, before.spec);
+        assert_eq!(provider_vm(&n).as_deref(), Some("aks-spot_1"));
+        assert!(is_cordoned(&n));
+        let status = n.status.clone().unwrap();
+        assert_eq!(status.conditions, before.status.unwrap().conditions);
+        assert_eq!(
+            crate::controller::observe::impact::boot_id(&n).as_deref(),
+            Some("b-1")
+        );
+        assert_eq!(
+            crate::controller::decide::out_of_service::ready(&n),
+            Some(true)
+        );
+        // The rest is gone.
+        assert!(n.metadata.managed_fields.is_none_or(|m| m.is_empty()));
+        let kept = serde_json::to_value(&status).unwrap();
+        assert_eq!(
+            kept,
+            serde_json::json!({
+                "conditions": [
+                    {"type": "Ready", "status": "True"},
+                    {"type": "ForewarnScheduledEvent", "status": "True"},
+                ],
+                "nodeInfo": {
+                    "bootID": "b-1", "machineID": "", "systemUUID": "", "kernelVersion": "",
+                    "osImage": "", "containerRuntimeVersion": "", "kubeletVersion": "",
+                    "kubeProxyVersion": "", "operatingSystem": "", "architecture": "",
+                },
+            })
+        );
+    }
 
     /// A node, and the VM its `VirtualMachineReport` fixed (`vmr`),
     /// recorded in [`FIXED`] for [`fixed`].

@@ -252,17 +252,7 @@ impl NodeCache {
     ///
     /// Returns the cache and the watch's task.
     fn spawn(client: Client) -> (Self, JoinHandle<()>) {
-        let (store, stream) = cache::<Node>(client, |n: &mut Node| {
-            n.managed_fields_mut().clear();
-            // Never read, and on a real node the larger part of its status:
-            // the images it holds (dozens of names and sizes) and its
-            // volumes.
-            if let Some(s) = n.status.as_mut() {
-                s.images = None;
-                s.volumes_attached = None;
-                s.volumes_in_use = None;
-            }
-        });
+        let (store, stream) = cache::<Node>(client, crate::controller::observe::nodes::trim);
         let (boot_ids, restarts) = BootIds::new();
         let topology_changed = Arc::new(Notify::new());
         let stream = stream.for_each({
