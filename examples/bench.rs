@@ -1786,35 +1786,27 @@ fn watch_deletions(
 }
 
 /// Every version of the PodDisruptionBudgets of namespace `ns` as a watch
-/// sees them (its `disruptionsAllowed`), until the task is aborted.
+/// sees them (its `disruptionsAllowed`), until the watch is dropped.
 fn watch_budgets(
     client: &Client,
     ns: &str,
 ) -> (
     Arc<Mutex<Vec<forewarn_harness::report::BudgetSeen>>>,
-    tokio::task::JoinHandle<()>,
+    forewarn_harness::AbortOnDrop,
 ) {
-    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use forewarn_harness::report::BudgetSeen;
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
     let out = seen.clone();
-    let task = tokio::spawn(async move {
-        let mut stream = watcher::watcher(budgets, watcher::Config::default()).boxed();
-        while let Some(ev) = stream.next().await {
-            let now = Utc::now();
-            let Ok(watcher::Event::Apply(b) | watcher::Event::InitApply(b)) = ev else {
-                continue;
-            };
-            out.lock().unwrap_or_else(|p| p.into_inner()).push(
-                forewarn_harness::report::BudgetSeen {
-                    seen_at: now,
-                    budget: format!("{}/{}", b.namespace().unwrap_or_default(), b.name_any()),
-                    allowed: b.status.and_then(|s| s.disruptions_allowed).unwrap_or(0),
-                },
-            );
-        }
-    });
-    (seen, task)
+    let (watch, _listed) = forewarn_harness::spawn_watch(
+        Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(client.clone(), ns),
+        move |b| {
+            out.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(BudgetSeen::of(&b, Utc::now()));
+            true
+        },
+    );
+    (seen, watch)
 }
 
 /// The moment the API server answered the controller's first granted
@@ -2093,7 +2085,7 @@ async fn wave_on(
     let reference = node_patch_reference(client, n).await?;
     let watches = Watches::start(client).await?;
     let (deletions, deletion_task) = watch_deletions(client, ns);
-    let (budgets, budget_task) = watch_budgets(client, ns);
+    let (budgets, budget_watch) = watch_budgets(client, ns);
     let http = forewarn::http::client_builder().no_proxy().build()?;
     settle(&mut fleet, Duration::from_secs(10), &mut restarts).await?;
     let ticks = clock_ticks();
@@ -2141,7 +2133,7 @@ async fn wave_on(
     let log = fleet.mock_log(&http).await.unwrap_or_default();
     stop_fleet(fleet).await;
     deletion_task.abort();
-    budget_task.abort();
+    drop(budget_watch);
     let deletions = deletions.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let budgets = budgets.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let requests: Vec<Request> = audit_requests(cluster)?
@@ -2296,12 +2288,11 @@ async fn wave_on(
         .map(|f| wave::EventFigures::left_at_not_before(f))
         .sum();
     let unused = sorted(figures.iter().map(|f| f.unused_budget).collect());
-    let budget_versions: Vec<&forewarn_harness::report::BudgetSeen> = budgets.iter().collect();
     let reopened = sorted(
         figures
             .iter()
             .filter_map(|f| {
-                let (t0, t1) = wave::reopened(&budget_versions, &f.node, f.cordoned?)?;
+                let (t0, t1) = wave::reopened(&budgets, &f.node, f.cordoned?)?;
                 (t1 <= f.not_before).then(|| secs(t1 - t0))
             })
             .collect(),

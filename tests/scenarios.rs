@@ -421,9 +421,6 @@ async fn a_flood_of_two_hundred_events_at_once_loses_none_and_leaves_nothing_cor
 const WAVE_VMS: usize = 50;
 /// Workload pods per node of the wave.
 const WAVE_PODS_PER_NODE: usize = 10;
-/// How long a PodDisruptionBudget that allows an eviction may wait for
-/// forewarn to ask for one of its node's pods.
-const BUDGET_TAKEN_WITHIN: Duration = forewarn_harness::wave::BUDGET_TAKEN_WITHIN;
 /// Nodes that take the evicted pods' replacements (the pool Azure does not
 /// take back), created as the wave starts.
 const WAVE_SPARES: usize = 3;
@@ -440,7 +437,7 @@ const WAVE_SPARES: usize = 3;
 /// event's own VM, an event not approved is recorded `DrainIncomplete`,
 /// and on every node cordoned early enough to leave (`TIME_TO_LEAVE`
 /// before `NotBefore`) no PodDisruptionBudget that allowed an eviction
-/// waited longer than `BUDGET_TAKEN_WITHIN` for forewarn to ask for one
+/// waited longer than `wave::BUDGET_TAKEN_WITHIN` for forewarn to ask for one
 /// before the drain deadline (the budgets' versions, and each eviction's
 /// `deletionTimestamp` minus the grace the API server applied); how many
 /// pods still ran at `NotBefore` is printed (the bench's `wave` part
@@ -604,7 +601,7 @@ async fn a_spot_wave_of_fifty_vms_is_cordoned_at_once_and_drained_as_budgets_all
         );
         // Every pod of a node cordoned in time was asked to leave as soon
         // as its PodDisruptionBudget allowed: the budget never stood open
-        // longer than BUDGET_TAKEN_WITHIN while the node had pods to evict
+        // longer than wave::BUDGET_TAKEN_WITHIN while the node had pods to evict
         // (from the cordon to the drain deadline; the API server's records:
         // the budget's versions, each eviction's deletionTimestamp minus
         // the grace it applied). A pod the budget kept until NotBefore
@@ -612,7 +609,7 @@ async fn a_spot_wave_of_fifty_vms_is_cordoned_at_once_and_drained_as_budgets_all
         // printed below and is the bench's figure.
         if f.had_time {
             assert!(
-                f.unused_budget <= BUDGET_TAKEN_WITHIN.as_secs_f64(),
+                f.unused_budget <= wave::BUDGET_TAKEN_WITHIN.as_secs_f64(),
                 "{} (cordoned {:?}, NotBefore {}): its PodDisruptionBudget allowed an eviction for {:.1} s that forewarn did not take (deletions ending after NotBefore: {:?})",
                 f.node,
                 f.cordoned,

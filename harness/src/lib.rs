@@ -22,6 +22,9 @@ mod timeline;
 pub mod wave;
 pub mod workload;
 
+/// A watch of every version of one kind, as the observer keeps them.
+pub use observe::{AbortOnDrop, spawn_watch};
+
 /// The tests' fixtures (a `ScheduledEventSpec` builder): the library's
 /// own, which the harness turns on (feature `test-fixtures`).
 pub use forewarn::fixtures;

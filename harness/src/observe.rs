@@ -34,7 +34,8 @@ use crate::timeline::{Timeline, chrono_time, short};
 use crate::workload::{ready_pods, restore_node};
 
 /// Aborts a background task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// A task aborted when this is dropped.
+pub struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -103,15 +104,7 @@ impl Watches {
         let (budget_tx, budget_rx) = unbounded_channel();
         let (t, s) = spawn_watch(
             Api::<PodDisruptionBudget>::namespaced(client.clone(), ns),
-            move |b| {
-                budget_tx
-                    .send(BudgetSeen {
-                        seen_at: Utc::now(),
-                        budget: format!("{}/{}", b.namespace().unwrap_or_default(), b.name_any()),
-                        allowed: b.status.and_then(|s| s.disruptions_allowed).unwrap_or(0),
-                    })
-                    .is_ok()
-            },
+            move |b| budget_tx.send(BudgetSeen::of(&b, Utc::now())).is_ok(),
         );
         tasks.push(t);
         synced.push(("PodDisruptionBudgets", s));
@@ -139,7 +132,7 @@ impl Watches {
 /// each version of an object to `seen`, until it returns false (its
 /// receiver is gone). The receiver it returns is told once the first list
 /// has been handed over.
-fn spawn_watch<K>(
+pub fn spawn_watch<K>(
     api: Api<K>,
     mut seen: impl FnMut(K) -> bool + Send + 'static,
 ) -> (AbortOnDrop, oneshot::Receiver<()>)

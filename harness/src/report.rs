@@ -124,6 +124,29 @@ pub struct BudgetSeen {
     pub allowed: i32,
 }
 
+impl BudgetSeen {
+    /// The version `budget` of a PodDisruptionBudget, seen at `seen_at`.
+    pub fn of(
+        budget: &k8s_openapi::api::policy::v1::PodDisruptionBudget,
+        seen_at: DateTime<Utc>,
+    ) -> Self {
+        use kube::ResourceExt;
+        Self {
+            seen_at,
+            budget: format!(
+                "{}/{}",
+                budget.namespace().unwrap_or_default(),
+                budget.name_any()
+            ),
+            allowed: budget
+                .status
+                .as_ref()
+                .and_then(|s| s.disruptions_allowed)
+                .unwrap_or(0),
+        }
+    }
+}
+
 /// A pod deletion as the API server applied it: the first version of the
 /// pod with a `deletionTimestamp`.
 #[derive(Debug, Clone, PartialEq)]

@@ -352,12 +352,12 @@ pub const BUDGET_TAKEN_WITHIN: Duration = Duration::from_secs(10);
 /// allowed one (the replacements of the pods evicted Ready): `None` when it
 /// did not close, or did not reopen.
 pub fn reopened(
-    budgets: &[&BudgetSeen],
+    budgets: &[BudgetSeen],
     node: &str,
     from: DateTime<Utc>,
 ) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
     let name = budget_of(node)?;
-    let mine: Vec<&&BudgetSeen> = budgets
+    let mine: Vec<&BudgetSeen> = budgets
         .iter()
         .filter(|b| b.budget.split('/').nth(1) == Some(name.as_str()) && b.seen_at >= from)
         .collect();
@@ -600,17 +600,16 @@ mod tests {
             v(4000, "wave-001", 2),
             v(5000, "wave-001", 0),
         ];
-        let refs: Vec<&BudgetSeen> = all.iter().collect();
         assert_eq!(
-            reopened(&refs, &node_name(1), at(100)),
+            reopened(&all, &node_name(1), at(100)),
             Some((at(500), at(4000)))
         );
         // Only from the cordon on.
         assert_eq!(
-            reopened(&refs, &node_name(1), at(4500)),
+            reopened(&all, &node_name(1), at(4500)),
             None,
             "closed at 5000, never reopened"
         );
-        assert_eq!(reopened(&refs, &node_name(2), at(0)), None, "never closed");
+        assert_eq!(reopened(&all, &node_name(2), at(0)), None, "never closed");
     }
 }

@@ -63,7 +63,6 @@ pub async fn reconcile<P: Send>(
     // cache still shows a version older than that write's answer
     // (crate::controller::act::latest): a pass on the older one would lose
     // its writes with 409.
-    let cached_version = stored.resource_version();
     let stored = ctx.writers.latest.fresher(stored);
     let now = Utc::now();
     let policy = ctx.policy();
@@ -126,11 +125,7 @@ pub async fn reconcile<P: Send>(
         outcomes: &outcomes,
         now,
     };
-    let read = Read {
-        stored: &stored,
-        cached_version: cached_version.as_deref(),
-    };
-    report(&read, &pass, foreign.as_deref(), &snapshots, &facts, &ctx).await?;
+    report(&stored, &pass, foreign.as_deref(), &snapshots, &facts, &ctx).await?;
     Ok(Requeue::requeue(sooner_if_a_budget_allows(
         &ev.name_any(),
         next,
@@ -313,19 +308,12 @@ struct Pass<'a> {
     now: DateTime<Utc>,
 }
 
-/// The object a pass started from, and the version the cache showed of it
-/// (another when the pass started from its last write's answer).
-struct Read<'a> {
-    stored: &'a ScheduledEvent,
-    cached_version: Option<&'a str>,
-}
-
 /// Writes what the pass did: the status (with a foreign approval's
 /// condition, the nodes' restarts and a freeze's heartbeat gap, and under
 /// `--dry-run` what would have been done), its Events and webhooks, and the
 /// node condition of each node the event concerns or recorded.
 async fn report(
-    read: &Read<'_>,
+    stored: &ScheduledEvent,
     pass: &Pass<'_>,
     foreign_writer: Option<&str>,
     snapshots: &HashMap<String, Arc<Node>>,
@@ -364,7 +352,7 @@ async fn report(
     if ctx.writers.dry_run {
         status::as_dry_run(&mut status, ev.status.as_ref(), plan, now);
     }
-    let prev = read.stored.status.as_ref();
+    let prev = stored.status.as_ref();
     let answer = publish::report(
         ev,
         prev,
@@ -375,17 +363,18 @@ async fn report(
         &ctx.memory.announced,
     )
     .await?;
-    // The write was conditional on `ev`'s version: every version this pass
-    // read is older than its answer.
+    // The write was conditional on `ev`'s version: the version the pass
+    // started from (a spec write may come between) is older than its answer.
+    // When the pass started from an earlier answer, the version the cache
+    // showed is among those that answer's entry already holds.
     if let (Some(answer), Some(base)) = (answer, ev.metadata.resource_version.as_deref()) {
-        let seen: Vec<&str> = [
-            read.stored.metadata.resource_version.as_deref(),
-            read.cached_version,
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        ctx.writers.latest.wrote(base, &seen, answer);
+        let started: Vec<&str> = stored
+            .metadata
+            .resource_version
+            .as_deref()
+            .into_iter()
+            .collect();
+        ctx.writers.latest.wrote(base, &started, answer);
     }
     // A node whose part ended is no longer observed: its record names it.
     let names: Vec<String> = seen

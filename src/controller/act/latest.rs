@@ -79,7 +79,9 @@ impl LatestWritten {
 
     /// Notes that a write conditional on the version `base` was taken and
     /// answered `answer`; `seen` are other versions of the object the pass
-    /// read before it (the cache's, when the pass started from another).
+    /// read before it (the one it started from, when a spec write came
+    /// between). The entry's versions known older carry over to the new
+    /// answer, with the old answer's own.
     /// A write with no version in `answer` is not noted.
     pub fn wrote(&self, base: &str, seen: &[&str], answer: ScheduledEvent) {
         let name = answer.name_any();
@@ -96,21 +98,18 @@ impl LatestWritten {
             }
             _ => Vec::new(),
         };
-        older.extend(seen.iter().chain([&base]).map(|v| (*v).to_owned()));
-        let mut unique = std::collections::HashSet::new();
-        // Newest last; a version listed twice keeps its latest place.
-        let mut kept: Vec<String> = older
-            .into_iter()
-            .rev()
-            .filter(|v| *v != version && unique.insert(v.clone()))
-            .take(OLDER_KEPT)
-            .collect();
-        kept.reverse();
+        for v in seen.iter().chain([&base]) {
+            if *v != version && !older.iter().any(|o| o == v) {
+                older.push((*v).to_owned());
+            }
+        }
+        // The newest are kept (oldest first).
+        older.drain(..older.len().saturating_sub(OLDER_KEPT));
         map.insert(
             name,
             Entry {
                 answer: Arc::new(answer),
-                older: kept,
+                older,
                 at: Instant::now(),
             },
         );
