@@ -51,6 +51,10 @@
 //!   controller's and the agents', from the audit log); the controller's
 //!   memory and CPU; the reference: this program's own cordons of the
 //!   wave's nodes.
+//! - `peer-wave`: the same wave of `--peer-wave-vms` VMs (20: the wave
+//!   the goals of the wave part were set against, a node agent that
+//!   cordons for itself measured on it), with spare nodes for its
+//!   replacements.
 //! - `size`: the size of the stripped release executable.
 //! - `drain`: `bench_drain` (forewarn against `kubectl drain`, its
 //!   reference), run as a child with the same executable.
@@ -135,6 +139,9 @@ struct Args {
     /// (README, "Sizing").
     #[arg(long, default_value_t = 120)]
     wave_eviction_qps: u32,
+    /// Spot VMs of the peer-wave part.
+    #[arg(long, default_value_t = 20)]
+    peer_wave_vms: usize,
     /// Where to write the document, relative to the repository, merged
     /// with what that file holds (empty: do not write; default:
     /// BENCHMARKS.md).
@@ -151,7 +158,30 @@ const CLUSTER_SCALE: &str = "forewarn-bench2";
 const CLUSTER_WAVE: &str = "forewarn-bench-wave";
 
 /// The parts, in the order they run.
-const PARTS: [&str; 6] = ["size", "detection", "burst", "scale", "wave", "drain"];
+const PARTS: [&str; 7] = [
+    "size",
+    "detection",
+    "burst",
+    "scale",
+    "wave",
+    "peer-wave",
+    "drain",
+];
+
+/// Pods one KWOK node takes (its `status.allocatable.pods`).
+const KWOK_PODS_PER_NODE: usize = 110;
+
+/// The peer-wave part's arguments: the wave part's, with
+/// `--peer-wave-vms` VMs and spare nodes for all their pods' replacements
+/// and one more.
+fn peer_wave_args(args: &Args) -> Args {
+    let vms = args.peer_wave_vms.max(1);
+    Args {
+        wave_vms: vms,
+        wave_spares: (vms * args.wave_pods_per_node).div_ceil(KWOK_PODS_PER_NODE) + 1,
+        ..args.clone()
+    }
+}
 
 /// The run's figures ([`Report`]), each printed as it comes (a full run
 /// takes over half an hour).
@@ -712,6 +742,28 @@ impl Request {
             format!("{} {}/{}", self.verb, self.resource, self.subresource)
         }
     }
+}
+
+/// `N (kind n, kind n, …)` of `requests`, the kinds most frequent first;
+/// `none` when there are none.
+fn kinds_text<'a>(requests: impl Iterator<Item = &'a Request>) -> String {
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    let mut all = 0;
+    for r in requests {
+        all += 1;
+        *kinds.entry(r.kind()).or_default() += 1;
+    }
+    if all == 0 {
+        return "none".into();
+    }
+    let mut kinds: Vec<(String, usize)> = kinds.into_iter().collect();
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
+    let text = kinds
+        .iter()
+        .map(|(k, c)| format!("{k} {c}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("{all} ({text})")
 }
 
 /// The requests made by impersonated `bench:` users, from the audit log
@@ -1428,9 +1480,14 @@ async fn scale_on(
         );
     // The controller's requests, as the API server logged them; if it
     // exited, until its last.
-    let requests: Vec<Request> = audit_requests(cluster)?
+    let everyone: Vec<Request> = audit_requests(cluster)?
         .into_iter()
-        .filter(|r| r.user == "bench:controller" && r.at >= changed && r.at <= until)
+        .filter(|r| r.at >= changed && r.at <= until)
+        .collect();
+    let requests: Vec<Request> = everyone
+        .iter()
+        .filter(|r| r.user == "bench:controller")
+        .cloned()
         .collect();
     let until = if exited.is_some() {
         requests.iter().map(|r| r.at).max().unwrap_or(changed)
@@ -1579,6 +1636,30 @@ async fn scale_on(
             Some((first, last))
         })
         .flatten();
+    if let Some((from, to)) = taken_span {
+        // What else the API server took while forewarn's cordons were in
+        // flight: the reference's cordons had it to themselves.
+        let during = |f: &dyn Fn(&Request) -> bool| {
+            kinds_text(
+                everyone
+                    .iter()
+                    .filter(|r| r.at >= from && r.at <= to && f(r)),
+            )
+        };
+        let is_cordon =
+            |r: &Request| r.verb == "patch" && r.resource == "nodes" && r.subresource.is_empty();
+        table.add(
+            "6 scale",
+            "the API server's other requests while forewarn's cordons were in flight (audit, the first cordon received to the last answered)",
+            format!(
+                "the controller: {}; the agents: {}",
+                during(&|r| r.user == "bench:controller" && !is_cordon(r)),
+                during(&|r| r.user.starts_with("bench:agent:")),
+            ),
+            "",
+            None,
+        );
+    }
     match (result, taken_span, first, last) {
         (Ok(()), Some((first_sent, last_answered)), Some(first), Some(last)) => {
             let ratio = secs(last_answered - first_sent) / own;
@@ -2868,6 +2949,7 @@ async fn main() -> ExitCode {
             "burst" => burst(&args, &bin, &mut table).await,
             "scale" => scale(&args, &bin, &mut table).await,
             "wave" => wave(&args, &bin, &mut table).await,
+            "peer-wave" => wave(&peer_wave_args(&args), &bin, &mut table).await,
             _ => tokio::task::block_in_place(|| {
                 // kubectl drain on a loaded machine has failed once without
                 // a message (exit 1); one more try before giving up.

@@ -132,11 +132,19 @@ pub async fn write_nodes(
             (w, r)
         });
     }
+    // Counted while they are in flight when the pass cordons: the queued
+    // Events of every pass wait for them.
+    let sending = plan
+        .node_writes
+        .iter()
+        .any(|w| matches!(w, NodeWrite::Cordon { .. }))
+        .then(|| writers.cordons_first.sending());
     let results: Vec<(NodeWrite, std::result::Result<bool, kube::Error>)> =
         futures::stream::iter(writes)
             .buffer_unordered(NODE_WRITE_CONCURRENCY)
             .collect()
             .await;
+    drop(sending);
     let mut first_error = None;
     let mut written = Vec::new();
     for (w, r) in results {

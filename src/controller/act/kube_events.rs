@@ -7,6 +7,8 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event as KubeEvent, Recorder};
 use tracing::{debug, warn};
 
+use crate::controller::act::cordons_first::CordonsFirst;
+
 /// The longest note the API server takes (events.k8s.io/v1 `note`: at
 /// most 1 KiB), in bytes.
 pub const NOTE_LIMIT: usize = 1024;
@@ -49,10 +51,12 @@ impl EventSink {
     /// Starts the task that posts the queued Events with recorders made by
     /// `recorder` (series of the same Event are folded by each; a fresh one
     /// every [`RECORDER_RENEWED_AFTER`] posts), counting each in `counted`
-    /// by result. The task ends when every sink is dropped.
+    /// by result; each waits first while `cordons_first` counts cordons in
+    /// flight. The task ends when every sink is dropped.
     pub fn start(
         recorder: impl Fn() -> Recorder + Send + Sync + 'static,
         counted: prometheus::IntCounterVec,
+        cordons_first: CordonsFirst,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (queue, mut rx) = tokio::sync::mpsc::channel(EVENT_QUEUE);
         let results = counted.clone();
@@ -72,9 +76,11 @@ impl EventSink {
                         current.0.clone()
                     };
                     let results = &results;
+                    let cordons_first = &cordons_first;
                     async move {
                         let event: KubeEvent = event;
                         let reference: ObjectReference = reference;
+                        cordons_first.clear().await;
                         match recorder.publish(&event, &reference).await {
                             Ok(()) => results.with_label_values(&["posted"]).inc(),
                             Err(e) => {

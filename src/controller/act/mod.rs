@@ -4,6 +4,7 @@
 
 pub mod carry_out;
 pub mod cordon;
+pub mod cordons_first;
 pub mod drain;
 pub mod foreign;
 pub mod kube_events;

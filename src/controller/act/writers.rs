@@ -38,6 +38,10 @@ pub struct Writers {
     /// The `ScheduledEvent`s as this controller's last status write left
     /// them (see [`crate::controller::act::latest`]).
     pub latest: crate::controller::act::latest::LatestWritten,
+    /// The passes with cordons in flight, which the Kubernetes Events wait
+    /// for (see
+    /// [`crate::controller::act::cordons_first`]).
+    pub cordons_first: crate::controller::act::cordons_first::CordonsFirst,
 }
 
 /// Makes the write `body` (a patch of a `ScheduledEvent`) conditional on

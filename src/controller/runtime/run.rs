@@ -31,6 +31,7 @@ use tracing::{debug, info, warn};
 
 use crate::api::{CONTROLLER_MANAGER, ScheduledEvent, ScheduledEventReport};
 use crate::cli::ControllerArgs;
+use crate::controller::act::cordons_first::CordonsFirst;
 use crate::controller::act::kube_events::EventSink;
 use crate::controller::act::spec;
 use crate::controller::act::writers::Writers;
@@ -661,10 +662,12 @@ impl Replica {
         webhooks_text: String,
         tasks: &mut Tasks,
     ) -> anyhow::Result<Writers> {
+        let cordons_first = CordonsFirst::default();
         let (kube_events, event_task) = start_kube_events(
             writes.client.clone(),
             self.identity.clone(),
             self.metrics.kube_events.clone(),
+            cordons_first.clone(),
         );
         tasks.kube_events = Some(event_task);
         let webhooks = Webhooks::start(
@@ -691,6 +694,7 @@ impl Replica {
             dry_run: self.args.dry_run,
             written_marks: cordon::WrittenMarks::default(),
             latest: crate::controller::act::latest::LatestWritten::default(),
+            cordons_first,
         })
     }
 
@@ -875,13 +879,15 @@ fn spawn_vm_reports(
 }
 
 /// Starts the queue of Kubernetes Events, posted through `client` as
-/// [`CONTROLLER_MANAGER`], instance `identity`, and counted in `counted`.
+/// [`CONTROLLER_MANAGER`], instance `identity`, and counted in `counted`,
+/// each held back while `cordons_first` counts cordons in flight.
 ///
 /// Returns the queue and its task.
 fn start_kube_events(
     client: Client,
     identity: String,
     counted: IntCounterVec,
+    cordons_first: CordonsFirst,
 ) -> (EventSink, JoinHandle<()>) {
     EventSink::start(
         move || {
@@ -894,6 +900,7 @@ fn start_kube_events(
             )
         },
         counted,
+        cordons_first,
     )
 }
 
