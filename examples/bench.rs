@@ -139,6 +139,10 @@ struct Args {
     /// (README, "Sizing").
     #[arg(long, default_value_t = 120)]
     wave_eviction_qps: u32,
+    /// The controller's reconcile concurrency in the wave parts
+    /// (`--reconcile-concurrency`; 16 is its default).
+    #[arg(long, default_value_t = 16)]
+    wave_reconcile_concurrency: u16,
     /// Spot VMs of the peer-wave part.
     #[arg(long, default_value_t = 20)]
     peer_wave_vms: usize,
@@ -2141,6 +2145,7 @@ async fn wave_on(
         .await?;
     let qps = args.wave_eviction_qps.to_string();
     let burst = (args.wave_eviction_qps * 2).to_string();
+    let concurrency = args.wave_reconcile_concurrency.to_string();
     let malloc_env = chart_malloc_env()?;
     let mut fleet = start_fleet(
         cluster,
@@ -2152,6 +2157,7 @@ async fn wave_on(
         &[
             ("FOREWARN_EVICTION_QPS", qps.as_str()),
             ("FOREWARN_EVICTION_BURST", burst.as_str()),
+            ("FOREWARN_RECONCILE_CONCURRENCY", concurrency.as_str()),
         ]
         .into_iter()
         // The chart's `controller.mallocEnv` defaults.
@@ -2678,10 +2684,12 @@ async fn wave_on(
         "7 wave",
         &format!("controller RSS idle ({} nodes, {} pods) / peak (VmHWM) over the wave; CPU over the wave", n + spares.len(), want),
         format!(
-            "{:.1} MiB / {busy_text} in {span:.0} s (eviction budget {}/s, burst {}; reconcile concurrency 16, the default)",
+            "{:.1} MiB / {busy_text} in {span:.0} s (eviction budget {}/s, burst {}; reconcile concurrency {}{})",
             mib(idle.rss),
             args.wave_eviction_qps,
-            args.wave_eviction_qps * 2
+            args.wave_eviction_qps * 2,
+            args.wave_reconcile_concurrency,
+            if args.wave_reconcile_concurrency == 16 { ", the default" } else { "" }
         ),
         "",
         None,
@@ -2702,7 +2710,10 @@ async fn wave_on(
             "agent_requests_per_agent_event",
             agents as f64 / (n * n) as f64,
         );
-        table.figure("reconcile_concurrency", 16.0);
+        table.figure(
+            "reconcile_concurrency",
+            f64::from(args.wave_reconcile_concurrency),
+        );
         table.figure("cordon_p99_s", cordon_p99);
         table.figure("eviction_p99_s", evict_p99);
     }

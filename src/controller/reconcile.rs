@@ -175,7 +175,7 @@ async fn settle(
     if spec != stored.spec {
         // The pass goes on from the object as this write left it (its
         // status write is conditional on that version).
-        if let Some(version) = spec::write(&ctx.writers, &name, Some(stored), &spec).await? {
+        if let Some(version) = spec::write(&ctx.writers, &name, stored, &spec).await? {
             ev.metadata.resource_version = Some(version);
         }
     }

@@ -25,6 +25,7 @@ use crate::api::{
 use crate::controller::act::writers::{Writers, conditional_on};
 use crate::controller::error::{Error, Result};
 use crate::controller::observe::caches::Caches;
+use crate::controller::observe::created::Created;
 use crate::controller::observe::facts::Facts;
 use crate::controller::observe::intake;
 use crate::controller::observe::reports::reports_about;
@@ -44,17 +45,49 @@ const CREATED_GRACE: Duration = Duration::from_secs(5);
 /// minute (a create is a round trip of the API server's, not work of ours).
 pub const CREATE_CONCURRENCY: usize = 32;
 
-/// Creates the object `name` with `spec` (`stored` is `None`), or writes
-/// `spec` over the stored one. Returns the `resourceVersion` the object got
-/// when the spec was written over a stored one.
+/// Creates the object `name` with `spec`. Returns the object as the API
+/// server stored it (its answer), or `None` when it already existed.
 ///
 /// # Errors
 /// [`Error::WriteEvent`] when the API server refuses; an object that
-/// already exists when created is no error (another pass created it).
+/// already exists is no error (another pass created it).
+pub async fn create(
+    writers: &Writers,
+    name: &str,
+    spec: &ScheduledEventSpec,
+) -> Result<Option<ScheduledEvent>> {
+    let api: Api<ScheduledEvent> = Api::all(writers.client.clone());
+    let params = PostParams {
+        field_manager: Some(CONTROLLER_MANAGER.into()),
+        ..PostParams::default()
+    };
+    match api
+        .create(&params, &ScheduledEvent::new(name, spec.clone()))
+        .await
+    {
+        Ok(answer) => {
+            info!(event = %name, event_id = %spec.event_id, r#type = %spec.event_type,
+                status = %spec.event_status, resources = ?spec.resources, "Created ScheduledEvent from the agents' reports");
+            Ok(Some(answer))
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
+        Err(e) => Err(Error::WriteEvent {
+            name: name.into(),
+            source: e,
+        }),
+    }
+}
+
+/// Writes `spec` over the stored object `name` (`stored`). Returns the
+/// `resourceVersion` the object got.
+///
+/// # Errors
+/// [`Error::WriteEvent`] when the API server refuses (409 Conflict when the
+/// object changed since `stored` was read).
 pub async fn write(
     writers: &Writers,
     name: &str,
-    stored: Option<&ScheduledEvent>,
+    stored: &ScheduledEvent,
     spec: &ScheduledEventSpec,
 ) -> Result<Option<String>> {
     let api: Api<ScheduledEvent> = Api::all(writers.client.clone());
@@ -62,25 +95,7 @@ pub async fn write(
         name: name.into(),
         source,
     };
-    if stored.is_none() {
-        let params = PostParams {
-            field_manager: Some(CONTROLLER_MANAGER.into()),
-            ..PostParams::default()
-        };
-        return match api
-            .create(&params, &ScheduledEvent::new(name, spec.clone()))
-            .await
-        {
-            Ok(_) => {
-                info!(event = %name, event_id = %spec.event_id, r#type = %spec.event_type,
-                    status = %spec.event_status, resources = ?spec.resources, "Created ScheduledEvent from the agents' reports");
-                Ok(None)
-            }
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
-            Err(e) => Err(failed(e)),
-        };
-    }
-    let body = spec_patch(stored, spec).map_err(|e| failed(kube::Error::SerdeError(e)))?;
+    let body = spec_patch(Some(stored), spec).map_err(|e| failed(kube::Error::SerdeError(e)))?;
     let params = PatchParams {
         field_manager: Some(CONTROLLER_MANAGER.into()),
         ..PatchParams::default()
@@ -130,7 +145,14 @@ pub fn spec_patch(
 /// reported during a flood waits for one creation to end, not for a batch
 /// (a batch waited for its slowest answer: under a 200-VM Spot wave's load
 /// about 30 objects a second, against the API server's 0.1 s a create).
-pub async fn create_missing(caches: Caches, writers: Writers, changed: Arc<tokio::sync::Notify>) {
+/// Each object created goes to the cache as the API server answered
+/// (`created`), its first pass not waiting for the watch to show it.
+pub async fn create_missing(
+    caches: Caches,
+    writers: Writers,
+    changed: Arc<tokio::sync::Notify>,
+    created_now: Created,
+) {
     // Created a moment ago, not yet in the cache: not created again.
     let mut created: HashMap<String, Instant> = HashMap::new();
     let mut in_flight: HashSet<String> = HashSet::new();
@@ -196,8 +218,13 @@ pub async fn create_missing(caches: Caches, writers: Writers, changed: Arc<tokio
         let more = order.len() > 0;
         for (name, spec) in specs {
             in_flight.insert(name.clone());
+            let created_now = &created_now;
             creations.push(async move {
-                let written = write(writers, &name, None, &spec).await.map(|_| ());
+                let written = create(writers, &name, &spec).await.map(|answer| {
+                    if let Some(answer) = answer {
+                        created_now.answered(answer);
+                    }
+                });
                 (name, written, more)
             });
         }

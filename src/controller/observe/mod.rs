@@ -3,6 +3,7 @@
 //! Read only: nothing here writes to the API server.
 
 pub mod caches;
+pub mod created;
 pub mod event;
 pub mod facts;
 pub mod heartbeats;

@@ -23,7 +23,7 @@ use kube::client::{Client, ClientBuilder};
 use kube::runtime::controller::{self, Action as Requeue, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use prometheus::{IntCounterVec, Registry};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
@@ -39,6 +39,7 @@ use crate::controller::act::{cordon, drain};
 use crate::controller::context::{Blocked, Context, Memory};
 use crate::controller::error::Error;
 use crate::controller::observe::caches::Caches;
+use crate::controller::observe::created::{self, Created};
 use crate::controller::observe::heartbeats::{Heartbeats, Trigger};
 use crate::controller::observe::impact::{BootIds, Change};
 use crate::controller::observe::pods::PodCache;
@@ -554,8 +555,16 @@ impl Replica {
             trigger: watched.trigger.clone(),
         });
         let (trigger, restarts) = (watched.trigger, nodes.restarts);
-        let report_changed = watched.report_changed;
-        spawn_leader_tasks(&ctx, &self.ready, trigger, restarts, report_changed, tasks);
+        let (report_changed, created) = (watched.report_changed, watched.created);
+        spawn_leader_tasks(
+            &ctx,
+            &self.ready,
+            trigger,
+            restarts,
+            report_changed,
+            created,
+            tasks,
+        );
         tasks.witnesses = Some(tokio::spawn(crate::controller::act::witnesses::publish(
             ctx.caches.clone(),
             ctx.writers.client.clone(),
@@ -609,11 +618,13 @@ impl Replica {
         let blocked: Blocked = Arc::default();
         // Reconciles asked for by a node's restart or the end of a freeze.
         let (trigger, triggered) = futures::channel::mpsc::unbounded();
+        let (created, created_rx) = Created::channel();
         let wakes = Wakes {
             triggered,
             acks,
             vm_changed,
             reload,
+            created: created_rx,
         };
         // The budgets: one reflector feeds both the cache the drain reads
         // and the wake of the drains they block.
@@ -639,6 +650,7 @@ impl Replica {
             vm_reports,
             pods,
             report_changed,
+            created,
             blocked,
             budgets,
             refusals,
@@ -734,6 +746,9 @@ struct Watched {
     /// Woken by each report change: the creation of the objects of
     /// events that have reports and no object yet.
     report_changed: Arc<Notify>,
+    /// Where that creation hands the objects it created to the
+    /// `Controller`'s cache ([`created`]).
+    created: Created,
     /// The blocked drains the PodDisruptionBudget watch wakes.
     blocked: Blocked,
     /// Every PodDisruptionBudget.
@@ -756,13 +771,17 @@ struct Wakes {
     vm_changed: UnboundedReceiver<ObjectRef<ScheduledEvent>>,
     /// A new policy: every event.
     reload: UnboundedReceiver<()>,
+    /// The objects this controller created, as the API server answered
+    /// ([`created`]).
+    created: UnboundedReceiver<ScheduledEvent>,
 }
 
 /// The kube-runtime `Controller` over every `ScheduledEvent`, watched on
 /// `client`, running up to `concurrency` reconciles at once: an event is
 /// reconciled when it changes, when one of its reports does (`reports`,
 /// the reports cache's stream), when any PodDisruptionBudget does if its
-/// drain is `blocked`, and when `wakes` ask.
+/// drain is `blocked`, and when `wakes` ask. Its cache takes the objects
+/// this controller created as the API server answered ([`created`]).
 fn event_controller(
     client: Client,
     reports: impl Stream<Item = Result<ScheduledEventReport, watcher::Error>> + Send + 'static,
@@ -770,46 +789,53 @@ fn event_controller(
     blocked: Blocked,
     wakes: Wakes,
 ) -> Controller<ScheduledEvent> {
-    Controller::new(
+    let (cache, writer) = reflector::store();
+    let watch = watcher(
         Api::<ScheduledEvent>::all(client.clone()),
         watcher::Config::default().any_semantic(),
+    );
+    let events = reflector::reflector(
+        writer,
+        created::with_created(watch, wakes.created, cache.clone()),
     )
-    .watches_stream(reports, |r: ScheduledEventReport| {
-        std::iter::once(reflector::ObjectRef::new(&r.spec.scheduled_event))
-    })
-    // A blocked drain is looked at again as soon as a budget that blocks
-    // it allows a disruption (its status changes when a replacement pod
-    // becomes Ready, or someone edits it), not only at its backoff's next
-    // pass; a change that still allows none wakes nothing.
-    .watches_stream(budgets, move |budget: PodDisruptionBudget| {
-        if drain::allows_none(&budget) {
-            return Vec::new();
-        }
-        let key = format!(
-            "{}/{}",
-            budget.namespace().unwrap_or_default(),
-            budget.name_any()
-        );
-        blocked
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .filter(|(_, b)| b.budgets.is_empty() || b.budgets.contains(&key))
-            .map(|(name, _)| reflector::ObjectRef::new(name))
-            .collect::<Vec<_>>()
-    })
-    .reconcile_on(wakes.triggered)
-    .trigger_backoff(watch_backoff())
-    .reconcile_on(wakes.acks.map(|name| reflector::ObjectRef::new(&name)))
-    .reconcile_on(wakes.vm_changed)
-    .reconcile_all_on(wakes.reload)
-    // No limit of kube-runtime's own: its scheduler hands out due
-    // reconciles in an order unrelated to the events' deadlines, so every
-    // reconcile waits at the deadline-ordered gate instead
-    // ([`crate::controller::runtime::gate`]), which lets `concurrency` run
-    // at once, nearest `NotBefore` first. kube-runtime still never runs two
-    // reconciles of one object at once.
-    .with_config(controller::Config::default().concurrency(0))
+    .applied_objects();
+    Controller::for_stream(events, cache)
+        .watches_stream(reports, |r: ScheduledEventReport| {
+            std::iter::once(reflector::ObjectRef::new(&r.spec.scheduled_event))
+        })
+        // A blocked drain is looked at again as soon as a budget that blocks
+        // it allows a disruption (its status changes when a replacement pod
+        // becomes Ready, or someone edits it), not only at its backoff's next
+        // pass; a change that still allows none wakes nothing.
+        .watches_stream(budgets, move |budget: PodDisruptionBudget| {
+            if drain::allows_none(&budget) {
+                return Vec::new();
+            }
+            let key = format!(
+                "{}/{}",
+                budget.namespace().unwrap_or_default(),
+                budget.name_any()
+            );
+            blocked
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .filter(|(_, b)| b.budgets.is_empty() || b.budgets.contains(&key))
+                .map(|(name, _)| reflector::ObjectRef::new(name))
+                .collect::<Vec<_>>()
+        })
+        .reconcile_on(wakes.triggered)
+        .trigger_backoff(watch_backoff())
+        .reconcile_on(wakes.acks.map(|name| reflector::ObjectRef::new(&name)))
+        .reconcile_on(wakes.vm_changed)
+        .reconcile_all_on(wakes.reload)
+        // No limit of kube-runtime's own: its scheduler hands out due
+        // reconciles in an order unrelated to the events' deadlines, so every
+        // reconcile waits at the deadline-ordered gate instead
+        // ([`crate::controller::runtime::gate`]), which lets `concurrency` run
+        // at once, nearest `NotBefore` first. kube-runtime still never runs two
+        // reconciles of one object at once.
+        .with_config(controller::Config::default().concurrency(0))
 }
 
 /// Beats `live` every [`HEARTBEAT_EVERY`], allowing [`HEARTBEAT_ALLOWED`]
@@ -908,13 +934,15 @@ fn start_kube_events(
 /// the reports of node restarts (`restarts`, asking passes on `trigger`),
 /// the expiry of the watches of nodes' Leases, the readiness from the
 /// caches' sync, the sweeps of deleted events' holds and notices, and the
-/// creation of the objects of reported events (woken by `report_changed`).
+/// creation of the objects of reported events (woken by `report_changed`,
+/// handing each object created to the events' cache through `created`).
 fn spawn_leader_tasks(
     ctx: &Arc<Context>,
     ready: &Readiness,
     trigger: Trigger,
     restarts: UnboundedReceiver<Change>,
     report_changed: Arc<Notify>,
+    created: Created,
     tasks: &mut Tasks,
 ) {
     tasks.restarts = Some(tokio::spawn(
@@ -935,6 +963,7 @@ fn spawn_leader_tasks(
         ctx.caches.clone(),
         ctx.writers.clone(),
         report_changed,
+        created,
     )));
 }
 

@@ -1,0 +1,211 @@
+//! The `ScheduledEvent` cache takes each object this controller created as
+//! the API server answered the create, without waiting for the watch to
+//! show it: the watch delivers a new object a moment after the answer, up
+//! to seconds under a Spot wave's load, and the first pass over a Spot
+//! VM's event (its cordon) waited for it.
+//!
+//! The answer is the object as stored, with its `resourceVersion`; it is
+//! put in the cache only while the cache holds no object of that name (a
+//! watch that showed it first, or anything newer, wins), and the watch's
+//! own showing of that same version is then passed over, so that the
+//! object starts one pass, not two.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
+use futures::{Stream, StreamExt};
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+
+use crate::api::ScheduledEvent;
+
+/// Where the creator hands the API server's answers to its creates.
+#[derive(Clone)]
+pub struct Created(UnboundedSender<ScheduledEvent>);
+
+impl Created {
+    /// A channel of answers: the sender, and the receiver
+    /// [`with_created`] reads.
+    pub fn channel() -> (Self, UnboundedReceiver<ScheduledEvent>) {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        (Self(tx), rx)
+    }
+
+    /// Hands over `answer`, the object the API server returned for a
+    /// create. Nothing happens once the cache's stream has ended.
+    pub fn answered(&self, answer: ScheduledEvent) {
+        let _ = self.0.unbounded_send(answer);
+    }
+}
+
+/// The name and `resourceVersion` of an object.
+fn version_of(o: &ScheduledEvent) -> (String, String) {
+    (o.name_any(), o.resource_version().unwrap_or_default())
+}
+
+/// `watch` (a watcher of every `ScheduledEvent`, feeding the reflector
+/// whose cache is `cache`) with each of `created` put in as an `Apply` when
+/// the cache holds no object of its name at that moment, and the watch's
+/// own `Apply` of an object put in so, at the same `resourceVersion`,
+/// left out. Ends when `watch` ends.
+pub fn with_created(
+    watch: impl Stream<Item = Result<watcher::Event<ScheduledEvent>, watcher::Error>> + Send + 'static,
+    created: UnboundedReceiver<ScheduledEvent>,
+    cache: Store<ScheduledEvent>,
+) -> impl Stream<Item = Result<watcher::Event<ScheduledEvent>, watcher::Error>> + Send + 'static {
+    // Put in, by name, at which version; forgotten at the watch's first
+    // event about the name.
+    let put_in: Arc<Mutex<HashMap<String, String>>> = Arc::default();
+    let from_watch = {
+        let put_in = put_in.clone();
+        watch.filter(move |event| {
+            let keep = match event {
+                Ok(watcher::Event::Apply(o)) => {
+                    let (name, version) = version_of(o);
+                    let mut put_in = put_in.lock().unwrap_or_else(PoisonError::into_inner);
+                    put_in.remove(&name).is_none_or(|v| v != version)
+                }
+                Ok(watcher::Event::InitApply(o) | watcher::Event::Delete(o)) => {
+                    let mut put_in = put_in.lock().unwrap_or_else(PoisonError::into_inner);
+                    put_in.remove(&o.name_any());
+                    true
+                }
+                _ => true,
+            };
+            std::future::ready(keep)
+        })
+    };
+    let answers = created.filter_map(move |o| {
+        // Looked at as the answer's turn comes: every event the watch gave
+        // before it is in the cache by then (the reflector applies each as
+        // it passes).
+        let absent = cache.get(&ObjectRef::from_obj(&o)).is_none();
+        if absent {
+            let (name, version) = version_of(&o);
+            put_in
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(name, version);
+        }
+        std::future::ready(absent.then_some(Ok(watcher::Event::Apply(o))))
+    });
+    // Ends with the watch: its end is marked by a `None`, and the answers'
+    // channel, which every creator's handle keeps open, never ends it.
+    let from_watch = from_watch
+        .map(Some)
+        .chain(futures::stream::once(std::future::ready(None)));
+    let answers = answers.map(Some).chain(futures::stream::pending());
+    futures::stream::select(from_watch, answers)
+        .take_while(|e| std::future::ready(e.is_some()))
+        .filter_map(std::future::ready)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::reflector;
+    use kube::runtime::{WatchStreamExt, reflector::store};
+
+    fn object(name: &str, version: &str) -> ScheduledEvent {
+        let mut o = ScheduledEvent::new(name, crate::fixtures::spec(name).build());
+        o.metadata.resource_version = Some(version.into());
+        o
+    }
+
+    /// The objects the controller's trigger stream yields, by name and
+    /// version, and the cache after them, for the watch's `events` given
+    /// one by one with `answers` sent before the watch event at each index.
+    async fn run(
+        events: Vec<watcher::Event<ScheduledEvent>>,
+        answers: Vec<(usize, ScheduledEvent)>,
+    ) -> (Vec<(String, String)>, Store<ScheduledEvent>) {
+        let (reader, writer) = store();
+        let (created, rx) = Created::channel();
+        let (watch_tx, watch_rx) = futures::channel::mpsc::unbounded();
+        let stream = reflector::reflector(writer, with_created(watch_rx, rx, reader.clone()))
+            .applied_objects();
+        futures::pin_mut!(stream);
+        let mut seen = Vec::new();
+        // Each input is taken before the next is given (an input left
+        // out yields nothing within the wait).
+        let mut take = async |seen: &mut Vec<(String, String)>| {
+            let wait = std::time::Duration::from_millis(50);
+            if let Ok(Some(Ok(o))) = tokio::time::timeout(wait, stream.next()).await {
+                seen.push(version_of(&o));
+            }
+        };
+        let mut answers = answers.into_iter().peekable();
+        for (i, e) in events.into_iter().enumerate() {
+            while let Some((_, a)) = answers.next_if(|(at, _)| *at == i) {
+                created.answered(a);
+                take(&mut seen).await;
+            }
+            watch_tx.unbounded_send(Ok(e)).unwrap();
+            take(&mut seen).await;
+        }
+        (seen, reader)
+    }
+
+    fn v(name: &str, version: &str) -> (String, String) {
+        (name.into(), version.into())
+    }
+
+    #[tokio::test]
+    async fn a_created_object_is_cached_at_once_and_passed_once() {
+        let (seen, cache) = run(
+            vec![
+                watcher::Event::Apply(object("b", "7")),
+                watcher::Event::Apply(object("a", "5")),
+                watcher::Event::Apply(object("a", "6")),
+            ],
+            vec![(0, object("a", "5"))],
+        )
+        .await;
+        // The answer before anything the watch showed after it; the
+        // watch's own showing of version 5 started nothing; its next
+        // version did.
+        assert_eq!(seen, vec![v("a", "5"), v("b", "7"), v("a", "6")]);
+        let cached = cache.get(&ObjectRef::new("a")).unwrap();
+        assert_eq!(cached.resource_version().as_deref(), Some("6"));
+    }
+
+    #[tokio::test]
+    async fn an_answer_never_replaces_what_the_watch_showed() {
+        // The watch showed the object (and its next version) before the
+        // create's answer came: the answer is dropped.
+        let (seen, cache) = run(
+            vec![
+                watcher::Event::Apply(object("a", "5")),
+                watcher::Event::Apply(object("a", "6")),
+                watcher::Event::Apply(object("b", "9")),
+            ],
+            vec![(2, object("a", "5"))],
+        )
+        .await;
+        assert_eq!(seen, vec![v("a", "5"), v("a", "6"), v("b", "9")]);
+        let cached = cache.get(&ObjectRef::new("a")).unwrap();
+        assert_eq!(cached.resource_version().as_deref(), Some("6"));
+    }
+
+    #[tokio::test]
+    async fn a_deletion_after_the_answer_removes_the_object() {
+        let (seen, cache) = run(
+            vec![watcher::Event::Delete(object("a", "5"))],
+            vec![(0, object("a", "5"))],
+        )
+        .await;
+        assert_eq!(seen, vec![v("a", "5")]);
+        assert!(cache.get(&ObjectRef::new("a")).is_none());
+    }
+
+    #[tokio::test]
+    async fn the_stream_ends_with_the_watch() {
+        let (reader, _writer) = store::<ScheduledEvent>();
+        let (_created, rx) = Created::channel();
+        let watch = futures::stream::iter(vec![Ok(watcher::Event::Apply(object("a", "1")))]);
+        let all: Vec<_> = with_created(watch, rx, reader).collect().await;
+        assert_eq!(all.len(), 1);
+    }
+}
