@@ -17,7 +17,7 @@ demo:
 test: lint
 	CARGO=$(CARGO) bash hack/test-all.sh
 
-## bench: detection, 100-VM burst, drain ratio, footprint, API load, 1,000-VM scale, 200-VM Spot wave on local
+## bench: detection, 100-VM burst, drain ratio, footprint, API load, 1,000-VM scale, 200- and 20-VM Spot waves on local
 ## clusters with the release binary; prints one table (figures next to their goals and same-run references; a missed
 ## goal does not fail) and writes BENCHMARKS.md: the runs, the table, notes, sizing, history (about 40 minutes).
 ## BENCH_ARGS="--only wave,scale" runs some parts and replaces their figures in BENCHMARKS.md, keeping the other
