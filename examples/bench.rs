@@ -1980,6 +1980,9 @@ fn cordons_taken(
 
 /// `p50 … s, p99 … s, max … s` of sorted seconds (and how many).
 fn spread(v: &[f64], of: usize) -> String {
+    if v.is_empty() {
+        return format!("none (0 of {of} events)");
+    }
     format!(
         "p50 {:.2} s, p99 {:.2} s, max {:.2} s ({} of {of} events)",
         percentile(v, 0.5),

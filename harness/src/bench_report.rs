@@ -709,7 +709,8 @@ pub fn sizing(state: &State) -> String {
         "\nSet the memory and CPU in `controller.resources`, and the flags through `controller.extraArgs`, e.g. \
          `--set-json 'controller.extraArgs=[\"--eviction-qps=100\",\"--eviction-burst=200\",\"--reconcile-concurrency=32\"]'`. \
          The defaults (`--eviction-qps` 20, `--eviction-burst` 40, `--reconcile-concurrency` 16, 64Mi / 256Mi) fit \
-         the smallest column.\n",
+         the smallest column's memory and CPU; a pool of Spot VMs needs the eviction budget and reconcile \
+         concurrency of its size (the peer-wave part runs 20 at the defaults).\n",
     );
     s
 }
