@@ -40,6 +40,11 @@ impl Created {
     }
 }
 
+/// The most objects remembered as put in: one the watch never mentions
+/// (deleted while the watch was down, and so in no relist) is forgotten
+/// with the rest when this many wait, at the cost of one more pass each.
+const PUT_IN_KEPT: usize = 4096;
+
 /// The name and `resourceVersion` of an object.
 fn version_of(o: &ScheduledEvent) -> (String, String) {
     (o.name_any(), o.resource_version().unwrap_or_default())
@@ -84,10 +89,11 @@ pub fn with_created(
         let absent = cache.get(&ObjectRef::from_obj(&o)).is_none();
         if absent {
             let (name, version) = version_of(&o);
-            put_in
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(name, version);
+            let mut put_in = put_in.lock().unwrap_or_else(PoisonError::into_inner);
+            if put_in.len() >= PUT_IN_KEPT {
+                put_in.clear();
+            }
+            put_in.insert(name, version);
         }
         std::future::ready(absent.then_some(Ok(watcher::Event::Apply(o))))
     });
