@@ -143,8 +143,8 @@ struct Args {
     /// The controller's reconcile concurrency in the wave part
     /// (`--reconcile-concurrency`; 16 is its default): the sizing
     /// section's value for a Spot pool of 200 nodes, as the eviction
-    /// budget is (at 16, an event's cordon waited up to 1-1.75 s at p99 for
-    /// a pass's turn; at 48, 0.7-0.8 s).
+    /// budget is (from an event's object created to its cordon sent, at
+    /// p99: 1.00-1.75 s at 16; 0.52-0.82 s at 48).
     #[arg(long, default_value_t = 48)]
     wave_reconcile_concurrency: u16,
     /// Spot VMs of the peer-wave part.
@@ -755,26 +755,28 @@ impl Request {
     }
 }
 
-/// `N (kind n, kind n, …)` of `requests`, the kinds most frequent first;
-/// `none` when there are none.
-fn kinds_text<'a>(requests: impl Iterator<Item = &'a Request>) -> String {
+/// How many `requests` there are, and `kind count` of each kind
+/// ([`Request::kind`]), the most frequent first, each count divided by
+/// `per` and written with `decimals`, joined by commas.
+fn by_kind<'a>(
+    requests: impl Iterator<Item = &'a Request>,
+    per: f64,
+    decimals: usize,
+) -> (usize, String) {
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
     let mut all = 0;
     for r in requests {
         all += 1;
         *kinds.entry(r.kind()).or_default() += 1;
     }
-    if all == 0 {
-        return "none".into();
-    }
     let mut kinds: Vec<(String, usize)> = kinds.into_iter().collect();
     kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
     let text = kinds
         .iter()
-        .map(|(k, c)| format!("{k} {c}"))
+        .map(|(k, c)| format!("{k} {:.decimals$}", *c as f64 / per))
         .collect::<Vec<_>>()
         .join(", ");
-    format!("{all} ({text})")
+    (all, text)
 }
 
 /// The requests made by impersonated `bench:` users, from the audit log
@@ -1651,11 +1653,13 @@ async fn scale_on(
         // What else the API server took while forewarn's cordons were in
         // flight: the reference's cordons had it to themselves.
         let during = |f: &dyn Fn(&Request) -> bool| {
-            kinds_text(
-                everyone
-                    .iter()
-                    .filter(|r| r.at >= from && r.at <= to && f(r)),
-            )
+            let in_flight = everyone
+                .iter()
+                .filter(|r| r.at >= from && r.at <= to && f(r));
+            match by_kind(in_flight, 1.0, 0) {
+                (0, _) => "none".to_string(),
+                (all, kinds) => format!("{all} ({kinds})"),
+            }
         };
         let is_cordon =
             |r: &Request| r.verb == "patch" && r.resource == "nodes" && r.subresource.is_empty();
@@ -2491,22 +2495,8 @@ async fn wave_on(
         )
         .headline(format!("report writes per event {per_event:.2}"), None);
     // API requests of the wave by who, verb and resource.
-    let breakdown = |f: &dyn Fn(&Request) -> bool| -> (usize, String) {
-        let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
-        let mut all = 0;
-        for r in requests.iter().filter(|r| f(r)) {
-            all += 1;
-            *kinds.entry(r.kind()).or_default() += 1;
-        }
-        let mut kinds: Vec<(String, usize)> = kinds.into_iter().collect();
-        kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
-        let text = kinds
-            .iter()
-            .map(|(k, c)| format!("{k} {:.2}", *c as f64 / n as f64))
-            .collect::<Vec<_>>()
-            .join(", ");
-        (all, text)
-    };
+    let breakdown =
+        |f: &dyn Fn(&Request) -> bool| by_kind(requests.iter().filter(|r| f(r)), n as f64, 2);
     let span = secs(until - origin).max(1e-3);
     // Only the requests kube-apiserver took (an attempt that could not
     // connect is in no audit log).

@@ -33,8 +33,7 @@ use crate::report::{AckWritten, BudgetSeen, PodDeletion, Report};
 use crate::timeline::{Timeline, chrono_time, short};
 use crate::workload::{ready_pods, restore_node};
 
-/// Aborts a background task when dropped.
-/// A task aborted when this is dropped.
+/// A background task, aborted when this is dropped.
 pub struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {

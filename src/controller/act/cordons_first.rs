@@ -48,7 +48,8 @@ impl CordonsFirst {
     }
 
     /// How many passes have cordons in flight now.
-    pub fn in_flight(&self) -> usize {
+    #[cfg(test)]
+    fn in_flight(&self) -> usize {
         *self.0.borrow()
     }
 

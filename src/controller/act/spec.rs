@@ -95,7 +95,7 @@ pub async fn write(
         name: name.into(),
         source,
     };
-    let body = spec_patch(Some(stored), spec).map_err(|e| failed(kube::Error::SerdeError(e)))?;
+    let body = spec_patch(stored, spec).map_err(|e| failed(kube::Error::SerdeError(e)))?;
     let params = PatchParams {
         field_manager: Some(CONTROLLER_MANAGER.into()),
         ..PatchParams::default()
@@ -121,7 +121,7 @@ pub async fn write(
 /// # Errors
 /// When `spec` cannot be serialized (it always can).
 pub fn spec_patch(
-    stored: Option<&ScheduledEvent>,
+    stored: &ScheduledEvent,
     spec: &ScheduledEventSpec,
 ) -> serde_json::Result<serde_json::Value> {
     let mut whole = serde_json::to_value(spec)?;
@@ -129,10 +129,7 @@ pub fn spec_patch(
         fields.entry("notBefore").or_insert(serde_json::Value::Null);
     }
     let mut body = serde_json::json!({ "spec": whole });
-    conditional_on(
-        &mut body,
-        stored.and_then(|s| s.metadata.resource_version.as_deref()),
-    );
+    conditional_on(&mut body, stored.metadata.resource_version.as_deref());
     Ok(body)
 }
 
@@ -327,24 +324,24 @@ mod tests {
 
     /// A spec written over a stored object names every field (an absent
     /// `notBefore` as `null`) and is conditional on the version the pass
-    /// read; a creation has no version to be conditional on.
+    /// read; an object read without a version gives none to be
+    /// conditional on.
     #[test]
     fn a_spec_write_is_conditional_on_the_version_read() {
         let spec = crate::fixtures::spec("ev1").build();
         let mut stored = ScheduledEvent::new("ev1", spec.clone());
         stored.metadata.resource_version = Some("17".into());
-        let body = spec_patch(Some(&stored), &spec).unwrap();
+        let body = spec_patch(&stored, &spec).unwrap();
         assert_eq!(body["metadata"]["resourceVersion"], "17", "{body}");
         assert!(body["spec"].get("notBefore").is_some(), "{body}");
         assert_eq!(body["spec"]["eventId"], spec.event_id.as_str());
         let unversioned = ScheduledEvent::new("ev1", spec.clone());
         assert!(
-            spec_patch(Some(&unversioned), &spec)
+            spec_patch(&unversioned, &spec)
                 .unwrap()
                 .get("metadata")
                 .is_none()
         );
-        assert!(spec_patch(None, &spec).unwrap().get("metadata").is_none());
     }
 
     fn urgency(own: bool, status: EventStatus, not_before: Option<DateTime<Utc>>) -> Urgency {

@@ -11,7 +11,6 @@
 //! object starts one pass, not two.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use futures::{Stream, StreamExt};
@@ -50,6 +49,13 @@ fn version_of(o: &ScheduledEvent) -> (String, String) {
     (o.name_any(), o.resource_version().unwrap_or_default())
 }
 
+/// What the cache's stream is made of.
+enum Input {
+    Watch(Result<watcher::Event<ScheduledEvent>, watcher::Error>),
+    Answer(ScheduledEvent),
+    WatchEnded,
+}
+
 /// `watch` (a watcher of every `ScheduledEvent`, feeding the reflector
 /// whose cache is `cache`) with each of `created` put in as an `Apply` when
 /// the cache holds no object of its name at that moment, and the watch's
@@ -60,52 +66,49 @@ pub fn with_created(
     created: UnboundedReceiver<ScheduledEvent>,
     cache: Store<ScheduledEvent>,
 ) -> impl Stream<Item = Result<watcher::Event<ScheduledEvent>, watcher::Error>> + Send + 'static {
+    let watch = watch
+        .map(Input::Watch)
+        .chain(futures::stream::once(std::future::ready(Input::WatchEnded)));
+    // The answers' channel, which every creator's handle keeps open, never
+    // ends the stream.
+    let answers = created.map(Input::Answer).chain(futures::stream::pending());
     // Put in, by name, at which version; forgotten at the watch's first
     // event about the name.
-    let put_in: Arc<Mutex<HashMap<String, String>>> = Arc::default();
-    let from_watch = {
-        let put_in = put_in.clone();
-        watch.filter(move |event| {
-            let keep = match event {
-                Ok(watcher::Event::Apply(o)) => {
-                    let (name, version) = version_of(o);
-                    let mut put_in = put_in.lock().unwrap_or_else(PoisonError::into_inner);
-                    put_in.remove(&name).is_none_or(|v| v != version)
+    let mut put_in: HashMap<String, String> = HashMap::new();
+    futures::stream::select(watch, answers)
+        .take_while(|input| std::future::ready(!matches!(input, Input::WatchEnded)))
+        .filter_map(move |input| {
+            let out = match input {
+                Input::Watch(Ok(event)) => {
+                    // The watch's own showing of a version put in is left out.
+                    let put_in_so = match &event {
+                        watcher::Event::Apply(o) => {
+                            let (name, version) = version_of(o);
+                            put_in.remove(&name).is_some_and(|v| v == version)
+                        }
+                        watcher::Event::InitApply(o) | watcher::Event::Delete(o) => {
+                            put_in.remove(&o.name_any());
+                            false
+                        }
+                        watcher::Event::Init | watcher::Event::InitDone => false,
+                    };
+                    (!put_in_so).then_some(Ok(event))
                 }
-                Ok(watcher::Event::InitApply(o) | watcher::Event::Delete(o)) => {
-                    let mut put_in = put_in.lock().unwrap_or_else(PoisonError::into_inner);
-                    put_in.remove(&o.name_any());
-                    true
-                }
-                _ => true,
+                Input::Watch(Err(e)) => Some(Err(e)),
+                // Looked at as the answer's turn comes: every event the
+                // watch gave before it is in the cache by then (the
+                // reflector applies each as it passes).
+                Input::Answer(o) => cache.get(&ObjectRef::from_obj(&o)).is_none().then(|| {
+                    if put_in.len() >= PUT_IN_KEPT {
+                        put_in.clear();
+                    }
+                    put_in.insert(o.name_any(), version_of(&o).1);
+                    Ok(watcher::Event::Apply(o))
+                }),
+                Input::WatchEnded => None,
             };
-            std::future::ready(keep)
+            std::future::ready(out)
         })
-    };
-    let answers = created.filter_map(move |o| {
-        // Looked at as the answer's turn comes: every event the watch gave
-        // before it is in the cache by then (the reflector applies each as
-        // it passes).
-        let absent = cache.get(&ObjectRef::from_obj(&o)).is_none();
-        if absent {
-            let (name, version) = version_of(&o);
-            let mut put_in = put_in.lock().unwrap_or_else(PoisonError::into_inner);
-            if put_in.len() >= PUT_IN_KEPT {
-                put_in.clear();
-            }
-            put_in.insert(name, version);
-        }
-        std::future::ready(absent.then_some(Ok(watcher::Event::Apply(o))))
-    });
-    // Ends with the watch: its end is marked by a `None`, and the answers'
-    // channel, which every creator's handle keeps open, never ends it.
-    let from_watch = from_watch
-        .map(Some)
-        .chain(futures::stream::once(std::future::ready(None)));
-    let answers = answers.map(Some).chain(futures::stream::pending());
-    futures::stream::select(from_watch, answers)
-        .take_while(|e| std::future::ready(e.is_some()))
-        .filter_map(std::future::ready)
 }
 
 #[cfg(test)]
