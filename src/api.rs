@@ -708,6 +708,14 @@ pub struct NodeProgress {
     /// on this node in the last pass.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub blocking_budgets: Vec<String>,
+    /// Why the API server refused forewarn's last write of this node's
+    /// cordon, hold or release, e.g. `cordon refused: 403 Forbidden: ...`
+    /// (an admission webhook or policy, a conflict with another writer, a
+    /// node deleted). The node's write is retried with a backoff of its own
+    /// (1 s doubling up to 60 s; 200 ms up to 5 s after conflicts) while the
+    /// event's other nodes go on; absent once a write succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_refused: Option<String>,
     /// The pods (`namespace/name`) whose eviction a PodDisruptionBudget
     /// refused on this node in the last pass; at most 3 named, then how
     /// many more.

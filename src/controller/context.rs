@@ -67,6 +67,9 @@ pub struct Memory {
     pub blocks_announced: BlocksAnnounced,
     /// Recent writes of the node condition.
     pub node_conditions: Written,
+    /// The node writes the API server refused, each node retried on its
+    /// own backoff ([`crate::controller::act::refused`]).
+    pub refused: crate::controller::act::refused::RefusedWrites,
 }
 
 impl Context {
@@ -100,6 +103,7 @@ impl Context {
             std::time::Duration::from_secs(300),
         );
         self.writers.latest.retain(&names);
+        self.memory.refused.retain(&names);
         self.memory.announced.retain(&uids);
         self.memory.blocks_announced.retain(&uids);
         self.writers.metrics.forget_observed_except(&uids);

@@ -87,6 +87,7 @@ pub async fn reconcile<P: Send>(
         &ctx.caches,
         &policy,
         ctx.writers.dry_run,
+        now,
     );
     seen.last_report = last_report.or_else(|| created(&ev));
     // The pods the policy keeps on their nodes (excludePods); the
@@ -112,11 +113,26 @@ pub async fn reconcile<P: Send>(
         return Ok(Requeue::await_change());
     }
     // Act.
-    let (outcomes, deferred) = act(&ev, &plan, notices, &snapshots, &policy, &ctx, permit).await?;
+    let Acted {
+        outcomes,
+        deferred,
+        not_written,
+    } = act(&ev, &plan, notices, &snapshots, &policy, &ctx, permit).await?;
+    // The report says what was written: a node whose write was refused
+    // keeps the marks the cache shows, and its record says why.
+    let mut plan = plan;
+    plan.node_writes.retain(|w| !not_written.contains(w.node()));
     // Counted before the report's writes, so that a budget allowing a
     // disruption while they are sent wakes this drain (the budget watch
     // wakes the drains counted blocked).
-    let next = next_pass(&ev.name_any(), &plan, &outcomes, deferred, &ctx.memory);
+    let mut next = next_pass(&ev.name_any(), &plan, &outcomes, deferred, &ctx.memory);
+    if let Some(retry) = ctx
+        .memory
+        .refused
+        .next_retry(&ev.name_any(), tokio::time::Instant::now())
+    {
+        next = next.min(retry.max(REFUSED_RETRY_FLOOR));
+    }
     // Report.
     let pass = Pass {
         ev: &ev,
@@ -131,6 +147,19 @@ pub async fn reconcile<P: Send>(
         next,
         &ctx,
     )))
+}
+
+/// The soonest a pass comes again for a node write that waits for its
+/// backoff.
+const REFUSED_RETRY_FLOOR: Duration = Duration::from_millis(100);
+
+/// What a pass's act did: the eviction outcomes, how many evictions were
+/// left to the next pass, and the nodes whose planned write was not made
+/// (refused, or waiting for the backoff of an earlier refusal).
+struct Acted {
+    outcomes: Vec<Outcome>,
+    deferred: usize,
+    not_written: HashSet<String>,
 }
 
 /// How soon to pass again over a drain that allowed none when its pods were
@@ -253,23 +282,28 @@ async fn act<P>(
     policy: &Policy,
     ctx: &Context,
     permit: P,
-) -> Result<(Vec<Outcome>, usize)> {
+) -> Result<Acted> {
     let w = &ctx.writers;
     if w.dry_run {
-        return Ok((Vec::new(), 0));
+        return Ok(Acted {
+            outcomes: Vec::new(),
+            deferred: 0,
+            not_written: HashSet::new(),
+        });
     }
     let name = ev.name_any();
     let writes = notice::writes(&name, notices, &ctx.caches.pods.holders_of(&name));
     notice::write(&name, &writes, &w.client, &w.metrics).await;
-    carry_out::write_nodes(
+    let not_written = carry_out::write_nodes(
         ev,
         plan,
         snapshots,
         w,
+        &ctx.memory.refused,
         policy.exclude_from_load_balancers,
         policy.taint_effect,
     )
-    .await?;
+    .await;
     out_of_service::taint(ev, plan, w).await?;
     drop(permit);
     let cordoned_now: HashSet<&str> = plan
@@ -279,10 +313,13 @@ async fn act<P>(
         .map(NodeWrite::node)
         .collect();
     let evict_later = cordoned_now.len() > carry_out::FEW_NODES;
+    // No pod leaves a node whose cordon or hold was not written: it would
+    // be scheduled back on it.
     let now_evicted: Vec<plan::Eviction> = plan
         .evictions
         .iter()
         .filter(|e| !(evict_later && cordoned_now.contains(e.node.as_str())))
+        .filter(|e| !not_written.contains(&e.node))
         .cloned()
         .collect();
     let later = plan.evictions.len() - now_evicted.len();
@@ -296,7 +333,11 @@ async fn act<P>(
         &ctx.memory.blocks_announced,
     )
     .await;
-    Ok((outcomes, deferred + later))
+    Ok(Acted {
+        outcomes,
+        deferred: deferred + later,
+        not_written,
+    })
 }
 
 /// What one pass saw, planned and did: what its report is written from.
@@ -339,6 +380,16 @@ async fn report(
         && a.decided_at == Some(now)
     {
         a.decided_at = Some(Utc::now());
+    }
+    for refusal in ctx.memory.refused.of_event(&ev.name_any()) {
+        if let Some(r) = status
+            .nodes
+            .iter_mut()
+            .flatten()
+            .find(|r| r.name == refusal.node)
+        {
+            r.write_refused = Some(refusal.why);
+        }
     }
     foreign::record(
         &mut status,

@@ -121,6 +121,13 @@ pub struct ControllerMetrics {
     /// Live reports ignored per `node` over its cap, for at most
     /// [`OVER_CAP_NODES_LISTED`] nodes (those with the most).
     pub reports_over_cap: IntGaugeVec,
+    /// `ScheduledEvent`s that exist on the API server while the leader's
+    /// cache lacks them, by `seen`: `create_conflict` (a create answered
+    /// 409 AlreadyExists for an object the cache did not hold; the object
+    /// is read and put in), `pass_without_object` (passes were asked for
+    /// an event without an object in the cache for longer than a create's
+    /// grace).
+    pub cache_misses: IntCounterVec,
     caches: Caches,
     /// Objects (UID and appearance) already counted as observed: a
     /// reconcile that runs on a cached copy older than its own status
@@ -277,6 +284,11 @@ impl ControllerMetrics {
                 ),
                 &["node"],
             )?,
+            cache_misses: counter(
+                "forewarn_controller_cache_misses_total",
+                "ScheduledEvents on the API server that the controller's cache lacked, by how it was seen: create_conflict, pass_without_object",
+                &["seen"],
+            )?,
             caches: Caches::default(),
             counted: std::sync::Arc::default(),
         })
@@ -310,6 +322,7 @@ impl ControllerMetrics {
             Box::new(self.metrics_auth.clone()),
             Box::new(self.reports_ignored.clone()),
             Box::new(self.reports_over_cap.clone()),
+            Box::new(self.cache_misses.clone()),
             Box::new(CacheCollector::new(self.caches.clone())?),
         ])
     }

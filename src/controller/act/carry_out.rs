@@ -3,7 +3,7 @@
 //! and the evictions within the pass's share of the rate budget; each
 //! announced by Kubernetes Events and counted.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::Utc;
@@ -16,11 +16,12 @@ use tracing::{debug, info, warn};
 
 use crate::api::ScheduledEvent;
 use crate::controller::act::publish::Subject;
+use crate::controller::act::refused::RefusedWrites;
 use crate::controller::act::writers::Writers;
 use crate::controller::act::{cordon, drain, publish};
 use crate::controller::decide::plan::{EvictionOutcome, NodeWrite, Plan};
 use crate::controller::decide::status::Outcome;
-use crate::controller::error::{Error, Result};
+use crate::controller::error::Error;
 use crate::metrics::controller::ControllerMetrics;
 use crate::policy::TaintEffect;
 use crate::text::named;
@@ -101,22 +102,40 @@ fn nodes_note(ev: &ScheduledEvent, reason: &str, nodes: Vec<&str>) -> String {
 }
 
 /// Carries out the plan's node writes, several nodes at once; a node
-/// taken is tainted with `taint_effect` (the policy's).
+/// taken is tainted with `taint_effect` (the policy's). A write the API
+/// server refuses fails that node alone: it is recorded in `refused`
+/// (announced by a `NodeWriteRefused` Warning the first time, counted in
+/// `forewarn_controller_reconcile_errors_total`) and not tried again until
+/// its backoff has passed ([`crate::controller::act::refused::backoff`]), while the other nodes'
+/// writes go on. Returns the nodes whose planned write was not made this
+/// pass (refused now, or still waiting for their backoff).
 pub async fn write_nodes(
     ev: &ScheduledEvent,
     plan: &Plan,
     snapshots: &HashMap<String, Arc<Node>>,
     writers: &Writers,
+    refused: &RefusedWrites,
     exclude_lb: bool,
     taint_effect: TaintEffect,
-) -> Result<()> {
+) -> HashSet<String> {
     let api: Api<Node> = Api::all(writers.client.clone());
     let versions = &writers.written_marks;
+    let name = ev.name_any();
+    let now = tokio::time::Instant::now();
+    let mut not_written = HashSet::new();
+    refused.keep_planned(
+        &name,
+        &plan.node_writes.iter().map(NodeWrite::node).collect(),
+    );
     let mut writes = Vec::new();
     for w in &plan.node_writes {
         let Some(node) = snapshots.get(w.node()).cloned() else {
             continue;
         };
+        if refused.waiting(&name, w.node(), now) {
+            not_written.insert(w.node().to_owned());
+            continue;
+        }
         let (api, w) = (api.clone(), w.clone());
         writes.push(async move {
             let r = cordon::write_marks(
@@ -145,18 +164,44 @@ pub async fn write_nodes(
             .collect()
             .await;
     drop(sending);
-    let mut first_error = None;
     let mut written = Vec::new();
     for (w, r) in results {
         match r {
-            Ok(true) => written.push(w),
+            Ok(true) => {
+                refused.written(&name, w.node());
+                written.push(w);
+            }
             // Written by an earlier pass; the cache has not shown it yet.
-            Ok(false) => {}
+            Ok(false) => refused.written(&name, w.node()),
             Err(source) => {
-                first_error.get_or_insert(Error::PatchNode {
+                let (label, _, _) = describe(ev, &w);
+                let (failures, retry_in) =
+                    refused.refused(&name, w.node(), label, &source, tokio::time::Instant::now());
+                not_written.insert(w.node().to_owned());
+                let e = Error::PatchNode {
                     node: w.node().into(),
                     source,
-                });
+                };
+                writers
+                    .metrics
+                    .reconcile_errors
+                    .with_label_values(&[e.category()])
+                    .inc();
+                warn!(node = w.node(), error = %e, failures, ?retry_in,
+                    "A node write was refused; the event's other nodes go on");
+                if failures == 1 {
+                    publish::publish(
+                        writers,
+                        ev,
+                        Subject::Node(w.node()),
+                        KubeEventType::Warning,
+                        "NodeWriteRefused",
+                        format!(
+                            "The {label} of {} for {name} was refused ({e}); retried with backoff while the event's other nodes go on",
+                            w.node()
+                        ),
+                    );
+                }
             }
         }
     }
@@ -202,7 +247,7 @@ pub async fn write_nodes(
             note,
         );
     }
-    first_error.map_or(Ok(()), Err)
+    not_written
 }
 
 /// The note of the Event for `pods` (`namespace/name`, grace seconds)
@@ -325,8 +370,12 @@ fn sort_outcomes<'a>(
             EvictionOutcome::Throttled { .. } => "throttled",
             EvictionOutcome::Gone => "gone",
             EvictionOutcome::Retry(_) => "error",
+            // Not asked: no request to count.
+            EvictionOutcome::Waiting(_) => "",
         };
-        metrics.evictions.with_label_values(&[label]).inc();
+        if !label.is_empty() {
+            metrics.evictions.with_label_values(&[label]).inc();
+        }
         let Some((namespace, name)) = pod.split_once('/') else {
             continue;
         };
@@ -358,7 +407,10 @@ fn sort_outcomes<'a>(
                 warn!(node, pod = %key, retry_after_seconds, "Eviction throttled by the API server; backing off");
             }
             EvictionOutcome::Retry(why) => {
-                warn!(node, pod = %key, %why, "Eviction failed; will retry")
+                warn!(node, pod = %key, %why, "Eviction failed; asked again after a backoff of its own")
+            }
+            EvictionOutcome::Waiting(why) => {
+                debug!(node, pod = %key, %why, "Eviction not asked: waiting for its backoff")
             }
             EvictionOutcome::Gone => {}
         }

@@ -283,6 +283,18 @@ pub struct Refusals {
     taken: Arc<std::sync::Mutex<HashMap<String, Taken>>>,
     /// Notified at each change of the budget cache.
     changed: Arc<tokio::sync::Notify>,
+    /// The pods whose evictions failed for another reason than a budget,
+    /// by pod: each not asked again before its own backoff has passed
+    /// ([`Refusals::failing`]).
+    failed: Arc<std::sync::Mutex<HashMap<String, Failed>>>,
+}
+
+/// A pod's evictions failed in a row for another reason than a budget.
+#[derive(Debug, Clone)]
+struct Failed {
+    count: u32,
+    next: tokio::time::Instant,
+    why: String,
 }
 
 /// The `resourceVersion` of a budget as the cache had it at an eviction,
@@ -429,6 +441,30 @@ impl Refusals {
         self.refused
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn failed_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Failed>> {
+        self.failed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The outcome of `pod` without asking at `now`, while its last
+    /// evictions failed for another reason than a budget and its backoff
+    /// (1 s doubling to 60 s, as a refused node write's:
+    /// [`crate::controller::act::refused::backoff`]) has not passed: an
+    /// admission webhook that denies every eviction in a namespace is asked
+    /// a few times a minute, not on every drain poll, each ask spending a
+    /// token of the controller's eviction budget.
+    pub fn failing(&self, pod: &PodInfo, now: tokio::time::Instant) -> Option<EvictionOutcome> {
+        let all = self.failed_lock();
+        let f = all.get(&Self::key(pod)).filter(|f| now < f.next)?;
+        Some(EvictionOutcome::Waiting(format!(
+            "failed {} times in a row, asked again in {}s: {}",
+            f.count,
+            f.next.saturating_duration_since(now).as_secs().max(1),
+            f.why
+        )))
     }
 
     /// Waits for the turn of the budget selecting a pod (`selecting`, from
@@ -673,6 +709,23 @@ impl Refusals {
         now: tokio::time::Instant,
     ) {
         let key = Self::key(pod);
+        {
+            let mut failed = self.failed_lock();
+            if let EvictionOutcome::Retry(why) = outcome {
+                let count = failed.get(&key).map_or(0, |f| f.count).saturating_add(1);
+                let next = now + crate::controller::act::refused::backoff(false, count);
+                failed.insert(
+                    key.clone(),
+                    Failed {
+                        count,
+                        next,
+                        why: why.clone(),
+                    },
+                );
+            } else {
+                failed.remove(&key);
+            }
+        }
         let mut map = self.lock();
         if matches!(outcome, EvictionOutcome::Blocked { .. }) {
             let count = map.get(&key).map_or(0, |r| r.count).saturating_add(1);
@@ -694,6 +747,7 @@ impl Refusals {
     /// drains under way.
     pub fn forget_older(&self, now: tokio::time::Instant, after: Duration) {
         self.lock().retain(|_, r| r.next + after > now);
+        self.failed_lock().retain(|_, f| f.next + after > now);
     }
 
     /// Whether no pod is remembered.
@@ -809,6 +863,9 @@ pub async fn evict_all(
                         return Some((e.node, e.pod.key(), o));
                     }
                     let now = tokio::time::Instant::now();
+                    if let Some(o) = refusals.failing(&e.pod, now) {
+                        return Some((e.node, e.pod.key(), o));
+                    }
                     let selecting = budgets_of(cache, &e.pod);
                     if let Some(o) = refusals.standing(&e.pod, &selecting, now) {
                         return Some((e.node, e.pod.key(), o));
@@ -1457,5 +1514,52 @@ mod tests {
         refusals.record(&pod, &refused, &shut, t0);
         refusals.forget_older(t0 + Duration::from_secs(400), Duration::from_secs(300));
         assert!(refusals.is_empty(), "a refusal long over is forgotten");
+    }
+
+    #[test]
+    fn a_pod_whose_eviction_a_webhook_denies_is_asked_again_on_a_growing_backoff() {
+        let refusals = Refusals::default();
+        let pod = web_pod();
+        let t0 = tokio::time::Instant::now();
+        let denied = classify_refusal(&Status {
+            code: 403,
+            reason: "Forbidden".into(),
+            message: "admission webhook \"deny-evictions.example.com\" denied the request".into(),
+            ..Status::default()
+        });
+        assert!(matches!(denied, EvictionOutcome::Retry(_)), "{denied:?}");
+        assert_eq!(refusals.failing(&pod, t0), None, "never failed: asked");
+        // Polled every second for ten minutes: asked at 1, 2, 4... s apart,
+        // up to a minute; a failure counts only when asked.
+        let mut asked = 0;
+        let mut t = t0;
+        let end = t0 + Duration::from_secs(600);
+        while t < end {
+            if refusals.failing(&pod, t).is_none() {
+                asked += 1;
+                refusals.record(&pod, &denied, &[], t);
+            } else {
+                let w = refusals.failing(&pod, t).unwrap();
+                assert!(
+                    matches!(&w, EvictionOutcome::Waiting(why) if why.contains("deny-evictions")),
+                    "{w:?}"
+                );
+            }
+            t += Duration::from_secs(1);
+        }
+        assert!(
+            (8..=16).contains(&asked),
+            "asked {asked} times in ten minutes of one-second polls"
+        );
+        // Evicted at last (the webhook let it go): forgotten.
+        refusals.record(&pod, &EvictionOutcome::Evicted, &[], end);
+        assert_eq!(refusals.failing(&pod, end), None);
+        // A budget's refusal is not a failure of this kind.
+        let blocked = EvictionOutcome::Blocked {
+            budgets: vec!["shop/web".into()],
+            message: "m".into(),
+        };
+        refusals.record(&pod, &blocked, &[], end);
+        assert_eq!(refusals.failing(&pod, end), None);
     }
 }

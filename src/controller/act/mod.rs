@@ -14,6 +14,7 @@ pub mod node_condition;
 pub mod notice;
 pub mod out_of_service;
 pub mod publish;
+pub mod refused;
 pub mod restarts;
 pub mod spec;
 pub mod witnesses;

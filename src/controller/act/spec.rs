@@ -215,17 +215,54 @@ pub async fn create_missing(
         let more = order.len() > 0;
         for (name, spec) in specs {
             in_flight.insert(name.clone());
-            let created_now = &created_now;
+            let (created_now, caches) = (&created_now, &caches);
             creations.push(async move {
-                let written = create(writers, &name, &spec).await.map(|answer| {
-                    if let Some(answer) = answer {
+                let written = match create(writers, &name, &spec).await {
+                    Ok(Some(answer)) => {
                         created_now.answered(answer);
+                        Ok(())
                     }
-                });
+                    Ok(None) => put_back(writers, caches, created_now, &name).await,
+                    Err(e) => Err(e),
+                };
                 (name, written, more)
             });
         }
     }
+}
+
+/// After a create of `name` answered 409 AlreadyExists: when the cache
+/// still lacks the object (it was missing for at least [`CREATED_GRACE`],
+/// or a relist took it out), reads it from the API server and puts it in
+/// the cache as a create's answer would (`created`), so that its passes
+/// run; warned and counted (`forewarn_controller_cache_misses_total`), as
+/// a cache that lacks an existing object drops the event's every pass.
+///
+/// # Errors
+/// [`Error::WriteEvent`] when the read fails (the next scan tries again).
+async fn put_back(writers: &Writers, caches: &Caches, created: &Created, name: &str) -> Result<()> {
+    if caches.events.get(&ObjectRef::new(name)).is_some() {
+        return Ok(());
+    }
+    let api: Api<ScheduledEvent> = Api::all(writers.client.clone());
+    let stored = api
+        .get_opt(name)
+        .await
+        .map_err(|source| Error::WriteEvent {
+            name: name.into(),
+            source,
+        })?;
+    if let Some(stored) = stored {
+        writers
+            .metrics
+            .cache_misses
+            .with_label_values(&["create_conflict"])
+            .inc();
+        warn!(event = %name, version = ?stored.resource_version(),
+            "The ScheduledEvent exists but the controller's cache lacks it; putting the stored object in");
+        created.answered(stored);
+    }
+    Ok(())
 }
 
 /// The names of the events to create, in turn by reporting node: `missing`

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::api::{EventStatus, Phase, ScheduledEvent};
+use crate::api::{EventStatus, Phase, ScheduledEvent, ScheduledEventSpec};
 use crate::controller::decide::acknowledge::{self, AckState};
 use crate::controller::decide::manual::{self, Override};
 use crate::controller::decide::out_of_service;
@@ -192,9 +192,14 @@ pub enum EvictionOutcome {
     /// gone (perhaps replaced by a new pod of the same name, which is
     /// planned afresh on the next pass).
     Gone,
-    /// 409 for another reason (a PodDisruptionBudget update conflict), 5xx
-    /// or a transport error: retried on the next pass.
+    /// Refused for another reason than a budget (403 from an admission
+    /// webhook or policy that denies evictions, 422, 409 for another reason
+    /// than the UID, 5xx) or a transport error: asked again once the pod's
+    /// own backoff has passed (1 s doubling to 60 s).
     Retry(String),
+    /// Not asked this pass: the pod's last evictions failed (`Retry`, whose
+    /// reason this gives) and its backoff has not passed.
+    Waiting(String),
 }
 
 /// Seconds left until the drain deadline (`NotBefore` - margin - now), or
@@ -302,6 +307,40 @@ fn was_started(ev: &ScheduledEvent, spec_status: EventStatus) -> bool {
     // for the host's other tenants, and the event may still be cancelled.
     spec_status == EventStatus::Started
         || ev.status.as_ref().is_some_and(|s| s.started_at.is_some())
+}
+
+/// Whether `ev`, as its agents report it now (`spec`: the content of one
+/// of its appearances), still waits for its drain lead time at `now`: it
+/// has a `NotBefore` later than now plus the lead time of the policy rule
+/// it matches, it was not seen `Started`, no approval was decided, and no
+/// pass of its own began its drain ([`drain_began`]). Such an event claims
+/// no node (see [`release`]).
+pub fn waits_for_lead_time(
+    ev: &ScheduledEvent,
+    spec: &ScheduledEventSpec,
+    policy: &Policy,
+    now: DateTime<Utc>,
+) -> bool {
+    let handling = policy.handling(
+        &EventType::from(spec.event_type.as_str()),
+        &spec.event_source,
+        spec.duration_seconds,
+    );
+    spec.not_before
+        .is_some_and(|nb| now < nb - Policy::seconds(handling.drain_lead_time_seconds))
+        && !was_started(ev, spec.event_status)
+        && !approval_decided(ev)
+        && !drain_began(ev)
+}
+
+/// Whether a pass of `ev`'s own began its drain in its current appearance:
+/// its status records a phase past `Pending`. A hold handed over by another
+/// event that ended is not a drain begun.
+fn drain_began(ev: &ScheduledEvent) -> bool {
+    ev.status.as_ref().is_some_and(|s| {
+        s.appearance.unwrap_or(1) == ev.spec.appearance
+            && s.phase.is_some_and(|p| p != Phase::Pending)
+    })
 }
 
 /// Whether nothing more will happen to the event in its current appearance:
@@ -1025,7 +1064,10 @@ fn wait_for_lead_time(
     now: DateTime<Utc>,
 ) -> bool {
     let me = &known.me;
-    let holding = mapped.iter().any(|n| n.holds.contains(me));
+    // Once begun by its own passes, a drain goes on (a policy reload that
+    // lengthens the lead time stops none); a hold handed over before the
+    // lead time is let go.
+    let holding = mapped.iter().any(|n| n.holds.contains(me)) && drain_began(ev);
     let Some(start) = ev
         .spec
         .not_before
@@ -1036,7 +1078,13 @@ fn wait_for_lead_time(
     };
     p.drain_starts_at = Some(start);
     p.phase = Phase::Pending;
+    let handed: Vec<ObservedNode> = mapped
+        .iter()
+        .filter(|n| n.holds.contains(me))
+        .map(|n| (*n).clone())
+        .collect();
     p.node_writes = release(me, stray);
+    p.node_writes.extend(release(me, &handed));
     p.requeue = (start - now)
         .to_std()
         .unwrap_or(Duration::from_secs(1))

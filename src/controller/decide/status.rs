@@ -102,6 +102,15 @@ fn blockers(node: &str, outcomes: &[Outcome]) -> (Option<String>, Vec<String>, V
                     format!("API server throttling (429, Retry-After {retry_after_seconds}s) while evicting {pod} on {n}")
                 });
             }
+            // Without the count and the time left, which change from pass
+            // to pass: the same failure gives the same record.
+            EvictionOutcome::Retry(why) => {
+                text.get_or_insert_with(|| format!("Eviction of {pod} refused: {why}"));
+            }
+            EvictionOutcome::Waiting(why) => {
+                let why = why.split_once(": ").map_or(why.as_str(), |(_, w)| w);
+                text.get_or_insert_with(|| format!("Eviction of {pod} refused: {why}"));
+            }
             _ => {}
         }
     }
@@ -179,6 +188,8 @@ fn live_progress(
         pods_remaining: i32::try_from(remaining).unwrap_or(i32::MAX),
         blocked_by,
         blocking_budgets,
+        // Filled in by the report from the writes refused.
+        write_refused: None,
         blocked_pods,
         pods_kept: plan
             .kept

@@ -8,7 +8,9 @@
 //! put in the cache only while the cache holds no object of that name (a
 //! watch that showed it first, or anything newer, wins), and the watch's
 //! own showing of that same version is then passed over, so that the
-//! object starts one pass, not two.
+//! object starts one pass, not two, unless the cache lost it meanwhile
+//! (a relist's store, swapped in at its `InitDone`, lacks an object its
+//! LIST did not show yet): the watch's showing then puts it back.
 
 use std::collections::HashMap;
 
@@ -49,6 +51,36 @@ fn version_of(o: &ScheduledEvent) -> (String, String) {
     (o.name_any(), o.resource_version().unwrap_or_default())
 }
 
+/// The deletions the watch showed, by name, at which `resourceVersion`
+/// (at most [`PUT_IN_KEPT`] remembered).
+#[derive(Default)]
+struct Deleted(HashMap<String, u64>);
+
+impl Deleted {
+    fn note(&mut self, o: &ScheduledEvent) {
+        if let Some(v) = numeric_version(o) {
+            if self.0.len() >= PUT_IN_KEPT {
+                self.0.clear();
+            }
+            self.0.insert(o.name_any(), v);
+        }
+    }
+
+    /// Whether the watch showed the deletion of `answer`'s object at its
+    /// version or later. Versions compare as the etcd revisions the API
+    /// server makes them (a version that is not a number never matches).
+    fn since(&self, answer: &ScheduledEvent) -> bool {
+        match (self.0.get(&answer.name_any()), numeric_version(answer)) {
+            (Some(gone), Some(v)) => *gone >= v,
+            _ => false,
+        }
+    }
+}
+
+fn numeric_version(o: &ScheduledEvent) -> Option<u64> {
+    o.resource_version()?.parse().ok()
+}
+
 /// What the cache's stream is made of.
 enum Input {
     Watch(Result<watcher::Event<ScheduledEvent>, watcher::Error>),
@@ -75,6 +107,7 @@ pub fn with_created(
     // Put in, by name, at which version; forgotten at the watch's first
     // event about the name.
     let mut put_in: HashMap<String, String> = HashMap::new();
+    let mut deleted = Deleted::default();
     futures::stream::select(watch, answers)
         .take_while(|input| std::future::ready(!matches!(input, Input::WatchEnded)))
         .filter_map(move |input| {
@@ -82,12 +115,26 @@ pub fn with_created(
                 Input::Watch(Ok(event)) => {
                     // The watch's own showing of a version put in is left out.
                     let put_in_so = match &event {
+                        // Only while the cache still holds that very
+                        // version: a relist (its `InitDone` swaps in a
+                        // store built from a LIST, which the watch cache
+                        // may serve from before the create) can have taken
+                        // the object out since, and then the watch's own
+                        // showing is the only way back in.
                         watcher::Event::Apply(o) => {
                             let (name, version) = version_of(o);
                             put_in.remove(&name).is_some_and(|v| v == version)
+                                && cache.get(&ObjectRef::from_obj(o)).is_some_and(|c| {
+                                    c.resource_version().as_deref() == Some(&*version)
+                                })
                         }
-                        watcher::Event::InitApply(o) | watcher::Event::Delete(o) => {
+                        watcher::Event::InitApply(o) => {
                             put_in.remove(&o.name_any());
+                            false
+                        }
+                        watcher::Event::Delete(o) => {
+                            put_in.remove(&o.name_any());
+                            deleted.note(o);
                             false
                         }
                         watcher::Event::Init | watcher::Event::InitDone => false,
@@ -98,6 +145,9 @@ pub fn with_created(
                 // Looked at as the answer's turn comes: every event the
                 // watch gave before it is in the cache by then (the
                 // reflector applies each as it passes).
+                // An answer read before a deletion the watch has shown
+                // already would bring back an object that is gone.
+                Input::Answer(o) if deleted.since(&o) => None,
                 Input::Answer(o) => cache.get(&ObjectRef::from_obj(&o)).is_none().then(|| {
                     if put_in.len() >= PUT_IN_KEPT {
                         put_in.clear();
@@ -196,6 +246,62 @@ mod tests {
         assert_eq!(seen, vec![v("a", "5"), v("a", "6"), v("b", "9")]);
         let cached = cache.get(&ObjectRef::new("a")).unwrap();
         assert_eq!(cached.resource_version().as_deref(), Some("6"));
+    }
+
+    #[tokio::test]
+    async fn an_answer_put_in_during_a_relist_that_missed_it_comes_back_with_the_watch() {
+        // The answer comes between a relist's `Init` and `InitDone`; the
+        // relist's LIST (served from the watch cache) was read before the
+        // create, so its store, swapped in at `InitDone`, lacks the object;
+        // the watch, started from that LIST's version, then shows its
+        // `ADDED` at the answer's version.
+        let (seen, cache) = run(
+            vec![
+                watcher::Event::Init,
+                watcher::Event::InitApply(object("b", "7")),
+                watcher::Event::InitDone,
+                watcher::Event::Apply(object("a", "8")),
+            ],
+            vec![(1, object("a", "8"))],
+        )
+        .await;
+        let cached = cache.get(&ObjectRef::new("a"));
+        assert_eq!(
+            cached.and_then(|c| c.resource_version()).as_deref(),
+            Some("8"),
+            "the object left the cache for good: {seen:?}"
+        );
+        assert!(seen.contains(&v("b", "7")));
+    }
+
+    #[tokio::test]
+    async fn an_answer_put_in_just_before_a_relist_that_missed_it_comes_back() {
+        // The answer is in the cache; a relist whose LIST lacks it swaps it
+        // out; the watch's `ADDED` of the same version puts it back.
+        let (_, cache) = run(
+            vec![
+                watcher::Event::Init,
+                watcher::Event::InitDone,
+                watcher::Event::Apply(object("a", "8")),
+            ],
+            vec![(0, object("a", "8"))],
+        )
+        .await;
+        assert!(cache.get(&ObjectRef::new("a")).is_some());
+    }
+
+    #[tokio::test]
+    async fn an_answer_older_than_a_deletion_shown_does_not_bring_the_object_back() {
+        let (seen, cache) = run(
+            vec![
+                watcher::Event::Apply(object("a", "5")),
+                watcher::Event::Delete(object("a", "6")),
+                watcher::Event::Apply(object("b", "9")),
+            ],
+            vec![(2, object("a", "5"))],
+        )
+        .await;
+        assert!(cache.get(&ObjectRef::new("a")).is_none(), "{seen:?}");
     }
 
     #[tokio::test]

@@ -6,6 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::{Client, ResourceExt};
@@ -56,6 +57,7 @@ fn claims(
     policy: &Policy,
     facts: &Facts,
     managed: impl Fn(&str) -> bool,
+    now: DateTime<Utc>,
 ) -> HashMap<String, Vec<String>> {
     let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
     for other in caches.events.state() {
@@ -82,7 +84,11 @@ fn claims(
                 &spec.event_source,
                 spec.duration_seconds,
             );
-            if action.cordons() {
+            // An event still waiting for its drain lead time (a
+            // predicted-failure Redeploy days away) claims no node yet:
+            // handed a node now, it would find itself holding it and
+            // drain at once.
+            if action.cordons() && !plan::waits_for_lead_time(&other, spec, policy, now) {
                 for (_, node) in facts.map(&spec.resources).mapped {
                     if managed(&node) {
                         mapped.push((node, spec.appearance, digest.to_owned()));
@@ -154,6 +160,7 @@ pub struct Observation {
 /// (it is released if it holds the event's cordon), and is listed in
 /// `Observed::unconfirmed`; a node whose own agent reports other content
 /// than the spec is observed apart, with the spec it is handled on.
+#[allow(clippy::too_many_arguments)]
 pub fn observe(
     ev: &ScheduledEvent,
     built: &trust::Built,
@@ -162,6 +169,7 @@ pub fn observe(
     caches: &Caches,
     policy: &Policy,
     dry_run: bool,
+    now: DateTime<Utc>,
 ) -> Observation {
     let me = ev.name_any();
     let by_name: HashMap<String, &Arc<Node>> =
@@ -210,7 +218,7 @@ pub fn observe(
         .filter(|vm| !vm.is_empty())
         .map(|vm| vm.to_ascii_lowercase())
         .collect();
-    let claims = claims(&me, &vms, caches, policy, facts, managed);
+    let claims = claims(&me, &vms, caches, policy, facts, managed, now);
     let read = read_nodes(ev, wanted, &contents, &claims, &by_name, caches, policy);
     let mut seen = Observed {
         nodes: Vec::new(),

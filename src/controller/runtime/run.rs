@@ -7,11 +7,12 @@
 //! other caches, the reconciles and the tasks around them:
 //! [`Replica::lead`]), then hands over ([`Replica::stop`]).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use futures::{Stream, StreamExt};
@@ -200,6 +201,10 @@ impl Files {
     }
 }
 
+/// Requests of the write client waiting for the guarded stack to take them
+/// (the stack takes each at once: it is ready while its connection pool is).
+const WRITES_QUEUED: usize = 1024;
+
 /// The clients this replica writes through, both behind the Lease guard
 /// ([`lease::WritesWhileLeading`]): no write leaves a replica that does not
 /// lead.
@@ -217,16 +222,30 @@ impl Writes {
     ///
     /// # Errors
     /// A client cannot be built from `config`.
+    /// The guard sits inside the retry layer: kube's retry of a 429, 503
+    /// or 504 (for up to minutes, as `Retry-After` asks) is a new request
+    /// that passes the guard again, so a replica whose lease lapsed while a
+    /// write was being retried sends no further attempt.
     fn guarded(config: kube::Config, validity: &lease::Validity) -> anyhow::Result<Self> {
         let guard = lease::WritesWhileLeading(validity.clone());
-        let client = ClientBuilder::try_from(config.clone())?
-            .with_layer(&guard)
-            .build();
-        let mut evict_config = config;
-        evict_config.default_retry = false;
-        let evict = ClientBuilder::try_from(evict_config)?
-            .with_layer(&guard)
-            .build();
+        let mut config = config;
+        let retry = config.default_retry;
+        config.default_retry = false;
+        let guarded = ClientBuilder::try_from(config.clone())?.with_layer(&guard);
+        let client = if retry {
+            // Retry clones the service it retries through; the buffer
+            // (its worker hands each request to the guarded stack as it
+            // comes, the answers are awaited by their callers) makes it so.
+            guarded
+                .with_layer(&tower::buffer::BufferLayer::new(WRITES_QUEUED))
+                .with_layer(&tower::retry::RetryLayer::new(
+                    kube::client::retry::RetryPolicy::server_retry(),
+                ))
+                .build()
+        } else {
+            guarded.build()
+        };
+        let evict = ClientBuilder::try_from(config)?.with_layer(&guard).build();
         Ok(Writes { client, evict })
     }
 }
@@ -993,23 +1012,32 @@ async fn reconcile_until_stopped(
     mut leadership: watch::Receiver<lease::Leadership>,
     mut shutdown: Pin<&mut impl Future<Output = ()>>,
 ) -> anyhow::Result<()> {
+    let metrics = ctx.writers.metrics.clone();
+    let mut unseen = Unseen::default();
     let controller = controller
         .run(
             move |ev, ctx| gated(ev, ctx, gate.clone()),
             error_policy,
             ctx,
         )
-        .for_each(|r| async move {
+        .for_each(move |r| {
             match r {
                 // A report's change asks for a pass over an event whose
                 // object is not created yet (the creation, by its own
-                // watch, asks again): nothing failed.
+                // watch, asks again): nothing failed, unless it lasts.
                 Err(controller::Error::ObjectNotFound(o)) => {
-                    debug!(event = %o.name, "A pass was asked for an event with no object yet")
+                    if unseen.asked(&o.name, Instant::now()) {
+                        metrics.cache_misses.with_label_values(&["pass_without_object"]).inc();
+                        warn!(event = %o.name, after = ?UNSEEN_WARN_AFTER,
+                            "Passes are still asked for an event the controller's cache has no object of");
+                    } else {
+                        debug!(event = %o.name, "A pass was asked for an event with no object yet");
+                    }
                 }
                 Err(e) => warn!(error = %e, "Reconcile failed"),
                 Ok(_) => {}
             }
+            std::future::ready(())
         });
     tokio::select! {
         _ = &mut shutdown => Ok(()),
@@ -1021,6 +1049,38 @@ async fn reconcile_until_stopped(
             Err(anyhow::anyhow!("stopped acting as leader: {why}; exiting so that a fresh process takes over"))
         }
         _ = controller => Ok(()),
+    }
+}
+
+/// How long passes may be asked for an event whose object the cache lacks
+/// before it is warned of: the creation's answer normally puts the object
+/// in within a second, and the creator reads it back after a create
+/// conflict ([`spec::create_missing`]).
+const UNSEEN_WARN_AFTER: Duration = Duration::from_secs(15);
+
+/// The events passes were asked for without an object in the cache: when
+/// each was first so, and whether it was warned of. Forgotten once no pass
+/// was asked for them for [`UNSEEN_FORGET_AFTER`].
+#[derive(Default)]
+struct Unseen(HashMap<String, (Instant, Instant, bool)>);
+
+/// How long an event passes are no longer asked for stays remembered.
+const UNSEEN_FORGET_AFTER: Duration = Duration::from_secs(60);
+
+impl Unseen {
+    /// Notes a pass asked for `name` at `now`; true the first time it has
+    /// lasted [`UNSEEN_WARN_AFTER`] (then again each time it lasts as long
+    /// once more).
+    fn asked(&mut self, name: &str, now: Instant) -> bool {
+        self.0
+            .retain(|_, (_, last, _)| now.duration_since(*last) < UNSEEN_FORGET_AFTER);
+        let (first, last, _) = self.0.entry(name.to_owned()).or_insert((now, now, false));
+        *last = now;
+        if now.duration_since(*first) >= UNSEEN_WARN_AFTER {
+            *first = now;
+            return true;
+        }
+        false
     }
 }
 
@@ -1103,6 +1163,19 @@ mod tests {
                 .boxed(),
             ),
         }
+    }
+
+    #[test]
+    fn passes_asked_without_an_object_are_warned_of_once_they_last() {
+        let mut u = Unseen::default();
+        let t0 = Instant::now();
+        assert!(!u.asked("a", t0));
+        assert!(!u.asked("a", t0 + Duration::from_secs(5)));
+        assert!(u.asked("a", t0 + UNSEEN_WARN_AFTER));
+        assert!(!u.asked("a", t0 + UNSEEN_WARN_AFTER + Duration::from_secs(1)));
+        // Asked again long after the last: a new beginning.
+        let later = t0 + UNSEEN_WARN_AFTER + UNSEEN_FORGET_AFTER * 2;
+        assert!(!u.asked("a", later));
     }
 
     #[test]

@@ -535,3 +535,45 @@ fn the_end_of_a_drain_lead_time_stays_recorded() {
         then.status = Some(st);
     }
 }
+
+#[test]
+fn a_hold_handed_over_before_the_lead_time_does_not_start_the_drain() {
+    // ev-2 (a Redeploy days away, lead time one hour) was handed node-1's
+    // hold when the event before it ended: it has not begun its drain
+    // (its status says Pending), so it lets the node go and waits.
+    let p = Policy::default();
+    let mut redeploy = event("Redeploy", &["vm_1"], 3 * 86400);
+    redeploy.metadata.name = Some("ev-2".into());
+    redeploy.status = Some(ScheduledEventStatus {
+        phase: Some(Phase::Pending),
+        ..Default::default()
+    });
+    let mut n = node(true, &["a"]);
+    n.holds = vec!["ev-2".into()];
+    let planned = plan(&redeploy, &seen(n.clone()), &p, now());
+    assert_eq!(planned.phase, Phase::Pending);
+    assert!(planned.evictions.is_empty(), "{:?}", planned.evictions);
+    assert_eq!(
+        planned.node_writes,
+        vec![NodeWrite::Release {
+            node: "node-1".into(),
+            holds: vec![],
+            uncordon: true
+        }]
+    );
+    assert!(waits_for_lead_time(&redeploy, &redeploy.spec, &p, now()));
+    // Within its lead time, the same event drains (and claims nodes).
+    let soon = now() + chrono::Duration::seconds(3 * 86400 - 600);
+    assert!(!waits_for_lead_time(&redeploy, &redeploy.spec, &p, soon));
+    let draining = plan(&redeploy, &seen(n.clone()), &p, soon);
+    assert_eq!(draining.phase, Phase::Draining);
+    assert_eq!(draining.evictions.len(), 1);
+    // A drain its own passes began goes on while it holds the node.
+    let mut begun = redeploy.clone();
+    begun.status = Some(ScheduledEventStatus {
+        phase: Some(Phase::Draining),
+        ..Default::default()
+    });
+    assert!(!waits_for_lead_time(&begun, &begun.spec, &p, now()));
+    assert_eq!(plan(&begun, &seen(n), &p, now()).phase, Phase::Draining);
+}
