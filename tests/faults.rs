@@ -1221,3 +1221,417 @@ async fn tearing_a_cluster_down_kills_no_process_a_stale_pid_file_names() {
     );
     assert!(!dir.exists(), "{} is still there", dir.display());
 }
+
+/// A Reboot naming `vms`, as the agent of `node` (whose VM is `vm`)
+/// reports it: `NotBefore` an hour ahead.
+fn multi_reboot_report(id: &str, node: &str, vm: &str, vms: &[&str], status: EventStatus) -> Value {
+    let mut doc = reboot_report(id, node, vm, status);
+    doc["spec"]["report"]["resources"] = json!(vms);
+    doc
+}
+
+/// A ValidatingAdmissionPolicy `name` (with its binding, denying) of
+/// `rule` (a `resourceRules` entry) that refuses the requests for which
+/// `refuse` (CEL) holds, with `message`; waits until the API server
+/// enforces it, as `enforced` (a dry-run request that it must refuse)
+/// shows.
+async fn admission_policy<F, Fut>(
+    cluster: &Cluster,
+    name: &str,
+    rule: Value,
+    refuse: &str,
+    message: &str,
+    enforced: F,
+) where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    kubectl_apply(
+        cluster,
+        &json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [rule]},
+                "validations": [{"expression": format!("!({refuse})"), "message": message}],
+            },
+        }),
+    );
+    kubectl_apply(
+        cluster,
+        &json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": ["Deny"]},
+        }),
+    );
+    eventually("the admission policy enforced", HANG, || async {
+        enforced().await.then_some(())
+    })
+    .await;
+}
+
+/// Removes the admission policy `name` and its binding.
+fn remove_admission_policy(cluster: &Cluster, name: &str) {
+    let _ = cluster.kubectl(&[
+        "delete",
+        "validatingadmissionpolicybinding,validatingadmissionpolicy",
+        name,
+        "--ignore-not-found",
+    ]);
+}
+
+/// The writes of the controller `identity` to `uri_part` in the audit log,
+/// with their answers' codes, in order.
+fn audit_writes_to(cluster: &Cluster, identity: &str, uri_part: &str) -> Vec<(DateTime<Utc>, u16)> {
+    let text = cluster
+        .audit_log()
+        .unwrap_or_else(|e| panic!("the audit log: {e:#}"));
+    let ua = user_agent("controller", identity);
+    let mut seen = std::collections::HashSet::new();
+    let mut v: Vec<(DateTime<Utc>, u16)> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| seen.insert(v["auditID"].as_str().unwrap_or_default().to_string()))
+        .filter(|v| v["userAgent"].as_str() == Some(ua.as_str()))
+        .filter(|v| !matches!(v["verb"].as_str(), Some("get" | "list" | "watch")))
+        .filter(|v| {
+            v["requestURI"]
+                .as_str()
+                .is_some_and(|u| u.contains(uri_part))
+        })
+        .filter_map(|v| {
+            Some((
+                v["requestReceivedTimestamp"].as_str()?.parse().ok()?,
+                u16::try_from(v["responseStatus"]["code"].as_u64()?).ok()?,
+            ))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// An admission policy refuses the cordon of one node of a three-node
+/// Reboot: the other two are cordoned and drained at once (their pods
+/// evicted, their records drained), the refused node's record says why
+/// (`writeRefused`, with the policy's message), the event is not approved
+/// while that node stays uncordoned (rule 2), and the refused write is
+/// tried again on a growing backoff (the audit log's refused PATCHes of
+/// that node come further and further apart). Once the policy is gone the
+/// node is cordoned, and the event's end releases all three. With the
+/// first refusal failing the whole pass, the other nodes' pods were never
+/// evicted and their records never written.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_whose_cordon_is_refused_holds_back_no_other_node() {
+    let _turn = TURN.lock().await;
+    const ID: &str = "FA000000-0000-4000-8000-000000000030";
+    const NODES3: [&str; 3] = ["node-000000", "node-000001", "node-000002"];
+    const VMS: [&str; 3] = ["refused_vm_0", "refused_vm_1", "refused_vm_2"];
+    const LEASE: &str = "forewarn-faults-refused";
+    const POLICY: &str = "forewarn-test-refuse-cordon";
+    const MESSAGE: &str = "cordons of node-000002 are refused by the test's policy";
+    const APPS: [&str; 2] = ["refused-web-0", "refused-web-1"];
+    let cluster = cluster();
+    let client = cluster.client().await.expect("client");
+    clean(&client, &[ID]).await;
+    remove_admission_policy(&cluster, POLICY);
+    let dir = dir("refused-cordon");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let refused_node = NODES3[2];
+    let refuse = format!(
+        "object.metadata.name == '{refused_node}' && has(object.spec.unschedulable) && object.spec.unschedulable"
+    );
+    admission_policy(
+        &cluster,
+        POLICY,
+        json!({"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]}),
+        &refuse,
+        MESSAGE,
+        || async {
+            nodes
+                .patch(
+                    refused_node,
+                    &PatchParams {
+                        dry_run: true,
+                        ..PatchParams::default()
+                    },
+                    &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+                )
+                .await
+                .is_err()
+        },
+    )
+    .await;
+    // One pod on each of the first two nodes (a Deployment pinned by its
+    // node selector: the replacement waits, Pending, while the node is
+    // cordoned).
+    for (app, node) in APPS.iter().zip(NODES3) {
+        kubectl_apply(
+            &cluster,
+            &deployment(
+                app,
+                1,
+                json!({"nodeSelector": {"kubernetes.io/hostname": node}}),
+            ),
+        );
+        wait_for_pods(&client, app, node, 1).await;
+    }
+    let (mut controller, _) = start_controller(&cluster, &dir, LEASE, "refused-controller").await;
+    for (node, vm) in NODES3.iter().zip(VMS) {
+        apply_report(
+            &client,
+            multi_reboot_report(ID, node, vm, &VMS, EventStatus::Scheduled),
+        )
+        .await;
+    }
+    let events: Api<ScheduledEvent> = Api::all(client.clone());
+    let record = |node: &'static str| {
+        let events = events.clone();
+        async move {
+            let ev = events.get_opt(&object_name(ID)).await.ok().flatten()?;
+            ev.status?.nodes?.into_iter().find(|r| r.name == node)
+        }
+    };
+    for node in &NODES3[..2] {
+        eventually("the other nodes cordoned and drained", HANG, || async {
+            record(node).await.filter(|r| r.drained_at.is_some())
+        })
+        .await;
+        assert!(is_cordoned(&client, node).await, "{node} not cordoned");
+    }
+    let why = eventually("the refused node's record says why", HANG, || async {
+        record(refused_node).await.and_then(|r| r.write_refused)
+    })
+    .await;
+    assert!(why.contains(MESSAGE), "{why}");
+    assert!(!is_cordoned(&client, refused_node).await);
+    // Not approved while a node it affects is not cordoned.
+    let ev = events.get(&object_name(ID)).await.expect("the event");
+    let st = ev.status.expect("status");
+    assert!(
+        st.approval.as_ref().is_none_or(|a| a.decided_at.is_none()),
+        "approved with {refused_node} uncordoned: {:?}",
+        st.approval
+    );
+    assert_eq!(st.phase, Some(Phase::Draining));
+    // Tried again, further and further apart: at least four refusals.
+    let refused = eventually("four refused writes of the node", HANG, || async {
+        let w: Vec<_> = audit_writes_to(
+            &cluster,
+            "refused-controller",
+            &format!("/nodes/{refused_node}"),
+        )
+        .into_iter()
+        .filter(|(_, code)| *code >= 400)
+        .collect();
+        (w.len() >= 4).then_some(w)
+    })
+    .await;
+    let gaps: Vec<i64> = refused
+        .windows(2)
+        .map(|w| (w[1].0 - w[0].0).num_milliseconds())
+        .collect();
+    println!("refused writes of {refused_node}, ms apart: {gaps:?}");
+    assert!(
+        gaps[2] > gaps[0] && gaps[2] >= 3_000,
+        "the refused node is not retried on a growing backoff: {gaps:?}"
+    );
+    // Its own backoff, not the event's: the pass went on and evicted the
+    // other nodes' pods.
+    let evictions = audit_writes_to(&cluster, "refused-controller", "/eviction");
+    assert!(evictions.len() >= 2, "{evictions:?}");
+
+    // The policy goes: the node is cordoned at its next try.
+    remove_admission_policy(&cluster, POLICY);
+    eventually("the refused node cordoned once allowed", HANG, || async {
+        is_cordoned(&client, refused_node).await.then_some(())
+    })
+    .await;
+    eventually("its record cleared", HANG, || async {
+        record(refused_node)
+            .await
+            .filter(|r| r.write_refused.is_none())
+    })
+    .await;
+    // The event ends: every node released.
+    for (node, vm) in NODES3.iter().zip(VMS) {
+        apply_report(
+            &client,
+            multi_reboot_report(ID, node, vm, &VMS, EventStatus::Completed),
+        )
+        .await;
+    }
+    for node in NODES3 {
+        eventually("every node released", HANG, || async {
+            (!is_cordoned(&client, node).await).then_some(())
+        })
+        .await;
+    }
+    let _ = controller.terminate(STOP).await;
+    clean(&client, &[ID]).await;
+    for app in APPS {
+        let _ = cluster.kubectl(&[
+            "delete",
+            "deployment",
+            app,
+            "--ignore-not-found",
+            "--wait=false",
+        ]);
+    }
+}
+
+/// An admission policy refuses every eviction in one namespace: the
+/// drain asks for that pod on a growing backoff of its own (the audit log
+/// has a few refused evictions of it over half a minute, not one every
+/// drain poll), the node's record says why, and the pod of another
+/// namespace on the same node is evicted at once. With every failure asked
+/// again at each poll, the refused pod was asked about once a second.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_eviction_an_admission_policy_refuses_is_asked_again_on_a_backoff() {
+    let _turn = TURN.lock().await;
+    const ID: &str = "FA000000-0000-4000-8000-000000000040";
+    const NODE: &str = "node-000001";
+    const VM: &str = "denied_vm_1";
+    const LEASE: &str = "forewarn-faults-denied";
+    const POLICY: &str = "forewarn-test-refuse-evictions";
+    const NS: &str = "evictions-refused";
+    const MESSAGE: &str = "evictions in this namespace are refused by the test's policy";
+    let cluster = cluster();
+    let client = cluster.client().await.expect("client");
+    clean(&client, &[ID]).await;
+    remove_admission_policy(&cluster, POLICY);
+    let dir = dir("refused-evictions");
+    let _ = cluster.kubectl(&["create", "namespace", NS]);
+    // A bare pod in the namespace (evicted whatever its controller; the
+    // test's policy evicts pods without a controller for Reboot) and a
+    // Deployment's pod in `default`, both on the node.
+    let pod = |ns: &str, name: &str| {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
+            "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+        })
+    };
+    // The ServiceAccount controller makes the namespace's default account
+    // a moment after the namespace: the pod's creation waits for it.
+    let pods_in_ns: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    let _ = pods_in_ns
+        .delete("denied", &DeleteParams::default().grace_period(0))
+        .await;
+    eventually("the denied pod created", HANG, || async {
+        let doc = serde_json::from_value(pod(NS, "denied")).expect("a pod");
+        match pods_in_ns
+            .create(&kube::api::PostParams::default(), &doc)
+            .await
+        {
+            Ok(_) => Some(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => None,
+            Err(_) => None,
+        }
+    })
+    .await;
+    kubectl_apply(
+        &cluster,
+        &deployment(
+            "allowed-web",
+            1,
+            json!({"nodeSelector": {"kubernetes.io/hostname": NODE}}),
+        ),
+    );
+    wait_for_pods(&client, "allowed-web", NODE, 1).await;
+    admission_policy(
+        &cluster,
+        POLICY,
+        json!({"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods/eviction"]}),
+        &format!("request.namespace == '{NS}'"),
+        MESSAGE,
+        || async {
+            // A dry-run eviction of the pod is refused once enforced.
+            pods_in_ns
+                .create_subresource::<_, Value>(
+                    "eviction",
+                    "denied",
+                    &kube::api::PostParams {
+                        dry_run: true,
+                        ..Default::default()
+                    },
+                    &json!({
+                        "apiVersion": "policy/v1", "kind": "Eviction",
+                        "metadata": {"name": "denied", "namespace": NS},
+                    }),
+                )
+                .await
+                .is_err()
+        },
+    )
+    .await;
+    let policy_file = dir.join("policy.yaml");
+    std::fs::write(&policy_file, "evictUnmanagedPods: [Reboot]\n").expect("policy");
+    let (mut controller, _) = start_controller_with(
+        &cluster,
+        &dir,
+        LEASE,
+        "denied-controller",
+        &["--policy-file", policy_file.to_str().expect("path")],
+    )
+    .await;
+    apply_report(&client, reboot_report(ID, NODE, VM, EventStatus::Scheduled)).await;
+    let events: Api<ScheduledEvent> = Api::all(client.clone());
+    let why = eventually("the node's record says why", HANG, || async {
+        let ev = events.get_opt(&object_name(ID)).await.ok().flatten()?;
+        let r = ev.status?.nodes?.into_iter().find(|r| r.name == NODE)?;
+        r.blocked_by.filter(|b| b.contains(MESSAGE))
+    })
+    .await;
+    println!("blocked by: {why}");
+    let first = Utc::now();
+    // The other namespace's pod is evicted.
+    let allowed = audit_writes_to(&cluster, "denied-controller", "/namespaces/default/pods/");
+    assert!(
+        allowed.iter().any(|(_, code)| *code < 300),
+        "the allowed pod was not evicted: {allowed:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let denied = audit_writes_to(
+        &cluster,
+        "denied-controller",
+        &format!("/namespaces/{NS}/pods/denied/eviction"),
+    );
+    let in_window = denied.iter().filter(|(at, _)| *at >= first).count();
+    println!(
+        "refused evictions of the pod: {} in all, {in_window} in the 30 s after the first record",
+        denied.len()
+    );
+    // A ValidatingAdmissionPolicy's denial is 422 Invalid (a webhook's is
+    // 403): refused by admission, never by a budget (429).
+    assert!(
+        denied
+            .iter()
+            .all(|(_, code)| (400..500).contains(code) && *code != 429),
+        "{denied:?}"
+    );
+    assert!(!denied.is_empty());
+    assert!(
+        in_window <= 6,
+        "the refused pod was asked {in_window} times in 30 s: {denied:?}"
+    );
+    remove_admission_policy(&cluster, POLICY);
+    apply_report(&client, reboot_report(ID, NODE, VM, EventStatus::Completed)).await;
+    eventually("the node released", HANG, || async {
+        (!is_cordoned(&client, NODE).await).then_some(())
+    })
+    .await;
+    let _ = controller.terminate(STOP).await;
+    clean(&client, &[ID]).await;
+    let _ = cluster.kubectl(&["delete", "namespace", NS, "--wait=false"]);
+    let _ = cluster.kubectl(&[
+        "delete",
+        "deployment",
+        "allowed-web",
+        "--ignore-not-found",
+        "--wait=false",
+    ]);
+}

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use serde_json::json;
 
 use crate::api::CORDONED_FOR_ANNOTATION;
@@ -239,7 +239,7 @@ pub async fn write_marks(
         api,
         &name,
         None,
-        &PatchParams::default(),
+        &crate::controller::act::writers::patch_params(),
         &Patch::Merge(&sent),
     )
     .await?;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use tokio::sync::Notify;
@@ -79,7 +79,11 @@ pub async fn run(
             }
             let body = serde_json::json!({ "metadata": { "labels": changes } });
             match api
-                .patch(&node, &PatchParams::default(), &Patch::Merge(&body))
+                .patch(
+                    &node,
+                    &crate::controller::act::writers::patch_params(),
+                    &Patch::Merge(&body),
+                )
                 .await
             {
                 Ok(_) => {

@@ -23,7 +23,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use serde_json::json;
 use tracing::{debug, warn};
 
@@ -233,7 +233,7 @@ pub async fn sync(
                 &api,
                 name,
                 Some("status"),
-                &PatchParams::default(),
+                &crate::controller::act::writers::patch_params(),
                 &Patch::Strategic(&body),
             )
             .await;

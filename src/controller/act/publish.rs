@@ -638,7 +638,11 @@ pub async fn clear_approval(ev: &ScheduledEvent, writers: &Writers) -> Result<Op
     let name = ev.name_any();
     let body = cleared_for_new_appearance(ev);
     let written = Api::<ScheduledEvent>::all(writers.client.clone())
-        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+        .patch_status(
+            &name,
+            &crate::controller::act::writers::patch_params(),
+            &Patch::Merge(&body),
+        )
         .await
         .map_err(|source| Error::PatchStatus { name, source })?;
     Ok(written.resource_version())

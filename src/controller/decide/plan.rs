@@ -336,7 +336,7 @@ pub fn waits_for_lead_time(
 /// Whether a pass of `ev`'s own began its drain in its current appearance:
 /// its status records a phase past `Pending`. A hold handed over by another
 /// event that ended is not a drain begun.
-fn drain_began(ev: &ScheduledEvent) -> bool {
+pub fn drain_began(ev: &ScheduledEvent) -> bool {
     ev.status.as_ref().is_some_and(|s| {
         s.appearance.unwrap_or(1) == ev.spec.appearance
             && s.phase.is_some_and(|p| p != Phase::Pending)

@@ -45,15 +45,19 @@ pub struct Caches {
 }
 
 impl Caches {
-    /// Whether the caches of `ScheduledEvent`s, of both kinds of reports and
-    /// of pods hold their first full list (before, a missing report would
-    /// read as a silent agent, a missing `VirtualMachineReport` as a node
-    /// of no known VM).
+    /// Whether the caches of `ScheduledEvent`s, of both kinds of reports, of
+    /// nodes, of PodDisruptionBudgets and of pods hold their first full
+    /// list (before, a missing report would read as a silent agent, a
+    /// missing `VirtualMachineReport` as a node of no known VM, a missing
+    /// budget as a pod no budget protects: the first passes after a
+    /// takeover would evict without the budgets' turns).
     pub fn synced(&self) -> bool {
         let ready = |r: Option<Result<(), _>>| r.is_some_and(|r| r.is_ok());
         ready(self.events.wait_until_ready().now_or_never())
             && ready(self.reports.wait_until_ready().now_or_never())
             && ready(self.vm_reports.wait_until_ready().now_or_never())
+            && ready(self.nodes.wait_until_ready().now_or_never())
+            && ready(self.budgets.wait_until_ready().now_or_never())
             && self.pods.ready()
     }
 

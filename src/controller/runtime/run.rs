@@ -324,7 +324,8 @@ struct Tasks {
     creator: Option<JoinHandle<()>>,
     /// The check of the agents' confinement policy.
     confinement: Option<JoinHandle<()>>,
-    /// The sweep of holds of deleted events ([`sweep::sweep_orphaned_holds`]).
+    /// The leader's housekeeping, the release of holds of deleted events
+    /// among it ([`sweep::housekeeping`]).
     sweep: Option<JoinHandle<()>>,
     /// The sweep of pods' notices of deleted events
     /// ([`sweep::sweep_orphaned_notices`]).
@@ -976,7 +977,7 @@ fn spawn_leader_tasks(
     tasks.synced = Some(spawn_synced(ctx.clone(), ready.clone()));
     // A dry run writes no node, so it releases no hold either (its sweep
     // only forgets deleted events' bookkeeping).
-    tasks.sweep = Some(tokio::spawn(sweep::sweep_orphaned_holds(ctx.clone())));
+    tasks.sweep = Some(tokio::spawn(sweep::housekeeping(ctx.clone())));
     tasks.notice_sweep = Some(tokio::spawn(sweep::sweep_orphaned_notices(ctx.clone())));
     tasks.creator = Some(tokio::spawn(spec::create_missing(
         ctx.caches.clone(),

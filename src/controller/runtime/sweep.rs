@@ -1,16 +1,19 @@
-//! Releases cordons held for `ScheduledEvent`s that no longer exist
-//! (deleted by hand before they completed), and removes the notices (and
-//! acknowledgements) pods hold of them: forewarn never leaves a node
-//! cordoned, or a notice standing, that nothing will remove. It also brings forewarn's other
-//! marks on nodes in line: the load-balancer exclusion label after the
-//! policy's `excludeFromLoadBalancers` changed, and the
-//! `ForewarnScheduledEvent` condition of nodes no live event affects any
-//! more, and the out-of-service taint forewarn put on a node that is Ready
-//! again.
+//! The leader's housekeeping ([`housekeeping`]): it releases cordons held
+//! for `ScheduledEvent`s that no longer exist (deleted by hand before they
+//! completed), as an event's end does, and removes the notices (and
+//! acknowledgements) pods hold of them ([`sweep_orphaned_notices`]):
+//! forewarn never leaves a node cordoned, or a notice standing, that
+//! nothing will remove. It also brings forewarn's other marks on nodes in
+//! line: the load-balancer exclusion label after the policy's
+//! `excludeFromLoadBalancers` changed, the `ForewarnScheduledEvent`
+//! condition of nodes no live event affects any more, and the
+//! out-of-service taint forewarn put on a node that is Ready again.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
@@ -26,101 +29,240 @@ use crate::controller::observe::nodes;
 /// How often nodes are checked for holds of deleted `ScheduledEvent`s.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
-/// Runs at start and then every [`SWEEP_INTERVAL`] (in a dry run it only
-/// forgets the bookkeeping of deleted events: it writes no node).
+/// The leader's housekeeping, at start and then every [`SWEEP_INTERVAL`]
+/// (sooner when an orphaned hold's release falls due), in named steps:
+/// [`Context::forget_deleted_events`], [`retire_node_conditions`],
+/// [`sync_lb_labels`], the out-of-service taints of nodes Ready again
+/// ([`crate::controller::act::out_of_service::untaint_returned`]) and
+/// [`release_orphaned_holds`]. In a dry run only the first: it writes no
+/// node.
+pub async fn housekeeping(ctx: Arc<Context>) {
+    let api: Api<Node> = Api::all(ctx.writers.client.clone());
+    let events: Api<ScheduledEvent> = Api::all(ctx.writers.client.clone());
+    let mut orphans = Orphans::default();
+    loop {
+        ctx.forget_deleted_events();
+        let mut next = SWEEP_INTERVAL;
+        if !ctx.writers.dry_run {
+            let snapshot = ctx.caches.nodes.state();
+            let names: HashSet<String> = snapshot.iter().map(|n| n.name_any()).collect();
+            ctx.caches.boot_ids.retain(|n| names.contains(n));
+            retire_node_conditions(&ctx, &snapshot).await;
+            let exclude_lb = ctx.policy().exclude_from_load_balancers;
+            sync_lb_labels(&api, &ctx.writers.written_marks, &snapshot, exclude_lb).await;
+            crate::controller::act::out_of_service::untaint_returned(&ctx.writers, &snapshot).await;
+            if let Some(due) = release_orphaned_holds(&ctx, &api, &events, &mut orphans).await {
+                next = next.min(due);
+            }
+        }
+        tokio::time::sleep(next.max(Duration::from_secs(1))).await;
+    }
+}
+
+/// Sets the `ForewarnScheduledEvent` condition of nodes no live event
+/// affects any more back (`snapshot`: the node cache), only on full caches:
+/// an event not listed yet would read as gone.
+async fn retire_node_conditions(ctx: &Context, snapshot: &[Arc<Node>]) {
+    if !ctx.caches.synced() {
+        return;
+    }
+    let stale = crate::controller::act::node_condition::nodes_with_condition_true(snapshot);
+    if stale.is_empty() {
+        return;
+    }
+    let facts = crate::controller::observe::facts::Facts::read(&ctx.caches);
+    crate::controller::act::node_condition::sync(
+        &ctx.writers,
+        &ctx.memory.node_conditions,
+        &ctx.caches,
+        &facts,
+        None,
+        &stale,
+    )
+    .await;
+}
+
+/// When each orphaned hold (by node and event) was first seen so.
+#[derive(Default)]
+struct Orphans(HashMap<(String, String), Instant>);
+
+/// What to write to a node with orphaned holds, as [`orphan_release`]
+/// decides it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct OrphanWrite {
+    /// The hold list to write.
+    pub holds: Vec<String>,
+    /// `Some(false)` to uncordon.
+    pub unschedulable: Option<bool>,
+}
+
+/// What to do with a node whose `holds` include `orphaned` ones (of events
+/// that no longer exist), orphaned since `since` (the earliest), at `now`:
+/// as a hold released at an event's end ([`crate::controller::decide::plan`]'s
+/// release), the node goes to the live events that claim it
+/// (`claimers`: their drain began on it and goes on), at once, and stays
+/// cordoned; when nothing holds or claims it any more it is uncordoned
+/// (when `cordoned`) once `release_delay` has passed since the hold was
+/// first seen orphaned. `None` while the release waits.
+pub fn orphan_release(
+    holds: &[String],
+    orphaned: &[String],
+    claimers: &[String],
+    cordoned: bool,
+    since: Instant,
+    release_delay: Duration,
+    now: Instant,
+) -> Option<OrphanWrite> {
+    let mut keep: Vec<String> = holds
+        .iter()
+        .filter(|h| !orphaned.contains(h))
+        .cloned()
+        .collect();
+    for c in claimers {
+        if !keep.contains(c) {
+            keep.push(c.clone());
+        }
+    }
+    if !keep.is_empty() {
+        return Some(OrphanWrite {
+            holds: keep,
+            unschedulable: None,
+        });
+    }
+    if now.saturating_duration_since(since) < release_delay {
+        return None;
+    }
+    Some(OrphanWrite {
+        holds: keep,
+        unschedulable: cordoned.then_some(false),
+    })
+}
+
+/// The live events that claim each node: not over, their drain begun by
+/// their own passes, and the node among those their status records as
+/// handled (not ended there, not deleted).
+fn claimers_by_node(ctx: &Context) -> HashMap<String, Vec<String>> {
+    let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
+    for ev in ctx.caches.events.state() {
+        if crate::controller::decide::plan::is_over(&ev)
+            || !crate::controller::decide::plan::drain_began(&ev)
+        {
+            continue;
+        }
+        let name = ev.name_any();
+        for r in ev.status.iter().flat_map(|s| s.nodes.iter().flatten()) {
+            if r.ended_at.is_none() && r.deleted_at.is_none() && r.cordoned_by_us {
+                by_node
+                    .entry(r.name.clone())
+                    .or_default()
+                    .push(name.clone());
+            }
+        }
+    }
+    by_node
+}
+
+/// Releases holds of `ScheduledEvent`s that no longer exist (deleted by
+/// hand before they completed): forewarn never leaves a node cordoned
+/// that nothing will release ([`orphan_release`]). Returns how long until
+/// a release that waits falls due, if one does.
 ///
 /// It lists `ScheduledEvent`s from the API server rather than reading the
 /// controller's cache: an object deleted a moment ago may still be cached,
 /// and one created a moment ago may not be yet; the API server's list is the
 /// truth, and a hold is released only for a name it does not hold.
-pub async fn sweep_orphaned_holds(ctx: Arc<Context>) {
-    let api: Api<Node> = Api::all(ctx.writers.client.clone());
-    let events: Api<ScheduledEvent> = Api::all(ctx.writers.client.clone());
-    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
-    loop {
-        tick.tick().await;
-        ctx.forget_deleted_events();
-        if ctx.writers.dry_run {
+async fn release_orphaned_holds(
+    ctx: &Context,
+    api: &Api<Node>,
+    events: &Api<ScheduledEvent>,
+    orphans: &mut Orphans,
+) -> Option<Duration> {
+    // The nodes first, then the list: every hold in this snapshot was
+    // written before the list was taken, by a reconcile of an event
+    // that existed then, so the list holds that event unless it was
+    // deleted since. Read the other way round, a hold written between
+    // the list and the read (a new event's) would look orphaned.
+    // Writes are conditional on the snapshot's resourceVersion.
+    let snapshot = ctx.caches.nodes.state();
+    if !snapshot.iter().any(|n| !crate::api::holds(n).is_empty()) {
+        orphans.0.clear();
+        return None;
+    }
+    // The claims are read from the events' cache: before its first full
+    // list, a live event would read as claiming nothing.
+    if !ctx.caches.synced() {
+        return Some(Duration::from_secs(1));
+    }
+    let existing = existing_events(ctx, events, "holds").await?;
+    let exclude_lb = ctx.policy().exclude_from_load_balancers;
+    let release_delay = Duration::from_secs(ctx.policy().release_delay_seconds);
+    let claimers = claimers_by_node(ctx);
+    let now = Instant::now();
+    let mut seen = HashSet::new();
+    let mut due: Option<Duration> = None;
+    for node in snapshot {
+        let holds = crate::api::holds(&node);
+        let orphaned = nodes::orphaned_holds(&holds, |h| existing.contains(h));
+        if orphaned.is_empty() {
             continue;
         }
-        let exclude_lb = ctx.policy().exclude_from_load_balancers;
-        {
-            let snapshot = ctx.caches.nodes.state();
-            let names: HashSet<String> = snapshot.iter().map(|n| n.name_any()).collect();
-            ctx.caches.boot_ids.retain(|n| names.contains(n));
-            // Only on full caches: an event not listed yet would read as gone.
-            if ctx.caches.synced() {
-                let stale =
-                    crate::controller::act::node_condition::nodes_with_condition_true(&snapshot);
-                if !stale.is_empty() {
-                    let facts = crate::controller::observe::facts::Facts::read(&ctx.caches);
-                    crate::controller::act::node_condition::sync(
-                        &ctx.writers,
-                        &ctx.memory.node_conditions,
-                        &ctx.caches,
-                        &facts,
-                        None,
-                        &stale,
-                    )
-                    .await;
-                }
-            }
-            sync_lb_labels(&api, &ctx.writers.written_marks, &snapshot, exclude_lb).await;
-            crate::controller::act::out_of_service::untaint_returned(&ctx.writers, &snapshot).await;
-        }
-        // The nodes first, then the list: every hold in this snapshot was
-        // written before the list was taken, by a reconcile of an event
-        // that existed then, so the list holds that event unless it was
-        // deleted since. Read the other way round, a hold written between
-        // the list and the read (a new event's) would look orphaned.
-        // Writes are conditional on the snapshot's resourceVersion.
-        let snapshot = ctx.caches.nodes.state();
-        if !snapshot.iter().any(|n| !crate::api::holds(n).is_empty()) {
-            continue;
-        }
-        let Some(existing) = existing_events(&ctx, &events, "holds").await else {
+        let name = node.name_any();
+        let since = orphaned
+            .iter()
+            .map(|e| {
+                seen.insert((name.clone(), e.clone()));
+                *orphans.0.entry((name.clone(), e.clone())).or_insert(now)
+            })
+            .min()
+            .unwrap_or(now);
+        let claimed = claimers.get(&name).map_or(&[][..], Vec::as_slice);
+        let Some(write) = orphan_release(
+            &holds,
+            &orphaned,
+            claimed,
+            nodes::is_cordoned(&node),
+            since,
+            release_delay,
+            now,
+        ) else {
+            let left = release_delay.saturating_sub(now.saturating_duration_since(since));
+            due = Some(due.map_or(left, |d| d.min(left)));
             continue;
         };
-        for node in snapshot {
-            let holds = crate::api::holds(&node);
-            let orphaned = nodes::orphaned_holds(&holds, |h| existing.contains(h));
-            if orphaned.is_empty() {
-                continue;
+        match cordon::write_holds(
+            api,
+            &ctx.writers.written_marks,
+            &node,
+            &write.holds,
+            write.unschedulable,
+            exclude_lb,
+        )
+        .await
+        {
+            // Written by an earlier sweep; the cache has not shown it yet.
+            Ok(false) => {}
+            Ok(true) => {
+                let action = if write.unschedulable.is_some() {
+                    "uncordon"
+                } else {
+                    "release"
+                };
+                ctx.writers
+                    .metrics
+                    .node_writes
+                    .with_label_values(&[action])
+                    .inc();
+                info!(node = %name, events = ?orphaned, holds = ?write.holds, uncordoned = write.unschedulable.is_some(),
+                    "Released holds of ScheduledEvents that no longer exist");
             }
-            let name = node.name_any();
-            let keep: Vec<String> = holds
-                .iter()
-                .filter(|h| !orphaned.contains(h))
-                .cloned()
-                .collect();
-            let uncordon = (keep.is_empty() && nodes::is_cordoned(&node)).then_some(false);
-            match cordon::write_holds(
-                &api,
-                &ctx.writers.written_marks,
-                &node,
-                &keep,
-                uncordon,
-                exclude_lb,
-            )
-            .await
-            {
-                // Written by an earlier sweep; the cache has not shown it yet.
-                Ok(false) => {}
-                Ok(true) => {
-                    ctx.writers
-                        .metrics
-                        .node_writes
-                        .with_label_values(&["uncordon"])
-                        .inc();
-                    info!(node = %name, events = ?orphaned, uncordoned = keep.is_empty(), "Released holds of ScheduledEvents that no longer exist");
-                }
-                // 409: the node changed; the next sweep looks again.
-                Err(e) => {
-                    warn!(node = %name, error = %e, "Could not release orphaned holds; will retry")
-                }
+            // 409: the node changed; the next sweep looks again.
+            Err(e) => {
+                warn!(node = %name, error = %e, "Could not release orphaned holds; will retry")
             }
         }
     }
+    orphans.0.retain(|k, _| seen.contains(k));
+    due
 }
 
 /// Removes the notices (and acknowledgements) pods hold of
@@ -241,5 +383,91 @@ async fn sync_lb_labels(
                 warn!(node = %name, error = %e, "Could not update the load-balancer exclusion label; will retry")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn an_orphaned_hold_goes_to_the_claimers_at_once_and_is_released_after_the_delay() {
+        let t0 = Instant::now();
+        let delay = Duration::from_secs(5);
+        // Another event's hold stays: the orphan's is dropped at once.
+        assert_eq!(
+            orphan_release(
+                &names(&["gone", "b"]),
+                &names(&["gone"]),
+                &[],
+                true,
+                t0,
+                delay,
+                t0
+            ),
+            Some(OrphanWrite {
+                holds: names(&["b"]),
+                unschedulable: None
+            })
+        );
+        // A live event whose drain holds the node (it has not written its
+        // hold) gets it, at once: the node stays cordoned.
+        assert_eq!(
+            orphan_release(
+                &names(&["gone"]),
+                &names(&["gone"]),
+                &names(&["c"]),
+                true,
+                t0,
+                delay,
+                t0
+            ),
+            Some(OrphanWrite {
+                holds: names(&["c"]),
+                unschedulable: None
+            })
+        );
+        // Nothing else holds or claims it: uncordoned once the release
+        // delay has passed, not before.
+        let alone = |now| {
+            orphan_release(
+                &names(&["gone"]),
+                &names(&["gone"]),
+                &[],
+                true,
+                t0,
+                delay,
+                now,
+            )
+        };
+        assert_eq!(alone(t0), None);
+        assert_eq!(alone(t0 + delay - Duration::from_millis(1)), None);
+        assert_eq!(
+            alone(t0 + delay),
+            Some(OrphanWrite {
+                holds: vec![],
+                unschedulable: Some(false)
+            })
+        );
+        // A node someone uncordoned meanwhile: the hold goes, nothing else.
+        assert_eq!(
+            orphan_release(
+                &names(&["gone"]),
+                &names(&["gone"]),
+                &[],
+                false,
+                t0,
+                delay,
+                t0 + delay
+            ),
+            Some(OrphanWrite {
+                holds: vec![],
+                unschedulable: None
+            })
+        );
     }
 }
