@@ -4,7 +4,7 @@ SCENARIO ?= tests/fixtures/platform-redeploy.yaml
 # Where cargo puts what it builds (CARGO_TARGET_DIR when set).
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: demo test test-wave test-real test-real-chart real-node-down image image-repro release lint unit generate manifests bench bench-drain cluster-up cluster-down
+.PHONY: demo test soak test-wave test-real test-real-chart real-node-down image image-repro release lint unit generate manifests bench bench-drain cluster-up cluster-down
 
 ## demo: local cluster + Azure scenario + agents + controller, with a live timeline (SCENARIO=path to pick another)
 demo:
@@ -26,6 +26,17 @@ bench:
 	$(CARGO) build --release --bin forewarn
 	$(CARGO) build --example bench --example bench_drain
 	$(TARGET_DIR)/debug/examples/bench $(BENCH_ARGS)
+
+## soak: the fault-injection soak (forewarn_harness::soak, docs/reliability.md) on a local cluster of its own: rounds of
+## random scenarios with faults injected for DURATION (10m, 1h...), invariants checked from the audit log, the IMDS
+## mock's log and the objects; prints one table and writes RELIABILITY.md; fails on any violation. SEED replays a run;
+## FAULTS (comma-separated kinds, default all) picks the faults
+SEED ?= 1
+DURATION ?= 10m
+FAULTS ?= all
+soak:
+	$(CARGO) build --bin forewarn --example soak
+	$(TARGET_DIR)/debug/examples/soak --seed $(SEED) --duration $(DURATION) --faults $(FAULTS)
 
 ## bench-drain: forewarn vs `kubectl drain` on a 105-pod node with a PDB, medians and their ratio (a figure, not a test)
 bench-drain:

@@ -10,6 +10,7 @@
 pub mod agent_pods;
 pub mod bench_report;
 pub mod cluster;
+mod faults;
 pub mod inspect;
 mod notices;
 mod observe;
@@ -18,6 +19,7 @@ mod outage;
 pub mod procs;
 pub mod report;
 pub mod run;
+pub mod soak;
 mod timeline;
 pub mod wave;
 pub mod workload;

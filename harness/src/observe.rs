@@ -244,6 +244,7 @@ pub(crate) async fn observe(
     let mut deleted: HashSet<String> = HashSet::new();
     let mut unschedulable: HashMap<String, bool> = HashMap::new();
     let mut timed: Vec<(Duration, Vec<String>)> = opts.timed_kubectl.clone();
+    let mut timed_faults = opts.timed_faults.clone();
     let started_at = Instant::now();
     let nodes_api: Api<Node> = Api::all(client.clone());
     let events_api: Api<KubeEvent> = Api::all(client.clone());
@@ -765,6 +766,10 @@ pub(crate) async fn observe(
             }
         }
         timed.retain(|(at, _)| *at > elapsed);
+        for (_, fault) in timed_faults.iter().filter(|(at, _)| *at <= elapsed) {
+            crate::faults::inject(cluster, fault, fleet, tl, &mut report).await?;
+        }
+        timed_faults.retain(|(at, _)| *at > elapsed);
 
         // The workload, against its PodDisruptionBudget (rule 6).
         let ready = ready_pods(client, ns).await?;

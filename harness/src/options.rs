@@ -130,6 +130,40 @@ pub struct RunOptions {
     /// witnesses the controller asks for (`--witnesses`). Off: agents
     /// without pods (read as silent) that report every event they see.
     pub agents_as_chart: bool,
+    /// Faults injected this long after the scenario started (the soak's:
+    /// see [`TimedFault`]).
+    pub timed_faults: Vec<(Duration, TimedFault)>,
+}
+
+/// A fault injected at a time of the run ([`RunOptions::timed_faults`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TimedFault {
+    /// kube-apiserver stopped (every watch ends, every client relists) and
+    /// started again `down` later.
+    RestartApiServer {
+        /// From its stop to its start.
+        down: Duration,
+    },
+    /// The controller SIGKILLed; a new process (another identity) started
+    /// at once, which waits for the Lease to expire.
+    KillController,
+    /// The controller paused (SIGSTOP) for `pause`, longer than its Lease,
+    /// then resumed (SIGCONT): it must stop acting and exit without a
+    /// write; its container is started again once it exited.
+    PauseController {
+        /// From SIGSTOP to SIGCONT.
+        pause: Duration,
+    },
+    /// The agent of the node SIGKILLed and started again `down` later.
+    RestartAgent {
+        /// The node.
+        node: String,
+        /// From the kill to the start.
+        down: Duration,
+    },
+    /// A `kubectl` command (its arguments): an admission policy applied or
+    /// removed, say.
+    Kubectl(Vec<String>),
 }
 
 /// The part of a workload's containers the harness plays where KWOK runs
@@ -227,6 +261,7 @@ impl RunOptions {
             start_gate: None,
             restart_exited_controller: false,
             agents_as_chart: false,
+            timed_faults: Vec::new(),
         }
     }
 }

@@ -443,7 +443,8 @@ pub struct Fleet {
     pub controller: Proc,
     controller_port: u16,
     /// The controller's Lease identity.
-    controller_identity: String,
+    /// The Lease identity of the controller now running.
+    pub controller_identity: String,
     /// The agents.
     pub agents: Vec<Agent>,
     restarts: u32,

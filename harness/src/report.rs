@@ -111,6 +111,12 @@ pub struct Report {
     /// Every version of every PodDisruptionBudget of the workload's
     /// namespace, in the order the watch saw them.
     pub budgets: Vec<BudgetSeen>,
+    /// Each pause of the controller ([`crate::options::TimedFault::PauseController`]):
+    /// when it was resumed and when the resumed process had exited (`None`
+    /// when it did not exit in time), and its identity.
+    pub pauses: Vec<(DateTime<Utc>, Option<DateTime<Utc>>, String)>,
+    /// The faults injected, by when and what.
+    pub faults: Vec<(DateTime<Utc>, String)>,
 }
 
 /// One version of a PodDisruptionBudget, as the harness's watch saw it.

@@ -1,0 +1,123 @@
+//! The faults a run injects at given times ([`TimedFault`]): what each
+//! does to the cluster or to forewarn's processes, recorded in the
+//! timeline and the report.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use chrono::Utc;
+
+use crate::cluster::Cluster;
+use crate::options::TimedFault;
+use crate::outage::restart_exited_controller;
+use crate::procs::Fleet;
+use crate::report::Report;
+use crate::timeline::Timeline;
+
+/// How long a resumed controller may take to find its Lease lost and exit.
+const EXIT_AFTER_RESUME: Duration = Duration::from_secs(30);
+
+/// Injects `fault`; returns once it is over (a restart done, a pause
+/// resumed and the paused process gone).
+///
+/// # Errors
+/// When the fault cannot be injected (a process cannot be signalled or
+/// started, kube-apiserver cannot be stopped or started).
+pub(crate) async fn inject(
+    cluster: &Cluster,
+    fault: &TimedFault,
+    fleet: &mut Fleet,
+    tl: &mut Timeline,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    report.faults.push((Utc::now(), format!("{fault:?}")));
+    match fault {
+        TimedFault::RestartApiServer { down } => {
+            let c = cluster.clone();
+            let stopped = tokio::task::spawn_blocking(move || c.stop_api_server()).await??;
+            tl.say(
+                "fault",
+                format!("kube-apiserver stopped for {down:?}: every watch ends"),
+            );
+            let since = Instant::now();
+            while since.elapsed() < *down {
+                restart_exited_controller(fleet, tl, report).await?;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let c = cluster.clone();
+            let restarted =
+                tokio::task::spawn_blocking(move || c.start_api_server(stopped)).await??;
+            tl.say(
+                "fault",
+                format!("kube-apiserver started again (components restarted: {restarted:?})"),
+            );
+        }
+        TimedFault::KillController => {
+            fleet.restart_controller().await?;
+            tl.say(
+                "fault",
+                "controller killed (SIGKILL); a new one started, it waits for the Lease",
+            );
+        }
+        TimedFault::PauseController { pause } => {
+            let identity = fleet.controller_identity.clone();
+            fleet
+                .controller
+                .signal("STOP")
+                .context("SIGSTOP the controller")?;
+            tl.say(
+                "fault",
+                format!("controller paused (SIGSTOP) for {pause:?}"),
+            );
+            tokio::time::sleep(*pause).await;
+            fleet
+                .controller
+                .signal("CONT")
+                .context("SIGCONT the controller")?;
+            let resumed = Utc::now();
+            let since = Instant::now();
+            let mut exited = None;
+            while since.elapsed() < EXIT_AFTER_RESUME {
+                if fleet.controller.exited().is_some() {
+                    exited = Some(Utc::now());
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            report.pauses.push((resumed, exited, identity));
+            match exited {
+                Some(_) => {
+                    tl.say(
+                        "fault",
+                        "controller resumed (SIGCONT): it found its Lease lapsed and exited",
+                    );
+                    fleet.restart_controller_container().await?;
+                }
+                None => report.violations.push(format!(
+                    "the controller paused past its Lease did not exit within {EXIT_AFTER_RESUME:?} of its resume"
+                )),
+            }
+        }
+        TimedFault::RestartAgent { node, down } => {
+            fleet.kill_agent(node).await;
+            tl.say(
+                "fault",
+                format!("agent on {node} killed (SIGKILL) for {down:?}"),
+            );
+            tokio::time::sleep(*down).await;
+            fleet.start_agent(node).await?;
+            tl.say("fault", format!("agent on {node} started again"));
+        }
+        TimedFault::Kubectl(args) => {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = cluster
+                .kubectl(&args)
+                .with_context(|| format!("kubectl {}", args.join(" ")))?;
+            tl.say(
+                "fault",
+                format!("kubectl {}: {}", args.join(" "), out.trim()),
+            );
+        }
+    }
+    Ok(())
+}
