@@ -1395,6 +1395,8 @@ fn waiting_message(
 }
 
 #[cfg(test)]
+mod model_tests;
+#[cfg(test)]
 mod selection_tests;
 #[cfg(test)]
 mod tests;
