@@ -288,9 +288,9 @@ fn run(start: Start, steps: Vec<Step>) -> Result<(), TestCaseError> {
         })
         .collect();
     let mut arrivals: BTreeMap<usize, usize> = BTreeMap::new();
-    let mut pass = |ev: &mut ScheduledEvent,
-                    nodes: &mut Vec<NodeModel>,
-                    now: DateTime<Utc>|
+    let pass = |ev: &mut ScheduledEvent,
+                nodes: &mut Vec<NodeModel>,
+                now: DateTime<Utc>|
      -> Result<(), TestCaseError> {
         let seen = observe(ev, nodes);
         let p = plan(ev, &seen, &policy, now);
