@@ -165,8 +165,10 @@ pub const NAMESPACE: &str = "soak";
 
 /// The policy of every round: an approval waits for the whole drain
 /// (`onDeadline: Hold`), so that an approval that reaches IMDS with a
-/// workload pod left is always a violation.
-const POLICY: &str = "onDeadline: Hold\nreleaseDelaySeconds: 5\n";
+/// workload pod left is always a violation; an event whose every node was
+/// deleted (no agent left to see it leave IMDS) ends 30 s after, not the
+/// default 5 minutes, within the round.
+const POLICY: &str = "onDeadline: Hold\nreleaseDelaySeconds: 5\norphanedAfterSeconds: 30\n";
 
 /// A generated round: the scenario, the run's faults and what to check.
 #[derive(Debug, Clone)]

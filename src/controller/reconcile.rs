@@ -98,7 +98,10 @@ pub async fn reconcile<P: Send>(
         .chain(dissent.iter().flat_map(|(_, nodes)| nodes))
         .any(|n| !n.pods.is_empty());
     let excluded_namespaces = if any_pods {
-        event::namespaces_selected(&ctx.writers.client, &policy).await?
+        ctx.caches
+            .namespaces
+            .selected(&ctx.writers.client, &policy)
+            .await?
     } else {
         HashSet::new()
     };

@@ -785,7 +785,11 @@ fn namespaces_are_listed_only_for_a_namespace_selector() {
             &format!(r#"controller.policy.excludePods={{"namespaceSelector":{selector}}}"#),
         ]);
         assert_eq!(rules.len(), 1, "{selector}: {rules:?}");
-        assert_eq!(rules[0]["verbs"], serde_json::json!(["list"]), "{selector}");
+        assert_eq!(
+            rules[0]["verbs"],
+            serde_json::json!(["list", "watch"]),
+            "{selector}"
+        );
     }
     let chart = chart_dir();
     let out = helm(&[

@@ -42,6 +42,9 @@ pub struct Caches {
     pub boot_ids: Arc<BootIds>,
     /// The Lease watches of the nodes live `Freeze`s affect.
     pub heartbeats: Arc<Heartbeats>,
+    /// The namespaces' labels, watched once the policy's
+    /// `excludePods.namespaceSelector` needs them.
+    pub namespaces: crate::controller::observe::namespaces::NamespaceCache,
 }
 
 impl Caches {

@@ -552,34 +552,6 @@ fn split_excluded(
         .collect();
 }
 
-/// The names of the namespaces whose labels match the policy's
-/// `excludePods.namespaceSelector`, from one LIST of the namespaces; empty
-/// without a selector (and then nothing is read). Read once a pass of an
-/// event whose action drains: a namespace labelled mid-drain counts from
-/// the next pass.
-///
-/// # Errors
-/// [`pod_list::Error::ListNamespaces`] when the API server cannot be read.
-pub async fn namespaces_selected(
-    client: &Client,
-    policy: &Policy,
-) -> Result<HashSet<String>, pod_list::Error> {
-    if !policy.exclude_pods.needs_namespace_labels() {
-        return Ok(HashSet::new());
-    }
-    let api: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
-    let list = api
-        .list_metadata(&kube::api::ListParams::default())
-        .await
-        .map_err(pod_list::Error::ListNamespaces)?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter(|ns| policy.exclude_pods.selects_namespace(ns.labels()))
-        .map(|ns| ns.name_any())
-        .collect())
-}
-
 /// Reads the pods of each node whose pods this pass read from the cache
 /// again from the API server (one LIST a node, side by side), replacing
 /// them in `seen`. Returns whether any node's pods differ from the cache's.

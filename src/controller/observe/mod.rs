@@ -9,6 +9,7 @@ pub mod facts;
 pub mod heartbeats;
 pub mod impact;
 pub mod intake;
+pub mod namespaces;
 pub mod nodes;
 pub mod observed;
 pub mod participants;

@@ -120,6 +120,12 @@ pub enum Error {
     /// `excludePods.namespaceSelector`) failed.
     #[error("failed to list namespaces for excludePods.namespaceSelector: {0}")]
     ListNamespaces(#[source] kube::Error),
+    /// The namespaces' watch (for the policy's
+    /// `excludePods.namespaceSelector`) has not listed them yet.
+    #[error(
+        "the namespaces are not listed yet (excludePods.namespaceSelector needs their labels); is the controller allowed to list and watch them?"
+    )]
+    NamespacesNotListed,
 }
 
 /// Why a pod is left out of a drain altogether (`kubectl drain

@@ -563,6 +563,7 @@ impl Replica {
                 budgets: watched.budgets,
                 boot_ids: nodes.boot_ids,
                 heartbeats: Heartbeats::new(writers.client.clone(), watched.trigger.clone()),
+                namespaces: Default::default(),
             },
             writers,
             memory: Memory {
