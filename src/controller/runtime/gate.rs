@@ -28,6 +28,14 @@ use crate::api::{Phase, ScheduledEvent};
 /// deadlines never starves the release of another event's nodes.
 pub const NO_DEADLINE_SLACK: chrono::TimeDelta = chrono::TimeDelta::seconds(30);
 
+/// The longest a pass waits behind passes asked after it: whatever its
+/// event's deadline, it is served as if that deadline were at most this
+/// long after it asked. A drain whose `NotBefore` is hours away would
+/// otherwise wait behind every pass without a deadline
+/// ([`NO_DEADLINE_SLACK`]) asked while it waits, for as long as they keep
+/// coming.
+pub const MAX_WAIT: chrono::TimeDelta = chrono::TimeDelta::seconds(60);
+
 /// How finely deadlines are told apart: deadlines within the same
 /// [`GRANULARITY`] (of the Unix epoch) count as equal, and equal ones are
 /// served in turn. A Spot wave's events appear within a second or two and
@@ -80,8 +88,9 @@ impl Deadline {
 /// The deadline of `event` at `now`: its `NotBefore` (Azure starts the
 /// event then, approved or not) while the approval it may need is not yet
 /// accepted by IMDS (no phase yet, `Pending`, `Draining` or `Drained`);
-/// else [`NO_DEADLINE_SLACK`] after `now`. An event without a phase has
-/// had no pass yet: [`Deadline::first`].
+/// else [`NO_DEADLINE_SLACK`] after `now`; never later than [`MAX_WAIT`]
+/// after `now`, so that no pass starves. An event without a phase has had
+/// no pass yet: [`Deadline::first`].
 pub fn deadline_of(event: &ScheduledEvent, now: DateTime<Utc>) -> Deadline {
     let phase = event.status.as_ref().and_then(|s| s.phase.as_ref());
     let pending = matches!(
@@ -92,7 +101,8 @@ pub fn deadline_of(event: &ScheduledEvent, now: DateTime<Utc>) -> Deadline {
         .spec
         .not_before
         .filter(|_| pending)
-        .unwrap_or(now + NO_DEADLINE_SLACK);
+        .unwrap_or(now + NO_DEADLINE_SLACK)
+        .min(now + MAX_WAIT);
     match phase {
         None => Deadline::first(at),
         Some(_) => Deadline::new(at),
@@ -280,6 +290,40 @@ mod tests {
         });
         ev.spec.not_before = None;
         assert_eq!(deadline_of(&ev, now), d(30), "started: no NotBefore");
+    }
+
+    /// A drain whose `NotBefore` is hours away, asked first, is not left
+    /// behind the passes without a deadline asked after it for longer than
+    /// [`MAX_WAIT`]: those asked more than `MAX_WAIT - NO_DEADLINE_SLACK`
+    /// after it go behind it.
+    #[test]
+    fn a_far_deadline_waits_at_most_max_wait_behind_later_passes() {
+        let mut far = ScheduledEvent::new(
+            "far",
+            crate::fixtures::spec("F")
+                .vms(["vm_1"])
+                .not_before(at(7200))
+                .build(),
+        );
+        far.status = Some(crate::api::ScheduledEventStatus {
+            phase: Some(Phase::Draining),
+            ..Default::default()
+        });
+        let mut ended = far.clone();
+        ended.status = Some(crate::api::ScheduledEventStatus {
+            phase: Some(Phase::Completed),
+            ..Default::default()
+        });
+        let drain = deadline_of(&far, at(0));
+        assert_eq!(drain, d(60));
+        assert!(deadline_of(&ended, at(0)) < drain, "asked at once: first");
+        assert!(
+            deadline_of(&ended, at(40)) > drain,
+            "asked 40 s later: behind the drain that waited"
+        );
+        // A nearer NotBefore is untouched.
+        far.spec.not_before = Some(at(20));
+        assert_eq!(deadline_of(&far, at(0)), d(20));
     }
 
     /// While the only permit is held, waiters arrive in an order unrelated
