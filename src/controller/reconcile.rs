@@ -488,8 +488,11 @@ fn next_pass(
                 .iter()
                 .any(|(_, _, o)| matches!(o, EvictionOutcome::Evicted));
             entry.passes = requeue::blocked_passes(entry.passes, evicted);
+            // A pod under several budgets waits for its own backoff, not
+            // for a budget to allow a disruption.
             entry.budgets = outcomes
                 .iter()
+                .filter(|(_, _, o)| !drain::under_several_budgets(o))
                 .filter_map(|(_, _, o)| match o {
                     EvictionOutcome::Blocked { budgets, .. } => Some(budgets.iter().cloned()),
                     _ => None,

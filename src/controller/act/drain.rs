@@ -97,7 +97,7 @@ pub fn classify_refusal(s: &Status) -> EvictionOutcome {
         409 if msg.contains("UID in the precondition") || msg.contains("Precondition failed") => {
             EvictionOutcome::Gone
         }
-        500 if msg.contains("more than one PodDisruptionBudget") => EvictionOutcome::Blocked {
+        500 if msg.contains(MULTIPLE_BUDGETS) => EvictionOutcome::Blocked {
             budgets: Vec::new(), // named by the caller, which can list them
             message: msg,
         },
@@ -200,6 +200,20 @@ fn wedged_note(pdb: &PodDisruptionBudget, now: DateTime<Utc>) -> Option<String> 
     })
 }
 
+/// What the API server's refusal of a pod under several
+/// PodDisruptionBudgets says (500: the Eviction API does not evict such a
+/// pod, whatever the budgets allow).
+const MULTIPLE_BUDGETS: &str = "more than one PodDisruptionBudget";
+
+/// Whether `o` is the refusal of a pod under several budgets: no change of
+/// a budget's status lets it go (only removing a budget does), so it is
+/// asked again on the pod's own backoff, as a failure
+/// ([`Refusals::failing`]), and wakes no drain when a budget allows a
+/// disruption.
+pub fn under_several_budgets(o: &EvictionOutcome) -> bool {
+    matches!(o, EvictionOutcome::Blocked { message, .. } if message.contains(MULTIPLE_BUDGETS))
+}
+
 /// Requests one eviction and classifies the answer. `client` must not retry
 /// 429s by itself (kube's default retry policy would hide a blocking
 /// PodDisruptionBudget for minutes).
@@ -289,12 +303,13 @@ pub struct Refusals {
     failed: Arc<std::sync::Mutex<HashMap<String, Failed>>>,
 }
 
-/// A pod's evictions failed in a row for another reason than a budget.
+/// A pod's evictions failed in a row for another reason than a budget's
+/// allowance: its last outcome, given without asking until `next`.
 #[derive(Debug, Clone)]
 struct Failed {
     count: u32,
     next: tokio::time::Instant,
-    why: String,
+    last: EvictionOutcome,
 }
 
 /// The `resourceVersion` of a budget as the cache had it at an eviction,
@@ -459,12 +474,15 @@ impl Refusals {
     pub fn failing(&self, pod: &PodInfo, now: tokio::time::Instant) -> Option<EvictionOutcome> {
         let all = self.failed_lock();
         let f = all.get(&Self::key(pod)).filter(|f| now < f.next)?;
-        Some(EvictionOutcome::Waiting(format!(
-            "failed {} times in a row, asked again in {}s: {}",
-            f.count,
-            f.next.saturating_duration_since(now).as_secs().max(1),
-            f.why
-        )))
+        Some(match &f.last {
+            EvictionOutcome::Retry(why) => EvictionOutcome::Waiting(format!(
+                "failed {} times in a row, asked again in {}s: {why}",
+                f.count,
+                f.next.saturating_duration_since(now).as_secs().max(1),
+            )),
+            // The refusal of a pod under several budgets, as it stands.
+            other => other.clone(),
+        })
     }
 
     /// Waits for the turn of the budget selecting a pod (`selecting`, from
@@ -711,7 +729,7 @@ impl Refusals {
         let key = Self::key(pod);
         {
             let mut failed = self.failed_lock();
-            if let EvictionOutcome::Retry(why) = outcome {
+            if matches!(outcome, EvictionOutcome::Retry(_)) || under_several_budgets(outcome) {
                 let count = failed.get(&key).map_or(0, |f| f.count).saturating_add(1);
                 let next = now + crate::controller::act::refused::backoff(false, count);
                 failed.insert(
@@ -719,7 +737,7 @@ impl Refusals {
                     Failed {
                         count,
                         next,
-                        why: why.clone(),
+                        last: outcome.clone(),
                     },
                 );
             } else {
@@ -1561,5 +1579,24 @@ mod tests {
         };
         refusals.record(&pod, &blocked, &[], end);
         assert_eq!(refusals.failing(&pod, end), None);
+        // A pod under several budgets is: no budget's allowance lets it
+        // go, and it is given its refusal as it stands until its backoff
+        // passed (it was asked about ten times a second while both budgets
+        // allowed a disruption).
+        let several = classify_refusal(&Status {
+            code: 500,
+            reason: "InternalError".into(),
+            message: "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.".into(),
+            ..Status::default()
+        });
+        assert!(under_several_budgets(&several), "{several:?}");
+        refusals.record(&pod, &several, &[], end);
+        assert_eq!(refusals.failing(&pod, end), Some(several.clone()));
+        assert_eq!(
+            refusals.failing(&pod, end + Duration::from_secs(1)),
+            None,
+            "asked again after a second"
+        );
+        assert!(!under_several_budgets(&blocked));
     }
 }

@@ -361,6 +361,12 @@ impl Validity {
         self.0.until.store(ms, Ordering::SeqCst);
     }
 
+    /// Leading for `d` from now (tests of the writes' guard).
+    #[cfg(test)]
+    pub fn leading_for(&self, d: Duration) {
+        self.set_until(Instant::now() + d);
+    }
+
     /// No longer leading.
     pub fn clear(&self) {
         self.0.until.store(0, Ordering::SeqCst);
