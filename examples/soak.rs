@@ -88,6 +88,7 @@ async fn main() -> anyhow::Result<()> {
     let opts = SoakOptions {
         seed: args.seed,
         duration: args.duration,
+        min_rounds: 1,
         faults: args.faults.clone(),
         forewarn_bin: bin,
         log_dir: dir.join(format!("seed-{}", args.seed)),

@@ -1,6 +1,7 @@
 //! The fault-injection soak's fixed seeds (forewarn_harness::soak, as
-//! `make soak` runs it for longer): each seed plays rounds of random
-//! scenarios for a few minutes on a local cluster of its own
+//! `make soak` runs it for longer): each seed plays one round of random
+//! scenarios per fault kind it names (a few minutes) on a local cluster of
+//! its own
 //! (`forewarn-soak-test`, 6 KWOK nodes, every write in the audit log), with
 //! the fault kinds it names injected in turn, and fails on any broken
 //! invariant, or when a fault kind it names was never injected (a soak that
@@ -16,9 +17,6 @@ use forewarn_harness::soak::{self, FaultKind, SoakOptions};
 const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: None\n    verbs: [get, list, watch]\n  - level: Metadata\n";
 
 const NODES: usize = 6;
-
-/// How long each seed plays: rounds start while it has played less.
-const PLAY: Duration = Duration::from_secs(150);
 
 fn cluster() -> Cluster {
     static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
@@ -47,7 +45,9 @@ async fn soak_seed(seed: u64, faults: &[FaultKind]) {
     let cluster = cluster();
     let opts = SoakOptions {
         seed,
-        duration: PLAY,
+        // One round a fault kind, each kind injected in its own round.
+        duration: Duration::ZERO,
+        min_rounds: faults.len(),
         faults: faults.to_vec(),
         forewarn_bin: std::path::PathBuf::from(env!("CARGO_BIN_EXE_forewarn")),
         log_dir: repo_root().join(format!("target/soak-test/seed-{seed}")),

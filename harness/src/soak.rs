@@ -108,8 +108,10 @@ impl FaultKind {
 pub struct SoakOptions {
     /// The seed every round is generated from.
     pub seed: u64,
-    /// Rounds start while the soak has run less than this (at least one).
+    /// Rounds start while the soak has run less than this...
     pub duration: Duration,
+    /// ...or fewer rounds than this have run (at least one).
+    pub min_rounds: usize,
     /// The fault kinds injected, each in turn.
     pub faults: Vec<FaultKind>,
     /// The `forewarn` binary.
@@ -484,7 +486,8 @@ fn write_policies(refused_node: Option<&str>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs rounds for `opts.duration` (at least one) on `cluster` (whose
+/// Runs rounds for `opts.duration`, and at least `opts.min_rounds`, on
+/// `cluster` (whose
 /// kube-apiserver writes an audit log of every write), calling `each`
 /// after every round.
 ///
@@ -498,7 +501,7 @@ pub async fn run_soak(
     let started = Instant::now();
     let mut rounds = Vec::new();
     let mut index = 0;
-    while index == 0 || started.elapsed() < opts.duration {
+    while index < opts.min_rounds.max(1) || started.elapsed() < opts.duration {
         let round = run_round(cluster, opts, index).await?;
         each(&round);
         rounds.push(round);
