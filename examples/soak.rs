@@ -17,11 +17,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use forewarn_harness::cluster::{Cluster, repo_root};
+use forewarn_harness::cluster::repo_root;
 use forewarn_harness::soak::{self, FaultKind, Round, SoakOptions};
-
-/// The audit policy of the soak's cluster: every write at `Metadata`.
-const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: None\n    verbs: [get, list, watch]\n  - level: Metadata\n";
 
 /// The nodes of the soak's cluster.
 const NODES: usize = 6;
@@ -74,15 +71,9 @@ async fn main() -> anyhow::Result<()> {
     let bin = forewarn_harness::run::sibling_forewarn_bin()
         .context("the forewarn binary is not built beside this program (make soak builds both)")?;
     let dir = repo_root().join("target/soak");
-    std::fs::create_dir_all(&dir)?;
-    let policy = dir.join("audit-policy.yaml");
-    std::fs::write(&policy, AUDIT_POLICY)?;
+    let cluster_dir = dir.clone();
     let cluster = tokio::task::spawn_blocking(move || {
-        Cluster::start_with(
-            "forewarn-soak",
-            NODES,
-            &[("FOREWARN_KUBE_AUDIT_POLICY", policy.as_path())],
-        )
+        forewarn_harness::audit::start_cluster("forewarn-soak", NODES, &cluster_dir)
     })
     .await??;
     let opts = SoakOptions {

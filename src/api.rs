@@ -17,6 +17,18 @@ pub use crate::policy::Action;
 pub const AGENT_MANAGER: &str = "forewarn-agent";
 /// Field manager of the controller's server-side applies.
 pub const CONTROLLER_MANAGER: &str = "forewarn-controller";
+
+/// The parameters of every patch the controller sends that is not a
+/// server-side apply: its one field manager ([`CONTROLLER_MANAGER`]), so
+/// that `managedFields` names forewarn's writes as forewarn's, whichever
+/// kind of patch made them (without one, the API server names the manager
+/// after the client's `User-Agent`).
+pub fn controller_patch_params() -> kube::api::PatchParams {
+    kube::api::PatchParams {
+        field_manager: Some(CONTROLLER_MANAGER.into()),
+        ..kube::api::PatchParams::default()
+    }
+}
 /// Node annotation listing, comma-separated, the `ScheduledEvent`s for which
 /// forewarn cordoned the node. Present only when forewarn did the cordon.
 pub const CORDONED_FOR_ANNOTATION: &str = "forewarn.dev/cordoned-for";

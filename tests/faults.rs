@@ -25,6 +25,7 @@ use forewarn::api::{
 };
 use forewarn::imds::mock::{LogEntry, RequestEntry};
 use forewarn::imds::model::object_name;
+use forewarn_harness::audit::Write;
 use forewarn_harness::cluster::{Cluster, repo_root};
 use forewarn_harness::procs::{Proc, start_imds_mock, wait_ready};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -43,27 +44,16 @@ const HANG: Duration = Duration::from_secs(120);
 /// How long a process may take to exit on SIGTERM: a hang bound too.
 const STOP: Duration = Duration::from_secs(60);
 
-/// The audit policy: every request but reads, at level `Metadata`.
-const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: None\n    verbs: [get, list, watch]\n  - level: Metadata\n";
-
 fn cluster() -> Cluster {
     static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
     CLUSTER
         .get_or_init(|| {
-            let dir = repo_root().join("target/faults");
-            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-            let policy = dir.join("audit-policy.yaml");
-            std::fs::write(&policy, AUDIT_POLICY).map_err(|e| e.to_string())?;
             // FOREWARN_FAULTS_CLUSTER: another name, to run beside a
             // `make test` that uses the default one.
             let name = std::env::var("FOREWARN_FAULTS_CLUSTER")
                 .unwrap_or_else(|_| "forewarn-faults".into());
-            Cluster::start_with(
-                &name,
-                NODES,
-                &[("FOREWARN_KUBE_AUDIT_POLICY", policy.as_path())],
-            )
-            .map_err(|e| format!("{e:#}"))
+            forewarn_harness::audit::start_cluster(&name, NODES, &repo_root().join("target/faults"))
+                .map_err(|e| format!("{e:#}"))
         })
         .clone()
         .unwrap_or_else(|e| panic!("the local cluster could not start: {e}"))
@@ -92,35 +82,9 @@ fn http() -> reqwest::Client {
         .expect("HTTP client")
 }
 
-/// One write the API server's audit log recorded.
-#[derive(Debug)]
-struct Write {
-    at: DateTime<Utc>,
-    verb: String,
-    uri: String,
-    user_agent: String,
-}
-
 /// Every write in the cluster's audit log (one per audit ID).
 fn audit_writes(cluster: &Cluster) -> Vec<Write> {
-    let text = cluster
-        .audit_log()
-        .unwrap_or_else(|e| panic!("the audit log: {e:#}"));
-    let mut seen = std::collections::HashSet::new();
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| seen.insert(v["auditID"].as_str().unwrap_or_default().to_string()))
-        // The policy logs no read; a read is never a write, whatever it logs.
-        .filter(|v| !matches!(v["verb"].as_str(), Some("get" | "list" | "watch")))
-        .filter_map(|v| {
-            Some(Write {
-                at: v["requestReceivedTimestamp"].as_str()?.parse().ok()?,
-                verb: v["verb"].as_str()?.to_string(),
-                uri: v["requestURI"].as_str()?.to_string(),
-                user_agent: v["userAgent"].as_str().unwrap_or_default().to_string(),
-            })
-        })
-        .collect()
+    forewarn_harness::audit::writes(cluster).unwrap_or_else(|e| panic!("the audit log: {e:#}"))
 }
 
 /// The `User-Agent` a forewarn process of `role` with `identity` sends.
@@ -1287,28 +1251,11 @@ fn remove_admission_policy(cluster: &Cluster, name: &str) {
 /// The writes of the controller `identity` to `uri_part` in the audit log,
 /// with their answers' codes, in order.
 fn audit_writes_to(cluster: &Cluster, identity: &str, uri_part: &str) -> Vec<(DateTime<Utc>, u16)> {
-    let text = cluster
-        .audit_log()
-        .unwrap_or_else(|e| panic!("the audit log: {e:#}"));
     let ua = user_agent("controller", identity);
-    let mut seen = std::collections::HashSet::new();
-    let mut v: Vec<(DateTime<Utc>, u16)> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| seen.insert(v["auditID"].as_str().unwrap_or_default().to_string()))
-        .filter(|v| v["userAgent"].as_str() == Some(ua.as_str()))
-        .filter(|v| !matches!(v["verb"].as_str(), Some("get" | "list" | "watch")))
-        .filter(|v| {
-            v["requestURI"]
-                .as_str()
-                .is_some_and(|u| u.contains(uri_part))
-        })
-        .filter_map(|v| {
-            Some((
-                v["requestReceivedTimestamp"].as_str()?.parse().ok()?,
-                u16::try_from(v["responseStatus"]["code"].as_u64()?).ok()?,
-            ))
-        })
+    let mut v: Vec<(DateTime<Utc>, u16)> = audit_writes(cluster)
+        .into_iter()
+        .filter(|w| w.user_agent == ua && w.uri.contains(uri_part))
+        .map(|w| (w.at, w.code))
         .collect();
     v.sort();
     v

@@ -14,22 +14,16 @@ use std::time::Duration;
 use forewarn_harness::cluster::{Cluster, repo_root};
 use forewarn_harness::soak::{self, FaultKind, SoakOptions};
 
-const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: None\n    verbs: [get, list, watch]\n  - level: Metadata\n";
-
 const NODES: usize = 6;
 
 fn cluster() -> Cluster {
     static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
     CLUSTER
         .get_or_init(|| {
-            let dir = repo_root().join("target/soak-test");
-            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-            let policy = dir.join("audit-policy.yaml");
-            std::fs::write(&policy, AUDIT_POLICY).map_err(|e| e.to_string())?;
-            Cluster::start_with(
+            forewarn_harness::audit::start_cluster(
                 "forewarn-soak-test",
                 NODES,
-                &[("FOREWARN_KUBE_AUDIT_POLICY", policy.as_path())],
+                &repo_root().join("target/soak-test"),
             )
             .map_err(|e| format!("{e:#}"))
         })

@@ -8,6 +8,7 @@
 //! [`procs`] forewarn's processes.
 
 pub mod agent_pods;
+pub mod audit;
 pub mod bench_report;
 pub mod cluster;
 mod faults;

@@ -602,35 +602,10 @@ fn injected(plan: &Plan, report: &Report, elapsed: Duration) -> Vec<FaultKind> {
         .collect()
 }
 
-/// One write the audit log recorded.
-#[derive(Debug)]
-struct Audited {
-    at: DateTime<Utc>,
-    verb: String,
-    uri: String,
-    user_agent: String,
-    code: u16,
-}
-
-fn audited(cluster: &Cluster, since: DateTime<Utc>) -> Vec<Audited> {
-    let text = cluster.audit_log().unwrap_or_default();
-    let mut seen = HashSet::new();
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| seen.insert(v["auditID"].as_str().unwrap_or_default().to_string()))
-        .filter(|v| !matches!(v["verb"].as_str(), Some("get" | "list" | "watch")))
-        .filter_map(|v| {
-            Some(Audited {
-                at: v["requestReceivedTimestamp"].as_str()?.parse().ok()?,
-                verb: v["verb"].as_str()?.to_string(),
-                uri: v["requestURI"].as_str()?.to_string(),
-                user_agent: v["userAgent"].as_str().unwrap_or_default().to_string(),
-                code: v["responseStatus"]["code"]
-                    .as_u64()
-                    .and_then(|c| u16::try_from(c).ok())
-                    .unwrap_or(0),
-            })
-        })
+fn audited(cluster: &Cluster, since: DateTime<Utc>) -> Vec<crate::audit::Write> {
+    crate::audit::writes(cluster)
+        .unwrap_or_default()
+        .into_iter()
         .filter(|w| w.at >= since)
         .collect()
 }

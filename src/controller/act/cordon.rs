@@ -239,7 +239,7 @@ pub async fn write_marks(
         api,
         &name,
         None,
-        &crate::controller::act::writers::patch_params(),
+        &crate::api::controller_patch_params(),
         &Patch::Merge(&sent),
     )
     .await?;

@@ -81,7 +81,7 @@ pub async fn run(
             match api
                 .patch(
                     &node,
-                    &crate::controller::act::writers::patch_params(),
+                    &crate::api::controller_patch_params(),
                     &Patch::Merge(&body),
                 )
                 .await

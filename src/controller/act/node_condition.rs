@@ -233,7 +233,7 @@ pub async fn sync(
                 &api,
                 name,
                 Some("status"),
-                &crate::controller::act::writers::patch_params(),
+                &crate::api::controller_patch_params(),
                 &Patch::Strategic(&body),
             )
             .await;

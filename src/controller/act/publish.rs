@@ -640,7 +640,7 @@ pub async fn clear_approval(ev: &ScheduledEvent, writers: &Writers) -> Result<Op
     let written = Api::<ScheduledEvent>::all(writers.client.clone())
         .patch_status(
             &name,
-            &crate::controller::act::writers::patch_params(),
+            &crate::api::controller_patch_params(),
             &Patch::Merge(&body),
         )
         .await

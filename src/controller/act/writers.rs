@@ -8,7 +8,6 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::runtime::reflector::Store;
 
-use crate::api::CONTROLLER_MANAGER;
 use crate::controller::act::kube_events::EventSink;
 use crate::metrics::controller::ControllerMetrics;
 use crate::notify::webhooks::Webhooks;
@@ -54,17 +53,5 @@ pub struct Writers {
 pub fn conditional_on(body: &mut serde_json::Value, version: Option<&str>) {
     if let Some(version) = version {
         body["metadata"] = serde_json::json!({ "resourceVersion": version });
-    }
-}
-
-/// The parameters of every patch the controller sends that is not a
-/// server-side apply: its one field manager ([`CONTROLLER_MANAGER`]), so
-/// that `managedFields` names forewarn's writes as forewarn's, whichever
-/// kind of patch made them (without one, the API server names the manager
-/// after the client's `User-Agent`).
-pub fn patch_params() -> kube::api::PatchParams {
-    kube::api::PatchParams {
-        field_manager: Some(CONTROLLER_MANAGER.into()),
-        ..kube::api::PatchParams::default()
     }
 }

@@ -510,7 +510,7 @@ fn fault_domains(mapping: &nodes::Mapping, by_name: &HashMap<String, &Arc<Node>>
 /// `seen` and `dissent`: out of `pods` (so they are neither evicted nor
 /// waited for) into `excluded`, with why. `excluded_namespaces`: the
 /// namespaces whose labels match `excludePods.namespaceSelector`, as read
-/// for this pass ([`namespaces_selected`]).
+/// for this pass ([`crate::controller::observe::namespaces::NamespaceCache::selected`]).
 pub fn exclude_pods(
     seen: &mut Observed,
     dissent: &mut [(ScheduledEventSpec, Vec<ObservedNode>)],
