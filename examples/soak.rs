@@ -92,6 +92,9 @@ async fn main() -> anyhow::Result<()> {
         names(&args.faults)
     );
     let started = chrono::Utc::now();
+    // The commit the run plays, read before it starts: the checkout may
+    // move on while it runs.
+    let commit = commit_now();
     let rounds = soak::run_soak(&cluster, &opts, |r| {
         println!(
             "[soak] round {} (seed {:016x}, faults {}): {} events, {} checks, {} violations in {:.0} s",
@@ -111,7 +114,7 @@ async fn main() -> anyhow::Result<()> {
     let table = soak::table_markdown(&rounds);
     println!("\n{table}");
     if !args.out.as_os_str().is_empty() {
-        write_reliability(&args, &rounds, started, &table)?;
+        write_reliability(&args, &rounds, started, &commit, &table)?;
         println!("[soak] written to {}", args.out.display());
     }
     let violations: usize = rounds.iter().map(|r| r.violations.len()).sum();
@@ -120,6 +123,18 @@ async fn main() -> anyhow::Result<()> {
         "{violations} invariant violations (see above)"
     );
     Ok(())
+}
+
+/// HEAD's short hash, with `(with changes)` when the working tree differs
+/// from it.
+fn commit_now() -> String {
+    let commit = git(&["rev-parse", "--short", "HEAD"]);
+    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    if dirty {
+        format!("{commit} (with changes)")
+    } else {
+        commit
+    }
 }
 
 fn names(faults: &[FaultKind]) -> String {
@@ -137,6 +152,7 @@ fn write_reliability(
     args: &Args,
     rounds: &[Round],
     started: chrono::DateTime<chrono::Utc>,
+    commit: &str,
     table: &str,
 ) -> anyhow::Result<()> {
     let old = std::fs::read_to_string(&args.out).unwrap_or_default();
@@ -144,13 +160,6 @@ fn write_reliability(
         .split_once("## History\n")
         .map(|(_, h)| h.lines().filter(|l| l.starts_with("| 20")).collect())
         .unwrap_or_default();
-    let commit = git(&["rev-parse", "--short", "HEAD"]);
-    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
-    let commit = if dirty {
-        format!("{commit} (with changes)")
-    } else {
-        commit
-    };
     let violations: usize = rounds.iter().map(|r| r.violations.len()).sum();
     let elapsed: f64 = rounds.iter().map(|r| r.elapsed.as_secs_f64()).sum();
     let mut s = String::new();
