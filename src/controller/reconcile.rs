@@ -2,9 +2,11 @@
 //! (docs/architecture.md, "One pass"). Observe reads the caches and the
 //! agents' reports ([`crate::controller::observe`]); decide is pure
 //! ([`crate::controller::decide`]) but for one fresh read of the nodes'
-//! pods before an approval; act writes nodes, notices and evictions
-//! ([`crate::controller::act`]); report writes the status, the Events and
-//! the node condition, and says when to look again.
+//! pods before an approval; act writes what settling the stored object
+//! asks (the spec the reports build, a cleared approval), then nodes,
+//! notices and evictions ([`crate::controller::act`]); report writes the
+//! status, the Events and the node condition, and says when to look again.
+//! Nothing is written before the pass has decided.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, PoisonError};
@@ -73,7 +75,8 @@ pub async fn reconcile<P: Send>(
     // No report about it (deleted by hand, or of an earlier version): the
     // stored spec stands, and no node is confirmed by it.
     let built = trust::build(&judged).unwrap_or_else(|| trust::Built::stored(&stored.spec));
-    let (mut ev, foreign) = settle(&stored, &built, &ctx).await?;
+    let (mut ev, settled) = settle(&stored, &built);
+    let foreign = settled.foreign.clone();
     event::copy_sent_approval(&mut ev, &reports);
     let Observation {
         mut seen,
@@ -115,7 +118,10 @@ pub async fn reconcile<P: Send>(
         spec::delete(&ev, &reports, &ctx.writers.client).await?;
         return Ok(Requeue::await_change());
     }
-    // Act.
+    // Act: first what settling the stored object asks (its spec, a cleared
+    // approval), each write conditional on the version the one before it
+    // made, then the nodes and the pods.
+    write_settled(&stored, &mut ev, &settled, &ctx).await?;
     let Acted {
         outcomes,
         deferred,
@@ -190,27 +196,28 @@ fn sooner_if_a_budget_allows(name: &str, next: Duration, ctx: &Context) -> Durat
     }
 }
 
-/// Brings the stored object in line with what the reports build before the
-/// pass reads it: the spec written when they changed it, the approval of an
+/// What bringing the stored object in line with the reports writes, as
+/// [`settle`] decides it and [`write_settled`] writes it.
+struct Settled {
+    /// The spec the reports build, when it differs from the stored one.
+    spec: Option<crate::api::ScheduledEventSpec>,
+    /// The event is back in IMDS: the earlier appearance's approval is
+    /// cleared.
+    anew: bool,
+    /// Who wrote an approval the controller did not: ignored and cleared.
+    foreign: Option<String>,
+}
+
+/// The event to handle and what settling the stored object writes: the
+/// spec the reports build (written when it changed), the approval of an
 /// earlier appearance cleared when the event is back in IMDS, and an
 /// approval the controller did not write ignored (never carried on from,
-/// removed and reported). Returns the event to handle, with the built spec,
-/// and who wrote a foreign approval, if one was found.
-async fn settle(
-    stored: &ScheduledEvent,
-    built: &trust::Built,
-    ctx: &Context,
-) -> Result<(ScheduledEvent, Option<String>)> {
-    let name = stored.name_any();
+/// removed and reported). Decided here, before the pass observes, and
+/// written with the pass's other writes ([`write_settled`]).
+fn settle(stored: &ScheduledEvent, built: &trust::Built) -> (ScheduledEvent, Settled) {
     let mut ev = stored.clone();
     let spec = trust::to_store(&built.spec, &stored.spec);
-    if spec != stored.spec {
-        // The pass goes on from the object as this write left it (its
-        // status write is conditional on that version).
-        if let Some(version) = spec::write(&ctx.writers, &name, stored, &spec).await? {
-            ev.metadata.resource_version = Some(version);
-        }
-    }
+    let changed = (spec != stored.spec).then(|| spec.clone());
     ev.spec = spec;
     let (mut ev, anew) = status::for_current_appearance(&ev);
     if anew {
@@ -218,13 +225,50 @@ async fn settle(
             appearance = ev.spec.appearance,
             "The event is back in IMDS: handling it afresh"
         );
-        if let Some(version) = publish::clear_approval(&ev, &ctx.writers).await? {
-            ev.metadata.resource_version = Some(version);
-        }
-        return Ok((ev, None));
+        let settled = Settled {
+            spec: changed,
+            anew,
+            foreign: None,
+        };
+        return (ev, settled);
     }
-    let foreign = foreign::ignore(stored, &mut ev, &ctx.writers).await?;
-    Ok((ev, foreign))
+    let foreign = foreign::ignore(stored, &mut ev);
+    let settled = Settled {
+        spec: changed,
+        anew,
+        foreign,
+    };
+    (ev, settled)
+}
+
+/// Writes what [`settle`] decided, each write conditional on the version
+/// the one before it made (the spec on the stored version), `ev` carrying
+/// the last version on to the pass's status write.
+///
+/// # Errors
+/// A write the API server refused (409 when the object changed since the
+/// pass read it: the pass runs again on the newer version).
+async fn write_settled(
+    stored: &ScheduledEvent,
+    ev: &mut ScheduledEvent,
+    settled: &Settled,
+    ctx: &Context,
+) -> Result<()> {
+    let name = ev.name_any();
+    if let Some(spec) = &settled.spec
+        && let Some(version) = spec::write(&ctx.writers, &name, stored, spec).await?
+    {
+        ev.metadata.resource_version = Some(version);
+    }
+    if settled.anew
+        && let Some(version) = publish::clear_approval(ev, &ctx.writers).await?
+    {
+        ev.metadata.resource_version = Some(version);
+    }
+    if let Some(by) = &settled.foreign {
+        foreign::clear(stored, ev, &ctx.writers, by).await?;
+    }
+    Ok(())
 }
 
 /// When the object was created, for an event no agent wrote a report of.

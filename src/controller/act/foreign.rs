@@ -38,25 +38,31 @@ pub fn writer(stored: &ScheduledEvent) -> Option<String> {
 }
 
 /// Ignores an approval of `stored` the controller did not write: takes it
-/// out of `ev` (the event as this pass handles it), removes it from the
-/// stored status, counts and reports it. Returns who wrote it, if anyone
-/// but the controller did.
-///
-/// # Errors
-/// [`Error::PatchStatus`] when the approval cannot be removed.
-pub async fn ignore(
-    stored: &ScheduledEvent,
-    ev: &mut ScheduledEvent,
-    writers: &Writers,
-) -> Result<Option<String>> {
-    let Some(by) = writer(stored) else {
-        return Ok(None);
-    };
-    let name = ev.name_any();
-    warn!(written_by = %by, "Ignoring and clearing an approval the controller did not write");
+/// out of `ev` (the event as this pass handles it). Returns who wrote it,
+/// if anyone but the controller did; [`clear`] then removes it from the
+/// stored status, with the pass's writes.
+pub fn ignore(stored: &ScheduledEvent, ev: &mut ScheduledEvent) -> Option<String> {
+    let by = writer(stored)?;
+    warn!(written_by = %by, "Ignoring an approval the controller did not write");
     if let Some(s) = ev.status.as_mut() {
         s.approval = None;
     }
+    Some(by)
+}
+
+/// Removes from the stored status the approval `by` wrote that [`ignore`]
+/// took out of `ev` (the event as the pass handles it, whose version the
+/// write is conditional on and then carries), counts and reports it.
+///
+/// # Errors
+/// [`Error::PatchStatus`] when the approval cannot be removed.
+pub async fn clear(
+    stored: &ScheduledEvent,
+    ev: &mut ScheduledEvent,
+    writers: &Writers,
+    by: &str,
+) -> Result<()> {
+    let name = ev.name_any();
     // A merge patch removes the approval whoever owns its fields (the
     // controller's own apply would leave another manager's fields). The
     // same write records the condition, so that it stays on record even if
@@ -66,7 +72,7 @@ pub async fn ignore(
     record(
         &mut recorded,
         stored.status.as_ref(),
-        Some(&by),
+        Some(by),
         stored.metadata.generation,
         chrono::Utc::now(),
     );
@@ -99,7 +105,7 @@ pub async fn ignore(
             "{name}: status.approval was written by {by}, not by the forewarn controller: ignored and removed"
         ),
     );
-    Ok(Some(by))
+    Ok(())
 }
 
 /// Records in `status` the approval written by `by` this pass (condition
