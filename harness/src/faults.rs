@@ -17,6 +17,37 @@ use crate::timeline::Timeline;
 /// How long a resumed controller may take to find its Lease lost and exit.
 const EXIT_AFTER_RESUME: Duration = Duration::from_secs(30);
 
+/// How long a pause waits for the controller to lead.
+const LEADS_WITHIN: Duration = Duration::from_secs(60);
+
+/// Whether the controller whose metrics are on `port` says it leads
+/// (`forewarn_controller_leader 1`) within `within`.
+async fn leads_within(port: u16, within: Duration) -> bool {
+    let http = forewarn::http::client_builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(2))
+        .build();
+    let Ok(http) = http else {
+        return false;
+    };
+    let since = Instant::now();
+    while since.elapsed() < within {
+        if let Ok(r) = http
+            .get(format!("http://127.0.0.1:{port}/metrics"))
+            .send()
+            .await
+            && let Ok(text) = r.text().await
+            && text
+                .lines()
+                .any(|l| l.trim() == "forewarn_controller_leader 1")
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}
+
 /// Injects `fault`; returns once it is over (a restart done, a pause
 /// resumed and the paused process gone).
 ///
@@ -60,6 +91,17 @@ pub(crate) async fn inject(
             );
         }
         TimedFault::PauseController { pause } => {
+            // Only a leader's pause is this fault: a standby paused and
+            // resumed (a new process still waiting for the Lease after a
+            // kill) rightly goes on and leads.
+            if !leads_within(fleet.controller_port, LEADS_WITHIN).await {
+                tl.say(
+                    "fault",
+                    format!("the controller did not lead within {LEADS_WITHIN:?}: not paused"),
+                );
+                report.faults.pop();
+                return Ok(());
+            }
             let identity = fleet.controller_identity.clone();
             fleet
                 .controller

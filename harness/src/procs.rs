@@ -441,7 +441,8 @@ pub struct Fleet {
     pub mock: Proc,
     /// The controller.
     pub controller: Proc,
-    controller_port: u16,
+    /// The metrics port of the controller now running.
+    pub controller_port: u16,
     /// The controller's Lease identity.
     /// The Lease identity of the controller now running.
     pub controller_identity: String,
