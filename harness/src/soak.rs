@@ -610,11 +610,17 @@ fn audited(cluster: &Cluster, since: DateTime<Utc>) -> Vec<crate::audit::Write> 
         .collect()
 }
 
+/// How soon after a paused leader's resume the requests it was sending
+/// when it was stopped reach the API server (they are sent as soon as it
+/// runs again: milliseconds).
+const IN_FLIGHT_AT_PAUSE: chrono::TimeDelta = chrono::TimeDelta::milliseconds(500);
+
 /// The soak's own invariants on a round played by `plan` (`report`: what
 /// the run saw; `since`: when it started), beyond the run's rules. Returns
 /// how many checks were made and what broke:
 /// - no controller write after its Lease deadline: nothing from a paused
-///   leader's identity between its resume and its exit;
+///   leader's identity between its resume (and the requests it was already
+///   sending, [`IN_FLIGHT_AT_PAUSE`]) and its exit;
 /// - no pod deleted by the controller other than through an Eviction;
 /// - every node of a drained event cordoned before its `NotBefore`, where
 ///   no fault held forewarn back during its notice;
@@ -634,9 +640,13 @@ pub fn check_round(
         checks += 1;
         let ua = format!("forewarn/{version} (controller; {identity})");
         let until = exited.unwrap_or_else(Utc::now);
+        // A request the process was already sending when it was stopped
+        // reaches the server as it resumes (no client can recall it): one
+        // that arrives later was sent after the resume.
+        let in_flight = *resumed + IN_FLIGHT_AT_PAUSE;
         for w in writes
             .iter()
-            .filter(|w| w.user_agent == ua && w.at >= *resumed && w.at <= until)
+            .filter(|w| w.user_agent == ua && w.at >= in_flight && w.at <= until)
         {
             violations.push(format!(
                 "a write from the paused leader {identity} after its Lease deadline: {} {} {} at {}",

@@ -427,16 +427,28 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    /// Checked when the request is handed over and again when it is first
+    /// polled, the moment the client begins to send it: a process stopped
+    /// between the two (SIGSTOP, a stalled VM) sends nothing once resumed
+    /// past its Lease. A request already being sent when the process
+    /// stopped is sent when it resumes: no client can recall it.
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        if req.method() != http::Method::GET && !self.validity.valid() {
-            let refused = NotLeading {
-                method: req.method().clone(),
-                path: req.uri().path().to_owned(),
-            };
+        let write = req.method() != http::Method::GET;
+        let refused = NotLeading {
+            method: req.method().clone(),
+            path: req.uri().path().to_owned(),
+        };
+        if write && !self.validity.valid() {
             return Box::pin(async move { Err(refused.into()) });
         }
+        let validity = self.validity.clone();
         let fut = self.inner.call(req);
-        Box::pin(async move { fut.await.map_err(Into::into) })
+        Box::pin(async move {
+            if write && !validity.valid() {
+                return Err(refused.into());
+            }
+            fut.await.map_err(Into::into)
+        })
     }
 }
 
@@ -563,4 +575,51 @@ pub fn spawn(
         state,
         release: Some(release),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use tower::{Layer as _, Service as _};
+
+    /// A write handed over while the Lease is valid, and first polled once
+    /// it is not (the process was stopped in between), is never given to
+    /// the client below: nothing is sent.
+    #[tokio::test]
+    async fn a_write_first_polled_after_the_lease_lapsed_is_not_sent() {
+        let validity = Validity::default();
+        validity.leading_for(Duration::from_secs(60));
+        let sent = Arc::new(AtomicUsize::new(0));
+        let inner = {
+            let sent = sent.clone();
+            tower::service_fn(move |_req: http::Request<Body>| {
+                let sent = sent.clone();
+                async move {
+                    sent.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, std::convert::Infallible>(http::Response::new(()))
+                }
+            })
+        };
+        let mut guarded = WritesWhileLeading(validity.clone()).layer(inner);
+        let req = || {
+            http::Request::builder()
+                .method(http::Method::PATCH)
+                .uri("/api/v1/nodes/n")
+                .body(Body::empty())
+                .unwrap()
+        };
+        std::future::poll_fn(|cx| guarded.poll_ready(cx))
+            .await
+            .unwrap();
+        let handed_over = guarded.call(req());
+        validity.clear();
+        let refused = handed_over.await.expect_err("refused");
+        assert!(refused.to_string().contains("renew"), "{refused}");
+        assert_eq!(sent.load(Ordering::SeqCst), 0);
+        // Valid again: handed over and sent.
+        validity.leading_for(Duration::from_secs(60));
+        guarded.call(req()).await.expect("sent");
+        assert_eq!(sent.load(Ordering::SeqCst), 1);
+    }
 }
