@@ -1348,6 +1348,28 @@ async fn a_node_whose_cordon_is_refused_holds_back_no_other_node() {
         })
         .await;
         assert!(is_cordoned(&client, node).await, "{node} not cordoned");
+        // Every write of the controller's names its field manager: the API
+        // server records none under the name it makes from the User-Agent.
+        let managers: Vec<String> = nodes
+            .get(node)
+            .await
+            .expect("the node")
+            .metadata
+            .managed_fields
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|m| m.manager)
+            .collect();
+        assert!(
+            managers
+                .iter()
+                .any(|m| m == forewarn::api::CONTROLLER_MANAGER),
+            "{node}: {managers:?}"
+        );
+        assert!(
+            !managers.iter().any(|m| m == "forewarn"),
+            "{node}: a write without a field manager: {managers:?}"
+        );
     }
     let why = eventually("the refused node's record says why", HANG, || async {
         record(refused_node).await.and_then(|r| r.write_refused)
