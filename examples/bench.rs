@@ -2879,22 +2879,6 @@ fn machine() -> (String, String, String) {
     (nproc, mem, cpu)
 }
 
-/// The abbreviated commit checked out, and whether the working tree
-/// (untracked files aside) differs from it.
-fn git_commit() -> (String, bool) {
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .args(args)
-            .current_dir(repo_root())
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-            .unwrap_or_default()
-    };
-    let commit = git(&["rev-parse", "--short", "HEAD"]);
-    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
-    (commit, dirty)
-}
-
 /// `path` as the document shows it: relative to the repository, or to
 /// `$CARGO_TARGET_DIR`, when under either (not this machine's layout).
 fn shown_path(path: &Path) -> String {
@@ -2952,7 +2936,7 @@ async fn main() -> ExitCode {
     }
     let started = Utc::now();
     let load_start = load_average();
-    let (commit, dirty) = git_commit();
+    let (commit, dirty) = forewarn_harness::audit::checkout_commit();
     let mut table = Table::default();
     for part in &parts {
         println!("[bench] === {part} ===");

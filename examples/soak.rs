@@ -13,7 +13,6 @@
 //! forewarn_harness::soak::FaultKind's names; all by default.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -54,15 +53,6 @@ fn args() -> anyhow::Result<Args> {
         }
     }
     Ok(a)
-}
-
-fn git(args: &[&str]) -> String {
-    Command::new("git")
-        .args(args)
-        .current_dir(repo_root())
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
 }
 
 #[tokio::main]
@@ -128,8 +118,7 @@ async fn main() -> anyhow::Result<()> {
 /// HEAD's short hash, with `(with changes)` when the working tree differs
 /// from it.
 fn commit_now() -> String {
-    let commit = git(&["rev-parse", "--short", "HEAD"]);
-    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    let (commit, dirty) = forewarn_harness::audit::checkout_commit();
     if dirty {
         format!("{commit} (with changes)")
     } else {

@@ -1212,25 +1212,7 @@ async fn admission_policy<F, Fut>(
 {
     kubectl_apply(
         cluster,
-        &json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": name},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {"resourceRules": [rule]},
-                "validations": [{"expression": format!("!({refuse})"), "message": message}],
-            },
-        }),
-    );
-    kubectl_apply(
-        cluster,
-        &json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": name},
-            "spec": {"policyName": name, "validationActions": ["Deny"]},
-        }),
+        &forewarn_harness::audit::refusing_policy(name, rule, refuse, message),
     );
     eventually("the admission policy enforced", HANG, || async {
         enforced().await.then_some(())
@@ -1457,7 +1439,7 @@ async fn a_node_whose_cordon_is_refused_holds_back_no_other_node() {
 /// has a few refused evictions of it over half a minute, not one every
 /// drain poll), the node's record says why, and the pod of another
 /// namespace on the same node is evicted at once. With every failure asked
-/// again at each poll, the refused pod was asked about once a second.
+/// again at each drain poll, the bound on the asks fails.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_eviction_an_admission_policy_refuses_is_asked_again_on_a_backoff() {
     let _turn = TURN.lock().await;

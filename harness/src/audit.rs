@@ -1,6 +1,8 @@
 //! What a cluster's kube-apiserver saw, from its audit log: the writes,
 //! one per audit ID, for the tests and the soak that judge forewarn by
-//! what the server received rather than by what forewarn says it sent.
+//! what the server received rather than by what forewarn says it sent;
+//! the admission policies those tests refuse requests with; the commit a
+//! run was made on.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -56,6 +58,50 @@ pub fn writes(cluster: &Cluster) -> anyhow::Result<Vec<Write>> {
             })
         })
         .collect())
+}
+
+/// A ValidatingAdmissionPolicy `name` and its binding (same name,
+/// denying), as one `List` to `kubectl apply`: it refuses the requests of
+/// `rule` (a `resourceRules` entry) for which `refuse` (CEL) holds, with
+/// `message`.
+pub fn refusing_policy(name: &str, rule: Value, refuse: &str, message: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "List",
+        "items": [
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": [rule]},
+                    "validations": [{"expression": format!("!({refuse})"), "message": message}],
+                },
+            },
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": name},
+                "spec": {"policyName": name, "validationActions": ["Deny"]},
+            },
+        ],
+    })
+}
+
+/// The abbreviated commit checked out in the repository, and whether the
+/// working tree (untracked files aside) differs from it.
+pub fn checkout_commit() -> (String, bool) {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(crate::cluster::repo_root())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    let commit = git(&["rev-parse", "--short", "HEAD"]);
+    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    (commit, dirty)
 }
 
 /// Starts (or starts again) the cluster `name` of `nodes` KWOK nodes whose

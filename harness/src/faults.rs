@@ -8,8 +8,9 @@ use anyhow::Context as _;
 use chrono::Utc;
 
 use crate::cluster::Cluster;
+use crate::options::ApiServerOutage;
 use crate::options::TimedFault;
-use crate::outage::restart_exited_controller;
+use crate::outage::api_server_outage;
 use crate::procs::Fleet;
 use crate::report::Report;
 use crate::timeline::Timeline;
@@ -61,27 +62,27 @@ pub(crate) async fn inject(
     tl: &mut Timeline,
     report: &mut Report,
 ) -> anyhow::Result<()> {
+    // Only a leader's pause is this fault: a standby paused and resumed (a
+    // new process still waiting for the Lease after a kill) rightly goes
+    // on and leads.
+    if matches!(fault, TimedFault::PauseController { .. })
+        && !leads_within(fleet.controller_port, LEADS_WITHIN).await
+    {
+        tl.say(
+            "fault",
+            format!("the controller did not lead within {LEADS_WITHIN:?}: not paused"),
+        );
+        return Ok(());
+    }
     report.faults.push((Utc::now(), format!("{fault:?}")));
     match fault {
         TimedFault::RestartApiServer { down } => {
-            let c = cluster.clone();
-            let stopped = tokio::task::spawn_blocking(move || c.stop_api_server()).await??;
-            tl.say(
-                "fault",
-                format!("kube-apiserver stopped for {down:?}: every watch ends"),
-            );
-            let since = Instant::now();
-            while since.elapsed() < *down {
-                restart_exited_controller(fleet, tl, report).await?;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            let c = cluster.clone();
-            let restarted =
-                tokio::task::spawn_blocking(move || c.start_api_server(stopped)).await??;
-            tl.say(
-                "fault",
-                format!("kube-apiserver started again (components restarted: {restarted:?})"),
-            );
+            let outage = ApiServerOutage {
+                when_last_terminating: String::new(),
+                duration: *down,
+                then_kubectl: Vec::new(),
+            };
+            api_server_outage(cluster, &outage, fleet, tl, report).await?;
         }
         TimedFault::KillController => {
             fleet.restart_controller().await?;
@@ -91,17 +92,6 @@ pub(crate) async fn inject(
             );
         }
         TimedFault::PauseController { pause } => {
-            // Only a leader's pause is this fault: a standby paused and
-            // resumed (a new process still waiting for the Lease after a
-            // kill) rightly goes on and leads.
-            if !leads_within(fleet.controller_port, LEADS_WITHIN).await {
-                tl.say(
-                    "fault",
-                    format!("the controller did not lead within {LEADS_WITHIN:?}: not paused"),
-                );
-                report.faults.pop();
-                return Ok(());
-            }
             let identity = fleet.controller_identity.clone();
             fleet
                 .controller

@@ -442,33 +442,11 @@ fn delete_args(what: &str) -> Vec<String> {
 /// in the workload's namespace.
 fn write_policies(refused_node: Option<&str>) -> anyhow::Result<()> {
     let node = refused_node.unwrap_or("none");
-    let policy = |name: &str, rule: Value, refuse: String, message: &str| {
-        serde_json::json!({
-            "apiVersion": "v1", "kind": "List",
-            "items": [
-                {
-                    "apiVersion": "admissionregistration.k8s.io/v1",
-                    "kind": "ValidatingAdmissionPolicy",
-                    "metadata": {"name": name},
-                    "spec": {
-                        "failurePolicy": "Fail",
-                        "matchConstraints": {"resourceRules": [rule]},
-                        "validations": [{"expression": format!("!({refuse})"), "message": message}],
-                    },
-                },
-                {
-                    "apiVersion": "admissionregistration.k8s.io/v1",
-                    "kind": "ValidatingAdmissionPolicyBinding",
-                    "metadata": {"name": name},
-                    "spec": {"policyName": name, "validationActions": ["Deny"]},
-                },
-            ],
-        })
-    };
+    let policy = crate::audit::refusing_policy;
     let nodes = policy(
         "forewarn-soak-refuse-nodes",
         serde_json::json!({"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]}),
-        format!(
+        &format!(
             "object.metadata.name == '{node}' && has(object.spec.unschedulable) && object.spec.unschedulable"
         ),
         "the soak refuses this node's cordon for a while",
@@ -476,7 +454,7 @@ fn write_policies(refused_node: Option<&str>) -> anyhow::Result<()> {
     let evictions = policy(
         "forewarn-soak-refuse-evictions",
         serde_json::json!({"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods/eviction"]}),
-        format!("request.namespace == '{NAMESPACE}'"),
+        &format!("request.namespace == '{NAMESPACE}'"),
         "the soak refuses evictions for a while",
     );
     let dir = policy_path("x");

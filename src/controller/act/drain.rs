@@ -475,11 +475,7 @@ impl Refusals {
         let all = self.failed_lock();
         let f = all.get(&Self::key(pod)).filter(|f| now < f.next)?;
         Some(match &f.last {
-            EvictionOutcome::Retry(why) => EvictionOutcome::Waiting(format!(
-                "failed {} times in a row, asked again in {}s: {why}",
-                f.count,
-                f.next.saturating_duration_since(now).as_secs().max(1),
-            )),
+            EvictionOutcome::Retry(why) => EvictionOutcome::Waiting(why.clone()),
             // The refusal of a pod under several budgets, as it stands.
             other => other.clone(),
         })
@@ -1581,8 +1577,8 @@ mod tests {
         assert_eq!(refusals.failing(&pod, end), None);
         // A pod under several budgets is: no budget's allowance lets it
         // go, and it is given its refusal as it stands until its backoff
-        // passed (it was asked about ten times a second while both budgets
-        // allowed a disruption).
+        // passed, not asked again at every pass while both budgets allow a
+        // disruption.
         let several = classify_refusal(&Status {
             code: 500,
             reason: "InternalError".into(),

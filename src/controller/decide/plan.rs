@@ -198,7 +198,7 @@ pub enum EvictionOutcome {
     /// own backoff has passed (1 s doubling to 60 s).
     Retry(String),
     /// Not asked this pass: the pod's last evictions failed (`Retry`, whose
-    /// reason this gives) and its backoff has not passed.
+    /// reason this repeats) and its backoff has not passed.
     Waiting(String),
 }
 

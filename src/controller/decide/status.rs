@@ -102,13 +102,9 @@ fn blockers(node: &str, outcomes: &[Outcome]) -> (Option<String>, Vec<String>, V
                     format!("API server throttling (429, Retry-After {retry_after_seconds}s) while evicting {pod} on {n}")
                 });
             }
-            // Without the count and the time left, which change from pass
-            // to pass: the same failure gives the same record.
-            EvictionOutcome::Retry(why) => {
-                text.get_or_insert_with(|| format!("Eviction of {pod} refused: {why}"));
-            }
-            EvictionOutcome::Waiting(why) => {
-                let why = why.split_once(": ").map_or(why.as_str(), |(_, w)| w);
+            // Asked or waiting for its backoff, the same failure gives the
+            // same record.
+            EvictionOutcome::Retry(why) | EvictionOutcome::Waiting(why) => {
                 text.get_or_insert_with(|| format!("Eviction of {pod} refused: {why}"));
             }
             _ => {}
@@ -126,8 +122,8 @@ fn blockers(node: &str, outcomes: &[Outcome]) -> (Option<String>, Vec<String>, V
 pub const BLOCKED_PODS_LISTED: usize = 3;
 
 /// How many terminating pods a node's record names (`waitingFor`); the
-/// rest are counted. With every pod of a 1,000-node drain named, one
-/// measured status was 977 KB, near etcd's 1.5 MiB limit on an object.
+/// rest are counted: with every pod of a 1,000-node drain named, the status
+/// came near etcd's 1.5 MiB limit on an object.
 pub const WAITING_LISTED: usize = 3;
 
 /// The record of one mapped node while the event is live.

@@ -1056,7 +1056,7 @@ async fn reconcile_until_stopped(
 
 /// How long passes may be asked for an event whose object the cache lacks
 /// before it is warned of: the creation's answer normally puts the object
-/// in within a second, and the creator reads it back after a create
+/// in at once, and the creator reads it back after a create
 /// conflict ([`spec::create_missing`]).
 const UNSEEN_WARN_AFTER: Duration = Duration::from_secs(15);
 
@@ -1170,69 +1170,34 @@ mod tests {
     /// A write the API server throttles (429 with `Retry-After`) while
     /// the Lease lapses is not sent again: the guard sits inside kube's
     /// retry layer, so the retry finds the Lease lapsed. The server on
-    /// loopback answers every request 429 and ends the Lease's validity as
-    /// it answers the first; with the guard outside the retry layer, the
-    /// retries it sent kept coming.
+    /// loopback (axum, as the metrics server) answers every request 429
+    /// and ends the Lease's validity as it answers the first; with the
+    /// guard outside the retry layer, the retries it sent kept coming.
     #[tokio::test]
     async fn a_write_retried_after_the_lease_lapsed_is_not_sent_again() {
         use k8s_openapi::api::core::v1::ConfigMap;
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let validity = lease::Validity::default();
         validity.leading_for(Duration::from_secs(60));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let received = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let server = {
+        let answer = {
             let (validity, received) = (validity.clone(), received.clone());
-            tokio::spawn(async move {
-                loop {
-                    let Ok((mut conn, _)) = listener.accept().await else {
-                        return;
-                    };
-                    let (validity, received) = (validity.clone(), received.clone());
-                    tokio::spawn(async move {
-                        let mut buf = vec![0u8; 65536];
-                        let mut seen = Vec::new();
-                        loop {
-                            let Ok(n) = conn.read(&mut buf).await else {
-                                return;
-                            };
-                            if n == 0 {
-                                return;
-                            }
-                            seen.extend_from_slice(&buf[..n]);
-                            // One request: its head and its body.
-                            let text = String::from_utf8_lossy(&seen).to_string();
-                            let Some(head_end) = text.find("\r\n\r\n") else {
-                                continue;
-                            };
-                            let length = text[..head_end]
-                                .lines()
-                                .find_map(|l| {
-                                    let (k, v) = l.split_once(':')?;
-                                    k.eq_ignore_ascii_case("content-length")
-                                        .then(|| v.trim().parse::<usize>().ok())?
-                                })
-                                .unwrap_or(0);
-                            if seen.len() < head_end + 4 + length {
-                                continue;
-                            }
-                            seen.clear();
-                            received.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                            validity.clear();
-                            let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"throttled","reason":"TooManyRequests","code":429}"#;
-                            let answer = format!(
-                                "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                                body.len()
-                            );
-                            if conn.write_all(answer.as_bytes()).await.is_err() {
-                                return;
-                            }
-                        }
-                    });
-                }
-            })
+            move || {
+                received.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                validity.clear();
+                let status = serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                    "status": "Failure", "message": "throttled", "reason": "TooManyRequests", "code": 429});
+                std::future::ready((
+                    axum::http::StatusCode::TOO_MANY_REQUESTS,
+                    [(axum::http::header::RETRY_AFTER, "1")],
+                    axum::Json(status),
+                ))
+            }
         };
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, axum::Router::new().fallback(answer)).await;
+        });
         let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
         assert!(config.default_retry);
         let writes = Writes::guarded(config, &validity).unwrap();
