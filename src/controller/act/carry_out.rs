@@ -50,6 +50,12 @@ const EVICTION_PASS_FEW: std::time::Duration = std::time::Duration::from_secs(3)
 /// cordons are asked to leave in the same pass (see the reconcile's act).
 pub const FEW_NODES: usize = 8;
 
+/// How many conflicts in a row a node write for one event loses before it
+/// is warned of (a log line at WARN and a `NodeWriteRefused` Event): about
+/// 3 s of losing with [`crate::controller::act::refused`]'s backoff. Events
+/// that share a node lose races to each other's writes all the time.
+const CONFLICTS_BEFORE_WARNING: u32 = 5;
+
 /// How many pods or nodes an Event names before it counts the rest.
 pub const NAMED_IN_EVENT: usize = 5;
 
@@ -187,9 +193,22 @@ pub async fn write_nodes(
                     .reconcile_errors
                     .with_label_values(&[e.category()])
                     .inc();
-                warn!(node = w.node(), error = %e, failures, ?retry_in,
-                    "A node write was refused; the event's other nodes go on");
-                if failures == 1 {
+                // A conflict is another writer's progress (often another
+                // event's pass on the same node): said only once it lasts.
+                let conflict = e.category() == "conflict";
+                if conflict && failures < CONFLICTS_BEFORE_WARNING {
+                    debug!(node = w.node(), error = %e, failures, ?retry_in,
+                        "A node write lost a race; retried on its own backoff");
+                } else {
+                    warn!(node = w.node(), error = %e, failures, ?retry_in,
+                        "A node write was refused; the event's other nodes go on");
+                }
+                let first = if conflict {
+                    CONFLICTS_BEFORE_WARNING
+                } else {
+                    1
+                };
+                if failures == first {
                     publish::publish(
                         writers,
                         ev,

@@ -27,7 +27,8 @@ const REFUSED_FIRST: Duration = Duration::from_secs(1);
 const REFUSED_MAX: Duration = Duration::from_secs(60);
 
 /// How long to wait before writing a node again after its `failures`-th
-/// refusal in a row (1-based): doubling from 200 ms up to 5 s after
+/// refusal in a row (1-based), before the jitter a conflict's wait gets
+/// (up to as much again, at random): doubling from 200 ms up to 5 s after
 /// conflicts, from 1 s up to 60 s after anything else.
 pub fn backoff(conflict: bool, failures: u32) -> Duration {
     let (first, max) = if conflict {
@@ -94,7 +95,12 @@ impl RefusedWrites {
                 why: String::new(),
             });
         r.failures = r.failures.saturating_add(1);
-        let wait = backoff(conflict, r.failures);
+        let mut wait = backoff(conflict, r.failures);
+        if conflict {
+            // Writers that lost the same race do not meet again: up to as
+            // much again, at random.
+            wait += wait.mul_f32(fastrand::f32());
+        }
         r.retry_at = now + wait;
         r.why = format!("{what} refused: {}", describe(error));
         (r.failures, wait)

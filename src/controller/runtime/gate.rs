@@ -1,6 +1,6 @@
 //! The deadline-ordered gate in front of the reconciles: at most `permits`
-//! reconciles run at once, and when more are due, the one whose event's
-//! `NotBefore` is nearest goes next.
+//! reconciles run at once, and when more are due, nodes take turns and,
+//! within a turn, the one whose event's `NotBefore` is nearest goes next.
 //!
 //! kube-runtime's controller runs a due reconcile as soon as it has a free
 //! slot, in the order its scheduler yields them, which is not the order of
@@ -8,12 +8,25 @@
 //! could wait behind events announced later with more notice. So the
 //! controller runs kube-runtime without a limit of its own (it still never
 //! reconciles one object twice at once) and every reconcile first takes a
-//! [`Permit`] here, by [`Deadline`], and holds it until its node writes
-//! (cordons, releases) are sent: its evictions wait for the controller-wide
-//! eviction rate budget instead, so that a wave's slow evictions do not
-//! hold back the cordons of the events still to be handled.
+//! [`Permit`] here, by [`Deadline`] and by the nodes whose agents report
+//! the event (its lines, [`Gate::acquire`]), and holds it until its node
+//! writes (cordons, releases) are sent: its evictions wait for the
+//! controller-wide eviction rate budget instead, so that a wave's slow
+//! evictions do not hold back the cordons of the events still to be
+//! handled. The permit is taken before the pass reads its caches, not only
+//! around its writes: the number of passes holding a snapshot of the
+//! caches at once is bounded by the permits, whatever one node reports.
+//!
+//! Turns: every node's agent is one line, and each line has one pass in
+//! each round (start-time fair queueing, a round being a virtual time): a
+//! node's agent that reports hundreds of urgent events, each asking for
+//! passes, puts one of them before another node's event in each round, not
+//! all of them, as the creation of the objects takes turns by reporting
+//! node. An event reported by several agents counts in the line of the one
+//! with the fewest passes waiting, so that joining another node's event
+//! costs that node nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use chrono::{DateTime, Utc};
@@ -83,6 +96,17 @@ impl Deadline {
             under_way: 0,
         }
     }
+
+    /// The same deadline for a pass over an event whose last pass failed:
+    /// it goes behind the first passes of its round, as a pass of an event
+    /// under way, so that an event whose every pass fails (its writes lose
+    /// a race, or are refused) never keeps the place of a first pass.
+    pub fn after_failure(self) -> Self {
+        Self {
+            under_way: 1,
+            ..self
+        }
+    }
 }
 
 /// The deadline of `event` at `now`: its `NotBefore` (Azure starts the
@@ -125,8 +149,8 @@ impl Drop for Permit {
     }
 }
 
-/// At most `permits` holders at once; waiters served nearest deadline
-/// first.
+/// At most `permits` holders at once; waiters served round by round (one
+/// pass a line a round), nearest deadline first within a round.
 #[derive(Debug, Clone)]
 pub struct Gate {
     shared: Arc<Shared>,
@@ -137,12 +161,52 @@ struct Shared {
     state: Mutex<State>,
 }
 
+/// Where a waiter stands: its round, then its deadline, then its arrival.
+type Place = (u64, Deadline, u64);
+
 #[derive(Debug)]
 struct State {
     free: usize,
-    /// Waiters by deadline, then by arrival.
-    waiting: BTreeMap<(Deadline, u64), oneshot::Sender<Permit>>,
+    /// Waiters by round, deadline, then arrival.
+    waiting: BTreeMap<Place, oneshot::Sender<Permit>>,
     arrivals: u64,
+    /// The round of the waiter served last (the virtual time): a line that
+    /// had no pass for a while starts in it, not in its own past.
+    round: u64,
+    /// Each line's next round, kept only while ahead of `round`.
+    next: HashMap<String, u64>,
+}
+
+impl State {
+    /// The round of a pass of `lines` arriving now, taken from the line
+    /// whose next round is the earliest (an empty `lines` is the one
+    /// line of the events no agent reports).
+    fn take_round(&mut self, lines: &[String]) -> u64 {
+        let unnamed = [String::new()];
+        let lines = if lines.is_empty() {
+            &unnamed[..]
+        } else {
+            lines
+        };
+        let (line, next) = lines
+            .iter()
+            .map(|l| (l, self.next.get(l).copied().unwrap_or(0)))
+            .min_by_key(|(_, n)| *n)
+            .unwrap_or((&unnamed[0], 0));
+        let round = next.max(self.round);
+        self.next.insert(line.clone(), round + 1);
+        round
+    }
+
+    /// Notes that a pass of `round` was served: the virtual time moves on,
+    /// and the lines it left behind are forgotten.
+    fn served(&mut self, round: u64) {
+        if round > self.round {
+            self.round = round;
+            let now = self.round;
+            self.next.retain(|_, n| *n > now);
+        }
+    }
 }
 
 impl Gate {
@@ -154,19 +218,27 @@ impl Gate {
                     free: permits.max(1),
                     waiting: BTreeMap::new(),
                     arrivals: 0,
+                    round: 0,
+                    next: HashMap::new(),
                 }),
             }),
         }
     }
 
-    /// Waits for a permit; among waiters, the nearest `deadline` is served
-    /// first. Cancel-safe: a waiter dropped before it is served takes no
-    /// permit, and one dropped with a permit on its way gives it back.
-    pub async fn acquire(&self, deadline: Deadline) -> Permit {
+    /// Waits for a permit for a pass whose event is reported by the agents
+    /// of `lines` (node names; none for an event no agent reports any
+    /// longer). The pass takes the next round of the line among `lines`
+    /// that is least ahead; waiters are served by round, then nearest
+    /// `deadline`, then arrival. Cancel-safe: a waiter dropped before it is
+    /// served takes no permit, and one dropped with a permit on its way
+    /// gives it back.
+    pub async fn acquire(&self, deadline: Deadline, lines: &[String]) -> Permit {
         let rx = {
             let mut state = self.shared.lock();
+            let round = state.take_round(lines);
             if state.free > 0 && state.waiting.is_empty() {
                 state.free -= 1;
+                state.served(round);
                 return Permit {
                     gate: Some(self.shared.clone()),
                 };
@@ -174,7 +246,7 @@ impl Gate {
             let (tx, rx) = oneshot::channel();
             state.arrivals += 1;
             let arrival = state.arrivals;
-            state.waiting.insert((deadline, arrival), tx);
+            state.waiting.insert((round, deadline, arrival), tx);
             rx
         };
         match rx.await {
@@ -202,7 +274,10 @@ impl Shared {
             let next = {
                 let mut state = self.lock();
                 match state.waiting.pop_first() {
-                    Some((_, tx)) => tx,
+                    Some(((round, ..), tx)) => {
+                        state.served(round);
+                        tx
+                    }
                     None => {
                         state.free += 1;
                         return;
@@ -238,6 +313,117 @@ mod tests {
 
     fn d(s: i64) -> Deadline {
         Deadline::new(at(s))
+    }
+
+    impl Gate {
+        /// A permit for a pass of an event no agent reports.
+        async fn acquire_any(&self, deadline: Deadline) -> Permit {
+            self.acquire(deadline, &[]).await
+        }
+    }
+
+    /// Waiters queued while the only permit is held, in arrival order
+    /// (each waits before the next arrives); returns the order they were
+    /// served in once the permit comes back.
+    async fn served_order(waiters: Vec<(Deadline, Vec<String>, String)>) -> Vec<String> {
+        let gate = Gate::new(1);
+        let held = gate.acquire_any(d(0)).await;
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (deadline, lines, name) in waiters {
+            let (g, order) = (gate.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let _permit = g.acquire(deadline, &lines).await;
+                order.lock().unwrap().push(name);
+            }));
+            while gate.waiting() < tasks.len() {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(held);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        order.lock().unwrap().clone()
+    }
+
+    /// One node's agent reports 500 events whose `NotBefore` is a second
+    /// away, each asking for its first pass; another node's event, with
+    /// 90 s of notice, asks after all of them: it is served in the first
+    /// round, after one of the flood's, not after all 500.
+    #[tokio::test]
+    async fn one_nodes_flood_puts_one_pass_a_round_before_another_nodes_event() {
+        let a = vec!["node-a".to_string()];
+        let mut waiters: Vec<(Deadline, Vec<String>, String)> = (0..500)
+            .map(|i| (Deadline::first(at(1)), a.clone(), format!("flood-{i}")))
+            .collect();
+        waiters.push((
+            Deadline::first(at(90)),
+            vec!["node-b".to_string()],
+            "b".into(),
+        ));
+        let order = served_order(waiters).await;
+        let b = order.iter().position(|n| n == "b").unwrap();
+        assert_eq!(b, 1, "{:?}", &order[..5]);
+        // The flood's own passes keep their order of arrival.
+        assert_eq!(order[0], "flood-0");
+        assert_eq!(order[2], "flood-1");
+    }
+
+    /// An event two agents report counts in the line of the one with
+    /// fewer passes waiting: node A's agent, flooding, also reports B's
+    /// event; that costs B nothing.
+    #[tokio::test]
+    async fn joining_another_nodes_event_costs_that_node_nothing() {
+        let a = vec!["node-a".to_string()];
+        let mut waiters: Vec<(Deadline, Vec<String>, String)> = (0..50)
+            .map(|i| (Deadline::first(at(1)), a.clone(), format!("flood-{i}")))
+            .collect();
+        waiters.push((
+            Deadline::first(at(90)),
+            vec!["node-a".to_string(), "node-b".to_string()],
+            "b".into(),
+        ));
+        let order = served_order(waiters).await;
+        assert_eq!(order.iter().position(|n| n == "b"), Some(1), "{order:?}");
+    }
+
+    /// Within a round, nearest deadline first, and a pass whose last pass
+    /// failed goes behind the first passes of its round.
+    #[tokio::test]
+    async fn a_failed_pass_goes_behind_the_first_passes_of_its_round() {
+        let line = |n: &str| vec![n.to_string()];
+        let order = served_order(vec![
+            (
+                Deadline::first(at(1)).after_failure(),
+                line("x"),
+                "failed".into(),
+            ),
+            (Deadline::first(at(50)), line("y"), "first".into()),
+            (Deadline::new(at(20)), line("z"), "under-way".into()),
+        ])
+        .await;
+        assert_eq!(order, ["first", "failed", "under-way"]);
+    }
+
+    /// A line that had no pass for a while starts in the current round:
+    /// its idle time is not credited (it cannot jump ahead of every line
+    /// for as many rounds as it was idle).
+    #[test]
+    fn an_idle_line_starts_in_the_current_round() {
+        let gate = Gate::new(1);
+        let mut state = gate.shared.lock();
+        for _ in 0..10 {
+            let r = state.take_round(&["busy".to_string()]);
+            state.served(r);
+        }
+        assert_eq!(state.round, 9);
+        assert_eq!(state.take_round(&["idle".to_string()]), 9);
+        assert_eq!(state.take_round(&["idle".to_string()]), 10);
+        assert_eq!(state.take_round(&["busy".to_string()]), 10);
+        // Lines behind the virtual time are forgotten.
+        state.served(12);
+        assert!(state.next.is_empty(), "{:?}", state.next);
     }
 
     #[test]
@@ -335,7 +521,7 @@ mod tests {
     #[tokio::test]
     async fn waiters_are_served_nearest_deadline_first_whatever_their_arrival() {
         let gate = Gate::new(1);
-        let held = gate.acquire(d(0)).await;
+        let held = gate.acquire_any(d(0)).await;
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         // Arrival order: a tie, an ended event (deadline +200 s), +90 s ..
@@ -349,7 +535,10 @@ mod tests {
         for (nb, name) in arrivals {
             let (g, order) = (gate.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let _permit = g.acquire(Deadline::new(nb)).await;
+                // Each of its own node: one line each.
+                let _permit = g
+                    .acquire(Deadline::new(nb), std::slice::from_ref(&name))
+                    .await;
                 order.lock().unwrap().push(name);
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }));
@@ -378,11 +567,11 @@ mod tests {
     #[tokio::test]
     async fn a_cancelled_waiter_leaks_no_permit() {
         let gate = Gate::new(2);
-        let a = gate.acquire(d(1)).await;
-        let b = gate.acquire(d(2)).await;
+        let a = gate.acquire_any(d(1)).await;
+        let b = gate.acquire_any(d(2)).await;
         let waiter = tokio::spawn({
             let gate = gate.clone();
-            async move { gate.acquire(d(3)).await }
+            async move { gate.acquire_any(d(3)).await }
         });
         while gate.waiting() < 1 {
             tokio::task::yield_now().await;
@@ -392,10 +581,10 @@ mod tests {
         drop(a);
         drop(b);
         // Both permits are free again: two holders at once, no waiting.
-        let x = tokio::time::timeout(Duration::from_secs(5), gate.acquire(d(100)))
+        let x = tokio::time::timeout(Duration::from_secs(5), gate.acquire_any(d(100)))
             .await
             .expect("a free permit");
-        let y = tokio::time::timeout(Duration::from_secs(5), gate.acquire(d(100)))
+        let y = tokio::time::timeout(Duration::from_secs(5), gate.acquire_any(d(100)))
             .await
             .expect("a second free permit");
         assert_eq!(gate.shared.lock().free, 0);
@@ -413,7 +602,7 @@ mod tests {
             .map(|i| {
                 let (gate, running, peak) = (gate.clone(), running.clone(), peak.clone());
                 tokio::spawn(async move {
-                    let _p = gate.acquire(d(i % 7)).await;
+                    let _p = gate.acquire_any(d(i % 7)).await;
                     let now = running.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
                     peak.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(2)).await;

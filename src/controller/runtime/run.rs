@@ -1086,20 +1086,31 @@ impl Unseen {
     }
 }
 
-/// One pass over `ev` once it holds a permit of `gate` (nearest deadline
-/// first: [`gate::deadline_of`]; held until the pass's node writes are
-/// sent, see [`reconcile`]), over the event as the cache holds it
-/// then, not as it was when the pass was asked for: a pass that waited
-/// behind others would otherwise act on a version its own earlier pass,
-/// or Azure's progress, has since replaced. An event deleted meanwhile
-/// needs no pass.
+/// One pass over `ev` once it holds a permit of `gate` (its round in the
+/// line of a node whose agent reports it, then nearest deadline first:
+/// [`gate::deadline_of`], behind the first passes when its last pass
+/// failed; held until the pass's node writes are sent, see [`reconcile`]),
+/// over the event as the cache holds it then, not as it was when the pass
+/// was asked for: a pass that waited behind others would otherwise act on
+/// a version its own earlier pass, or Azure's progress, has since replaced.
+/// An event deleted meanwhile needs no pass.
 ///
 /// # Errors
 /// As [`reconcile`].
 async fn gated(ev: Arc<ScheduledEvent>, ctx: Arc<Context>, gate: Gate) -> Result<Requeue, Error> {
-    let permit = gate
-        .acquire(gate::deadline_of(&ev, chrono::Utc::now()))
-        .await;
+    let name = ev.name_any();
+    let mut deadline = gate::deadline_of(&ev, chrono::Utc::now());
+    let failed = ctx
+        .memory
+        .failures
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(&name)
+        .is_some_and(|n| *n > 0);
+    if failed {
+        deadline = deadline.after_failure();
+    }
+    let permit = gate.acquire(deadline, &reporters(&ctx, &name)).await;
     // The same store the pass was asked from: as new, or newer.
     match ctx.caches.events.get(&ObjectRef::from_obj(ev.as_ref())) {
         Some(current) => reconcile(current, ctx, permit).await,
@@ -1107,21 +1118,52 @@ async fn gated(ev: Arc<ScheduledEvent>, ctx: Arc<Context>, gate: Gate) -> Result
     }
 }
 
-/// The delay before retrying a failed reconcile: after a conflict
-/// (someone, often another event's pass, wrote the node since the cache
-/// showed it) 200 ms plus up to 400 ms by the count of failures, never
-/// growing: a conflict means another writer made progress, and events
-/// that share a node must not back off each other out of their notice;
-/// else 1 s doubling per consecutive failure of the same object, capped at
-/// [`MAX_ERROR_BACKOFF`].
-pub fn error_backoff(err: &Error, failures: u32) -> Duration {
-    if err.category() == "conflict" {
-        // Spread so that passes that lost the same race do not meet again.
-        return Duration::from_millis(200 + u64::from(failures.wrapping_mul(97) % 5) * 100);
-    }
-    let exp = failures.saturating_sub(1).min(16);
-    Duration::from_secs(1u64 << exp).min(MAX_ERROR_BACKOFF)
+/// The nodes whose agents report the event `name` (each report's
+/// `spec.report.node`, which the agents' admission policy holds to the
+/// writer's own node), sorted: the lines the event's passes count in at
+/// the gate.
+fn reporters(ctx: &Context, name: &str) -> Vec<String> {
+    let mut nodes: Vec<String> = ctx
+        .caches
+        .reports
+        .state()
+        .iter()
+        .filter(|r| r.spec.scheduled_event == name)
+        .map(|r| r.spec.report.node.clone())
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    nodes
 }
+
+/// The delay before retrying a failed reconcile, by the count of
+/// consecutive failures of the same object (1-based): after a conflict
+/// (the event's object changed since the cache showed it: another write
+/// made progress) 200 ms doubling up to [`MAX_CONFLICT_BACKOFF`]; else
+/// 1 s doubling up to [`MAX_ERROR_BACKOFF`]; each with backon's jitter (up
+/// to as much again), so that passes that lost the same race do not meet
+/// again. A node write that loses fails the node alone, not the pass
+/// ([`crate::controller::act::refused`]).
+pub fn error_backoff(err: &Error, failures: u32) -> Duration {
+    use backon::BackoffBuilder as _;
+    let (first, max) = if err.category() == "conflict" {
+        (Duration::from_millis(200), MAX_CONFLICT_BACKOFF)
+    } else {
+        (Duration::from_secs(1), MAX_ERROR_BACKOFF)
+    };
+    let n = usize::try_from(failures.clamp(1, 32)).unwrap_or(1);
+    backon::ExponentialBuilder::default()
+        .with_min_delay(first)
+        .with_max_delay(max)
+        .with_jitter()
+        .without_max_times()
+        .build()
+        .nth(n - 1)
+        .unwrap_or(max)
+}
+
+/// The longest [`error_backoff`] after conflicts, before its jitter.
+pub const MAX_CONFLICT_BACKOFF: Duration = Duration::from_secs(5);
 
 fn error_policy(ev: Arc<ScheduledEvent>, err: &Error, ctx: Arc<Context>) -> Requeue {
     let name = ev.name_any();
@@ -1233,22 +1275,27 @@ mod tests {
     }
 
     #[test]
-    fn reconcile_errors_back_off_exponentially_with_a_cap() {
+    fn reconcile_errors_back_off_exponentially_with_jitter_and_a_cap() {
+        let within = |d: Duration, base: Duration| d >= base && d <= base * 2;
         let e = status_error(500);
-        let d: Vec<u64> = (1..=9).map(|n| error_backoff(&e, n).as_secs()).collect();
-        assert_eq!(d, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
-        // Conflicts: 200 to 600 ms, however many in a row.
-        for n in 1..=50 {
-            let d = error_backoff(&status_error(409), n);
-            assert!(
-                (Duration::from_millis(200)..=Duration::from_millis(600)).contains(&d),
-                "{n}: {d:?}"
-            );
+        for (n, base) in [1u64, 2, 4, 8, 16, 32, 60, 60, 60].into_iter().enumerate() {
+            let d = error_backoff(&e, u32::try_from(n).unwrap() + 1);
+            assert!(within(d, Duration::from_secs(base)), "{}: {d:?}", n + 1);
         }
-        assert_ne!(
-            error_backoff(&status_error(409), 1),
-            error_backoff(&status_error(409), 2)
-        );
+        // Conflicts: 200 ms doubling to 5 s.
+        for (n, base) in [200u64, 400, 800, 1600, 3200, 5000, 5000]
+            .into_iter()
+            .enumerate()
+        {
+            let d = error_backoff(&status_error(409), u32::try_from(n).unwrap() + 1);
+            assert!(within(d, Duration::from_millis(base)), "{}: {d:?}", n + 1);
+        }
+        // Jitter: passes that lost the same race do not all come back
+        // together.
+        let spread: std::collections::HashSet<Duration> = (0..20)
+            .map(|_| error_backoff(&status_error(409), 3))
+            .collect();
+        assert!(spread.len() > 1, "{spread:?}");
         // A spec write conditional on a version the pass read that is no
         // longer current is a conflict too.
         let stale_spec = Error::WriteEvent {
@@ -1262,6 +1309,6 @@ mod tests {
             ),
         };
         assert_eq!(stale_spec.category(), "conflict");
-        assert!(error_backoff(&stale_spec, 3) <= Duration::from_millis(600));
+        assert!(error_backoff(&stale_spec, 1) <= Duration::from_millis(400));
     }
 }
