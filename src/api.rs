@@ -206,6 +206,27 @@ impl ScheduledEventSpec {
             self.duration_seconds,
         )
     }
+
+    /// `<appearance>/<digest>`: what `status.startedIn` records.
+    pub fn started_key(&self) -> String {
+        format!("{}/{}", self.appearance, self.digest())
+    }
+}
+
+impl ScheduledEvent {
+    /// `status.startedAt` while it is of the spec's appearance and content
+    /// (`status.startedIn` equal to [`ScheduledEventSpec::started_key`];
+    /// a status written before `startedIn` existed counts when its
+    /// `appearance` is the spec's); `None` otherwise.
+    pub fn started_at(&self) -> Option<DateTime<Utc>> {
+        let status = self.status.as_ref()?;
+        let at = status.started_at?;
+        let current = match &status.started_in {
+            Some(key) => *key == self.spec.started_key(),
+            None => status.appearance.unwrap_or(1) == self.spec.appearance,
+        };
+        current.then_some(at)
+    }
 }
 
 /// One agent's view of one Azure Scheduled Event, from its own IMDS
@@ -501,9 +522,19 @@ pub struct ScheduledEventStatus {
     /// When the controller first saw the event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_seen: Option<DateTime<Utc>>,
-    /// When the controller first saw the event `Started`.
+    /// When the controller first saw the event `Started`: holds only while
+    /// the spec is of the appearance and content it was seen `Started` in
+    /// (`startedIn`); see [`ScheduledEvent::started_at`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<DateTime<Utc>>,
+    /// The appearance and content digest (`<appearance>/<digest>`, see
+    /// [`ScheduledEventSpec::started_key`]) the event was seen `Started`
+    /// in. A `Started` built from one agent's report of other content
+    /// (naming other VMs, at a higher appearance) is not carried on once
+    /// the spec is built from other reports again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub started_in: Option<String>,
     /// When the controller saw the event `Completed` and released its nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<DateTime<Utc>>,

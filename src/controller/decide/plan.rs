@@ -305,8 +305,7 @@ fn left_before_approval(
 fn was_started(ev: &ScheduledEvent, spec_status: EventStatus) -> bool {
     // An accepted approval is not proof of a start: the platform may wait
     // for the host's other tenants, and the event may still be cancelled.
-    spec_status == EventStatus::Started
-        || ev.status.as_ref().is_some_and(|s| s.started_at.is_some())
+    spec_status == EventStatus::Started || ev.started_at().is_some()
 }
 
 /// Whether `ev`, as its agents report it now (`spec`: the content of one
@@ -376,8 +375,8 @@ fn unobserved_end(
     now: DateTime<Utc>,
 ) -> Option<(String, String)> {
     let status = ev.status.as_ref();
-    let since = status
-        .and_then(|s| s.started_at)
+    let since = ev
+        .started_at()
         .or(ev.spec.not_before.filter(|nb| *nb <= now));
     let had_nodes = status
         .and_then(|s| s.nodes.as_ref())

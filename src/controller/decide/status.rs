@@ -384,7 +384,11 @@ pub fn next(
         approval,
         acknowledgements,
         first_seen: prev.first_seen.or(Some(now)),
-        started_at: prev.started_at.or_else(|| spec_started.then_some(now)),
+        // Bound to the appearance and content it was seen in: a start
+        // built from other content (one agent's report naming other VMs)
+        // is dropped once the spec is of this content again.
+        started_at: ev.started_at().or_else(|| spec_started.then_some(now)),
+        started_in: (ev.started_at().is_some() || spec_started).then(|| ev.spec.started_key()),
         finished_at: if plan.phase.is_final() {
             prev.finished_at.or(Some(now))
         } else {
@@ -852,7 +856,7 @@ fn completed_unobserved(
     plan: &Plan,
     approval: Option<&Approval>,
 ) {
-    let started_at = ev.status.as_ref().and_then(|s| s.started_at);
+    let started_at = ev.started_at();
     if plan.phase != Phase::Completed
         || started_at.is_some()
         || spec_started_ever(ev)

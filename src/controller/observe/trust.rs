@@ -190,19 +190,24 @@ fn appearance(reports: &[Judged<'_>]) -> Option<u32> {
 }
 
 /// The spec of one content, from every report of it (status: `Completed`
-/// once none lists it, else `Started` if any says so; `NotBefore`: the
-/// earliest while `Scheduled`).
+/// once none lists it, else `Started` once every report listing it says
+/// so when they are the named VMs' own, or once any does when none is;
+/// `NotBefore`: the earliest while `Scheduled`). Azure's status of an
+/// event is one for all its VMs, so their agents see `Started` within a
+/// poll of each other; one named VM's agent saying `Started` while another
+/// named VM's own agent says `Scheduled` does not start the event for the
+/// other's node (a start skips the drain lead time).
 fn spec_of(reports: &[&Judged<'_>], appearance: u32) -> ScheduledEventSpec {
     let listed: Vec<&Report> = reports
         .iter()
         .map(|j| j.report)
         .filter(|r| r.is_listed())
         .collect();
+    let own = reports.iter().all(|j| j.named);
+    let says_started = |r: &&Report| r.event_status == EventStatus::Started;
     let status = if listed.is_empty() {
         EventStatus::Completed
-    } else if listed
-        .iter()
-        .any(|r| r.event_status == EventStatus::Started)
+    } else if (own && listed.iter().all(says_started)) || (!own && listed.iter().any(says_started))
     {
         EventStatus::Started
     } else {
@@ -888,7 +893,14 @@ mod tests {
         b.not_before = Some(t + chrono::Duration::minutes(5));
         let (built, _) = run(&[a.clone(), b.clone()], &[]);
         assert_eq!(built.spec.not_before, b.not_before);
-        b.event_status = Started;
+        // IMDS blanks NotBefore once Started.
+        (b.event_status, b.not_before) = (Started, None);
+        // One named VM's agent says Started, the other's own agent does
+        // not yet: not started for the other's node.
+        let (built, _) = run(&[a.clone(), b.clone()], &[]);
+        assert_eq!(built.spec.event_status, Scheduled);
+        assert_eq!(built.spec.not_before, a.not_before);
+        (a.event_status, a.not_before) = (Started, None);
         let (built, _) = run(&[a, b], &[]);
         assert_eq!(built.spec.event_status, Started);
         assert_eq!(built.spec.not_before, None);

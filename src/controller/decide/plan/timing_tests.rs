@@ -577,3 +577,40 @@ fn a_hold_handed_over_before_the_lead_time_does_not_start_the_drain() {
     assert!(!waits_for_lead_time(&begun, &begun.spec, &p, now()));
     assert_eq!(plan(&begun, &seen(n), &p, now()).phase, Phase::Draining);
 }
+
+#[test]
+fn a_start_seen_in_other_content_skips_no_lead_time() {
+    // The event was seen Started while its spec was built from another
+    // agent's report of other content (a higher appearance naming more
+    // VMs); that agent withdrew it, and the spec is the named node's own
+    // again: a Reboot three hours away, its lead time one hour.
+    let p = Policy::default();
+    let mut ev = event("Reboot", &["vm_1"], 3 * 3600);
+    let mut other = ev.spec.clone();
+    other.appearance = 5;
+    other.resources.push("vm_attacker".into());
+    ev.status = Some(ScheduledEventStatus {
+        phase: Some(Phase::Pending),
+        started_at: Some(now() - chrono::Duration::seconds(30)),
+        started_in: Some(other.started_key()),
+        appearance: Some(5),
+        ..Default::default()
+    });
+    assert_eq!(ev.started_at(), None);
+    assert!(waits_for_lead_time(&ev, &ev.spec, &p, now()));
+    let n = node(true, &["a"]);
+    let planned = plan(&ev, &seen(n.clone()), &p, now());
+    assert!(planned.evictions.is_empty(), "{:?}", planned.evictions);
+    assert!(
+        !planned
+            .node_writes
+            .iter()
+            .any(|w| matches!(w, NodeWrite::Cordon { .. })),
+        "{:?}",
+        planned.node_writes
+    );
+    // Seen Started in this very content: the lead time is over.
+    ev.status.as_mut().unwrap().started_in = Some(ev.spec.started_key());
+    assert!(ev.started_at().is_some());
+    assert!(!waits_for_lead_time(&ev, &ev.spec, &p, now()));
+}
