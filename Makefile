@@ -43,11 +43,11 @@ bench-drain:
 	$(CARGO) build --release --bin forewarn --example bench_drain
 	$(TARGET_DIR)/release/examples/bench_drain
 
-## test-wave: the 50-VM Spot wave scenario alone (tests/scenarios.rs; `make test` runs it last, alone: see README)
+## test-wave: the 50-VM Spot wave scenario alone (tests/scenarios.rs; `make test` runs it last, alone: see docs/development.md)
 test-wave:
 	$(CARGO) test --test scenarios a_spot_wave -- --ignored --nocapture
 
-## test-real: the image in real containers on a real kubelet, in a network namespace of its own (root; see README)
+## test-real: the image in real containers on a real kubelet, in a network namespace of its own (root; see docs/development.md)
 test-real:
 	bash hack/real-node.sh test
 
@@ -70,7 +70,7 @@ image-repro:
 	bash hack/image-repro.sh
 
 ## release: build the image (as `make image`), push it to REGISTRY/forewarn:VERSION and the chart, pinned to its
-## digest, to oci://REGISTRY/charts; prints the `helm install` command and the digest to pin (log in first: README)
+## digest, to oci://REGISTRY/charts; prints the `helm install` command and the digest to pin (log in first: docs/install.md)
 ## (plain HTTP for a loopback REGISTRY only, or with PLAIN_HTTP=1)
 release:
 	@test -n "$(REGISTRY)" -a -n "$(VERSION)" || { echo "usage: make release REGISTRY=host[:port][/path] VERSION=x.y.z" >&2; exit 2; }

@@ -137,7 +137,7 @@ struct Args {
     wave_spares: usize,
     /// The controller's eviction rate budget in the wave part (per second;
     /// burst twice that): the sizing section's value for the wave's pods
-    /// (README, "Sizing").
+    /// (docs/install.md, "Sizing").
     #[arg(long, default_value_t = 120)]
     wave_eviction_qps: u32,
     /// The controller's reconcile concurrency in the wave part

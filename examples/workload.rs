@@ -12,7 +12,7 @@
 //!   container's main process (`/proc/1/fd/1`, its stdout) and sleeps
 //!   `--sleep` seconds (default 2) in between.
 //! - `workload notice [--file PATH] [--prepare SECONDS] [--no-ack]`: the
-//!   contract of README "For workload authors". Reads PATH (default
+//!   contract of docs/workload-authors.md. Reads PATH (default
 //!   `/etc/forewarn/annotations`, the pod's annotations as the kubelet
 //!   projects them: `key="value"` lines) every second; logs each notice
 //!   `notice.forewarn.dev/<event>` when it appears or changes (`notice

@@ -26,8 +26,8 @@
 #
 # Log in first (crane and helm keep their own credentials; both also read
 # docker's config.json): `crane auth login HOST -u USER -p PASSWORD` and
-# `helm registry login HOST -u USER --password-stdin` (see the README's
-# Install section for an ACR).
+# `helm registry login HOST -u USER --password-stdin` (see docs/install.md,
+# "From your own registry", for an ACR).
 #
 # Plain HTTP is used for a registry on loopback only (localhost, 127.0.0.0/8,
 # [::1]), or anywhere with PLAIN_HTTP=1; everything else is HTTPS.

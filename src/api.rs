@@ -874,6 +874,15 @@ pub struct Approval {
     /// answered it: only ever the sender's word about its own POST.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<String>,
+    /// Why the approval may be sent from a node that is not drained: the
+    /// policy approves the event without a drain, the drain deadline passed
+    /// under `onDeadline: Approve`, a person approved it, or no VM it names
+    /// is a node of the cluster. Absent when it was decided on every
+    /// affected node drained: an agent then sends it only while the status
+    /// records its own node drained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub undrained_allowed: Option<String>,
 }
 
 /// The pods on an event's affected nodes that take part: each gets the

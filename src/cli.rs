@@ -289,8 +289,9 @@ pub struct ControllerArgs {
     #[arg(long, env = "FOREWARN_POLICY_FILE")]
     pub policy_file: Option<PathBuf>,
     /// Webhooks file (YAML; see `forewarn::notify::config`): where the
-    /// leader POSTs its notifications. Read at start; without it none are
-    /// sent.
+    /// leader POSTs its notifications. Read at start (a bad file stops the
+    /// start) and again whenever its content changes (a changed file that
+    /// is refused leaves the webhooks in force); without it none are sent.
     #[arg(long, env = "FOREWARN_WEBHOOKS_FILE")]
     pub webhooks_file: Option<PathBuf>,
     /// Address of /metrics, /healthz and /readyz.

@@ -44,7 +44,9 @@ use tokio::time::MissedTickBehavior;
 use tracing::{debug, info, warn};
 
 use super::{error_chain, event_reports, truncate};
-use crate::api::{Approval, CONTROLLER_MANAGER, Report, ScheduledEvent, SentApproval};
+use crate::api::{
+    Approval, CONTROLLER_MANAGER, Report, ScheduledEvent, ScheduledEventStatus, SentApproval,
+};
 use crate::imds::client::Client as ImdsClient;
 use crate::imds::model::{Document, Event, EventStatus, EventType};
 use crate::kubeclient::watch_backoff;
@@ -163,9 +165,6 @@ pub fn should_send(
     if appearance != mine.appearance || decided_digest != digest {
         return false;
     }
-    if approval.and_then(|a| a.result.as_deref()) == Some(ACCEPTED) {
-        return false;
-    }
     if mine
         .approvals
         .iter()
@@ -179,6 +178,37 @@ pub fn should_send(
         return named && (first || seen_for >= fallback);
     }
     first || seen_for >= fallback
+}
+
+/// Whether the status of a `ScheduledEvent` lets the agent of `node` send
+/// its decided approval: the approval allows an undrained node
+/// (`approval.undrainedAllowed`: the policy approves without a drain, the
+/// deadline passed under `onDeadline: Approve`, a person approved it), or
+/// the status records `node` drained (its record's `drainedAt`; a node
+/// whose record is not listed counts when every record not listed is of a
+/// node drained or deleted). An agent whose node the status does not
+/// record drained sends nothing, whatever else the event's records say: an
+/// approval decided on another node's drain is never sent from a node
+/// whose pods still run.
+pub fn own_node_cleared(status: Option<&ScheduledEventStatus>, node: &str) -> bool {
+    let Some(status) = status else {
+        return false;
+    };
+    if status
+        .approval
+        .as_ref()
+        .is_some_and(|a| a.undrained_allowed.is_some())
+    {
+        return true;
+    }
+    let records = status.nodes.as_deref().unwrap_or_default();
+    match records.iter().find(|r| r.name == node) {
+        Some(r) => r.drained_at.is_some(),
+        None => status
+            .nodes_not_listed
+            .as_ref()
+            .is_some_and(|n| n.count > 0 && n.drained + n.deleted >= n.count),
+    }
 }
 
 /// Whether `my_vm` is the first of the VMs `event` names, ignoring case.
@@ -369,6 +399,11 @@ impl Approver {
             first_seen.elapsed(),
             self.fallback,
         ) {
+            return false;
+        }
+        if !own_node_cleared(obj.status.as_ref(), &mine.node) {
+            debug!(event = %name, node = %mine.node,
+                "The approval is decided but the status does not record this node drained: not sent from here");
             return false;
         }
         self.attempts
@@ -949,8 +984,10 @@ mod tests {
     fn an_accepted_approval_is_not_sent_again_but_a_failed_one_is() {
         let ev = event(EventType::Reboot);
         let mut a = decided(Utc::now(), &ev);
+        // The status's word that IMDS accepted it is another agent's:
+        // this agent sends unless its own record says so.
         a.result = Some(ACCEPTED.into());
-        assert!(!send(&ev, Some(&a), "vmss_1", JUST_SEEN));
+        assert!(send(&ev, Some(&a), "vmss_1", JUST_SEEN));
         a.result = Some("Failed: IMDS answered 500".into());
         assert!(send(&ev, Some(&a), "vmss_1", JUST_SEEN));
         // This agent's own accepted POST of the same decision: not again.
@@ -971,5 +1008,45 @@ mod tests {
             JUST_SEEN,
             FALLBACK
         ));
+    }
+
+    /// An agent sends only while the status records its own node drained,
+    /// or the approval allows undrained nodes.
+    #[test]
+    fn an_approval_is_sent_only_from_a_node_the_status_records_drained() {
+        use crate::api::{NodeProgress, NodesNotListed};
+        let record = |name: &str, drained: bool| NodeProgress {
+            name: name.into(),
+            drained_at: drained.then(Utc::now),
+            ..NodeProgress::default()
+        };
+        let ev = event(EventType::Reboot);
+        let mut status = ScheduledEventStatus {
+            approval: Some(decided(Utc::now(), &ev)),
+            nodes: Some(vec![record("node-a", true), record("node-b", false)]),
+            ..ScheduledEventStatus::default()
+        };
+        assert!(!own_node_cleared(None, "node-a"));
+        assert!(own_node_cleared(Some(&status), "node-a"));
+        assert!(!own_node_cleared(Some(&status), "node-b"), "pods still run");
+        assert!(
+            !own_node_cleared(Some(&status), "node-c"),
+            "decided on other nodes' drains: no record of this one"
+        );
+        // Records not listed, all of nodes drained (or deleted).
+        status.nodes_not_listed = Some(NodesNotListed {
+            count: 3,
+            drained: 2,
+            deleted: 1,
+            ..NodesNotListed::default()
+        });
+        assert!(own_node_cleared(Some(&status), "node-c"));
+        status.nodes_not_listed.as_mut().unwrap().drained = 1;
+        assert!(!own_node_cleared(Some(&status), "node-c"));
+        // An approval the policy, the deadline or a person allowed
+        // undrained.
+        status.approval.as_mut().unwrap().undrained_allowed = Some("approved by hand".into());
+        assert!(own_node_cleared(Some(&status), "node-b"));
+        assert!(own_node_cleared(Some(&status), "node-c"));
     }
 }

@@ -77,7 +77,7 @@ pub async fn reconcile<P: Send>(
     let built = trust::build(&judged).unwrap_or_else(|| trust::Built::stored(&stored.spec));
     let (mut ev, settled) = settle(&stored, &built);
     let foreign = settled.foreign.clone();
-    event::copy_sent_approval(&mut ev, &reports);
+    event::copy_sent_approval(&mut ev, &reports, |n| facts.vm_of(n));
     let Observation {
         mut seen,
         mut dissent,

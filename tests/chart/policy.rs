@@ -1,6 +1,6 @@
 //! `controller.policy`: what the chart renders is what the controller loads
-//! (the example of src/policy.rs, the README's settings and commands, the
-//! built-in defaults), and what the controller refuses the chart refuses.
+//! (the example of src/policy.rs, the documentation's settings and commands,
+//! the built-in defaults), and what the controller refuses the chart refuses.
 
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ fn render_policy(name: &str, values: &str, extra: &[&str]) -> Policy {
         .unwrap_or_else(|e| panic!("{name}: the rendered policy does not load: {e}\n{text}"))
 }
 
-/// The policy example at the top of src/policy.rs (the format the README
+/// The policy example at the top of src/policy.rs (the format docs/policy.md
 /// points to), every key of the policy file given: as `controller.policy`
 /// the chart takes it, and the controller loads what it renders as it
 /// loads the example itself.
@@ -92,16 +92,47 @@ fn policy_example_with_every_key_renders_and_loads() {
     assert_eq!(rendered.retention, Duration::from_secs(7 * 86400));
 }
 
-/// The README's policy settings (`key` (default) in "Default policy")
-/// and the values of its install and upgrade commands are all accepted,
-/// and the settings are the controller's defaults.
+/// The user documentation, as one text: README.md, every page under docs/
+/// and the chart's own README.
+fn documentation() -> String {
+    let root = repo_root();
+    let mut files = vec![
+        root.join("README.md"),
+        root.join("charts/forewarn/README.md"),
+    ];
+    let mut dirs = vec![root.join("docs")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    assert!(files.len() > 3, "no documentation pages: {files:?}");
+    files
+        .iter()
+        .map(|f| {
+            std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{}: {e}", f.display())) + "\n"
+        })
+        .collect()
+}
+
+/// The policy settings of docs/policy.md (`key` (default) in "Default
+/// policy") and the values of the documentation's install and upgrade
+/// commands (README.md, docs/, the chart's README) are all accepted, and the
+/// settings are the controller's defaults.
 #[test]
-fn readme_policy_settings_and_install_values_are_accepted() {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
-    let start = readme
+fn documented_policy_settings_and_install_values_are_accepted() {
+    let policy_page =
+        std::fs::read_to_string(repo_root().join("docs/policy.md")).expect("docs/policy.md");
+    let start = policy_page
         .find("Default policy:")
-        .expect("README: Default policy");
-    let para = &readme[start..];
+        .expect("docs/policy.md: Default policy");
+    let para = &policy_page[start..];
     let para = &para[..para.find("\n\n").unwrap_or(para.len())];
     // "`drainMarginSeconds` (5)", "`retention` (24h, every final phase)".
     let mut settings = Vec::new();
@@ -123,14 +154,14 @@ fn readme_policy_settings_and_install_values_are_accepted() {
     }
     assert!(
         settings.len() >= 10,
-        "README: fewer policy settings than expected: {settings:?}"
+        "docs/policy.md: fewer policy settings than expected: {settings:?}"
     );
     let values: String = settings
         .iter()
         .map(|(k, v)| format!("    {k}: {v}\n"))
         .collect();
     let rendered = render_policy(
-        "readme-policy",
+        "docs-policy",
         &format!("controller:\n  policy:\n{values}"),
         &[],
     );
@@ -140,17 +171,18 @@ fn readme_policy_settings_and_install_values_are_accepted() {
     };
     assert_eq!(
         rendered, defaults,
-        "README's policy settings are not the defaults: {settings:?}"
+        "docs/policy.md's policy settings are not the defaults: {settings:?}"
     );
 
-    // Every `--set` of the README's helm commands (and the registry its
-    // comment suggests).
+    // Every `--set` of the documentation's helm commands (and the registry
+    // its comment suggests).
     // Commands continued over lines (a trailing `\`) are read whole; the
     // placeholders `<your registry>` and `<digest>` take example values.
     let mut sets: Vec<String> = vec!["image.repository=registry.example.com/forewarn".into()];
     let mut commands: Vec<String> = Vec::new();
     let mut current = String::new();
-    for line in readme.lines().map(str::trim) {
+    let docs = documentation();
+    for line in docs.lines().map(str::trim) {
         let part = line.split(" #").next().unwrap_or_default();
         if current.is_empty()
             && !(part.starts_with("helm install") || part.starts_with("helm upgrade"))
@@ -186,7 +218,7 @@ fn readme_policy_settings_and_install_values_are_accepted() {
     ] {
         assert!(
             sets.iter().any(|s| s.starts_with(key)),
-            "README's helm commands set no {key}: {sets:?}"
+            "the documentation's helm commands set no {key}: {sets:?}"
         );
     }
     for set in &sets {

@@ -261,8 +261,9 @@ fn service_monitor_and_pod_monitor_are_mutually_exclusive() {
 /// the user says their own scrape configuration does it): otherwise
 /// `absent()` and friends would fire for lack of data right after install.
 /// Rendered, the rule is files/alerts.yaml with the release's agent
-/// DaemonSet name, and both monitors set the `job` the rules select on;
-/// every alert links its README runbook, which exists.
+/// DaemonSet name and every runbook_url at the chart's version, and both
+/// monitors set the `job` the rules select on; every alert links its
+/// runbook page (docs/runbooks/<alert>.md), which exists and is listed.
 #[test]
 fn alerts_render_only_where_scraped_and_follow_the_release_name() {
     let rule_of = |extra: &[&str]| -> Option<Value> {
@@ -284,11 +285,24 @@ fn alerts_render_only_where_scraped_and_follow_the_release_name() {
         .is_none(),
         "a rule rendered while disabled"
     );
-    let file: Value = serde_yaml::from_str::<Value>(
-        &std::fs::read_to_string(repo_root().join("charts/forewarn/files/alerts.yaml"))
-            .expect("read alerts.yaml"),
+    let text = std::fs::read_to_string(repo_root().join("charts/forewarn/files/alerts.yaml"))
+        .expect("read alerts.yaml");
+    let file: Value = serde_yaml::from_str::<Value>(&text).expect("alerts.yaml");
+    // The file names main's runbooks; the chart renders those of its own
+    // version, the release's tag.
+    let chart_yaml: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join("charts/forewarn/Chart.yaml"))
+            .expect("read Chart.yaml"),
     )
-    .expect("alerts.yaml");
+    .expect("Chart.yaml");
+    let version = chart_yaml["version"].as_str().expect("Chart.yaml version");
+    let main_runbooks = "https://github.com/forewarn/forewarn/blob/main/docs/runbooks/";
+    let versioned_runbooks =
+        format!("https://github.com/forewarn/forewarn/blob/v{version}/docs/runbooks/");
+    assert!(text.contains(main_runbooks), "alerts.yaml links no runbook");
+    let expected: Value =
+        serde_yaml::from_str::<Value>(&text.replace(main_runbooks, &versioned_runbooks))
+            .expect("alerts.yaml, versioned");
     for set in [
         "metrics.serviceMonitor.enabled=true",
         "metrics.podMonitor.enabled=true",
@@ -296,8 +310,8 @@ fn alerts_render_only_where_scraped_and_follow_the_release_name() {
     ] {
         let rule = rule_of(&["--set", set]).unwrap_or_else(|| panic!("no rule with {set}"));
         assert_eq!(
-            rule["spec"], file,
-            "with {set}, the rule is not alerts.yaml"
+            rule["spec"], expected,
+            "with {set}, the rule is not alerts.yaml (runbooks at v{version})"
         );
     }
     // Another release name: only the DaemonSet matcher follows it.
@@ -314,7 +328,7 @@ fn alerts_render_only_where_scraped_and_follow_the_release_name() {
     assert!(!text.contains(r#"daemonset=~\"forewarn-agent"#), "{text}");
     assert_eq!(
         text.replace("edge-agent", "forewarn-agent"),
-        serde_json::to_string(&file).expect("json")
+        serde_json::to_string(&expected).expect("json")
     );
     // The monitors give every target the job the rules select on.
     for (set, kind, endpoints) in [
@@ -349,25 +363,100 @@ fn alerts_render_only_where_scraped_and_follow_the_release_name() {
             );
         }
     }
-    // Every alert's runbook is a README heading.
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README");
+    // Every alert's runbook is a page of docs/runbooks/ (a link that
+    // resolves in the repository), titled with the alert's name, listed in
+    // the runbooks' index and in docs/monitoring.md's table of alerts; and
+    // every runbook page is an alert's.
+    let read_doc = |path: &str| {
+        std::fs::read_to_string(repo_root().join(path))
+            .unwrap_or_else(|e| panic!("read {path}: {e}"))
+    };
+    let index = read_doc("docs/runbooks/README.md");
+    let monitoring = read_doc("docs/monitoring.md");
     let rules = file["groups"][0]["rules"].as_array().expect("rules");
-    assert!(rules.len() >= 15, "{} alerts", rules.len());
-    for r in rules {
+    let rendered = rule_of(&["--set", "metrics.podMonitor.enabled=true"]).expect("a rule");
+    let rendered = rendered["spec"]["groups"][0]["rules"]
+        .as_array()
+        .expect("rendered rules");
+    assert!(rules.len() >= 18, "{} alerts", rules.len());
+    assert_eq!(rules.len(), rendered.len());
+    let mut names = std::collections::BTreeSet::new();
+    for (r, rr) in rules.iter().zip(rendered) {
         let name = r["alert"].as_str().expect("alert name");
+        names.insert(name.to_string());
+        let page = format!("docs/runbooks/{name}.md");
         let url = r["annotations"]["runbook_url"].as_str().unwrap_or_default();
         assert_eq!(
             url,
-            format!(
-                "https://github.com/forewarn/forewarn/blob/main/README.md#{}",
-                name.to_lowercase()
-            ),
+            format!("https://github.com/forewarn/forewarn/blob/main/{page}"),
             "{name}"
         );
-        assert!(
-            readme.lines().any(|l| l == format!("### {name}")),
-            "no README runbook heading for {name}"
+        let url = rr["annotations"]["runbook_url"]
+            .as_str()
+            .unwrap_or_default();
+        assert_eq!(
+            url,
+            format!("https://github.com/forewarn/forewarn/blob/v{version}/{page}"),
+            "{name}, rendered"
         );
+        let runbook = read_doc(&page);
+        assert_eq!(
+            runbook.lines().next(),
+            Some(format!("# {name}").as_str()),
+            "{page} is not titled {name}"
+        );
+        assert!(
+            index.contains(&format!("[{name}]({name}.md)")),
+            "docs/runbooks/README.md does not list {name}"
+        );
+        assert!(
+            monitoring.contains(&format!("[{name}](runbooks/{name}.md)")),
+            "docs/monitoring.md's table of alerts does not list {name}"
+        );
+    }
+    let pages: std::collections::BTreeSet<String> =
+        std::fs::read_dir(repo_root().join("docs/runbooks"))
+            .expect("docs/runbooks")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter_map(|f| f.strip_suffix(".md").map(str::to_string))
+            .filter(|f| f != "README")
+            .collect();
+    assert_eq!(
+        pages, names,
+        "runbook pages without an alert, or alerts without a page"
+    );
+}
+
+/// The chart's example values files (charts/forewarn/examples/, which its
+/// README and docs/install.md point to) each pass `helm lint --strict` and
+/// render the agent and the controller.
+#[test]
+fn example_values_files_lint_and_render() {
+    let dir = repo_root().join("charts/forewarn/examples");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 2, "example values files: {files:?}");
+    let chart = chart_dir();
+    for file in &files {
+        let out = helm(&["lint", "--strict", chart.as_str(), "-f", file]);
+        assert!(
+            out.ok && !out.stdout.contains("[WARNING]") && !out.stdout.contains("[ERROR]"),
+            "helm lint --strict -f {file}:\n{}{}",
+            out.stdout,
+            out.stderr
+        );
+        let kinds: Vec<Value> = documents(&render(&["-f", file]))
+            .into_iter()
+            .map(|d| d["kind"].clone())
+            .collect();
+        for kind in ["DaemonSet", "Deployment"] {
+            assert!(kinds.contains(&Value::from(kind)), "{file}: no {kind}");
+        }
     }
 }
 

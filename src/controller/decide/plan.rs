@@ -125,6 +125,16 @@ pub struct Plan {
     pub deadline: Option<DateTime<Utc>>,
     /// `Some(reason)` when the approval is decided now.
     pub decide_approval: Option<String>,
+    /// Why the approval decided now may be sent from a node not drained
+    /// (the policy approves the event without a drain, the drain deadline
+    /// passed under `onDeadline: Approve`, a person approved it now, or no
+    /// VM it names is a node here); `None` when it was decided on every
+    /// affected node drained.
+    pub decided_undrained: Option<String>,
+    /// Why the approval decided before is taken back (a doubt or a
+    /// disagreement appeared after it, before IMDS accepted it): the status
+    /// drops it, and agents that have not sent it do not.
+    pub revoke_approval: Option<String>,
     /// Why approval is withheld although the drain is done, if it is.
     pub approval_withheld: Option<String>,
     /// A decided approval IMDS has not accepted yet: `(reason, message)`,
@@ -717,6 +727,8 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         kept: Vec::new(),
         deadline,
         decide_approval: None,
+        decided_undrained: None,
+        revoke_approval: None,
         approval_withheld: None,
         approval_pending: None,
         drain_starts_at: None,
@@ -769,7 +781,29 @@ pub fn plan(ev: &ScheduledEvent, seen: &Observed, policy: &Policy, now: DateTime
         }
     }
     apply_manual(&mut p, &known, ev, seen, true);
+    revoke_on_doubt(&mut p, &known, seen);
     p
+}
+
+/// Rule 2 holds after the decision too: an approval decided while nothing
+/// was in doubt is taken back when a doubt (a node of unknown VM, a node
+/// without a trusted report) or a disagreement appears before IMDS
+/// accepted it and before the event started, unless it is decided again in
+/// this very pass (a person's approve-now).
+fn revoke_on_doubt(p: &mut Plan, known: &Known, seen: &Observed) {
+    let in_doubt = !seen.disagreement.is_empty() || !seen.doubts.is_empty();
+    if !known.decided || known.accepted || known.started || !in_doubt || p.decide_approval.is_some()
+    {
+        return;
+    }
+    let why = if seen.disagreement.is_empty() {
+        named(&seen.doubts, NAMED_IN_MESSAGE, "; ")
+    } else {
+        disagreement_message(seen)
+    };
+    p.revoke_approval = Some(why.clone());
+    p.approval_pending = None;
+    p.approval_withheld = Some(format!("the approval decided before is taken back: {why}"));
 }
 
 /// An operator's hold or approve-now annotation ([`manual::read`]): on a
@@ -792,9 +826,13 @@ fn apply_manual(p: &mut Plan, known: &Known, ev: &ScheduledEvent, seen: &Observe
         manual::Effect::Nothing => {}
         manual::Effect::Withhold => {
             p.decide_approval = None;
+            p.decided_undrained = None;
             p.approved_incomplete = None;
         }
         manual::Effect::Decide(reason) => {
+            if p.decide_approval.is_none() || p.decided_undrained.is_some() {
+                p.decided_undrained = Some("approved by hand".into());
+            }
             p.decide_approval = Some(reason);
             p.approval_withheld = None;
             p.approved_incomplete = None;
@@ -857,6 +895,7 @@ fn plan_approve_only(
                         "policy approves {} {} events (DurationInSeconds {}) at once",
                         ev.spec.event_source, ev.spec.event_type, ev.spec.duration_seconds
                     ));
+                    p.decided_undrained = Some("the policy approves it without a drain".into());
                 }
                 Gate::AtDeadline => approve_at_deadline(p, &awaiting),
                 Gate::Wait => {
@@ -1306,6 +1345,7 @@ fn decide_approval(
     {
         p.decide_approval =
             Some("no affected node in this cluster; policy approves foreign VMs".into());
+        p.decided_undrained = Some("no VM it names is a node of this cluster".into());
     } else if all_drained && !foreign_ok {
         p.approval_withheld = Some(foreign_message(&seen.unmapped));
     } else if mapped.is_empty() && !(foreign_ok && gate == Gate::AtDeadline) {
@@ -1349,6 +1389,7 @@ fn approve_at_deadline(p: &mut Plan, left: &[String]) {
     p.decide_approval = Some(format!(
         "the drain deadline passed and the policy's onDeadline is Approve; left: {what}"
     ));
+    p.decided_undrained = Some("the drain deadline passed under onDeadline: Approve".into());
     p.approved_incomplete = Some(what);
 }
 

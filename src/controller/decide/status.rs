@@ -528,6 +528,9 @@ fn node_records(
 /// `ev` by the reconcile), or decided now, bound to the appearance and the
 /// identity digest of the event it was decided on.
 fn approval_record(ev: &ScheduledEvent, plan: &Plan, now: DateTime<Utc>) -> Option<Approval> {
+    if plan.revoke_approval.is_some() {
+        return None;
+    }
     let mut approval = ev.status.as_ref().and_then(|s| s.approval.clone());
     if let Some(reason) = &plan.decide_approval {
         approval = Some(Approval {
@@ -535,6 +538,7 @@ fn approval_record(ev: &ScheduledEvent, plan: &Plan, now: DateTime<Utc>) -> Opti
             reason: Some(reason.clone()),
             appearance: Some(ev.spec.appearance),
             digest: Some(ev.spec.digest()),
+            undrained_allowed: plan.decided_undrained.clone(),
             ..Default::default()
         });
     }

@@ -209,7 +209,7 @@ pub fn observe(
     }
     let mut wanted = mapped_nodes(&me, &contents, &mappings, &assessment, &by_name);
     held_nodes(ev, &me, judged, facts, &mut wanted);
-    doubts.extend(unknown_vms(judged, facts, &by_name));
+    doubts.extend(unknown_vms(judged, facts, &by_name, !unmapped.is_empty()));
     // The VMs a node handled here may go by (mapped, stated, providerID's).
     let vms: HashSet<String> = wanted
         .iter()
@@ -369,23 +369,42 @@ fn held_nodes(
     }
 }
 
-/// The doubt a node of the cluster raises whose agent lists the event
-/// while the controller knows no VM of it: it may be one the event names,
-/// so no approval is decided until its VM is known.
+/// The doubt a node of the cluster raises whose VM the controller does not
+/// know (no providerID, no VirtualMachineReport): while its agent lists the
+/// event, or, when the event names VMs that map to no node
+/// (`names_unmapped`), whatever its agent lists (its agent may not have run
+/// yet), since the VM may be one the event names: no approval is decided
+/// until its VM is known.
 fn unknown_vms(
     judged: &[trust::Judged<'_>],
     facts: &Facts,
     by_name: &HashMap<String, &Arc<Node>>,
+    names_unmapped: bool,
 ) -> Option<String> {
-    let unknown: Vec<&str> = judged
-        .iter()
-        .filter(|j| j.report.is_listed())
-        .map(|j| j.report.node.as_str())
-        .filter(|n| by_name.contains_key(*n) && facts.identity(n).is_none())
-        .collect();
+    let mut unknown: Vec<&str> = if names_unmapped {
+        by_name
+            .keys()
+            .map(String::as_str)
+            .filter(|n| facts.identity(n).is_none())
+            .collect()
+    } else {
+        judged
+            .iter()
+            .filter(|j| j.report.is_listed())
+            .map(|j| j.report.node.as_str())
+            .filter(|n| by_name.contains_key(*n) && facts.identity(n).is_none())
+            .collect()
+    };
+    unknown.sort_unstable();
+    unknown.dedup();
     (!unknown.is_empty()).then(|| {
+        let why = if names_unmapped {
+            "while the event names VMs that map to no node"
+        } else {
+            "while its agent lists the event"
+        };
         format!(
-            "the VM of node {} is unknown (no providerID, no VirtualMachineReport) while its agent lists the event",
+            "the VM of node {} is unknown (no providerID, no VirtualMachineReport) {why}",
             named(&unknown, UNCONFIRMED_LISTED, ", ")
         )
     })
@@ -623,14 +642,25 @@ pub async fn fresh_pods(
 /// POSTs that carried out this very decision (its appearance and digest),
 /// the first IMDS accepted, else the latest. Only a sender's own word about
 /// its own POST ever reads `Accepted`.
-pub fn copy_sent_approval(ev: &mut ScheduledEvent, reports: &[&Report]) {
+pub fn copy_sent_approval(
+    ev: &mut ScheduledEvent,
+    reports: &[&Report],
+    vm_of: impl Fn(&str) -> Option<String>,
+) {
+    let names = |vm: &str| ev.spec.resources.iter().any(|r| r.eq_ignore_ascii_case(vm));
+    // Only a node whose fixed VM the event names sends its approval: any
+    // other node's record of one is not a sender's word.
+    let senders: Vec<&&Report> = reports
+        .iter()
+        .filter(|r| vm_of(&r.node).is_some_and(|vm| names(&vm)))
+        .collect();
     let Some(approval) = ev.status.as_mut().and_then(|s| s.approval.as_mut()) else {
         return;
     };
     let (Some(appearance), Some(digest)) = (approval.appearance, approval.digest.clone()) else {
         return;
     };
-    let sent: Vec<(&str, &SentApproval)> = reports
+    let sent: Vec<(&str, &SentApproval)> = senders
         .iter()
         .flat_map(|r| r.approvals.iter().map(move |s| (r.node.as_str(), s)))
         .filter(|(_, s)| s.appearance == appearance && s.digest == digest)
@@ -711,5 +741,62 @@ mod tests {
         assert!(kept[0].0 == "monitoring/prom-0" && kept[0].1.contains("namespaces"));
         assert!(kept[1].0 == "batch/job-0" && kept[1].1.contains("namespaceSelector"));
         assert!(kept[2].0 == "shop/cache-0" && kept[2].1.contains("podSelector"));
+    }
+
+    /// A sender's record is taken only from the report of a node whose
+    /// fixed VM the event names: another node's agent writing an accepted
+    /// POST into its own report makes nothing `Accepted`.
+    #[test]
+    fn a_sent_approval_is_read_only_from_a_node_whose_vm_the_event_names() {
+        let mut ev = ScheduledEvent::new("e", crate::fixtures::spec("E").vms(["vm_b"]).build());
+        let sent = SentApproval {
+            appearance: ev.spec.appearance,
+            digest: ev.spec.digest(),
+            sent_at: Utc::now(),
+            status: 200,
+            body: String::new(),
+        };
+        ev.status = Some(crate::api::ScheduledEventStatus {
+            approval: Some(crate::api::Approval {
+                decided_at: Some(Utc::now()),
+                appearance: Some(ev.spec.appearance),
+                digest: Some(ev.spec.digest()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let spec = ev.spec.clone();
+        let report = |node: &str, vm: &str| Report {
+            node: node.into(),
+            vm: vm.into(),
+            named: spec.resources.iter().any(|r| r == vm),
+            event_status: spec.event_status,
+            appearance: spec.appearance,
+            event_id: spec.event_id.clone(),
+            event_type: spec.event_type.clone(),
+            event_source: spec.event_source.clone(),
+            resource_type: spec.resource_type.clone(),
+            resources: spec.resources.clone(),
+            not_before: spec.not_before,
+            duration_seconds: spec.duration_seconds,
+            description: String::new(),
+            document_incarnation: 1,
+            approvals: vec![sent.clone()],
+        };
+        let vms = |n: &str| match n {
+            "node-a" => Some("vm_a".to_string()),
+            "node-b" => Some("vm_b".to_string()),
+            _ => None,
+        };
+        let forged = report("node-a", "vm_a");
+        let mut copy = ev.clone();
+        copy_sent_approval(&mut copy, &[&forged], vms);
+        let a = copy.status.unwrap().approval.unwrap();
+        assert_eq!((a.result, a.sent_by), (None, None));
+        let own = report("node-b", "vm_b");
+        copy_sent_approval(&mut ev, &[&forged, &own], vms);
+        let a = ev.status.unwrap().approval.unwrap();
+        assert_eq!(a.result.as_deref(), Some(crate::agent::approval::ACCEPTED));
+        assert_eq!(a.sent_by.as_deref(), Some("node-b"));
     }
 }

@@ -779,6 +779,7 @@ fn decided(at: DateTime<Utc>, result: Option<&str>) -> Approval {
         sent_at: result.map(|_| at),
         sent_by: result.map(|_| "node-1".into()),
         result: result.map(String::from),
+        undrained_allowed: None,
     }
 }
 
@@ -2034,4 +2035,46 @@ fn an_event_ended_unobserved_taints_its_not_ready_nodes_out_of_service() {
     assert_eq!(p.ended_unobserved.as_ref().unwrap().0, "NoAgentUpdate");
     assert_eq!(p.phase, Phase::Completed);
     assert_eq!(p.out_of_service, vec!["node-1".to_string()]);
+}
+
+/// A doubt that appears after the approval was decided (a node of unknown
+/// VM whose agent now lists the event) takes the decision back while IMDS
+/// has not accepted it; once accepted, it stands.
+#[test]
+fn a_doubt_after_the_decision_takes_the_approval_back() {
+    let ev = event("Reboot", "Scheduled", &["vm_1"]);
+    let mut doubted = seen(vec![node("node-1", "vm_1", true, &["ev-1"], vec![])], &[]);
+    doubted
+        .doubts
+        .push("the VM of node node-2 is unknown (no providerID, no VirtualMachineReport) while its agent lists the event".into());
+    let first = now() - chrono::Duration::seconds(30);
+    let waiting = with_status(
+        ev.clone(),
+        ScheduledEventStatus {
+            approval: Some(decided(first, None)),
+            ..Default::default()
+        },
+    );
+    let p = plan(&waiting, &doubted, &Policy::default(), now());
+    assert!(p.revoke_approval.is_some(), "{p:?}");
+    let st = next_status(&waiting, &doubted, &p, &[], now());
+    assert_eq!(st.approval, None, "the decision is dropped from the status");
+    assert_eq!(
+        cond(&st, "ApprovalWithheld").map(|c| c.0),
+        Some("True".into())
+    );
+    // The next pass, with the doubt still there, decides nothing.
+    let revoked = with_status(ev.clone(), st);
+    let p = plan(&revoked, &doubted, &Policy::default(), now());
+    assert_eq!(p.decide_approval, None);
+    // Accepted by IMDS before the doubt: nothing to take back.
+    let accepted = with_status(
+        ev,
+        ScheduledEventStatus {
+            approval: Some(decided(first, Some("Accepted"))),
+            ..Default::default()
+        },
+    );
+    let p = plan(&accepted, &doubted, &Policy::default(), now());
+    assert_eq!(p.revoke_approval, None);
 }
