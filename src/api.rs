@@ -148,6 +148,7 @@ const GUID_PATTERN: &str =
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = bounded)]
 pub struct ScheduledEventSpec {
     /// `EventId` as IMDS spells it (a GUID, often upper case). Compare ignoring case.
     #[schemars(length(max = MAX_EVENT_ID))]
@@ -302,6 +303,7 @@ pub struct ScheduledEventReportSpec {
 /// of the event as IMDS lists it, and the approvals this agent sent.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = bounded)]
 pub struct Report {
     /// The reporting agent's node (the node name its token carries).
     #[schemars(length(max = MAX_NODE_NAME))]
@@ -360,6 +362,62 @@ pub struct Report {
     #[schemars(length(max = MAX_SENT_APPROVALS))]
     pub approvals: Vec<SentApproval>,
 }
+
+/// The most characters of a status string that has no tighter bound of its
+/// own (a condition's message names at most a few pods and nodes).
+pub const MAX_STATUS_TEXT: u64 = 32768;
+/// The most characters of a time (RFC 3339).
+pub const MAX_TIME: u64 = 64;
+/// The most items of a status list that has no tighter bound of its own
+/// (the controller bounds what it lists: `nodes` at 500 records, the
+/// unmapped VMs at 100, the history of appearances at
+/// [`MAX_PREVIOUS_APPEARANCES`]).
+pub const MAX_STATUS_ITEMS: u64 = 10000;
+
+/// Gives every string of a schema that has no `maxLength` (nor an `enum`)
+/// one ([`MAX_TIME`] for a `date-time`, else [`MAX_STATUS_TEXT`]) and every
+/// list without `maxItems` [`MAX_STATUS_ITEMS`], at every depth: the API
+/// server then refuses an object no bound of ours would let through, and
+/// prices the CRD's validation rules on these bounds.
+pub fn bounded(schema: &mut schemars::Schema) {
+    fn walk(v: &mut serde_json::Value) {
+        let Some(map) = v.as_object_mut() else {
+            return;
+        };
+        let is = |map: &serde_json::Map<String, serde_json::Value>, t: &str| match map.get("type") {
+            Some(serde_json::Value::String(s)) => s == t,
+            Some(serde_json::Value::Array(a)) => a.iter().any(|x| x == t),
+            _ => false,
+        };
+        if is(map, "string") && !map.contains_key("maxLength") && !map.contains_key("enum") {
+            let max = if map.get("format").and_then(|f| f.as_str()) == Some("date-time") {
+                MAX_TIME
+            } else {
+                MAX_STATUS_TEXT
+            };
+            map.insert("maxLength".into(), max.into());
+        }
+        if is(map, "array") && !map.contains_key("maxItems") {
+            map.insert("maxItems".into(), MAX_STATUS_ITEMS.into());
+        }
+        for child in map.values_mut() {
+            match child {
+                serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+                other => walk(other),
+            }
+        }
+    }
+    if let Some(map) = schema.as_object_mut() {
+        let mut v = serde_json::Value::Object(std::mem::take(map));
+        walk(&mut v);
+        if let serde_json::Value::Object(m) = v {
+            *map = m;
+        }
+    }
+}
+
+/// How many earlier appearances a status keeps (the newest).
+pub const MAX_PREVIOUS_APPEARANCES: usize = 100;
 
 /// How many sent approvals a report keeps (the newest).
 pub const MAX_SENT_APPROVALS: usize = 5;
@@ -461,6 +519,7 @@ fn minus_one() -> i64 {
 /// the agent that sent it.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = bounded)]
 pub struct ScheduledEventStatus {
     /// `Pending`, `Draining`, `Drained`, `Approved` (IMDS accepted the
     /// approval), `Started`, then `Completed` or `Cancelled` (gone before it
@@ -1086,6 +1145,50 @@ mod tests {
                 "Age"
             ]
         );
+    }
+
+    /// Every string of every CRD has a `maxLength` (or an `enum`), and
+    /// every list a `maxItems`: what a writer may store is bounded.
+    #[test]
+    fn every_string_and_list_of_every_crd_is_bounded() {
+        use kube::CustomResourceExt;
+        fn walk(v: &serde_json::Value, path: &str, loose: &mut Vec<String>) {
+            let Some(map) = v.as_object() else { return };
+            let ty = map.get("type").and_then(|t| t.as_str()).unwrap_or_default();
+            if ty == "string" && !map.contains_key("maxLength") && !map.contains_key("enum") {
+                loose.push(format!("{path}: string without maxLength"));
+            }
+            if ty == "array" && !map.contains_key("maxItems") {
+                loose.push(format!("{path}: list without maxItems"));
+            }
+            for (k, child) in map
+                .get("properties")
+                .and_then(|p| p.as_object())
+                .into_iter()
+                .flatten()
+            {
+                walk(child, &format!("{path}.{k}"), loose);
+            }
+            if let Some(items) = map.get("items") {
+                walk(items, &format!("{path}[]"), loose);
+            }
+            if let Some(extra) = map.get("additionalProperties") {
+                walk(extra, &format!("{path}{{}}"), loose);
+            }
+        }
+        let crds = [
+            ScheduledEvent::crd(),
+            ScheduledEventReport::crd(),
+            crate::topology::VirtualMachineReport::crd(),
+        ];
+        let mut loose = Vec::new();
+        for crd in crds {
+            for v in &crd.spec.versions {
+                let schema = serde_json::to_value(v.schema.as_ref().unwrap()).unwrap();
+                walk(&schema["openAPIV3Schema"], &crd.spec.names.kind, &mut loose);
+            }
+        }
+        assert!(loose.is_empty(), "{loose:#?}");
     }
 
     #[test]

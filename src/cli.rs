@@ -215,14 +215,6 @@ pub struct AgentArgs {
     /// This node's Kubernetes name (from the downward API `spec.nodeName`).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
-    /// The agent's own pod name (from the downward API `metadata.name`):
-    /// with `--pod-uid`, its `VirtualMachineReport` is owned by its pod, so
-    /// that the report goes with the pod when the node goes.
-    #[arg(long, env = "POD_NAME", requires = "pod_uid")]
-    pub pod_name: Option<String>,
-    /// The agent's own pod UID (from the downward API `metadata.uid`).
-    #[arg(long, env = "POD_UID", requires = "pod_name")]
-    pub pod_uid: Option<String>,
     /// IMDS base URL; the mock serves each VM at `http://<addr>/vm/<name>`.
     #[arg(long, env = "FOREWARN_IMDS_URL", default_value = crate::imds::client::DEFAULT_BASE_URL)]
     pub imds_url: String,

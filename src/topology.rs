@@ -69,9 +69,11 @@ pub const BETA_ZONE_LABEL: &str = "failure-domain.beta.kubernetes.io/zone";
 pub struct VirtualMachineReportSpec {
     /// The reporting agent's node (the node name its token carries), also
     /// the object's name.
+    #[schemars(length(max = crate::api::MAX_NODE_NAME))]
     pub node: String,
     /// The VM's name (`compute.name`), as in an event's `Resources`; fixed
     /// once written (a change is refused).
+    #[schemars(length(max = crate::api::MAX_VM_NAME))]
     pub vm: String,
     /// `compute.platformFaultDomain`: a decimal number, or empty when IMDS
     /// gave none (or something else, which the agent does not pass on).

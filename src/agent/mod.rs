@@ -199,14 +199,12 @@ async fn await_compute(
 }
 
 /// Writes this VM's `VirtualMachineReport` (from `compute`) once, in a
-/// task of its own, through `client`, owned by the agent's pod when
-/// `--pod-name` and `--pod-uid` name it ([`vm_report::write`]).
+/// task of its own, through `client` ([`vm_report::write`]).
 fn spawn_vm_report(client: kube::Client, args: &AgentArgs, compute: &Compute) -> JoinHandle<()> {
     tokio::spawn(
         vm_report::write(
             Api::all(client),
             vm_report::report_of(&args.node_name, compute),
-            args.pod_name.clone().zip(args.pod_uid.clone()),
         )
         .instrument(info_span!("vm_report", node = %args.node_name)),
     )

@@ -44,22 +44,15 @@ pub fn report_of(node: &str, compute: &Compute) -> VirtualMachineReportSpec {
     }
 }
 
-/// The object applied: `report` named after its node, owned by the pod
-/// `owner` (name, UID) when given.
-pub fn object(report: &VirtualMachineReportSpec, owner: Option<(&str, &str)>) -> serde_json::Value {
-    let mut metadata = serde_json::json!({ "name": report.node });
-    if let Some((name, uid)) = owner {
-        metadata["ownerReferences"] = serde_json::json!([{
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "name": name,
-            "uid": uid,
-        }]);
-    }
+/// The object applied: `report` named after its node. It carries no owner
+/// reference: the controller makes the Node its owner
+/// (`crate::controller::runtime::sweep::vm_report_owner`), and the chart's
+/// admission policy refuses any an agent adds.
+pub fn object(report: &VirtualMachineReportSpec) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": VirtualMachineReport::api_version(&()),
         "kind": VirtualMachineReport::kind(&()),
-        "metadata": metadata,
+        "metadata": { "name": report.node },
         "spec": report,
     })
 }
@@ -74,15 +67,8 @@ pub fn is_vm_fixed(e: &kube::Error) -> bool {
 /// backing off from 1 s to 30 s with jitter; run as a task of its own, so
 /// that it never holds back the polls. A refusal to change the VM
 /// ([`is_vm_fixed`]) is logged and not retried.
-pub async fn write(
-    api: Api<VirtualMachineReport>,
-    report: VirtualMachineReportSpec,
-    owner: Option<(String, String)>,
-) {
-    let body = object(
-        &report,
-        owner.as_ref().map(|(n, u)| (n.as_str(), u.as_str())),
-    );
+pub async fn write(api: Api<VirtualMachineReport>, report: VirtualMachineReportSpec) {
+    let body = object(&report);
     let apply = || async {
         api.patch(
             &report.node,
@@ -153,22 +139,13 @@ mod tests {
     }
 
     #[test]
-    fn the_object_is_named_after_the_node_and_owned_by_the_pod_when_known() {
+    fn the_object_is_named_after_the_node_and_claims_no_owner() {
         let r = report_of("node-3", &compute("2", "1"));
-        let o = object(&r, Some(("forewarn-agent-x", "uid-1")));
+        let o = object(&r);
         assert_eq!(o["metadata"]["name"], "node-3");
         assert_eq!(o["kind"], "VirtualMachineReport");
         assert_eq!(o["apiVersion"], "forewarn.dev/v1alpha1");
         assert_eq!(o["spec"]["platformFaultDomain"], "2");
-        let owner = &o["metadata"]["ownerReferences"][0];
-        assert_eq!(
-            (&owner["kind"], &owner["name"], &owner["uid"]),
-            (
-                &serde_json::json!("Pod"),
-                &serde_json::json!("forewarn-agent-x"),
-                &serde_json::json!("uid-1")
-            )
-        );
-        assert!(object(&r, None)["metadata"]["ownerReferences"].is_null());
+        assert!(o["metadata"]["ownerReferences"].is_null());
     }
 }

@@ -198,15 +198,6 @@ env:
       fieldRef:
         fieldPath: status.hostIP
   {{- end }}
-  # Its VirtualMachineReport is owned by its pod (goes with it).
-  - name: POD_NAME
-    valueFrom:
-      fieldRef:
-        fieldPath: metadata.name
-  - name: POD_UID
-    valueFrom:
-      fieldRef:
-        fieldPath: metadata.uid
   {{- with .Values.agent.extraEnv }}
   {{- toYaml . | nindent 2 }}
   {{- end }}

@@ -258,6 +258,10 @@ pub fn for_current_appearance(ev: &ScheduledEvent) -> (ScheduledEvent, bool) {
             })
         }),
     });
+    let over = previous
+        .len()
+        .saturating_sub(crate::api::MAX_PREVIOUS_APPEARANCES);
+    previous.drain(..over);
     let mut fresh = ev.clone();
     fresh.status = Some(ScheduledEventStatus {
         previous_appearances: previous,

@@ -7,7 +7,9 @@
 //! line: the load-balancer exclusion label after the policy's
 //! `excludeFromLoadBalancers` changed, the `ForewarnScheduledEvent`
 //! condition of nodes no live event affects any more, and the
-//! out-of-service taint forewarn put on a node that is Ready again.
+//! out-of-service taint forewarn put on a node that is Ready again; and it
+//! makes each node's `VirtualMachineReport` owned by its Node
+//! ([`own_vm_reports`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -33,9 +35,9 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 /// (sooner when an orphaned hold's release falls due), in named steps:
 /// [`Context::forget_deleted_events`], [`retire_node_conditions`],
 /// [`sync_lb_labels`], the out-of-service taints of nodes Ready again
-/// ([`crate::controller::act::out_of_service::untaint_returned`]) and
-/// [`release_orphaned_holds`]. In a dry run only the first: it writes no
-/// node.
+/// ([`crate::controller::act::out_of_service::untaint_returned`]),
+/// [`release_orphaned_holds`] and [`own_vm_reports`]. In a dry run only the
+/// first: it writes nothing.
 pub async fn housekeeping(ctx: Arc<Context>) {
     let api: Api<Node> = Api::all(ctx.writers.client.clone());
     let events: Api<ScheduledEvent> = Api::all(ctx.writers.client.clone());
@@ -54,8 +56,96 @@ pub async fn housekeeping(ctx: Arc<Context>) {
             if let Some(due) = release_orphaned_holds(&ctx, &api, &events, &mut orphans).await {
                 next = next.min(due);
             }
+            own_vm_reports(&ctx, &snapshot).await;
         }
         tokio::time::sleep(next.max(Duration::from_secs(1))).await;
+    }
+}
+
+/// How many `VirtualMachineReport`s one sweep gives an owner at most: a
+/// large cluster's first sweep after an upgrade spreads its writes.
+const OWNER_WRITES_PER_SWEEP: usize = 200;
+
+/// The owner reference `report` should carry and does not: its Node, by the
+/// UID the node cache shows, so that Kubernetes' garbage collector deletes
+/// the report with the node, and a node created again under the same name
+/// (a new UID) does not inherit its predecessor's VM. None when it carries
+/// it already, when the node has no UID, or when the report is older than
+/// the node (written for an earlier node of that name: left to its
+/// predecessor's owner reference, if any, and never given the new one).
+/// Agents cannot add owner references (the chart's admission policy): one
+/// naming a made-up UID would have the report collected at once, and
+/// written again with another VM.
+pub fn vm_report_owner(
+    report: &crate::topology::VirtualMachineReport,
+    node: &Node,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+    let uid = node.metadata.uid.clone()?;
+    let owned = report
+        .owner_references()
+        .iter()
+        .any(|o| o.kind == "Node" && o.uid == uid);
+    let older = match (
+        report.metadata.creation_timestamp.as_ref(),
+        node.metadata.creation_timestamp.as_ref(),
+    ) {
+        (Some(r), Some(n)) => r.0 < n.0,
+        _ => false,
+    };
+    (!owned && !older).then(
+        || k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "v1".into(),
+            kind: "Node".into(),
+            name: node.name_any(),
+            uid,
+            ..Default::default()
+        },
+    )
+}
+
+/// Gives each node's `VirtualMachineReport` its Node as owner
+/// ([`vm_report_owner`]), at most [`OWNER_WRITES_PER_SWEEP`] a sweep, each
+/// a merge patch conditional on the version cached (it replaces any owner
+/// reference an earlier agent set: a cluster-scoped report owned by a
+/// namespaced pod is never collected). Only on full caches.
+async fn own_vm_reports(ctx: &Context, snapshot: &[Arc<Node>]) {
+    if !ctx.caches.synced() {
+        return;
+    }
+    let nodes: HashMap<String, &Arc<Node>> = snapshot.iter().map(|n| (n.name_any(), n)).collect();
+    let api: Api<crate::topology::VirtualMachineReport> = Api::all(ctx.writers.client.clone());
+    let wanted: Vec<_> = ctx
+        .caches
+        .vm_reports
+        .state()
+        .into_iter()
+        .filter_map(|r| {
+            let node = nodes.get(&r.name_any())?;
+            vm_report_owner(&r, node).map(|o| (r, o))
+        })
+        .take(OWNER_WRITES_PER_SWEEP)
+        .collect();
+    for (report, owner) in wanted {
+        let name = report.name_any();
+        let body = serde_json::json!({"metadata": {
+            "ownerReferences": [owner],
+            "resourceVersion": report.resource_version(),
+        }});
+        match api
+            .patch(
+                &name,
+                &crate::api::controller_patch_params(),
+                &kube::api::Patch::Merge(&body),
+            )
+            .await
+        {
+            Ok(_) => {
+                info!(node = %name, "The node's VirtualMachineReport is now owned by the node")
+            }
+            Err(e) => {
+                warn!(node = %name, error = %e, "Could not make the node own its VirtualMachineReport; trying again at the next sweep")
+            }
+        }
     }
 }
 
@@ -468,6 +558,48 @@ mod tests {
                 holds: vec![],
                 unschedulable: None
             })
+        );
+    }
+
+    /// A node's `VirtualMachineReport` is given its Node, by UID, as owner;
+    /// not again once it has it; never when the report is older than the
+    /// node (an earlier node's of the same name).
+    #[test]
+    fn a_vm_report_is_owned_by_its_node_of_the_same_age_or_older() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let time =
+            |s: i64| Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000 + s).unwrap());
+        let mut node = Node::default();
+        node.metadata.name = Some("node-1".into());
+        node.metadata.uid = Some("uid-1".into());
+        node.metadata.creation_timestamp = Some(time(0));
+        let mut report = crate::topology::VirtualMachineReport::new(
+            "node-1",
+            crate::topology::VirtualMachineReportSpec {
+                node: "node-1".into(),
+                vm: "vm_1".into(),
+                platform_fault_domain: String::new(),
+                platform_update_domain: String::new(),
+            },
+        );
+        report.metadata.creation_timestamp = Some(time(5));
+        let owner = vm_report_owner(&report, &node).expect("an owner");
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("Node", "node-1", "uid-1")
+        );
+        report.metadata.owner_references = Some(vec![owner]);
+        assert_eq!(vm_report_owner(&report, &node), None, "owned already");
+        // The node was created again under the same name (a new UID): the
+        // report, older than it, is its predecessor's.
+        node.metadata.uid = Some("uid-2".into());
+        node.metadata.creation_timestamp = Some(time(60));
+        assert_eq!(vm_report_owner(&report, &node), None);
+        // A report written after the new node was: given the new owner.
+        report.metadata.creation_timestamp = Some(time(61));
+        assert_eq!(
+            vm_report_owner(&report, &node).map(|o| o.uid),
+            Some("uid-2".into())
         );
     }
 }
