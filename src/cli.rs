@@ -7,8 +7,13 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// forewarn: Azure Scheduled Events -> cordon, drain, approve, uncordon.
+///
+/// A flag given twice takes its last value (`args_override_self`), as
+/// kubectl's and most Kubernetes components' flags do: the chart's
+/// `extraArgs` are appended after the flags it passes, so they override
+/// them instead of stopping the process.
 #[derive(Debug, Parser)]
-#[command(name = "forewarn", version, about)]
+#[command(name = "forewarn", version, about, args_override_self = true)]
 pub struct Cli {
     /// Log format.
     #[arg(long, env = "FOREWARN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true)]
@@ -430,6 +435,38 @@ async fn windows_stop() {
 
 #[cfg(test)]
 mod tests {
+    /// A flag the chart passes and `extraArgs` repeat takes the later
+    /// value, in every subcommand; it does not stop the process.
+    #[test]
+    fn a_repeated_flag_takes_its_last_value() {
+        use clap::Parser as _;
+        let cli = super::Cli::try_parse_from([
+            "forewarn",
+            "agent",
+            "--node-name=n",
+            "--poll-interval=1s",
+            "--poll-interval=2s",
+        ])
+        .expect("parses");
+        match cli.command {
+            super::Command::Agent(a) => {
+                assert_eq!(a.poll_interval, std::time::Duration::from_secs(2));
+            }
+            other => panic!("{other:?}"),
+        }
+        let cli = super::Cli::try_parse_from([
+            "forewarn",
+            "controller",
+            "--reconcile-concurrency=8",
+            "--reconcile-concurrency=32",
+        ])
+        .expect("parses");
+        match cli.command {
+            super::Command::Controller(c) => assert_eq!(c.reconcile_concurrency, 32),
+            other => panic!("{other:?}"),
+        }
+    }
+
     use super::{Cli, Command, MetricsAuth};
     use clap::Parser;
 

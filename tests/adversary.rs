@@ -21,7 +21,23 @@
 //! 6. two agents reporting an event naming a node whose agent runs and does
 //!    not list it do not drain that node;
 //! 7. a report whose `scheduledEvent` is not its `EventId` is refused or
-//!    ignored; oversize reports are refused.
+//!    ignored; oversize reports are refused;
+//! 8. an urgent flood of one node's reports (`NotBefore` a second away)
+//!    does not keep another node's real event from its cordon before its
+//!    `NotBefore`;
+//! 9. a report naming another node's VM, `Started` at a higher appearance
+//!    and then withdrawn, skips no drain lead time of that node;
+//! 10. no agent can give its `VirtualMachineReport` an owner reference or
+//!     a finalizer (the garbage collector would delete it, and the agent
+//!     could state another VM), and the controller makes each owned by its
+//!     Node;
+//! 11. an approval decided on another node's drain (that node claimed the
+//!     victim's VM before the victim's agent ran) is not sent from the
+//!     victim, whose pods still run;
+//! 12. a forged record of an accepted approval in another node's report
+//!     neither reads `Accepted` nor keeps the named node's agent from
+//!     sending;
+//! 13. a `VirtualMachineReport` stating a 100,000-character VM is refused.
 //!
 //! The victim node carries a pod whose PodDisruptionBudget allows no
 //! eviction, so its drain cannot end while that pod stands: the victim
@@ -48,7 +64,7 @@ use trust_env::*;
 const CLUSTER: &str = "forewarn-adversary";
 /// node-000000 holds the chart's (KWOK) controller pods; each test has
 /// nodes of its own among the others.
-const NODES: usize = 16;
+const NODES: usize = 27;
 /// The nodes given Azure providerIDs (the rest have none, like a cluster
 /// whose cloud provider sets none).
 const WITH_PROVIDER_IDS: [usize; 5] = [1, 2, 12, 13, 14];
@@ -851,4 +867,365 @@ fn oversize_reports_are_refused_by_the_api_server() {
         ],
         None,
     );
+}
+
+/// Hole 8: agent G writes 600 `Reboot` reports of its own VM whose
+/// `NotBefore` is a second away; then B's own IMDS lists a real `Reboot`
+/// with 90 s of notice. B is cordoned well before its `NotBefore`: the
+/// flood's passes take one turn a round at the gate, not every turn.
+#[test]
+fn an_urgent_flood_keeps_no_other_node_from_its_cordon() {
+    const FLOOD: usize = 600;
+    let (_turn, c) = suite();
+    let (g, b) = (16, 17);
+    let (ng, nb) = (node(g), node(b));
+    let id = "F8000000-0000-4000-8000-000000000001";
+    let sev = object_name(id);
+    let mut rig = Rig::start(
+        &c,
+        "urgent-flood",
+        &[ng.clone(), nb.clone()],
+        &[(nb.clone(), vm(b))],
+        &[MockEvent {
+            id,
+            event_type: "Reboot",
+            resources: vec![vm(b)],
+            notice: 90,
+            only_named: true,
+        }],
+    );
+    let attacker = rig.attacker(&ng);
+    attacker
+        .state_vm(&rig.rt, &vm(g))
+        .expect("G's agent states its VM");
+    let soon = (Utc::now() + chrono::Duration::seconds(1))
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let own_vm = vm(g);
+    let flood: Vec<Value> = (0..FLOOD)
+        .map(|i| {
+            let id = format!("08000000-0000-4000-8000-{i:012}");
+            let mut r = report(&id, &ng, &own_vm, &[own_vm.as_str()]);
+            r["spec"]["report"]["notBefore"] = json!(soon);
+            r
+        })
+        .collect();
+    let t = Instant::now();
+    let refused = rig.write_all(&attacker, &flood, 16);
+    println!(
+        "G wrote {} of {FLOOD} urgent reports in {:?}",
+        FLOOD - refused.len(),
+        t.elapsed()
+    );
+    // The flood is in the controller's hands: its objects are being made.
+    eventually("the flood's first objects", HANG, || {
+        (rig.events().len() > 10).then_some(())
+    });
+    let clock = rig.start_clock();
+    let not_before = clock + chrono::Duration::seconds(90);
+    let took = cordoned_for(&rig, &nb, &sev);
+    println!("{nb} cordoned {took:?} after its agent's IMDS listed the event");
+    assert!(
+        Utc::now() < not_before - chrono::Duration::seconds(20),
+        "{nb} was cordoned {took:?} after the event appeared: not well before its NotBefore ({not_before})"
+    );
+    rig.stop();
+}
+
+/// Hole 9: B's real `Reboot` is three hours away, so its drain waits for
+/// the one-hour lead time. Agent A reports the same `EventId` naming its
+/// own VM and B's, `Started`, at appearance 5, then withdraws it. B is never
+/// cordoned for it, and no approval reaches IMDS.
+#[test]
+fn a_start_another_node_reports_skips_no_lead_time() {
+    let (_turn, c) = suite();
+    let (a, b) = (18, 19);
+    let (na, nb) = (node(a), node(b));
+    let id = "F9000000-0000-4000-8000-000000000001";
+    let sev = object_name(id);
+    let mut rig = Rig::start(
+        &c,
+        "foreign-start",
+        &[na.clone(), nb.clone()],
+        &[(nb.clone(), vm(b))],
+        &[MockEvent {
+            id,
+            event_type: "Reboot",
+            resources: vec![vm(b)],
+            notice: 3 * 3600,
+            only_named: true,
+        }],
+    );
+    let attacker = rig.attacker(&na);
+    attacker
+        .state_vm(&rig.rt, &vm(a))
+        .expect("A's agent states its VM");
+    let watch = rig.watch_node(&nb);
+    rig.start_clock();
+    eventually("the event, waiting for its lead time", HANG, || {
+        rig.event(&sev)
+            .filter(|e| e.status.as_ref().and_then(|s| s.phase) == Some(Phase::Pending))
+            .map(|_| ())
+    });
+    let mut lie = report(id, &na, &vm(a), &[&vm(a), &vm(b)]);
+    lie["spec"]["report"]["appearance"] = json!(5);
+    lie["spec"]["report"]["eventStatus"] = json!("Started");
+    lie["spec"]["report"]["notBefore"] = Value::Null;
+    rig.write(&attacker, &lie)
+        .expect("A may write its own report");
+    std::thread::sleep(OBSERVE / 2);
+    lie["spec"]["report"]["eventStatus"] = json!("Completed");
+    rig.write(&attacker, &lie)
+        .expect("A may withdraw its report");
+    let end = Instant::now() + OBSERVE;
+    while Instant::now() < end {
+        assert!(
+            watch.held_for(&sev).is_none(),
+            "{nb} was cordoned for {sev} hours before its lead time, on A's word: {:?}; the event: {}",
+            watch.states(),
+            status_text(rig.event(&sev).as_ref())
+        );
+        let sent = rig.approvals(id);
+        assert!(
+            sent.is_empty(),
+            "an approval of {id} reached IMDS: {sent:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let ev = rig.event(&sev).expect("the event");
+    assert_eq!(
+        ev.status.as_ref().and_then(|s| s.phase),
+        Some(Phase::Pending),
+        "B's own event still waits for its lead time: {}",
+        status_text(Some(&ev))
+    );
+    rig.stop();
+}
+
+/// Hole 10: an agent cannot give its `VirtualMachineReport` an owner
+/// reference (one to a Node of a made-up UID had the garbage collector
+/// delete the report, and the agent state another VM) or a finalizer; the
+/// controller makes the report owned by its Node, by the node's UID.
+#[test]
+fn no_agent_can_own_or_hold_its_vm_report() {
+    let (_turn, c) = suite();
+    let a = 20;
+    let na = node(a);
+    let mut rig = Rig::start(
+        &c,
+        "vm-report-owner",
+        std::slice::from_ref(&na),
+        &[(na.clone(), vm(a))],
+        &[],
+    );
+    let uid = rig.node(&na).metadata.uid.expect("a node UID");
+    let api: kube::Api<forewarn::topology::VirtualMachineReport> =
+        kube::Api::all(rig.client.clone());
+    let owners = eventually("the report owned by its node", HANG, || {
+        let r = rig.rt.block_on(api.get_opt(&na)).expect("get")?;
+        let owners = r.metadata.owner_references.clone().unwrap_or_default();
+        owners
+            .iter()
+            .any(|o| o.kind == "Node" && o.name == na && o.uid == uid)
+            .then_some(owners)
+    });
+    println!("{na}'s VirtualMachineReport owned by {owners:?}");
+    let attacker = rig.attacker(&na);
+    let body = |meta: Value| {
+        json!({
+            "apiVersion": "forewarn.dev/v1alpha1",
+            "kind": "VirtualMachineReport",
+            "metadata": meta,
+            "spec": {"node": na, "vm": vm(a), "platformFaultDomain": "0", "platformUpdateDomain": "0"},
+        })
+    };
+    let forged_owner = body(json!({"name": na, "ownerReferences": [{
+        "apiVersion": "v1", "kind": "Node", "name": na,
+        "uid": "00000000-0000-0000-0000-000000000000"}]}));
+    let finalizer = body(json!({"name": na, "finalizers": ["example.com/keep"]}));
+    let agent_api: kube::Api<forewarn::topology::VirtualMachineReport> =
+        kube::Api::all(attacker.client.clone());
+    for (what, obj) in [
+        ("an owner reference", &forged_owner),
+        ("a finalizer", &finalizer),
+    ] {
+        let r = rig.rt.block_on(agent_api.patch(
+            &na,
+            &kube::api::PatchParams::apply(forewarn::api::AGENT_MANAGER).force(),
+            &kube::api::Patch::Apply(obj),
+        ));
+        match r {
+            Err(e) => println!("{what}: refused: {}", refusal(e)),
+            Ok(stored) => panic!(
+                "{na}'s agent gave its VirtualMachineReport {what}: {:?} {:?}",
+                stored.metadata.owner_references, stored.metadata.finalizers
+            ),
+        }
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let r = rig
+        .rt
+        .block_on(api.get_opt(&na))
+        .expect("get")
+        .expect("the report is still there");
+    assert_eq!(r.spec.vm, vm(a));
+    rig.stop();
+}
+
+/// Hole 11: B's agent has not run yet (no `VirtualMachineReport`) when
+/// agent A, whose first statement was B's VM, reports B's event: the event
+/// maps to A's empty node and its approval may be decided on A's drain.
+/// When B's agent starts and reports the event, B's pods still run: no
+/// approval reaches IMDS from B, and the decision is taken back.
+#[test]
+fn an_approval_decided_on_another_nodes_drain_is_not_sent_from_the_victim() {
+    let (_turn, c) = suite();
+    let (a, b) = (21, 22);
+    let (na, nb) = (node(a), node(b));
+    let id = "FB000000-0000-4000-8000-000000000001";
+    let sev = object_name(id);
+    let pod = guard(&admin(&c), &nb);
+    let mut rig = Rig::start(
+        &c,
+        "laundered-vm",
+        &[na.clone(), nb.clone()],
+        &[(nb.clone(), vm(b))],
+        &[reboot(id, &[vm(b)], true)],
+    );
+    // As if B's agent had not run yet: down, and no report of its VM.
+    rig.kill_agent(&nb);
+    rig.k.run(
+        &["delete", "virtualmachinereport", &nb, "--ignore-not-found"],
+        None,
+    );
+    let attacker = rig.attacker(&na);
+    // A's first statement names B's VM.
+    attacker
+        .state_vm(&rig.rt, &vm(b))
+        .expect("A's agent states a VM");
+    rig.write(&attacker, &report(id, &na, &vm(b), &[&vm(b)]))
+        .expect("A may write its own report");
+    let decided_at = eventually("a decision (or a withheld one) on A's word", HANG, || {
+        let ev = rig.event(&sev)?;
+        decided(&ev)
+            .map(|_| "decided")
+            .or_else(|| condition_true(&ev, "ApprovalWithheld").then_some("withheld"))
+    });
+    println!("on A's report alone, the approval was {decided_at}");
+    rig.start_agent(&nb);
+    rig.start_clock();
+    eventually("B's agent's report of the event", HANG, || {
+        rig.report(&format!("{sev}.{nb}"))
+    });
+    stays_held_or_free(&rig, &nb, &pod, id);
+    let ev = rig.event(&sev).expect("the event");
+    assert!(
+        decided(&ev).is_none(),
+        "the approval decided before B's report is still standing: {}",
+        status_text(Some(&ev))
+    );
+    remove_guard(&rig.k, &nb);
+    rig.stop();
+}
+
+/// For [`OBSERVE`]: `pod` runs on `victim` and IMDS received no approval
+/// of `id`.
+fn stays_held_or_free(rig: &Rig, victim: &str, pod: &str, id: &str) {
+    let end = Instant::now() + OBSERVE;
+    while Instant::now() < end {
+        assert!(
+            rig.guard_runs(victim, pod),
+            "the guarded pod {pod} left {victim} though its budget allows no eviction"
+        );
+        let sent = rig.approvals(id);
+        assert!(
+            sent.is_empty(),
+            "an approval of {id} reached IMDS while {pod} runs on {victim}: {sent:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Hole 12: an event names C's VM and B's (C's first); both agents report
+/// it and then C's agent goes down. Agent A, whose VM the event does not
+/// name, writes into its own report a record of an accepted approval of
+/// the very decision. The status never reads `Accepted` on A's word, and
+/// B's agent sends the approval (after its fallback delay).
+#[test]
+fn a_forged_accepted_approval_keeps_no_agent_from_sending() {
+    let (_turn, c) = suite();
+    let (cc, b, a) = (23, 24, 25);
+    let (nc, nb, na) = (node(cc), node(b), node(a));
+    let id = "FC000000-0000-4000-8000-000000000001";
+    let sev = object_name(id);
+    let resources = [vm(cc), vm(b)];
+    let mut rig = Rig::start(
+        &c,
+        "forged-accepted",
+        &[nc.clone(), nb.clone(), na.clone()],
+        &[(nc.clone(), vm(cc)), (nb.clone(), vm(b))],
+        &[reboot(id, &resources, true)],
+    );
+    let attacker = rig.attacker(&na);
+    attacker
+        .state_vm(&rig.rt, &vm(a))
+        .expect("A's agent states its VM");
+    rig.start_clock();
+    for n in [&nc, &nb] {
+        eventually(&format!("{n}'s report"), HANG, || {
+            rig.report(&format!("{sev}.{n}"))
+        });
+    }
+    // C's agent, the first named, goes down before the decision.
+    rig.kill_agent(&nc);
+    let ev = eventually("the decision", HANG, || {
+        rig.event(&sev).filter(|e| decided(e).is_some())
+    });
+    let approval = ev
+        .status
+        .as_ref()
+        .and_then(|s| s.approval.clone())
+        .expect("decided");
+    let mut forged = report(id, &na, &vm(a), &[&vm(cc), &vm(b)]);
+    forged["spec"]["report"]["approvals"] = json!([{
+        "appearance": approval.appearance,
+        "digest": approval.digest,
+        "sentAt": Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "status": 200,
+        "body": "",
+    }]);
+    rig.write(&attacker, &forged)
+        .expect("A may write its own report");
+    let sent = eventually("an approval from B's agent", HANG, || {
+        let sent = rig.approvals(id);
+        (!sent.is_empty()).then_some(sent)
+    });
+    println!("approvals that reached IMDS: {sent:?}");
+    let ev = rig.event(&sev).expect("the event");
+    let a = ev
+        .status
+        .as_ref()
+        .and_then(|s| s.approval.clone())
+        .expect("decided");
+    assert_ne!(
+        a.sent_by.as_deref(),
+        Some(na.as_str()),
+        "the status reads A's word about an approval it could not send: {a:?}"
+    );
+    rig.stop();
+}
+
+/// Hole 13: a `VirtualMachineReport` stating a VM name of 100,000
+/// characters is refused by the API server.
+#[test]
+fn an_oversize_vm_report_is_refused() {
+    let (_turn, c) = suite();
+    let a = 26;
+    let na = node(a);
+    let mut rig = Rig::start(&c, "oversize-vm", std::slice::from_ref(&na), &[], &[]);
+    let attacker = rig.attacker(&na);
+    match attacker.state_vm(&rig.rt, &"v".repeat(100_000)) {
+        Err(e) => println!("refused: {}", &e[..e.len().min(300)]),
+        Ok(()) => panic!("a VirtualMachineReport stating a 100,000-character VM was stored"),
+    }
+    rig.stop();
 }

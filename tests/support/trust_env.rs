@@ -471,6 +471,14 @@ impl Rig {
         self.rt.block_on(fleet.kill_agent(node));
     }
 
+    /// Starts the agent of `node` again after [`Rig::kill_agent`].
+    pub fn start_agent(&mut self, node: &str) {
+        let fleet = self.fleet.as_mut().expect("running");
+        self.rt
+            .block_on(fleet.start_agent(node))
+            .expect("the agent starts again");
+    }
+
     /// Stops (SIGKILL) the controller; it stays down until
     /// [`Rig::start_controller`].
     pub fn kill_controller(&mut self) {
