@@ -1017,18 +1017,6 @@ fn no_agent_can_own_or_hold_its_vm_report() {
         &[(na.clone(), vm(a))],
         &[],
     );
-    let uid = rig.node(&na).metadata.uid.expect("a node UID");
-    let api: kube::Api<forewarn::topology::VirtualMachineReport> =
-        kube::Api::all(rig.client.clone());
-    let owners = eventually("the report owned by its node", HANG, || {
-        let r = rig.rt.block_on(api.get_opt(&na)).expect("get")?;
-        let owners = r.metadata.owner_references.clone().unwrap_or_default();
-        owners
-            .iter()
-            .any(|o| o.kind == "Node" && o.name == na && o.uid == uid)
-            .then_some(owners)
-    });
-    println!("{na}'s VirtualMachineReport owned by {owners:?}");
     let attacker = rig.attacker(&na);
     let body = |meta: Value| {
         json!({
@@ -1061,6 +1049,18 @@ fn no_agent_can_own_or_hold_its_vm_report() {
             ),
         }
     }
+    let uid = rig.node(&na).metadata.uid.expect("a node UID");
+    let api: kube::Api<forewarn::topology::VirtualMachineReport> =
+        kube::Api::all(rig.client.clone());
+    let owners = eventually("the report owned by its node", HANG, || {
+        let r = rig.rt.block_on(api.get_opt(&na)).expect("get")?;
+        let owners = r.metadata.owner_references.clone().unwrap_or_default();
+        owners
+            .iter()
+            .any(|o| o.kind == "Node" && o.name == na && o.uid == uid)
+            .then_some(owners)
+    });
+    println!("{na}'s VirtualMachineReport owned by {owners:?}");
     std::thread::sleep(Duration::from_secs(2));
     let r = rig
         .rt

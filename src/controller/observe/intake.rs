@@ -33,6 +33,14 @@ use crate::imds::model::object_name;
 /// compromised.
 pub const MAX_LIVE_REPORTS_PER_NODE: usize = 512;
 
+/// How many reports of one node, live or ended, the controller's cache
+/// holds at most (the oldest taken in; see
+/// [`crate::controller::observe::watch::PerOwnerCap`]): twice the live
+/// cap, room for a wave's live reports and those of the wave before it
+/// that await their events' retention. Each report is bounded by its CRD,
+/// so one node's share of the cache is bounded too.
+pub const MAX_CACHED_REPORTS_PER_NODE: usize = 2 * MAX_LIVE_REPORTS_PER_NODE;
+
 /// How urgent a report, or an event, is; the lesser the more urgent:
 /// first those about the reporting node's own VM, then by deadline, an
 /// event `Started` or without `NotBefore` first, then the earliest

@@ -610,16 +610,22 @@ impl Replica {
         // The agents' reports: one reflector feeds both the cache the trust
         // assessment reads and the trigger of the event they are about, so a
         // reconcile a report triggers always sees that report.
-        let (reports, report_stream) = cache::<ScheduledEventReport>(
-            watches.clone(),
-            // Who last wrote it and when is read (see `reports_about`); which
-            // fields, never.
-            |r: &mut ScheduledEventReport| {
-                for m in r.managed_fields_mut() {
-                    m.fields_v1 = None;
-                }
-            },
-        );
+        // Each node's agent may create as many reports as it likes: at most
+        // MAX_CACHED_REPORTS_PER_NODE of one node's are held, so that what
+        // one node writes cannot grow the controller's memory without bound.
+        let (reports, report_stream) =
+            crate::controller::observe::watch::cache_capped::<ScheduledEventReport>(
+                watches.clone(),
+                // Who last wrote it and when is read (see `reports_about`); which
+                // fields, never.
+                |r: &mut ScheduledEventReport| {
+                    for m in r.managed_fields_mut() {
+                        m.fields_v1 = None;
+                    }
+                },
+                crate::controller::observe::intake::MAX_CACHED_REPORTS_PER_NODE,
+                |r| r.spec.report.node.clone(),
+            );
         let changed = nodes.topology_changed.clone();
         let (vm_reports, vm_changed, vm_task) =
             spawn_vm_reports(watches.clone(), changed, reports.clone());
