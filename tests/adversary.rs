@@ -1229,3 +1229,45 @@ fn an_oversize_vm_report_is_refused() {
     }
     rig.stop();
 }
+
+/// Hole 13 again: agent A writes 1,100 reports, each of an event already
+/// `Completed` (outside the cap of live reports that count); the
+/// controller's cache takes in at most its per-node share of them and says
+/// so, whatever A writes.
+#[test]
+fn ended_reports_beyond_a_nodes_share_are_not_cached() {
+    const ENDED: usize = 1100;
+    let (_turn, c) = suite();
+    let a = 26;
+    let na = node(a);
+    let mut rig = Rig::start(&c, "ended-flood", std::slice::from_ref(&na), &[], &[]);
+    let attacker = rig.attacker(&na);
+    let own = vm(a);
+    let ended: Vec<Value> = (0..ENDED)
+        .map(|i| {
+            let id = format!("0d000000-0000-4000-8000-{i:012}");
+            let mut r = report(&id, &na, &own, &[own.as_str()]);
+            r["spec"]["report"]["eventStatus"] = json!("Completed");
+            r
+        })
+        .collect();
+    let refused = rig.write_all(&attacker, &ended, 16);
+    assert!(
+        refused.is_empty(),
+        "A's own reports: {:?}",
+        &refused[..refused.len().min(3)]
+    );
+    let cap = forewarn::controller::observe::intake::MAX_CACHED_REPORTS_PER_NODE;
+    assert!(ENDED > cap);
+    eventually(
+        &format!("the controller saying it holds no more than {cap} of {na}'s reports"),
+        HANG,
+        || {
+            rig.controller_log()
+                .lines()
+                .any(|l| l.contains("the newest are not taken in") && l.contains(&na))
+                .then_some(())
+        },
+    );
+    rig.stop();
+}
