@@ -69,11 +69,13 @@ pub const BETA_ZONE_LABEL: &str = "failure-domain.beta.kubernetes.io/zone";
 pub struct VirtualMachineReportSpec {
     /// The reporting agent's node (the node name its token carries), also
     /// the object's name.
-    #[schemars(length(max = crate::api::MAX_NODE_NAME))]
+    // A Node's name: a DNS subdomain, at most 253 characters.
+    #[schemars(length(max = 253))]
     pub node: String,
     /// The VM's name (`compute.name`), as in an event's `Resources`; fixed
     /// once written (a change is refused).
-    #[schemars(length(max = crate::api::MAX_VM_NAME))]
+    // As an event's `Resources` entries (`MAX_VM_NAME` of the API types).
+    #[schemars(length(max = 128))]
     pub vm: String,
     /// `compute.platformFaultDomain`: a decimal number, or empty when IMDS
     /// gave none (or something else, which the agent does not pass on).
