@@ -845,7 +845,9 @@ async fn create_event(rig: &Rig, r: &Report) {
 }
 
 /// Writes the controller's approval decision on the event `id` through the
-/// status subresource; returns the time just before the write was sent: no
+/// status subresource, with the node of every report about it recorded
+/// drained (an agent sends a decision only while the status records its
+/// own node drained); returns the time just before the write was sent: no
 /// agent can have seen the decision earlier, whatever the load (a time
 /// taken after the API server's answer may be later than an agent's
 /// sighting by however long that answer took).
@@ -856,17 +858,32 @@ async fn decide(
     appearance: u32,
     digest: &str,
 ) -> DateTime<Utc> {
+    let nodes: Vec<Value> = rig
+        .reports_about(id)
+        .await
+        .iter()
+        .map(|r| {
+            json!({
+                "name": r.spec.report.node,
+                "vmName": r.spec.report.vm,
+                "drainedAt": at,
+            })
+        })
+        .collect();
     let before = Utc::now();
     let body = json!({
         "apiVersion": "forewarn.dev/v1alpha1",
         "kind": "ScheduledEvent",
         "metadata": {"name": object_name(id)},
-        "status": {"approval": {
-            "decidedAt": at,
-            "reason": "test: decided by hand",
-            "appearance": appearance,
-            "digest": digest,
-        }},
+        "status": {
+            "approval": {
+                "decidedAt": at,
+                "reason": "test: decided by hand",
+                "appearance": appearance,
+                "digest": digest,
+            },
+            "nodes": nodes,
+        },
     });
     rig.events
         .patch_status(

@@ -1032,7 +1032,11 @@ fn installed_chart_confines_each_service_account() {
                     "",
                     &["delete", "list", "watch"],
                 ),
-                ("virtualmachinereports.forewarn.dev", "", &["list", "watch"]),
+                (
+                    "virtualmachinereports.forewarn.dev",
+                    "",
+                    &["list", "patch", "watch"],
+                ),
                 ("nodes", "", &["list", "patch", "watch"]),
                 ("nodes/status", "", &["patch"]),
                 ("pods", "", &["list", "patch", "watch"]),
