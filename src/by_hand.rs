@@ -23,6 +23,24 @@ pub enum Error {
     /// The kubeconfig could not be read or the client built.
     #[error("cannot reach the cluster: {0}")]
     Client(#[source] kube::Error),
+    /// `approve` without `--yes` and no terminal to ask on.
+    #[error(
+        "approving scheduledevent/{name} at {place} sends the approval whatever is left of the drain: pass --yes to confirm (no terminal to ask on)"
+    )]
+    NoTerminal {
+        /// The object's name.
+        name: String,
+        /// Where it would act.
+        place: String,
+    },
+    /// `approve` answered no.
+    #[error("scheduledevent/{name} at {place} not approved: not confirmed")]
+    NotConfirmed {
+        /// The object's name.
+        name: String,
+        /// Where it would have acted.
+        place: String,
+    },
     /// The annotation could not be written (no such event, or RBAC: the
     /// chart's on-call ClusterRole allows `patch` on scheduledevents).
     #[error("failed to annotate ScheduledEvent {name}: {source}")]
@@ -69,15 +87,58 @@ async fn whoami(client: &Client) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// Writes `change` on the `ScheduledEvent` `event` (its name, or its
-/// `EventId` in any case) with the kubeconfig, as kubectl does; returns a
-/// line for people.
+/// Asks on the terminal whether to approve `name` now at `place`; an
+/// answer other than `y` or `yes` is a no.
 ///
 /// # Errors
-/// [`Error::Client`], [`Error::Patch`].
-pub async fn run(event: &str, change: Change) -> Result<String, Error> {
-    let client = Client::try_default().await.map_err(Error::Client)?;
+/// [`Error::NoTerminal`] when standard input is not a terminal to ask on.
+fn confirm(name: &str, place: &str) -> Result<bool, Error> {
+    use std::io::{BufRead as _, IsTerminal as _, Write as _};
+    if !std::io::stdin().is_terminal() {
+        return Err(Error::NoTerminal {
+            name: name.to_owned(),
+            place: place.to_owned(),
+        });
+    }
+    eprint!(
+        "Approve scheduledevent/{name} now at {place}: the approval is sent whatever is left of the drain. Continue? [y/N] "
+    );
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|_| Error::NoTerminal {
+            name: name.to_owned(),
+            place: place.to_owned(),
+        })?;
+    Ok(matches!(
+        answer.trim().to_ascii_lowercase().as_str(),
+        "y" | "yes"
+    ))
+}
+
+/// Writes `change` on the `ScheduledEvent` `event` (its name, or its
+/// `EventId` in any case) at `target` (the kubeconfig and context, as
+/// kubectl takes them); `approve` asks first unless `confirmed` (`--yes`).
+/// Returns a line for people.
+///
+/// # Errors
+/// [`Error::Client`], [`Error::Patch`]; for `approve` without `--yes`,
+/// [`Error::NoTerminal`] or [`Error::NotConfirmed`].
+pub async fn run(
+    event: &str,
+    change: Change,
+    target: &crate::kubeclient::PersonTarget,
+    confirmed: bool,
+) -> Result<String, Error> {
+    let (client, place) = crate::kubeclient::client_for_person(target)
+        .await
+        .map_err(Error::Client)?;
     let name = event.to_ascii_lowercase();
+    if change == Change::ApproveNow && !confirmed && !confirm(&name, &place)? {
+        return Err(Error::NotConfirmed { name, place });
+    }
     let manager = manager_for(&whoami(&client).await);
     let (key, value) = match change {
         Change::Hold => (HOLD_ANNOTATION, json!("true")),

@@ -111,6 +111,35 @@ pub enum Command {
 pub struct EventArg {
     /// The ScheduledEvent's name (`kubectl get sev`), or its EventId in any case.
     pub event: String,
+    /// Where to act.
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Do not ask for confirmation (`approve` asks, naming the cluster,
+    /// and refuses without a terminal to ask on).
+    #[arg(short = 'y', long)]
+    pub yes: bool,
+}
+
+/// The cluster a command for people acts on, as kubectl takes it.
+#[derive(Debug, Clone, Args)]
+pub struct TargetArgs {
+    /// Path to the kubeconfig file (else `KUBECONFIG`, else
+    /// `~/.kube/config`, else the in-cluster ServiceAccount).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (else its current context).
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+}
+
+impl TargetArgs {
+    /// As [`crate::kubeclient::PersonTarget`].
+    pub fn target(&self) -> crate::kubeclient::PersonTarget {
+        crate::kubeclient::PersonTarget {
+            kubeconfig: self.kubeconfig.clone(),
+            context: self.context.clone(),
+        }
+    }
 }
 
 /// An event type `forewarn what-if` can imagine (Azure's `EventType`s).
@@ -146,6 +175,8 @@ pub enum Output {
     Text,
     /// JSON, for machines.
     Json,
+    /// YAML, the same fields as JSON.
+    Yaml,
 }
 
 /// Flags of `forewarn what-if`.
@@ -179,6 +210,9 @@ pub struct WhatIfArgs {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
+    /// Where to read.
+    #[command(flatten)]
+    pub target: TargetArgs,
 }
 
 /// Flags of `forewarn check-install`.
@@ -435,6 +469,44 @@ async fn windows_stop() {
 
 #[cfg(test)]
 mod tests {
+    /// The commands for people take kubectl's `--kubeconfig` and
+    /// `--context`, `approve` takes `--yes`, and `what-if` prints YAML too.
+    #[test]
+    fn the_commands_for_people_take_kubectls_flags() {
+        use clap::Parser as _;
+        let cli = super::Cli::try_parse_from([
+            "forewarn",
+            "approve",
+            "ev",
+            "--kubeconfig=/k",
+            "--context=prod",
+            "-y",
+        ])
+        .expect("parses");
+        match cli.command {
+            super::Command::Approve(e) => {
+                assert!(e.yes);
+                assert_eq!(e.target.context.as_deref(), Some("prod"));
+                assert_eq!(e.target.kubeconfig, Some(std::path::PathBuf::from("/k")));
+            }
+            other => panic!("{other:?}"),
+        }
+        let cli = super::Cli::try_parse_from([
+            "forewarn",
+            "what-if",
+            "--node=n",
+            "--type=Reboot",
+            "-o",
+            "yaml",
+            "--context=c",
+        ])
+        .expect("parses");
+        match cli.command {
+            super::Command::WhatIf(w) => assert_eq!(w.output, super::Output::Yaml),
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// A flag the chart passes and `extraArgs` repeat takes the later
     /// value, in every subcommand; it does not stop the process.
     #[test]

@@ -394,3 +394,58 @@ mod tests {
         std::fs::remove_dir_all(&root).unwrap();
     }
 }
+
+/// Where a command run by a person acts: the kubeconfig file and context
+/// it was given (`--kubeconfig`, `--context`, as kubectl takes them; when
+/// kubectl runs the binary as its plugin, it passes on neither, and the
+/// plugin reads them like kubectl: `KUBECONFIG`, else `~/.kube/config`,
+/// else the in-cluster ServiceAccount).
+#[derive(Debug, Clone, Default)]
+pub struct PersonTarget {
+    /// A kubeconfig file instead of `KUBECONFIG` and `~/.kube/config`.
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// A context of that kubeconfig instead of its current one.
+    pub context: Option<String>,
+}
+
+/// A client for a command run by a person, at `target`, and a line naming
+/// where it acts (the context, when a kubeconfig gave one, and the API
+/// server's URL), for confirmations and messages.
+///
+/// # Errors
+/// The kubeconfig cannot be read, names no such context, or no
+/// configuration is found; the client cannot be built.
+pub async fn client_for_person(target: &PersonTarget) -> Result<(Client, String), kube::Error> {
+    let options = kube::config::KubeConfigOptions {
+        context: target.context.clone(),
+        ..Default::default()
+    };
+    let (config, context) = match (&target.kubeconfig, &target.context) {
+        (Some(path), _) => {
+            let file = kube::config::Kubeconfig::read_from(path)?;
+            let context = target.context.clone().or(file.current_context.clone());
+            (
+                Config::from_custom_kubeconfig(file, &options).await?,
+                context,
+            )
+        }
+        (None, Some(context)) => (
+            Config::from_kubeconfig(&options).await?,
+            Some(context.clone()),
+        ),
+        (None, None) => {
+            let context = kube::config::Kubeconfig::read()
+                .ok()
+                .and_then(|k| k.current_context);
+            (
+                Config::infer().await.map_err(kube::Error::InferConfig)?,
+                context,
+            )
+        }
+    };
+    let place = match context {
+        Some(c) => format!("context {c} ({})", config.cluster_url),
+        None => format!("{}", config.cluster_url),
+    };
+    Ok((Client::try_from(config)?, place))
+}

@@ -39,7 +39,10 @@ async fn main() -> anyhow::Result<()> {
         _ => None,
     };
     if let Some((e, change)) = by_hand {
-        print!("{}", forewarn::by_hand::run(&e.event, change).await?);
+        print!(
+            "{}",
+            forewarn::by_hand::run(&e.event, change, &e.target.target(), e.yes).await?
+        );
         return Ok(());
     }
     if let Command::WhatIf(args) = &cli.command {
@@ -57,7 +60,8 @@ async fn main() -> anyhow::Result<()> {
                 .map(|p| p.to_string_lossy())
                 .as_deref(),
             args.policy_configmap.as_deref(),
-            args.output == forewarn::cli::Output::Json,
+            args.output,
+            &args.target.target(),
         )
         .await?;
         print!("{out}");

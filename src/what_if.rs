@@ -57,6 +57,9 @@ pub enum Error {
     /// The kubeconfig could not be read or the client built.
     #[error("cannot reach the cluster: {0}")]
     Client(#[source] kube::Error),
+    /// The prediction could not be written as YAML (a bug).
+    #[error("failed to write YAML: {0}")]
+    Yaml(String),
     /// A read from the API server failed.
     #[error("failed to read {what}: {source}")]
     Read {
@@ -862,9 +865,10 @@ fn policy_of(cm: &ConfigMap) -> Result<(Policy, String), Error> {
     Ok((Policy::parse(text, &name)?, name))
 }
 
-/// Runs `forewarn what-if`: reads the cluster with the kubeconfig (as
-/// kubectl does: `KUBECONFIG`, else `~/.kube/config`, else in-cluster),
-/// predicts, and returns the text or JSON to print.
+/// Runs `forewarn what-if`: reads the cluster at `target` (as kubectl
+/// does: `--kubeconfig` and `--context`, else `KUBECONFIG`, else
+/// `~/.kube/config`, else in-cluster), predicts, and returns the text, JSON
+/// or YAML to print.
 ///
 /// # Errors
 /// [`Error::Client`] and those of [`read_cluster`]; [`Error::Json`].
@@ -872,15 +876,20 @@ pub async fn run(
     req: &Request,
     policy_file: Option<&str>,
     policy_configmap: Option<&str>,
-    json: bool,
+    output: crate::cli::Output,
+    target: &crate::kubeclient::PersonTarget,
 ) -> Result<String, Error> {
-    let client = Client::try_default().await.map_err(Error::Client)?;
+    let (client, _) = crate::kubeclient::client_for_person(target)
+        .await
+        .map_err(Error::Client)?;
     let view = read_cluster(&client, &req.node, policy_file, policy_configmap).await?;
     let p = predict(req, &view, Utc::now());
-    if json {
-        Ok(serde_json::to_string_pretty(&p)? + "\n")
-    } else {
-        Ok(render_text(&p))
+    match output {
+        crate::cli::Output::Json => Ok(serde_json::to_string_pretty(&p)? + "\n"),
+        crate::cli::Output::Yaml => {
+            serde_saphyr::to_string(&p).map_err(|e| Error::Yaml(e.to_string()))
+        }
+        crate::cli::Output::Text => Ok(render_text(&p)),
     }
 }
 

@@ -462,9 +462,20 @@ fn invoked_as_kubectl_forewarn_it_is_a_kubectl_plugin() {
 /// Runs `forewarn ARGS` as an operator would, with the cluster's
 /// kubeconfig (the admin's), and returns its output.
 fn operator(cluster: &Cluster, args: &[&str]) -> String {
+    // The kubeconfig by flag, as `kubectl forewarn --kubeconfig` passes
+    // it; `approve` confirmed by flag (no terminal to ask on).
+    let confirm: &[&str] = if args.first() == Some(&"approve") {
+        &["--yes"]
+    } else {
+        &[]
+    };
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_forewarn"))
         .args(args)
-        .env("KUBECONFIG", &cluster.kubeconfig)
+        .args(confirm)
+        .arg("--kubeconfig")
+        .arg(&cluster.kubeconfig)
+        .env_remove("KUBECONFIG")
+        .stdin(std::process::Stdio::null())
         .env_remove("HTTPS_PROXY")
         .env_remove("HTTP_PROXY")
         .output()
@@ -918,12 +929,35 @@ async fn the_on_call_role_may_hold_an_event_and_the_agents_may_not() {
         .expect("token");
     let config = kubeconfig_with_token(&cluster, agent_token.trim(), "agent");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_forewarn"))
-        .args(["approve", NAME])
+        .args(["approve", NAME, "--yes"])
         .env("KUBECONFIG", &config)
         .output()
         .expect("forewarn approve");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("forbidden"), "{err}");
+    // Without --yes and without a terminal to ask on, approve writes
+    // nothing and says how to confirm; an unknown context is refused.
+    let on_call_config = kubeconfig_with_token(&cluster, token.trim(), "on-call");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_forewarn"))
+        .args(["approve", NAME])
+        .env("KUBECONFIG", &on_call_config)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("forewarn approve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--yes"), "{err}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_forewarn"))
+        .args(["hold", NAME, "--context", "no-such-context"])
+        .arg("--kubeconfig")
+        .arg(&on_call_config)
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("forewarn hold");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no-such-context"),
+        "{err}"
+    );
     let stored = sevs.get(NAME).await.expect("the event");
     assert!(
         !stored
