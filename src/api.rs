@@ -69,7 +69,7 @@ const GUID_PATTERN: &str =
     "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
 
 /// An Azure Scheduled Event as IMDS announces it to the VMs it concerns,
-/// as the controller builds it from the agents' reports (README, "The trust model").
+/// as the controller builds it from the agents' reports (docs/trust.md).
 ///
 /// The object name is the `EventId` in lower case when it is a GUID, else
 /// `sev-` and a hash of it; `spec.eventId` keeps the id as IMDS spells it.
@@ -1063,7 +1063,7 @@ impl std::fmt::Display for Phase {
 /// `crds/scheduledevents.forewarn.dev.yaml` holds it. Each CRD file starts
 /// with a document marker: `helm show crds` prints the chart's `crds/`
 /// files one after the other with no separator, and its output applied
-/// whole (the upgrade step the README gives) must stay one document per
+/// whole (the upgrade step docs/install.md gives) must stay one document per
 /// CRD, not one merged document of which only the last CRD survives.
 ///
 /// # Errors

@@ -338,7 +338,7 @@ pub struct Policy {
     /// only when that node's own agent reports the event (Azure delivers
     /// every event to the VMs it names), or, when that agent is silent, two
     /// other agents do; so a compromised node cannot have another drained
-    /// or released (README, "The trust model"). Turn it on only where every node is
+    /// or released (docs/trust.md). Turn it on only where every node is
     /// trusted, or where `ScheduledEvent`s are written by something other
     /// than forewarn's agents. Default false.
     #[serde(default)]

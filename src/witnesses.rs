@@ -1,5 +1,5 @@
 //! Which VMs' events other agents report: the witnesses the controller
-//! asks for (README, "The trust model").
+//! asks for (docs/trust.md).
 //!
 //! Azure shows a placement group's events to every VM of it, so a wave of
 //! N events, each naming one VM, is seen by every one of N agents. Were

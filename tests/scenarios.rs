@@ -448,7 +448,7 @@ const WAVE_SPARES: usize = 3;
 /// after, so the other scenarios keep their 3. The controller runs with an eviction
 /// budget of 100/s (burst 200): at the default 20/s the 500 evictions of
 /// the wave alone take 25 s of the 25 s before the drain deadline (see
-/// README, "Sizing").
+/// docs/install.md, "Sizing").
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "run alone by make test once the other suites have ended (hack/test-all.sh), and by make test-wave: beside other suites on 2 cores the mock, the API server and 50 agents starve each other"]
 async fn a_spot_wave_of_fifty_vms_is_cordoned_at_once_and_drained_as_budgets_allow() {

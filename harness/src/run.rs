@@ -1,6 +1,6 @@
 //! Plays one scenario end to end on a local cluster: a Deployment with a
 //! PodDisruptionBudget, the IMDS mock, one agent per node and the
-//! controller; prints a timeline; checks the rules in README, "How it works", from the
+//! controller; prints a timeline; checks the rules in docs/how-it-works.md from the
 //! outside (nodes, pods and the mock's own log, never forewarn's word).
 
 use std::path::{Path, PathBuf};

@@ -1,5 +1,5 @@
 //! The agent's only write: its own `ScheduledEventReport` per event, its
-//! complete view of the event from its own IMDS document (README, "The trust model").
+//! complete view of the event from its own IMDS document (docs/trust.md).
 //!
 //! The pure part ([`reports_to_write`]) says which reports a document asks for, from
 //! what the agent last wrote; the I/O part applies them by server-side apply

@@ -59,7 +59,7 @@ impl Webhook {
 /// The body a webhook receives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 pub enum Format {
-    /// forewarn's own JSON document (README "Webhooks").
+    /// forewarn's own JSON document (docs/events.md, "Webhooks").
     #[default]
     #[serde(rename = "JSON")]
     Json,
@@ -85,7 +85,7 @@ pub struct Webhook {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<Format>,
     /// The body as a MiniJinja (Jinja2) template over the message's fields
-    /// (README "Body templates"), instead of a built-in format. Checked at
+    /// (docs/events.md, "Body templates"), instead of a built-in format. Checked at
     /// load: it must parse, render every notification the webhook gets,
     /// and, when `contentType` is JSON, render JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]

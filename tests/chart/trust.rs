@@ -992,7 +992,7 @@ fn installed_chart_confines_each_service_account() {
             !list.lines().any(|l| l.starts_with("*.*")),
             "{name} has a wildcard:\n{list}"
         );
-        // Exactly the chart's rules (README, "What each role may do"), plus
+        // Exactly the chart's rules (docs/security.md, "What each role may do"), plus
         // the self-reviews every authenticated user may create.
         let want: &[(&str, &str, &[&str])] = if name == "agent" {
             &[
@@ -1236,7 +1236,7 @@ fn controller_may_change_nothing_on_a_pod_but_its_notices() {
     k.ok(&["delete", "namespace", ns, "--timeout=90s"]);
 }
 
-/// The trust model (README, "The trust model") with the chart's own tokens (each
+/// The trust model (docs/trust.md) with the chart's own tokens (each
 /// agent's bound to the chart's agent pod on its node) and a real
 /// controller process holding the controller's token: an agent may write no
 /// `ScheduledEvent` and no other node's report; two other agents agreeing

@@ -1,4 +1,4 @@
-//! Notices: the pods that take part (README, "For workload authors")
+//! Notices: the pods that take part (docs/workload-authors.md)
 //! receive each event that affects their node as an annotation on
 //! themselves, which the kubelet projects into a downward-API file, so a
 //! container learns of the maintenance without any Kubernetes access.

@@ -1,5 +1,5 @@
 //! The pure heart of the controller: given an event and what the cluster
-//! looks like, what to do next. No I/O here, so every rule in README, "How it works", is
+//! looks like, what to do next. No I/O here, so every rule in docs/how-it-works.md is
 //! tested without a cluster; [`crate::controller::decide::status`] then says what the status
 //! should record.
 
@@ -692,7 +692,7 @@ struct Known {
     on_deadline: DeadlineAction,
 }
 
-/// Plans the next step for `ev` (README, "Policy"), in
+/// Plans the next step for `ev` (docs/policy.md), in
 /// order: an event that is over releases its nodes ([`plan_finished`]); one
 /// no agent can see end any more is ended ([`unobserved_end`]); either
 /// taints out of service the nodes its end left not Ready, when the policy

@@ -1,5 +1,5 @@
 //! What a `ScheduledEvent`'s status says after a reconcile: pure, like
-//! [`crate::controller::decide::plan`]. The record stays honest (README, "What `kubectl get sev` shows"): a node counts as
+//! [`crate::controller::decide::plan`]. The record stays honest (docs/events.md): a node counts as
 //! drained only when it really emptied, and once the event is over its
 //! per-node record is frozen as it was, not recomputed from nothing.
 
@@ -968,7 +968,7 @@ fn drain_scheduled_condition(
     }
 }
 
-/// Trust (README, "The trust model"): `NodesUnconfirmed` while nodes are
+/// Trust (docs/trust.md): `NodesUnconfirmed` while nodes are
 /// left alone for want of a trusted report (their own agent's, or two
 /// other agents'), and `ReportsDisagree` while the agents of the VMs the
 /// event names report different events; each `False` once it clears.

@@ -1,4 +1,4 @@
-//! The pods that take part (README, "For workload authors"), as the pod
+//! The pods that take part (docs/workload-authors.md), as the pod
 //! cache keeps them ([`Participant`]), and the format of a notice: one
 //! annotation per event, `notice.forewarn.dev/<ScheduledEvent name>`, a
 //! line of `key=value` words ([`render`]); an acknowledgement,

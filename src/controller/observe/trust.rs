@@ -1,4 +1,4 @@
-//! Whose word the controller acts on (README, "The trust model"): the agents report,
+//! Whose word the controller acts on (docs/trust.md): the agents report,
 //! the controller decides.
 //!
 //! Azure delivers every event to the VMs it names (and to the other VMs of

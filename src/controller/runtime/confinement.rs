@@ -1,4 +1,4 @@
-//! Whether the agents are confined (README, "The trust model"): the controller checks
+//! Whether the agents are confined (docs/trust.md): the controller checks
 //! that the ValidatingAdmissionPolicy that lets an agent write only its own
 //! node's reports, and its binding, are installed and deny, and exports it as
 //! the gauge `forewarn_agent_confinement_installed` (the chart's alert
