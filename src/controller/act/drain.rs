@@ -343,8 +343,8 @@ pub const TURN_SPACING: Duration = Duration::from_millis(50);
 /// allows beyond those in flight): one node's drain under one budget
 /// then is not one round trip at a time, each of which the disruption
 /// controller's own writes of the budget's status can make lose its race
-/// and wait 500 ms (kube-apiserver's `EvictionsRetry`); a wave of many
-/// budgets keeps one in flight each.
+/// and wait for kube-apiserver's eviction retry (`EvictionsRetry`); a wave
+/// of many budgets keeps one in flight each.
 pub const SIDE_BY_SIDE_UNDER: usize = 16;
 
 /// A budget's turn to have an eviction in flight ([`Refusals::turn`]),

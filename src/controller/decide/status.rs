@@ -122,8 +122,8 @@ fn blockers(node: &str, outcomes: &[Outcome]) -> (Option<String>, Vec<String>, V
 pub const BLOCKED_PODS_LISTED: usize = 3;
 
 /// How many terminating pods a node's record names (`waitingFor`); the
-/// rest are counted: with every pod of a 1,000-node drain named, the status
-/// came near etcd's 1.5 MiB limit on an object.
+/// rest are counted: with every pod of a large drain named, the status
+/// would approach etcd's limit on the size of an object.
 pub const WAITING_LISTED: usize = 3;
 
 /// The record of one mapped node while the event is live.
